@@ -21,10 +21,19 @@ def generate_protos() -> None:
     from grpc_tools import protoc
 
     proto_dir = ROOT / "protos"
-    protos = sorted(str(p.relative_to(proto_dir)) for p in (proto_dir / "zerolayer/v1").glob("*.proto"))
+    protos = sorted(
+        str(p.relative_to(proto_dir)) for p in (proto_dir / "zerolayer/v1").glob("*.proto")
+    )
     include = Path(protoc.__file__).parent / "_proto"
-    args = ["protoc", f"-I{proto_dir}", f"-I{include}", f"--python_out={ROOT}",
-            f"--pyi_out={ROOT}", f"--grpc_python_out={ROOT}", *protos]
+    args = [
+        "protoc",
+        f"-I{proto_dir}",
+        f"-I{include}",
+        f"--python_out={ROOT}",
+        f"--pyi_out={ROOT}",
+        f"--grpc_python_out={ROOT}",
+        *protos,
+    ]
     if protoc.main(args) != 0:
         raise RuntimeError("protoc failed on " + " ".join(protos))
     for package in (ROOT / "zerolayer", ROOT / "zerolayer/v1"):

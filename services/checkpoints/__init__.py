@@ -1,0 +1,1 @@
+"""Model checkpoints and tokenizers: converters and builders for Hugging Face model directories."""

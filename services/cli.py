@@ -1,0 +1,174 @@
+"""The ``zerolayer`` command: run the stack, one layer, a client call, or a checkpoint tool."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
+
+
+def _add_up(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="start the four layers and serve until Ctrl-C")
+    p.add_argument(
+        "--model",
+        help="Hugging Face model directory (default: the embedded "
+        "dummy model, random weights, meaningless text)",
+    )
+    p.add_argument(
+        "--listen", default=DEFAULT_LISTEN, help="public HOST:PORT (default %(default)s)"
+    )
+    p.add_argument(
+        "--run-dir",
+        help="directory for internal sockets (default: a new private temporary directory)",
+    )
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=DEFAULT_KV_CACHE_BYTES,
+        help="KV arena size in bytes (default %(default)s)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help="tokens per KV block (default %(default)s)",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=64, help="scheduler running-set limit")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=512, help="scheduler token budget per step"
+    )
+    p.add_argument("--num-threads", type=int, default=0, help="scheduler torch threads")
+    p.add_argument(
+        "--generate",
+        metavar="TEXT",
+        help="once healthy, send one Generate call with TEXT, print the answer and shut down",
+    )
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="call Generate on a running zerolayer")
+    p.add_argument("prompt", help="prompt text")
+    p.add_argument("--address", default=DEFAULT_LISTEN, help="frontend HOST:PORT")
+    p.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+    p.add_argument("--max-new-tokens", type=int, default=0, help="0: the server's default")
+    p.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--timeout", type=float, default=300.0, help="deadline in seconds")
+
+
+def _add_tools(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "convert-llama2c", help="convert a llama2.c checkpoint to a Hugging Face directory"
+    )
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("tokenizer", type=Path)
+    p.add_argument("out_dir", type=Path)
+    p = sub.add_parser("make-dummy", help="write a seeded random-weight Llama directory")
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--preset", default="tiny", help="tiny, small (125M) or medium")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``zerolayer`` command line."""
+    from services.frontend.__main__ import build_parser as frontend_parser
+    from services.kvstore.__main__ import build_parser as kvstore_parser
+    from services.loader.__main__ import build_parser as loader_parser
+    from services.scheduler.__main__ import build_parser as scheduler_parser
+
+    parser = argparse.ArgumentParser(prog="zerolayer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_up(sub)
+    _add_generate(sub)
+    _add_tools(sub)
+    for name, build in (
+        ("loader", loader_parser),
+        ("kvstore", kvstore_parser),
+        ("scheduler", scheduler_parser),
+        ("frontend", frontend_parser),
+    ):
+        build(sub.add_parser(name, help=f"run the {name} layer alone"))
+    return parser
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """``zerolayer up``: start the stack, print the endpoint, serve until SIGINT/SIGTERM."""
+    from services.checkpoints.dummy import ensure_dummy_model
+    from services.launcher import Stack, StackConfig
+
+    logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
+    model_dir = args.model or str(ensure_dummy_model())
+    if not args.model:
+        print(
+            f"zerolayer: no --model given, serving the embedded dummy model {model_dir} "
+            "(random weights: its text is meaningless)",
+            file=sys.stderr,
+        )
+    config = StackConfig(
+        model_dir=model_dir,
+        listen=args.listen,
+        run_dir=args.run_dir,
+        kv_cache_bytes=args.kv_cache_bytes,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_threads=args.num_threads,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stack = Stack(config)
+    try:
+        stack.start()
+        print(
+            f"zerolayer: serving on {args.listen} (internal sockets in {stack.run_dir})", flush=True
+        )
+        if args.generate is not None:
+            from services.client import generate_text
+
+            print(generate_text(args.listen, args.generate, max_new_tokens=32), flush=True)
+            return 0
+        while not stop.wait(0.5):
+            pass
+        return 0
+    finally:
+        print("zerolayer: stopping", file=sys.stderr)
+        stack.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``zerolayer`` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "up":
+        return cmd_up(args)
+    if args.command == "generate":
+        from services.client import run_generate
+
+        return run_generate(args)
+    if args.command == "convert-llama2c":
+        from services.checkpoints.llama2c import convert_llama2c
+
+        convert_llama2c(args.checkpoint, args.tokenizer, args.out_dir)
+        print(f"wrote {args.out_dir}")
+        return 0
+    if args.command == "make-dummy":
+        from services.checkpoints.dummy import PRESETS, write_dummy_model
+
+        write_dummy_model(args.out_dir, PRESETS[args.preset], args.seed)
+        print(f"wrote {args.out_dir}")
+        return 0
+    module = __import__(f"services.{args.command}.__main__", fromlist=["run"])
+    return module.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

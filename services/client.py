@@ -1,0 +1,69 @@
+"""A small Python client of the public API (used by ``zerolayer generate``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import grpc
+
+from zerolayer.v1 import generation_pb2, generation_pb2_grpc
+
+
+def build_request(
+    prompt: str,
+    max_new_tokens: int = 0,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    stop: list[str] | None = None,
+) -> generation_pb2.GenerateRequest:
+    """A GenerateRequest with only the given optional fields set."""
+    request = generation_pb2.GenerateRequest(
+        prompt=prompt, max_new_tokens=max_new_tokens, stop=stop or []
+    )
+    for name, value in (
+        ("temperature", temperature),
+        ("top_p", top_p),
+        ("top_k", top_k),
+        ("seed", seed),
+    ):
+        if value is not None:
+            setattr(request, name, value)
+    return request
+
+
+def generate_text(address: str, prompt: str, max_new_tokens: int = 0) -> str:
+    """One unary Generate call; returns the generated text."""
+    with grpc.insecure_channel(address) as channel:
+        stub = generation_pb2_grpc.TextGenerationStub(channel)
+        response = stub.Generate(build_request(prompt, max_new_tokens), timeout=300)
+    return response.text
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """``zerolayer generate``: prints the text (streamed or whole); exit code 1 on a gRPC error."""
+    request = build_request(
+        args.prompt,
+        args.max_new_tokens,
+        args.temperature,
+        args.top_p,
+        args.top_k,
+        args.seed,
+        args.stop,
+    )
+    try:
+        with grpc.insecure_channel(args.address) as channel:
+            stub = generation_pb2_grpc.TextGenerationStub(channel)
+            if args.stream:
+                for part in stub.GenerateStream(request, timeout=args.timeout):
+                    sys.stdout.write(part.text)
+                    sys.stdout.flush()
+                sys.stdout.write("\n")
+            else:
+                print(stub.Generate(request, timeout=args.timeout).text)
+    except grpc.RpcError as exc:
+        print(f"zerolayer generate: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    return 0

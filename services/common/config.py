@@ -1,0 +1,75 @@
+"""Frozen per-layer configs, built once at the process edge (CLI / ``__main__``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Loader process settings."""
+
+    address: str
+    """gRPC address to serve on, e.g. ``unix:/run/zl/loader.sock``."""
+    model_dir: str
+    """Hugging Face model directory (config.json, *.safetensors, tokenizer.json)."""
+    model_name: str = ""
+    """Name to serve the model under; empty: the directory's base name."""
+    prefetch: bool = True
+    """Start kernel read-ahead of the weight files at start-up."""
+
+
+@dataclass(frozen=True)
+class KVStoreConfig:
+    """KV store process settings."""
+
+    address: str
+    """gRPC address to serve on."""
+    loader_address: str
+    """Where the loader serves (the arena's geometry comes from the model config)."""
+    shm_path: str
+    """Shared-memory file of the arena, e.g. ``/dev/shm/zerolayer-<id>.kv``."""
+    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
+    """Arena size in bytes; the number of blocks is kv_cache_bytes // block_bytes."""
+    block_size: int = DEFAULT_BLOCK_SIZE
+    """Tokens per KV block."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler (engine) process settings."""
+
+    address: str
+    """gRPC address to serve on."""
+    loader_address: str
+    """Where the loader serves."""
+    kvstore_address: str
+    """Where the kvstore serves."""
+    max_num_seqs: int = 64
+    """Most requests in the running set."""
+    max_num_batched_tokens: int = 512
+    """Token budget of one step (prefill chunks plus decodes)."""
+    num_threads: int = 0
+    """torch intra-op threads; 0: one per available core (the engine is the only compute user)."""
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    """Frontend process settings."""
+
+    listen: str
+    """Public gRPC address, ``HOST:PORT``."""
+    loader_address: str
+    """Where the loader serves (tokenizer, model info)."""
+    scheduler_address: str
+    """Where the scheduler serves."""
+    default_max_new_tokens: int = 64
+    """max_new_tokens when a request leaves it 0."""
+    max_stop_strings: int = 16
+    """Most stop strings per request."""
+    max_cache_salt_bytes: int = 256
+    """Longest cache_salt accepted."""

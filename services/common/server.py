@@ -1,0 +1,136 @@
+"""The one server bootstrap every layer uses: aio gRPC server, health, reflection, error mapping,
+graceful shutdown on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.errors import ErrorMappingInterceptor
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Largest gRPC message accepted or sent (manifests carry tokenizer.json: can be tens of MB)."""
+
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    """One servicer to register: ``add(servicer, server)`` and its full service name."""
+
+    add: Callable[[Any, grpc.aio.Server], None]
+    servicer: Any
+    service_name: str
+
+
+def prepare_unix_socket(address: str) -> None:
+    """Removes a stale socket file behind a ``unix:`` address so that bind succeeds.
+
+    Args:
+        address: gRPC address; only ``unix:PATH`` addresses are touched.
+    """
+    if address.startswith("unix:"):
+        path = address.removeprefix("unix:").removeprefix("//")
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+class LayerServer:
+    """An aio gRPC server with health and reflection; health starts NOT_SERVING.
+
+    Call :meth:`start`, do the layer's start-up work, then :meth:`set_serving`.
+    """
+
+    def __init__(self, address: str, bindings: Sequence[ServiceBinding]) -> None:
+        self.address = address
+        self._bindings = list(bindings)
+        self.server = grpc.aio.server(
+            interceptors=[ErrorMappingInterceptor()], options=CHANNEL_OPTIONS
+        )
+        self.health = health.aio.HealthServicer()
+
+    async def start(self) -> None:
+        """Binds and starts the server. Raises RuntimeError if the address cannot be bound."""
+        for binding in self._bindings:
+            binding.add(binding.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = [b.service_name for b in self._bindings]
+        reflection.enable_server_reflection(
+            [
+                *names,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            self.server,
+        )
+        prepare_unix_socket(self.address)
+        if self.server.add_insecure_port(self.address) == 0 and not self.address.startswith(
+            "unix:"
+        ):
+            raise RuntimeError(f"cannot listen on {self.address}")
+        await self.server.start()
+        await self.set_serving(False)
+        log.info("listening on %s", self.address)
+
+    async def set_serving(self, serving: bool) -> None:
+        """Sets overall health and that of each registered service."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ["", *(b.service_name for b in self._bindings)]:
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Stops accepting calls and waits up to ``grace_s`` seconds for calls in flight."""
+        await self.set_serving(False)
+        await self.server.stop(grace_s)
+
+
+async def wait_for_shutdown_signal() -> None:
+    """Returns when the process receives SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def run_layer(
+    server: LayerServer,
+    on_start: Callable[[], Awaitable[None]] | None = None,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Starts ``server``, runs ``on_start``, reports SERVING, and serves until SIGTERM/SIGINT."""
+    await server.start()
+    if on_start is not None:
+        await on_start()
+    await server.set_serving(True)
+    log.info("serving")
+    await wait_for_shutdown_signal()
+    log.info("shutting down")
+    await server.stop()
+    if on_stop is not None:
+        await on_stop()
+
+
+def setup_logging(layer: str, level: str = "INFO") -> None:
+    """Configures the root logger to write ``layer`` tagged lines to stderr."""
+    logging.basicConfig(
+        level=level, format=f"%(asctime)s {layer} %(levelname)s %(name)s: %(message)s"
+    )

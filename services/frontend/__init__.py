@@ -1,0 +1,1 @@
+"""Frontend layer: tokenization, incremental detokenization and stop strings."""

@@ -1,0 +1,80 @@
+"""``python -m services.frontend --listen HOST:PORT --loader unix:PATH --scheduler unix:PATH``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from services.common.clients import fetch_manifest
+from services.common.config import DEFAULT_LISTEN, FrontendConfig
+from services.common.server import LayerServer, ServiceBinding, run_layer, setup_logging
+from services.frontend.generation import TextGenerator
+from services.frontend.scheduler_client import SchedulerClient
+from services.frontend.server import TextGenerationServicer
+from zerolayer.v1 import generation_pb2, generation_pb2_grpc
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Flags of the frontend."""
+    parser = parser or argparse.ArgumentParser(prog="zerolayer frontend", description=__doc__)
+    parser.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        help="public gRPC address HOST:PORT (default %(default)s)",
+    )
+    parser.add_argument("--loader", required=True, help="the loader's gRPC address")
+    parser.add_argument("--scheduler", required=True, help="the scheduler's gRPC address")
+    parser.add_argument(
+        "--default-max-new-tokens",
+        type=int,
+        default=64,
+        help="max_new_tokens when a request leaves it 0 (default %(default)s)",
+    )
+    return parser
+
+
+async def serve(config: FrontendConfig) -> None:
+    """Loads the tokenizer from the loader, then serves until SIGTERM."""
+    manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
+    scheduler = SchedulerClient(config.scheduler_address)
+    generator = TextGenerator(config, manifest, scheduler)
+    name = generation_pb2.DESCRIPTOR.services_by_name["TextGeneration"].full_name
+    server = LayerServer(
+        config.listen,
+        [
+            ServiceBinding(
+                generation_pb2_grpc.add_TextGenerationServicer_to_server,
+                TextGenerationServicer(generator),
+                name,
+            )
+        ],
+    )
+
+    async def on_stop() -> None:
+        await scheduler.close()
+
+    await run_layer(server, on_stop=on_stop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the frontend with parsed flags."""
+    setup_logging("frontend")
+    config = FrontendConfig(
+        listen=args.listen,
+        loader_address=args.loader,
+        scheduler_address=args.scheduler,
+        default_max_new_tokens=args.default_max_new_tokens,
+    )
+    asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

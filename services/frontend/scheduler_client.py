@@ -1,0 +1,55 @@
+"""The frontend's asynchronous client of the scheduler."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from services.common.convert import engine_request_to_pb, request_output_from_pb
+from services.common.errors import Unavailable
+from services.common.generation import EngineRequest, RequestOutput
+from services.common.server import CHANNEL_OPTIONS
+from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+
+class SchedulerClient:
+    """Streams engine outputs; closing the stream early cancels the call, which aborts the request
+    in the scheduler and frees its KV blocks."""
+
+    def __init__(self, address: str) -> None:
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+
+    async def generate(
+        self, request: EngineRequest, timeout_s: float | None
+    ) -> AsyncIterator[RequestOutput]:
+        """Yields the request's outputs until the finished one.
+
+        Raises:
+            Unavailable: the scheduler cannot be reached.
+            grpc.aio.AioRpcError: the scheduler rejected the request (INVALID_ARGUMENT,
+                RESOURCE_EXHAUSTED) or the deadline passed.
+        """
+        call = self._stub.Generate(engine_request_to_pb(request), timeout=timeout_s)
+        try:
+            async for pb in call:
+                yield request_output_from_pb(request.request_id, pb)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise Unavailable(f"scheduler: {exc.details()}") from None
+            raise
+        finally:
+            call.cancel()
+
+    async def block_size(self) -> int:
+        """The KV block size the scheduler runs with (0 if it is unreachable)."""
+        try:
+            stats = await self._stub.GetStats(scheduler_pb2.SchedulerStatsRequest(), timeout=5)
+        except grpc.aio.AioRpcError:
+            return 0
+        return stats.block_size
+
+    async def close(self) -> None:
+        """Closes the channel."""
+        await self._channel.close()

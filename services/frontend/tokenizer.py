@@ -1,0 +1,136 @@
+"""Text tokenizer: a ``tokenizers.Tokenizer`` plus the BOS rules from tokenizer_config.json."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from tokenizers import Tokenizer
+
+
+class TextTokenizer:
+    """Wraps a tokenizers.Tokenizer with the model's BOS rules.
+
+    BOS rule for text prompts (``encode(text, add_special_tokens=True)``): the tokenizer.json
+    post-processor runs first; if tokenizer_config.json says ``"add_bos_token": true`` and the
+    result does not start with the BOS id, the BOS id is prepended (older Llama exports put the
+    BOS rule only in the config, as ``LlamaTokenizer`` does). Otherwise the post-processor's
+    output is trusted as is, including for ``"add_bos_token": false``.
+
+    Truncation and padding settings stored in tokenizer.json are disabled: the frontend decides
+    prompt length limits itself.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, add_bos_token: bool | None, bos_token_id: int | None):
+        """Use :meth:`from_json`; this constructor takes the already-parsed parts.
+
+        Args:
+            tokenizer: the tokenizer; its truncation and padding are switched off in place.
+            add_bos_token: tokenizer_config's ``add_bos_token``, or None when absent.
+            bos_token_id: id of tokenizer_config's ``bos_token`` in the vocab, or None.
+        """
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        self._tokenizer = tokenizer
+        self._add_bos_token = add_bos_token
+        self._bos_token_id = bos_token_id
+        self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def from_json(cls, tokenizer_json: str, tokenizer_config_json: str = "") -> TextTokenizer:
+        """Build from the text of tokenizer.json and (optionally) tokenizer_config.json.
+
+        Raises:
+            ValueError: either text is not valid JSON, the config is not a JSON object, its
+                ``add_bos_token`` is not a bool, or tokenizers rejects tokenizer.json.
+        """
+        try:
+            json.loads(tokenizer_json)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"tokenizer_json: invalid JSON: {exc}") from exc
+        try:
+            tokenizer = Tokenizer.from_str(tokenizer_json)
+        except Exception as exc:  # tokenizers raises a bare Exception on a bad schema
+            raise ValueError(f"tokenizer_json: not a valid tokenizer: {exc}") from exc
+        config = _parse_config(tokenizer_config_json)
+        add_bos_token = config.get("add_bos_token")
+        if add_bos_token is not None and not isinstance(add_bos_token, bool):
+            raise ValueError(
+                f"tokenizer_config_json: add_bos_token must be a bool: {add_bos_token!r}"
+            )
+        bos_token = _token_content(config.get("bos_token"))
+        bos_token_id = tokenizer.token_to_id(bos_token) if bos_token is not None else None
+        return cls(tokenizer, add_bos_token, bos_token_id)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Token ids of ``text``; with ``add_special_tokens`` the BOS rule above applies."""
+        token_ids = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        if (
+            add_special_tokens
+            and self._add_bos_token is True
+            and self._bos_token_id is not None
+            and token_ids[:1] != [self._bos_token_id]
+        ):
+            token_ids.insert(0, self._bos_token_id)
+        return token_ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids``; an incomplete or invalid UTF-8 byte sequence decodes to U+FFFD.
+
+        Ids the tokenizer does not know are dropped (a model's vocab may be padded past the
+        tokenizer's, so it can emit ids that have no text).
+        """
+        ids = [i for i in token_ids if self._known(i)]
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def pieces(self, token_ids: Sequence[int]) -> list[str]:
+        """The vocab string of each id (``id_to_token``), e.g. ``"Ġhi"`` or ``"▁the"``.
+
+        Raises:
+            ValueError: an id is outside ``[0, vocab_size)``.
+        """
+        return [self._tokenizer.id_to_token(token_id) for token_id in self._checked_ids(token_ids)]
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer knows, added tokens included."""
+        return self._vocab_size
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """Id of tokenizer_config's ``bos_token``; None if it names none or one not in the vocab."""
+        return self._bos_token_id
+
+    def _known(self, token_id: int) -> bool:
+        return (
+            0 <= token_id < self._vocab_size and self._tokenizer.id_to_token(token_id) is not None
+        )
+
+    def _checked_ids(self, token_ids: Sequence[int]) -> list[int]:
+        ids = list(token_ids)
+        for token_id in ids:
+            if not self._known(token_id):
+                raise ValueError(f"token_ids: id {token_id} is not in the vocab")
+        return ids
+
+
+def _parse_config(tokenizer_config_json: str) -> dict[str, Any]:
+    if not tokenizer_config_json.strip():
+        return {}
+    try:
+        config = json.loads(tokenizer_config_json)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"tokenizer_config_json: invalid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ValueError("tokenizer_config_json: must be a JSON object")
+    return config
+
+
+def _token_content(token: object) -> str | None:
+    """A special token as tokenizer_config writes it: a string or an AddedToken dict."""
+    if isinstance(token, str):
+        return token
+    if isinstance(token, dict) and isinstance(token.get("content"), str):
+        return token["content"]
+    return None

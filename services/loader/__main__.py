@@ -1,0 +1,65 @@
+"""``python -m services.loader --address unix:PATH --model DIR``: run the loader alone."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from services.common.config import LoaderConfig
+from services.common.server import LayerServer, ServiceBinding, run_layer, setup_logging
+from services.loader.server import LoaderServicer
+from services.loader.weight_store import WeightStore
+from zerolayer.v1 import loader_pb2, loader_pb2_grpc
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Flags of the loader."""
+    parser = parser or argparse.ArgumentParser(prog="zerolayer loader", description=__doc__)
+    parser.add_argument("--address", required=True, help="gRPC address, e.g. unix:/run/x.sock")
+    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument("--model-name", default="", help="name to serve the model under")
+    parser.add_argument("--no-prefetch", action="store_true", help="skip kernel read-ahead")
+    return parser
+
+
+async def serve(config: LoaderConfig) -> None:
+    """Maps the checkpoint, then serves until SIGTERM."""
+    store = WeightStore(Path(config.model_dir), config.model_name)
+    if config.prefetch:
+        store.prefetch()
+    name = loader_pb2.DESCRIPTOR.services_by_name["Loader"].full_name
+    server = LayerServer(
+        config.address,
+        [ServiceBinding(loader_pb2_grpc.add_LoaderServicer_to_server, LoaderServicer(store), name)],
+    )
+
+    async def on_stop() -> None:
+        store.close()
+
+    await run_layer(server, on_stop=on_stop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the loader with parsed flags."""
+    setup_logging("loader")
+    config = LoaderConfig(
+        address=args.address,
+        model_dir=args.model,
+        model_name=args.model_name,
+        prefetch=not args.no_prefetch,
+    )
+    asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

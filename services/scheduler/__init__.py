@@ -1,0 +1,1 @@
+"""The scheduler layer: the engine (continuous batching, model forward, sampling)."""

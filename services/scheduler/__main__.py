@@ -1,0 +1,125 @@
+"""``python -m services.scheduler --address unix:PATH --loader unix:PATH --kvstore unix:PATH``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from services.common.clients import fetch_manifest
+from services.common.config import SchedulerConfig
+from services.common.model_config import ModelConfig
+from services.common.server import LayerServer, ServiceBinding, run_layer, setup_logging
+from services.scheduler.engine import Engine
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.kv_client import KVStoreClient
+from services.scheduler.llama import LlamaModel
+from services.scheduler.model_runner import ModelRunner
+from services.scheduler.sampler import Sampler
+from services.scheduler.scheduler import Scheduler, SchedulingPolicy
+from services.scheduler.server import SchedulerServicer
+from services.scheduler.weights import MappedWeights
+from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Flags of the scheduler."""
+    parser = parser or argparse.ArgumentParser(prog="zerolayer scheduler", description=__doc__)
+    parser.add_argument("--address", required=True, help="gRPC address to serve on")
+    parser.add_argument("--loader", required=True, help="the loader's gRPC address")
+    parser.add_argument("--kvstore", required=True, help="the kvstore's gRPC address")
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="running-set size limit")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=512,
+        help="token budget of one step (prefill chunk size)",
+    )
+    parser.add_argument(
+        "--num-threads", type=int, default=0, help="torch threads; 0: one per available core"
+    )
+    return parser
+
+
+def build_engine(config: SchedulerConfig) -> tuple[Engine, KVStoreClient]:
+    """Maps the weights and the KV arena and assembles the engine (blocking)."""
+    manifest = fetch_manifest(config.loader_address)
+    model_config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
+    weights = MappedWeights(manifest)
+    model = LlamaModel(model_config, weights.tensors)
+    kv_client = KVStoreClient(config.kvstore_address)
+    layout = kv_client.layout
+    if (layout.num_layers, layout.num_kv_heads, layout.head_dim) != (
+        model_config.num_hidden_layers,
+        model_config.num_key_value_heads,
+        model_config.head_dim,
+    ):
+        raise RuntimeError("the kvstore's arena does not match the loader's model")
+    runner = ModelRunner(model, kv_client.map(), layout.block_size)
+    policy = SchedulingPolicy(
+        config.max_num_seqs, config.max_num_batched_tokens, model_config.max_position_embeddings
+    )
+    scheduler = Scheduler(
+        policy, KVCacheManager(kv_client, layout.block_size), model_config.eos_token_ids
+    )
+    # NOTE: each weight tensor keeps its file mapping alive (torch.frombuffer holds the mmap).
+    return Engine(scheduler, runner, Sampler()), kv_client
+
+
+async def serve(config: SchedulerConfig) -> None:
+    """Builds the engine, then serves until SIGTERM."""
+    # NOTE: the engine thread is the only heavy compute user of this process, so it gets every
+    # core it may run on; gRPC and asyncio threads mostly sleep.
+    torch.set_num_threads(config.num_threads or len(os.sched_getaffinity(0)))
+    holder: dict[str, object] = {}
+    servicer = SchedulerServicer()
+    name = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+    server = LayerServer(
+        config.address,
+        [ServiceBinding(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, name)],
+    )
+
+    async def on_start() -> None:
+        engine, kv_client = await asyncio.to_thread(build_engine, config)
+        servicer.attach(engine)
+        holder["engine"], holder["kv"] = engine, kv_client
+        engine.start()
+        log.info("engine started with %d torch threads", torch.get_num_threads())
+
+    async def on_stop() -> None:
+        if "engine" in holder:
+            holder["engine"].stop()  # type: ignore[attr-defined]
+            holder["kv"].close()  # type: ignore[attr-defined]
+
+    await run_layer(server, on_start=on_start, on_stop=on_stop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the scheduler with parsed flags."""
+    setup_logging("scheduler")
+    config = SchedulerConfig(
+        address=args.address,
+        loader_address=args.loader,
+        kvstore_address=args.kvstore,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_threads=args.num_threads,
+    )
+    asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

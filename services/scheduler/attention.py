@@ -1,0 +1,117 @@
+"""Attention over the paged KV cache: the pure-torch reference path.
+
+K and V of every token are written into their cache slots (``slot_mapping``), then each sequence's
+queries attend over its blocks gathered through its block table (Kwon et al. 2023,
+"PagedAttention"). Decodes (one query each) run as one padded batch; prefill chunks run one
+``scaled_dot_product_attention`` each with a causal mask offset by the tokens already cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PrefillSpan:
+    """A sequence fed several tokens this step."""
+
+    start: int
+    """First row of its queries in the step's flat token array."""
+    num_tokens: int
+    """Queries of this step."""
+    seq_len: int
+    """Context length after this step (cached + new tokens)."""
+    block_ids: torch.Tensor
+    """int64 [ceil(seq_len / block_size)]: its block table."""
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Everything attention needs about one step's batch; built by the model runner.
+
+    Shapes: T tokens in the step, Bd decode sequences, M the longest decode block table.
+    """
+
+    slot_mapping: torch.Tensor
+    """int64 [T]: cache slot (block_id * block_size + offset) of each token's K and V."""
+    decode_rows: torch.Tensor
+    """int64 [Bd]: rows of decode tokens in the flat array."""
+    decode_block_tables: torch.Tensor
+    """int64 [Bd, M]: block tables of the decode sequences, padded with 0."""
+    decode_mask: torch.Tensor
+    """bool [Bd, 1, 1, M * block_size]: True where a key position is inside the sequence."""
+    prefills: tuple[PrefillSpan, ...]
+    """The sequences fed more than one token."""
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Stores K and V of this step's tokens in their slots.
+
+    Args:
+        k_cache, v_cache: [num_blocks, block_size, Hkv, D], modified in place.
+        k, v: [T, Hkv, D].
+        slot_mapping: int64 [T].
+    """
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """[..., nb] block ids -> [..., Hkv, nb * block_size, D] keys or values."""
+    blocks = cache[block_ids]  # [..., nb, bs, Hkv, D]
+    *lead, nb, bs, h, d = blocks.shape
+    return blocks.reshape(*lead, nb * bs, h, d).transpose(-3, -2)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of this step's queries over the cached context (K/V already written).
+
+    Args:
+        q: [T, Hq, D] queries, Hq a multiple of Hkv (grouped-query attention, Ainslie et al. 2023).
+        k_cache, v_cache: [num_blocks, block_size, Hkv, D].
+        meta: the step's metadata.
+        scale: softmax scale, usually D ** -0.5.
+
+    Returns:
+        [T, Hq, D] attention output, same dtype as ``q``.
+    """
+    out = torch.empty_like(q)
+    if meta.decode_rows.numel():
+        qd = q[meta.decode_rows].unsqueeze(2)  # [Bd, Hq, 1, D]
+        kd = _gather(k_cache, meta.decode_block_tables)  # [Bd, Hkv, L, D]
+        vd = _gather(v_cache, meta.decode_block_tables)
+        od = F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
+        )
+        out[meta.decode_rows] = od.squeeze(2)
+    for span in meta.prefills:
+        rows = slice(span.start, span.start + span.num_tokens)
+        qp = q[rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+        kp = _gather(k_cache, span.block_ids)[:, : span.seq_len].unsqueeze(0)
+        vp = _gather(v_cache, span.block_ids)[:, : span.seq_len].unsqueeze(0)
+        # Query i sits at absolute position seq_len - n + i and sees keys up to there.
+        first = span.seq_len - span.num_tokens
+        key_pos = torch.arange(span.seq_len)
+        query_pos = torch.arange(first, span.seq_len).unsqueeze(1)
+        mask = key_pos.unsqueeze(0) <= query_pos
+        op = F.scaled_dot_product_attention(
+            qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+        out[rows] = op.squeeze(0).transpose(0, 1)
+    return out

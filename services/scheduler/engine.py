@@ -1,0 +1,143 @@
+"""The engine loop: a dedicated thread that schedules, runs the model and samples, step by step.
+
+Requests and aborts arrive from gRPC handlers on other threads through a command queue, which the
+loop drains at the start of each step, so the scheduler itself is only ever touched by this thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.common.errors import Unavailable, ZerolayerError
+from services.common.generation import EngineRequest, RequestOutput
+from services.scheduler.model_runner import ModelRunner
+from services.scheduler.sampler import Sampler
+from services.scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[RequestOutput | Exception], None]
+"""Receives a request's outputs (or the error that ended it); called on the engine thread."""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters read by the stats RPC."""
+
+    num_running: int
+    num_waiting: int
+    num_blocks_held: int
+    num_preemptions: int
+    num_steps: int
+
+
+class Engine:
+    """Owns the scheduler, the model runner and the sampler, and drives them on one thread."""
+
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.sampler = sampler
+        self.num_steps = 0
+        self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+
+    def start(self) -> None:
+        """Starts the engine thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops the thread after its current step."""
+        self._stopped.set()
+        self._commands.put(("wake",))
+        self._thread.join(timeout=10)
+
+    def submit(self, request: EngineRequest, sink: Sink) -> None:
+        """Queues a request; thread-safe. Errors (e.g. InvalidArgument) arrive through ``sink``."""
+        self._commands.put(("add", request, sink))
+
+    def abort(self, request_id: str) -> None:
+        """Aborts a request and frees its blocks at the next step boundary; thread-safe."""
+        self._commands.put(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the counters (approximate while the loop runs)."""
+        s = self.scheduler
+        return EngineStats(
+            len(s.running), len(s.waiting), s.kv.num_blocks_held, s.num_preemptions, self.num_steps
+        )
+
+    def _drain(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, command: tuple) -> None:
+        if command[0] == "add":
+            _, request, sink = command
+            try:
+                self.scheduler.add_request(request)
+            except ZerolayerError as exc:
+                sink(exc)
+                return
+            self._sinks[request.request_id] = sink
+        elif command[0] == "abort":
+            self._sinks.pop(command[1], None)
+            self.scheduler.abort_request(command[1])
+
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            self._drain(block=not self.scheduler.has_unfinished_requests)
+            if not self.scheduler.has_unfinished_requests:
+                continue
+            try:
+                self.step()
+            except Exception as exc:  # noqa: BLE001 - keep serving; fail what was in flight
+                log.exception("engine step failed")
+                self._fail_all(exc)
+
+    def step(self) -> None:
+        """Runs one schedule -> forward -> sample -> update cycle and delivers the outputs."""
+        output = self.scheduler.schedule()
+        if not output.scheduled:
+            time.sleep(0.001)
+            return
+        logits = self.runner.execute(output)
+        sampling = [s.request for s in output.scheduled if s.samples]
+        token_ids = self.sampler(
+            logits, [r.sampling for r in sampling], [r.generator for r in sampling]
+        )
+        self.num_steps += 1
+        for result in self.scheduler.update(output, token_ids):
+            sink = self._sinks.get(result.request_id)
+            if sink is not None:
+                sink(result)
+            if result.finished:
+                self._sinks.pop(result.request_id, None)
+
+    def _fail_all(self, exc: Exception) -> None:
+        error = Unavailable(f"engine step failed: {type(exc).__name__}: {exc}")
+        for request_id in list(self.scheduler.requests):
+            sink = self._sinks.pop(request_id, None)
+            if sink is not None:
+                sink(error)
+            try:
+                self.scheduler.abort_request(request_id)
+            except Exception:  # noqa: BLE001 - the kvstore may be the thing that failed
+                self.scheduler.requests.pop(request_id, None)
+        self.scheduler.running.clear()
+        self.scheduler.waiting.clear()

@@ -1,0 +1,216 @@
+"""Continuous (iteration-level) batching with chunked prefill and recompute preemption.
+
+Each step feeds every running request its next tokens (a decode token, or a chunk of prompt), then
+admits waiting requests while the token budget, ``max_num_seqs`` and free KV blocks allow. When a
+running request cannot get a block, the most recently admitted request is preempted: its blocks are
+freed and it is recomputed from scratch later. Sources: Yu et al. 2022, "Orca" (iteration-level
+scheduling); Kwon et al. 2023, "PagedAttention" (recompute preemption); Agrawal et al. 2023,
+"SARATHI" (chunked prefill).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.generation import EngineRequest, FinishReason, RequestOutput
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulingPolicy:
+    """Limits of one scheduling step."""
+
+    max_num_seqs: int
+    """Most requests in the running set."""
+    max_num_batched_tokens: int
+    """Token budget per step."""
+    max_model_len: int
+    """Context length: prompt plus output never exceed it."""
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """A request fed tokens ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``."""
+
+    request: Request
+    num_computed_tokens: int
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the request's last token, so a new token is sampled."""
+        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """The plan of one step."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens fed to the model this step."""
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """Owns the waiting queue and running set; not thread-safe (the engine thread drives it)."""
+
+    def __init__(
+        self, policy: SchedulingPolicy, kv: KVCacheManager, eos_token_ids: tuple[int, ...]
+    ) -> None:
+        self.policy = policy
+        self.kv = kv
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._arrivals = 0
+
+    def add_request(self, engine_request: EngineRequest) -> Request:
+        """Queues a request.
+
+        Raises:
+            InvalidArgument: request_id already in flight; empty prompt; max_new_tokens 0; prompt
+                at or past the context length.
+            ResourceExhausted: the request could never fit in the whole KV arena.
+        """
+        if engine_request.request_id in self.requests:
+            raise InvalidArgument("request_id", f"{engine_request.request_id!r} is in flight")
+        num_prompt = len(engine_request.prompt_token_ids)
+        if num_prompt == 0:
+            raise InvalidArgument("prompt_token_ids", "empty")
+        if engine_request.max_new_tokens <= 0:
+            raise InvalidArgument("max_new_tokens", "must be > 0")
+        if num_prompt >= self.policy.max_model_len:
+            raise InvalidArgument(
+                "prompt", f"{num_prompt} tokens; the context length is {self.policy.max_model_len}"
+            )
+        max_len = min(num_prompt + engine_request.max_new_tokens, self.policy.max_model_len)
+        if self.kv.num_blocks_for(max_len) > self.kv.allocator.num_blocks_total:
+            raise ResourceExhausted(
+                f"max_new_tokens: {max_len} tokens need {self.kv.num_blocks_for(max_len)} KV "
+                f"blocks, the arena has {self.kv.allocator.num_blocks_total}"
+            )
+        request = Request(engine_request, self._arrivals)
+        self._arrivals += 1
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        return request
+
+    def abort_request(self, request_id: str) -> bool:
+        """Removes a request and frees its blocks at once. Returns False if it is unknown."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        self._finish(request, FinishReason.ABORT)
+        return True
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self.requests)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plans the next step (allocating KV blocks for it)."""
+        output = SchedulerOutput()
+        budget = self.policy.max_num_batched_tokens
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._allocate_or_preempt(request, num_new, output):
+                break  # the request itself was preempted; everything after it too
+            output.scheduled.append(ScheduledRequest(request, request.num_computed_tokens, num_new))
+            budget -= num_new
+            index += 1
+        while (
+            self.waiting
+            and budget > 0
+            and not output.preempted_request_ids
+            and len(self.running) < self.policy.max_num_seqs
+        ):
+            request = self.waiting[0]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self.kv.allocate_slots(request, num_new):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            output.scheduled.append(ScheduledRequest(request, request.num_computed_tokens, num_new))
+            budget -= num_new
+        return output
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, output: SchedulerOutput) -> bool:
+        while not self.kv.allocate_slots(request, num_new):
+            victim = self.running.pop()
+            self._preempt(victim)
+            output.preempted_request_ids.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[RequestOutput]:
+        """Applies a step's results.
+
+        Args:
+            sampled_token_ids: one token per scheduled request whose ``samples`` is True, in the
+                order of ``output.scheduled``.
+
+        Returns:
+            One output per request that got a new token (finished ones carry their reason).
+        """
+        results: list[RequestOutput] = []
+        tokens = iter(sampled_token_ids)
+        for item in output.scheduled:
+            request = item.request
+            request.num_computed_tokens = item.num_computed_tokens + item.num_new_tokens
+            if not item.samples:
+                continue
+            token_id = next(tokens)
+            request.output_token_ids.append(token_id)
+            reason = self._check_stop(request, token_id)
+            if reason != FinishReason.UNSPECIFIED:
+                self._finish(request, reason)
+            results.append(
+                RequestOutput(
+                    request.request_id,
+                    (token_id,),
+                    reason,
+                    request.num_prompt_tokens,
+                    request.num_cached_tokens,
+                )
+            )
+        return results
+
+    def _check_stop(self, request: Request, token_id: int) -> FinishReason:
+        if not request.ignore_eos and token_id in self.eos_token_ids:
+            return FinishReason.EOS
+        if len(request.output_token_ids) >= request.max_new_tokens:
+            return FinishReason.LENGTH
+        if request.num_tokens >= self.policy.max_model_len:
+            return FinishReason.LENGTH
+        return FinishReason.UNSPECIFIED
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        del self.requests[request.request_id]
