@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -17,7 +19,14 @@ class SchedulerClient:
     """Streams engine outputs; closing the stream early cancels the call, which aborts the request
     in the scheduler and frees its KV blocks."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, connect_grace_s: float = 2.0) -> None:
+        """
+        Args:
+            address: the scheduler's gRPC address.
+            connect_grace_s: how long a call retries while the scheduler is unreachable (e.g.
+                restarting) before UNAVAILABLE; retrying is safe because nothing was sent yet.
+        """
+        self._connect_grace_s = connect_grace_s
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
 
@@ -31,16 +40,23 @@ class SchedulerClient:
             grpc.aio.AioRpcError: the scheduler rejected the request (INVALID_ARGUMENT,
                 RESOURCE_EXHAUSTED) or the deadline passed.
         """
-        call = self._stub.Generate(engine_request_to_pb(request), timeout=timeout_s)
-        try:
-            async for pb in call:
-                yield request_output_from_pb(request.request_id, pb)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                raise Unavailable(f"scheduler: {exc.details()}") from None
-            raise
-        finally:
-            call.cancel()
+        give_up = time.monotonic() + self._connect_grace_s
+        while True:
+            call = self._stub.Generate(engine_request_to_pb(request), timeout=timeout_s)
+            received = False
+            try:
+                async for pb in call:
+                    received = True
+                    yield request_output_from_pb(request.request_id, pb)
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                if received or time.monotonic() > give_up:
+                    raise Unavailable(f"scheduler: {exc.details()}") from None
+            finally:
+                call.cancel()
+            await asyncio.sleep(0.1)
 
     async def block_size(self) -> int:
         """The KV block size the scheduler runs with (0 if it is unreachable)."""

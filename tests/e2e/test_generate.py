@@ -1,0 +1,210 @@
+"""End to end on the embedded dummy model: the four real processes, real gRPC, real shm."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from e2e.stack import kv_stats, running_stack, scheduler_stats, text_stub
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.v1 import generation_pb2 as pb
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = [[1, 72, 101, 108, 108, 111], [1, *range(3, 60)], [1, 50, 60], [1, *[80] * 33]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    with running_stack(model_dir, tmp_path_factory.mktemp("logs"),
+                       max_num_batched_tokens=48) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def stub(stack):
+    return text_stub(stack)
+
+
+def make_request(**fields: object) -> pb.GenerateRequest:
+    ids = fields.pop("ids", None)
+    if ids is not None:
+        fields["prompt_token_ids"] = pb.TokenIds(ids=ids)
+    fields.setdefault("max_new_tokens", 8)
+    return pb.GenerateRequest(**fields)
+
+
+def wait_all_blocks_free(stack, timeout_s: float = 10.0) -> object:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = kv_stats(stack)
+        if stats.num_blocks_used == 0 or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def test_unary_generate_returns_tokens_and_usage(stub) -> None:
+    response = stub.Generate(make_request(prompt="Hello", ignore_eos=True, request_id="r1"))
+    assert len(response.token_ids) == 8
+    assert response.finish_reason == pb.FINISH_REASON_LENGTH
+    assert response.usage.prompt_tokens == 6  # BOS + 5 bytes
+    assert response.usage.completion_tokens == 8
+    assert response.request_id == "r1"
+
+
+def test_greedy_is_deterministic(stub) -> None:
+    request = make_request(prompt="determinism", max_new_tokens=12, ignore_eos=True)
+    first, second = stub.Generate(request), stub.Generate(request)
+    assert list(first.token_ids) == list(second.token_ids)
+    assert first.text == second.text
+
+
+def test_stream_concatenates_to_unary(stub) -> None:
+    request = make_request(prompt="stream me", max_new_tokens=20, ignore_eos=True)
+    unary = stub.Generate(request)
+    parts = list(stub.GenerateStream(request))
+    assert "".join(p.text for p in parts) == unary.text
+    assert [t for p in parts for t in p.token_ids] == list(unary.token_ids)
+    assert all(p.finish_reason == pb.FINISH_REASON_UNSPECIFIED for p in parts[:-1])
+    assert not any(p.HasField("usage") for p in parts[:-1])
+    assert parts[-1].finish_reason == unary.finish_reason
+    assert parts[-1].usage == unary.usage
+
+
+def test_seeded_sampling_repeats(stub) -> None:
+    request = make_request(prompt="seed", temperature=1.0, top_p=0.9, seed=1234,
+                           max_new_tokens=16, ignore_eos=True)
+    assert list(stub.Generate(request).token_ids) == list(stub.Generate(request).token_ids)
+
+
+def test_greedy_ids_equal_transformers(stub, model_dir: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for ids in PROMPTS:
+        response = stub.Generate(make_request(ids=ids, max_new_tokens=16, ignore_eos=True))
+        expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=16,
+                               min_new_tokens=16)[0, len(ids):].tolist()
+        assert list(response.token_ids) == expected
+        assert response.usage.prompt_tokens == len(ids)  # token ids are used as given
+
+
+def test_sixteen_concurrent_streams_finish_and_free_every_block(stack, stub) -> None:
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            request = make_request(ids=[1, 10 + i, 20 + i, *range(30, 30 + i)], ignore_eos=True,
+                                   max_new_tokens=24)
+            results[i] = [t for part in stub.GenerateStream(request) for t in part.token_ids]
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert sorted(results) == list(range(16))
+    assert all(len(ids) == 24 for ids in results.values())
+    stats = wait_all_blocks_free(stack)
+    assert stats.num_blocks_free == stats.num_blocks_total
+    assert scheduler_stats(stack).num_blocks_held == 0
+
+
+def test_cancelled_stream_frees_its_blocks(stack, stub) -> None:
+    call = stub.GenerateStream(make_request(prompt="cancel me", max_new_tokens=1500,
+                                            ignore_eos=True))
+    next(call)
+    next(call)
+    assert kv_stats(stack).num_blocks_used > 0
+    call.cancel()
+    assert wait_all_blocks_free(stack).num_blocks_used == 0
+    stats = scheduler_stats(stack)
+    assert (stats.num_running, stats.num_waiting, stats.num_blocks_held) == (0, 0, 0)
+
+
+def test_deadline_aborts_the_request(stack, stub) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Generate(make_request(prompt="slow", max_new_tokens=1500, ignore_eos=True),
+                      timeout=0.3)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert wait_all_blocks_free(stack).num_blocks_used == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "field_name"),
+    [
+        ({"prompt": ""}, grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+        ({"ids": []}, grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+        ({"ids": [1, 100000]}, grpc.StatusCode.INVALID_ARGUMENT, "prompt_token_ids"),
+        ({"prompt": "x" * 3000}, grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+        ({"prompt": "hi", "temperature": -1.0}, grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
+        ({"prompt": "hi", "top_p": 0.0}, grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
+        ({"prompt": "hi", "stop": [""]}, grpc.StatusCode.INVALID_ARGUMENT, "stop[0]"),
+        ({"prompt": "hi", "cache_salt": "s" * 300}, grpc.StatusCode.INVALID_ARGUMENT,
+         "cache_salt"),
+        ({"prompt": "hi", "model": "gpt-9"}, grpc.StatusCode.NOT_FOUND, "model"),
+    ],
+)
+def test_bad_requests_get_a_status_naming_the_field(stub, fields, code, field_name) -> None:
+    for method in (stub.Generate, lambda r: list(stub.GenerateStream(r))):
+        with pytest.raises(grpc.RpcError) as info:
+            method(make_request(**dict(fields)))
+        assert info.value.code() == code
+        assert info.value.details().startswith(field_name)
+
+
+def test_tokenize_and_model_info(stub, stack) -> None:
+    tokens = stub.Tokenize(pb.TokenizeRequest(text="hi", add_special_tokens=True))
+    assert list(tokens.token_ids) == [1, 107, 108]
+    info = stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert info.architecture == "LlamaForCausalLM"
+    assert (info.vocab_size, info.max_model_len, list(info.eos_token_ids)) == (259, 2048, [2])
+    assert info.block_size == 16
+    assert info.model == Path(stack.config.model_dir).name
+
+
+def test_health_and_reflection(stack) -> None:
+    with grpc.insecure_channel(stack.config.listen) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        response = health.Check(health_pb2.HealthCheckRequest(service="zerolayer.v1.TextGeneration"))
+        assert response.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        answer = next(reflection.ServerReflectionInfo(iter(
+            [reflection_pb2.ServerReflectionRequest(list_services="")])))
+        names = {s.name for s in answer.list_services_response.service}
+        assert {"zerolayer.v1.TextGeneration", "grpc.health.v1.Health"} <= names
+
+
+def test_run_dir_is_private(stack) -> None:
+    assert stack.run_dir.stat().st_mode & 0o777 == 0o700
+    assert Path(stack.shm_path).exists()
+
+
+def test_scheduler_down_is_unavailable_then_restarts_alone(stack, stub) -> None:
+    # Last in the module: it takes the scheduler down and brings it back by itself.
+    others = {name: stack.processes[name].pid for name in ("loader", "kvstore", "frontend")}
+    stack.stop_layer("scheduler")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Generate(make_request(prompt="anyone?"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "scheduler" in info.value.details()
+    stack.start_layer("scheduler")
+    stack.wait_healthy("scheduler", time.monotonic() + 60)
+    response = stub.Generate(make_request(prompt="back", ignore_eos=True), timeout=30)
+    assert len(response.token_ids) == 8
+    assert {name: stack.processes[name].pid for name in others} == others

@@ -1,0 +1,186 @@
+"""Tests for the KV arena: layout byte math, the sparse 0600 file, and sharing across processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.kvstore.arena import Arena, ArenaLayout, blocks_for_bytes, map_arena
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_layout(
+    num_layers: int = 2,
+    num_kv_heads: int = 2,
+    head_dim: int = 8,
+    block_size: int = 4,
+    dtype: str = "BF16",
+    num_blocks: int = 3,
+) -> ArenaLayout:
+    return ArenaLayout(num_layers, num_kv_heads, head_dim, block_size, dtype, num_blocks)
+
+
+def make_arena(tmp_path: Path, layout: ArenaLayout | None = None) -> Arena:
+    return Arena(str(tmp_path / "kv" / "arena"), layout or make_layout())
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Runs ``code`` in a fresh interpreter (a separate process with its own mapping)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_layout_byte_math_bf16() -> None:
+    layout = make_layout()
+    assert layout.itemsize == 2
+    # 2 (K, V) * 2 layers * 4 tokens * 2 heads * 8 dims * 2 bytes
+    assert layout.block_bytes == 512
+    assert layout.size_bytes == 1536
+    assert layout.shape == (2, 2, 3, 4, 2, 8)
+
+
+def test_layout_byte_math_llama_8b_geometry() -> None:
+    layout = ArenaLayout(
+        num_layers=32, num_kv_heads=8, head_dim=128, block_size=16, dtype="F16", num_blocks=1000
+    )
+    assert layout.block_bytes == 2 * 32 * 16 * 8 * 128 * 2 == 2_097_152
+    assert layout.size_bytes == 2_097_152_000
+    assert layout.shape == (32, 2, 1000, 16, 8, 128)
+
+
+def test_layout_byte_math_f32() -> None:
+    layout = make_layout(num_layers=1, num_kv_heads=1, head_dim=4, block_size=2, dtype="F32")
+    assert layout.itemsize == 4
+    assert layout.block_bytes == 2 * 1 * 2 * 1 * 4 * 4 == 64
+    assert layout.size_bytes == 192
+
+
+def test_layout_rejects_unknown_dtype() -> None:
+    with pytest.raises(ValueError, match="'F8'"):
+        _ = make_layout(dtype="F8").block_bytes
+
+
+def test_blocks_for_bytes_rounds_down() -> None:
+    layout = make_layout(num_blocks=0)
+    assert blocks_for_bytes(512 * 10, layout) == 10
+    assert blocks_for_bytes(512 * 10 + 511, layout) == 10
+    assert blocks_for_bytes(511, layout) == 0
+
+
+def test_arena_creates_sparse_private_file(tmp_path: Path) -> None:
+    layout = make_layout(num_blocks=4096)  # 2 MiB
+    arena = make_arena(tmp_path, layout)
+    info = os.stat(arena.path)
+    assert arena.path == str(tmp_path / "kv" / "arena")
+    assert info.st_size == layout.size_bytes == 2 * 1024 * 1024
+    assert stat.S_IMODE(info.st_mode) == 0o600
+    assert info.st_blocks == 0  # sparse: nothing written, nothing backed
+    assert len(arena.arena_id) == 32
+    assert arena.arena_id != make_arena(tmp_path / "other", layout).arena_id
+
+
+def test_arena_truncates_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "arena"
+    path.write_bytes(b"\xff" * 10_000)
+    Arena(str(path), make_layout())
+    assert path.read_bytes() == b"\0" * 1536
+
+
+def test_arena_with_no_blocks_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="kv_cache_bytes"):
+        make_arena(tmp_path, make_layout(num_blocks=0))
+    assert not (tmp_path / "kv" / "arena").exists()
+
+
+def test_map_arena_has_layout_shape_and_zeros(tmp_path: Path) -> None:
+    arena = make_arena(tmp_path)
+    kv = map_arena(arena.path, arena.layout)
+    assert kv.shape == (2, 2, 3, 4, 2, 8)
+    assert kv.dtype == torch.bfloat16
+    assert kv.is_contiguous()
+    assert torch.count_nonzero(kv) == 0
+
+
+def test_writes_from_another_process_are_visible(tmp_path: Path) -> None:
+    arena = make_arena(tmp_path)
+    kv = map_arena(arena.path, arena.layout)  # mapped before the child writes
+    result = run_python(
+        f"""
+        from services.kvstore.arena import ArenaLayout, map_arena
+        kv = map_arena({arena.path!r}, {arena.layout!r})
+        kv[1, 0, 2] = 1.5   # layer 1, K, block 2
+        kv[0, 1, 0, 3, 1] = -2.0   # layer 0, V, block 0, token 3, head 1
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    expected = torch.zeros(arena.layout.shape, dtype=torch.bfloat16)
+    expected[1, 0, 2] = 1.5
+    expected[0, 1, 0, 3, 1] = -2.0
+    assert torch.equal(kv, expected)
+    # The bytes sit where the C-contiguous layout says: block (1, K, 2) is element
+    # ((1 * 2 + 0) * 3 + 2) * 64 of 64-element blocks; bf16 1.5 is 0x3FC0.
+    raw = Path(arena.path).read_bytes()
+    block_offset = ((1 * 2 + 0) * 3 + 2) * 64 * 2
+    assert raw[block_offset : block_offset + 128] == b"\xc0\x3f" * 64
+    v_offset = ((((0 * 2 + 1) * 3 + 0) * 4 + 3) * 2 + 1) * 8 * 2
+    assert raw[v_offset : v_offset + 16] == b"\x00\xc0" * 8  # bf16 -2.0 is 0xC000
+    assert raw == expected.view(torch.int16).numpy().tobytes()
+
+
+def test_writes_in_this_process_are_visible_to_another(tmp_path: Path) -> None:
+    arena = make_arena(tmp_path)
+    kv = map_arena(arena.path, arena.layout)
+    kv[0, 1, 1].copy_(torch.arange(64, dtype=torch.bfloat16).view(4, 2, 8))
+    result = run_python(
+        f"""
+        import json
+        from services.kvstore.arena import ArenaLayout, map_arena
+        kv = map_arena({arena.path!r}, {arena.layout!r})
+        print(json.dumps([kv[0, 1, 1].flatten().tolist(), kv.float().abs().sum().item()]))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    values, total = json.loads(result.stdout)
+    assert values == [float(i) for i in range(64)]
+    assert total == sum(range(64))
+
+
+def test_unlink_removes_the_file_and_is_idempotent(tmp_path: Path) -> None:
+    arena = make_arena(tmp_path)
+    kv = map_arena(arena.path, arena.layout)
+    arena.unlink()
+    assert not os.path.exists(arena.path)
+    arena.unlink()
+    kv[0, 0, 0, 0, 0, 0] = 3.0  # the mapping outlives the name
+    assert kv[0, 0, 0, 0, 0, 0].item() == 3.0
+    with pytest.raises(FileNotFoundError):
+        map_arena(arena.path, arena.layout)
+
+
+@pytest.mark.parametrize("num_blocks", [2, 4])
+def test_map_arena_size_mismatch_is_refused(tmp_path: Path, num_blocks: int) -> None:
+    arena = make_arena(tmp_path)
+    with pytest.raises(ValueError, match="1536 bytes, layout needs"):
+        map_arena(arena.path, replace(arena.layout, num_blocks=num_blocks))
+
+
+def test_map_arena_dtype_mismatch_is_refused(tmp_path: Path) -> None:
+    arena = make_arena(tmp_path)
+    with pytest.raises(ValueError, match="1536 bytes, layout needs 3072"):
+        map_arena(arena.path, replace(arena.layout, dtype="F32"))
