@@ -48,10 +48,19 @@ def read_safetensors_header(path: Path) -> tuple[dict, int]:
             header = json.loads(f.read(header_len))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"{path}: header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: header is not a JSON object")
     header.pop("__metadata__", None)
     data_start = 8 + header_len
     for name, entry in header.items():
-        begin, end = entry["data_offsets"]
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int for o in offsets)
+        ):
+            raise CheckpointError(f"{path}: tensor {name!r} has no [begin, end] data_offsets")
+        begin, end = offsets
         if not 0 <= begin <= end or data_start + end > size:
             raise CheckpointError(f"{path}: tensor {name!r} has offsets outside the file")
     return header, data_start
