@@ -70,3 +70,32 @@ class BlockPool:
             self.ref_cnt[block_id] -= 1
             if self.ref_cnt[block_id] == 0:
                 self.free_block_queue[block_id] = None
+
+    def reconcile(self, held_block_ids: list[int]) -> int:
+        """Rebuilds reference counts from the holders' declaration.
+
+        A block listed n times gets ref_cnt n; every unlisted block becomes free (joining the back
+        of the free queue, in id order). Blocks already free keep their queue position.
+
+        Returns:
+            How many blocks' ref_cnt changed.
+
+        Raises:
+            InvalidArgument: an id is out of range (nothing is changed).
+        """
+        counts = [0] * self.num_blocks
+        for block_id in held_block_ids:
+            if not 0 <= block_id < self.num_blocks:
+                raise InvalidArgument("held_block_ids", f"{block_id} is out of range")
+            counts[block_id] += 1
+        changed = 0
+        for block_id, count in enumerate(counts):
+            if count == self.ref_cnt[block_id]:
+                continue
+            changed += 1
+            self.ref_cnt[block_id] = count
+            if count == 0:
+                self.free_block_queue[block_id] = None
+            else:
+                self.free_block_queue.pop(block_id, None)
+        return changed

@@ -61,6 +61,13 @@ class KVStore:
         """See :meth:`BlockPool.free`."""
         self.pool.free(block_ids)
 
+    def reconcile(self, held_block_ids: list[int]) -> int:
+        """See :meth:`BlockPool.reconcile`."""
+        changed = self.pool.reconcile(held_block_ids)
+        if changed:
+            log.warning("reconcile: %d block reference count(s) corrected", changed)
+        return changed
+
     def stats(self) -> KVStats:
         """Current block counts."""
         return KVStats(self.pool.num_blocks, self.pool.num_free_blocks, self.pool.num_used_blocks)

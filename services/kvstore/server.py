@@ -52,3 +52,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             num_blocks_free=s.num_blocks_free,
             num_blocks_used=s.num_blocks_used,
         )
+
+    async def Reconcile(self, request: kvstore_pb2.ReconcileRequest,
+                        context: grpc.aio.ServicerContext) -> kvstore_pb2.ReconcileResponse:
+        changed = self._store.reconcile(list(request.held_block_ids))
+        return kvstore_pb2.ReconcileResponse(num_blocks_changed=changed)

@@ -55,6 +55,9 @@ def build_engine(config: SchedulerConfig) -> tuple[Engine, KVStoreClient]:
     weights = MappedWeights(manifest)
     model = LlamaModel(model_config, weights.tensors)
     kv_client = KVStoreClient(config.kvstore_address)
+    # NOTE: a fresh scheduler holds no blocks; references left by a predecessor that died are
+    # released here (one scheduler per kvstore).
+    kv_client.reconcile([])
     layout = kv_client.layout
     if (layout.num_layers, layout.num_kv_heads, layout.head_dim) != (
         model_config.num_hidden_layers,

@@ -63,6 +63,16 @@ class KVStoreClient:
         """
         self._stub.Free(kvstore_pb2.FreeRequest(block_ids=block_ids), timeout=self._timeout_s)
 
+    def reconcile(self, held_block_ids: list[int]) -> int:
+        """Declares every block reference this scheduler holds; returns how many changed.
+
+        Raises:
+            grpc.RpcError: the kvstore is unreachable or rejected the ids.
+        """
+        response = self._stub.Reconcile(
+            kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids), timeout=self._timeout_s)
+        return response.num_blocks_changed
+
     def close(self) -> None:
         """Closes the channel."""
         self._channel.close()

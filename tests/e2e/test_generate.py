@@ -195,16 +195,25 @@ def test_run_dir_is_private(stack) -> None:
     assert Path(stack.shm_path).exists()
 
 
-def test_scheduler_down_is_unavailable_then_restarts_alone(stack, stub) -> None:
-    # Last in the module: it takes the scheduler down and brings it back by itself.
+def test_scheduler_killed_mid_stream_restarts_alone_without_leaking_blocks(stack, stub) -> None:
+    # Last in the module: it kills the scheduler and brings it back by itself.
     others = {name: stack.processes[name].pid for name in ("loader", "kvstore", "frontend")}
-    stack.stop_layer("scheduler")
+    call = stub.GenerateStream(make_request(prompt="doomed", max_new_tokens=1500,
+                                            ignore_eos=True))
+    next(call)
+    assert kv_stats(stack).num_blocks_used > 0
+    stack.processes["scheduler"].kill()  # SIGKILL: no chance to free anything
+    with pytest.raises(grpc.RpcError) as info:
+        list(call)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(grpc.RpcError) as info:
         stub.Generate(make_request(prompt="anyone?"), timeout=10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert "scheduler" in info.value.details()
+    assert info.value.details().startswith("scheduler")
     stack.start_layer("scheduler")
     stack.wait_healthy("scheduler", time.monotonic() + 60)
+    # The new scheduler reconciled with the kvstore: the dead one's blocks are free again.
+    assert kv_stats(stack).num_blocks_used == 0
     response = stub.Generate(make_request(prompt="back", ignore_eos=True), timeout=30)
     assert len(response.token_ids) == 8
     assert {name: stack.processes[name].pid for name in others} == others

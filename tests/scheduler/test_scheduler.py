@@ -1,6 +1,7 @@
 """Tests for Scheduler + KVCacheManager over an in-process block pool, driven by hand (no model).
 
-Block size 4 throughout: token ``p`` of a request lives in ``block_ids[p // 4]``.
+Block size 4 throughout: token ``p`` of a request lives in ``block_ids[p // 4]``. Fake sampled
+tokens count up from 100, one per sampling request per step, in scheduling order.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from services.scheduler.scheduler import Scheduler, SchedulerOutput, SchedulingP
 
 BLOCK_SIZE = 4
 EOS_TOKEN_ID = 2
+
+Plan = list[tuple[str, int, int, bool]]
 
 
 def make_request(
@@ -53,8 +56,11 @@ def token_counter(start: int = 100) -> Iterator[int]:
     return iter(range(start, 1_000_000))
 
 
-def plan(output: SchedulerOutput) -> list[tuple[str, int, int, bool]]:
-    """(request_id, num_computed_tokens, num_new_tokens, samples) of each scheduled request."""
+def plan(output: SchedulerOutput) -> Plan:
+    """(request_id, num_computed_tokens, num_new_tokens, samples) of each scheduled request.
+
+    NOTE: ``samples`` compares against the request's live token count, so read it before update.
+    """
     return [
         (s.request.request_id, s.num_computed_tokens, s.num_new_tokens, s.samples)
         for s in output.scheduled
@@ -63,11 +69,16 @@ def plan(output: SchedulerOutput) -> list[tuple[str, int, int, bool]]:
 
 def step(
     scheduler: Scheduler, tokens: Iterator[int]
-) -> tuple[SchedulerOutput, list[RequestOutput]]:
-    """Schedules one step and feeds one fake token to each request that samples."""
+) -> tuple[Plan, list[str], list[RequestOutput]]:
+    """Schedules one step and feeds one fake token to each request that samples.
+
+    Returns:
+        (the step's plan, its preempted request ids, the update's outputs).
+    """
     output = scheduler.schedule()
+    planned = plan(output)
     sampled = [next(tokens) for s in output.scheduled if s.samples]
-    return output, scheduler.update(output, sampled)
+    return planned, output.preempted_request_ids, scheduler.update(output, sampled)
 
 
 def run_to_completion(scheduler: Scheduler, tokens: Iterator[int], max_steps: int = 200) -> None:
@@ -88,17 +99,15 @@ def assert_all_free(scheduler: Scheduler, allocator: LocalBlockAllocator) -> Non
 
 def test_admission_in_arrival_order_with_exact_block_ids() -> None:
     scheduler, allocator = make_scheduler()
-    a = scheduler.add_request(make_request("a", 4, max_new_tokens=2))
-    b = scheduler.add_request(make_request("b", 3, max_new_tokens=2))
-    c = scheduler.add_request(make_request("c", 5, max_new_tokens=2))
+    a = scheduler.add_request(make_request("a", 4, max_new_tokens=3))
+    b = scheduler.add_request(make_request("b", 3, max_new_tokens=3))
+    c = scheduler.add_request(make_request("c", 5, max_new_tokens=3))
     assert [r.request_id for r in scheduler.waiting] == ["a", "b", "c"]
     assert a.status == RequestStatus.WAITING
-
     tokens = token_counter()
-    output, results = step(scheduler, tokens)
 
-    assert plan(output) == [("a", 0, 4, True), ("b", 0, 3, True), ("c", 0, 5, True)]
-    assert output.num_batched_tokens == 12
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("a", 0, 4, True), ("b", 0, 3, True), ("c", 0, 5, True)]
     assert (a.block_ids, b.block_ids, c.block_ids) == ([0], [1], [2, 3])
     assert [r.request_id for r in scheduler.running] == ["a", "b", "c"]
     assert not scheduler.waiting
@@ -110,64 +119,63 @@ def test_admission_in_arrival_order_with_exact_block_ids() -> None:
     ]
     assert (a.num_computed_tokens, b.num_computed_tokens, c.num_computed_tokens) == (4, 3, 5)
 
-    # a's 5th token (position 4) needs a second block; b's position 3 still fits in block 1.
-    output, results = step(scheduler, tokens)
-    assert plan(output) == [("a", 4, 1, True), ("b", 3, 1, True), ("c", 5, 1, True)]
+    # a's position 4 needs a second block; b's position 3 still fits in block 1.
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("a", 4, 1, True), ("b", 3, 1, True), ("c", 5, 1, True)]
     assert (a.block_ids, b.block_ids, c.block_ids) == ([0, 4], [1], [2, 3])
+    assert [r.new_token_ids for r in results] == [(103,), (104,), (105,)]
+
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("a", 5, 1, True), ("b", 4, 1, True), ("c", 6, 1, True)]
     assert results == [
-        RequestOutput("a", (103,), FinishReason.LENGTH, 4, 0),
-        RequestOutput("b", (104,), FinishReason.LENGTH, 3, 0),
-        RequestOutput("c", (105,), FinishReason.LENGTH, 5, 0),
+        RequestOutput("a", (106,), FinishReason.LENGTH, 4, 0),
+        RequestOutput("b", (107,), FinishReason.LENGTH, 3, 0),
+        RequestOutput("c", (108,), FinishReason.LENGTH, 5, 0),
     ]
     assert (a.output_token_ids, b.output_token_ids, c.output_token_ids) == (
-        [100, 103],
-        [101, 104],
-        [102, 105],
+        [100, 103, 106],
+        [101, 104, 107],
+        [102, 105, 108],
     )
     assert all(r.status == RequestStatus.FINISHED for r in (a, b, c))
-    # Freed in finishing order a, b, c: each block joins the back of the free queue.
-    assert list(allocator.pool.free_block_queue) == [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
-    assert list(allocator.pool.free_block_queue)[-5:] == [11, 12, 13, 14, 15]
-    assert_all_free_except_order(scheduler, allocator)
-
-
-def assert_all_free_except_order(scheduler: Scheduler, allocator: LocalBlockAllocator) -> None:
-    """Like assert_all_free; kept separate so the exact free-queue order above is readable."""
-    assert sorted(allocator.pool.free_block_queue) == list(range(allocator.pool.num_blocks))
+    # b took block 5 for its position 4; blocks return in finishing order a, b, c.
+    assert list(allocator.pool.free_block_queue) == [*range(6, 16), 0, 4, 1, 5, 2, 3]
     assert_all_free(scheduler, allocator)
 
 
 def test_chunked_prefill_splits_prompt_and_only_last_chunk_samples() -> None:
     scheduler, allocator = make_scheduler(max_num_batched_tokens=4)
-    request = scheduler.add_request(make_request("a", 10, max_new_tokens=3))
+    request = scheduler.add_request(make_request("a", 10, max_new_tokens=4))
     tokens = token_counter()
 
-    output, results = step(scheduler, tokens)
-    assert plan(output) == [("a", 0, 4, False)]
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("a", 0, 4, False)]
     assert results == []
     assert request.block_ids == [0]
     assert request.num_computed_tokens == 4
 
-    output, results = step(scheduler, tokens)
-    assert plan(output) == [("a", 4, 4, False)]
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("a", 4, 4, False)]
     assert results == []
     assert request.block_ids == [0, 1]
 
-    output, results = step(scheduler, tokens)
-    assert plan(output) == [("a", 8, 2, True)]
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("a", 8, 2, True)]
     assert results == [RequestOutput("a", (100,), FinishReason.UNSPECIFIED, 10, 0)]
     assert request.block_ids == [0, 1, 2]
     assert request.num_computed_tokens == 10
 
-    output, results = step(scheduler, tokens)
-    assert plan(output) == [("a", 10, 1, True)]
-    assert request.block_ids == [0, 1, 2]
+    for num_computed in (10, 11):
+        planned, _, _ = step(scheduler, tokens)
+        assert planned == [("a", num_computed, 1, True)]
+        assert request.block_ids == [0, 1, 2]
 
-    # Position 12 starts a fourth block.
-    output, results = step(scheduler, tokens)
-    assert plan(output) == [("a", 11, 1, True)]
-    assert results == [RequestOutput("a", (102,), FinishReason.LENGTH, 10, 0)]
-    assert request.output_token_ids == [100, 101, 102]
+    output = scheduler.schedule()
+    assert plan(output) == [("a", 12, 1, True)]
+    assert request.block_ids == [0, 1, 2, 3]  # position 12 starts a fourth block
+    results = scheduler.update(output, [next(tokens)])
+    assert results == [RequestOutput("a", (103,), FinishReason.LENGTH, 10, 0)]
+    assert request.output_token_ids == [100, 101, 102, 103]
     assert_all_free(scheduler, allocator)
 
 
@@ -177,19 +185,22 @@ def test_token_budget_is_shared_between_decodes_and_a_prefill_chunk() -> None:
     b = scheduler.add_request(make_request("b", 5, max_new_tokens=2))
     tokens = token_counter()
 
-    output, _ = step(scheduler, tokens)
-    assert plan(output) == [("a", 0, 6, True), ("b", 0, 2, False)]
+    planned, _, _ = step(scheduler, tokens)
+    assert planned == [("a", 0, 6, True), ("b", 0, 2, False)]
     assert (a.block_ids, b.block_ids) == ([0, 1], [2])
 
-    output, _ = step(scheduler, tokens)
-    assert plan(output) == [("a", 6, 1, True), ("b", 2, 3, True)]
-    assert (a.block_ids, b.block_ids) == ([0, 1], [2])
-    assert (a.output_token_ids, b.output_token_ids) == ([100, 101], [102])
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("a", 6, 1, True), ("b", 2, 3, True)]
+    assert (a.block_ids, b.block_ids) == ([], [2, 3])
+    assert results == [
+        RequestOutput("a", (101,), FinishReason.LENGTH, 6, 0),
+        RequestOutput("b", (102,), FinishReason.UNSPECIFIED, 5, 0),
+    ]
 
-    output, results = step(scheduler, tokens)
-    assert plan(output) == [("b", 5, 1, True)]
-    assert (b.block_ids, b.output_token_ids) == ([2, 3], [102, 103])
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("b", 5, 1, True)]
     assert results == [RequestOutput("b", (103,), FinishReason.LENGTH, 5, 0)]
+    assert (a.output_token_ids, b.output_token_ids) == ([100, 101], [102, 103])
     assert_all_free(scheduler, allocator)
 
 
@@ -200,13 +211,8 @@ def test_decode_steps_schedule_one_token_per_running_request() -> None:
     tokens = token_counter()
     step(scheduler, tokens)
     for i in range(3):
-        output, results = step(scheduler, tokens)
-        assert plan(output) == [
-            ("a", 3 + i, 1, True),
-            ("b", 6 + i, 1, True),
-            ("c", 1 + i, 1, True),
-        ]
-        assert output.num_batched_tokens == 3
+        planned, _, results = step(scheduler, tokens)
+        assert planned == [("a", 3 + i, 1, True), ("b", 6 + i, 1, True), ("c", 1 + i, 1, True)]
         assert [r.new_token_ids for r in results] == [
             (103 + 3 * i,),
             (104 + 3 * i,),
@@ -222,18 +228,18 @@ def test_max_num_seqs_limits_the_running_set() -> None:
         scheduler.add_request(make_request(request_id, 4, max_new_tokens=2))
     tokens = token_counter()
 
-    output, _ = step(scheduler, tokens)
-    assert plan(output) == [("a", 0, 4, True), ("b", 0, 4, True)]
+    planned, _, _ = step(scheduler, tokens)
+    assert planned == [("a", 0, 4, True), ("b", 0, 4, True)]
     assert [r.request_id for r in scheduler.waiting] == ["c"]
 
-    output, results = step(scheduler, tokens)
-    assert plan(output) == [("a", 4, 1, True), ("b", 4, 1, True)]
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("a", 4, 1, True), ("b", 4, 1, True)]
     assert [r.finish_reason for r in results] == [FinishReason.LENGTH] * 2
     assert [r.request_id for r in scheduler.waiting] == ["c"]
 
     # a freed [0, 2], b freed [1, 3]: c takes the front of the free queue.
-    output, _ = step(scheduler, tokens)
-    assert plan(output) == [("c", 0, 4, True)]
+    planned, _, _ = step(scheduler, tokens)
+    assert planned == [("c", 0, 4, True)]
     assert scheduler.requests["c"].block_ids == [4]
     run_to_completion(scheduler, tokens)
     assert_all_free(scheduler, allocator)
@@ -244,20 +250,20 @@ def test_preemption_evicts_the_most_recently_admitted_and_recomputes_it() -> Non
     a, b, c = (scheduler.add_request(make_request(r, 4, max_new_tokens=8)) for r in "abc")
     tokens = token_counter()
 
-    output, _ = step(scheduler, tokens)
+    step(scheduler, tokens)
     assert (a.block_ids, b.block_ids, c.block_ids) == ([0], [1], [2])
-    output, _ = step(scheduler, tokens)  # position 4 of each needs a second block
+    step(scheduler, tokens)  # position 4 of each needs a second block
     assert (a.block_ids, b.block_ids, c.block_ids) == ([0, 3], [1, 4], [2, 5])
     for _ in range(3):  # positions 5, 6, 7 fit in the second blocks
-        output, _ = step(scheduler, tokens)
-    assert output.preempted_request_ids == []
+        _, preempted, _ = step(scheduler, tokens)
+        assert preempted == []
     assert c.output_token_ids == [102, 105, 108, 111, 114]
     assert allocator.pool.num_free_blocks == 0
 
     # Position 8 of a needs a third block: c (admitted last) is preempted; b gets c's other block.
-    output, results = step(scheduler, tokens)
-    assert output.preempted_request_ids == ["c"]
-    assert plan(output) == [("a", 8, 1, True), ("b", 8, 1, True)]
+    planned, preempted, results = step(scheduler, tokens)
+    assert preempted == ["c"]
+    assert planned == [("a", 8, 1, True), ("b", 8, 1, True)]
     assert [r.request_id for r in results] == ["a", "b"]
     assert (a.block_ids, b.block_ids, c.block_ids) == ([0, 3, 2], [1, 4, 5], [])
     assert c.status == RequestStatus.PREEMPTED
@@ -268,26 +274,27 @@ def test_preemption_evicts_the_most_recently_admitted_and_recomputes_it() -> Non
     assert scheduler.num_preemptions == 1
 
     # c needs 3 blocks for its 9 tokens; none are free until a and b finish.
-    for _ in range(2):
-        output, _ = step(scheduler, tokens)
-        assert plan(output) == [("a", 9 + _, 1, True), ("b", 9 + _, 1, True)]
+    for num_computed in (9, 10):
+        planned, _, _ = step(scheduler, tokens)
+        assert planned == [("a", num_computed, 1, True), ("b", num_computed, 1, True)]
     assert a.finish_reason == b.finish_reason == FinishReason.LENGTH
     assert list(allocator.pool.free_block_queue) == [0, 3, 2, 1, 4, 5]
 
     # Recompute: prompt plus the 5 output tokens in one prefill, then sample the 6th token.
-    output, results = step(scheduler, tokens)
-    assert plan(output) == [("c", 0, 9, True)]
-    assert c.all_token_ids[:9] == [10, 11, 12, 13, 102, 105, 108, 111, 114]
+    assert c.all_token_ids == [10, 11, 12, 13, 102, 105, 108, 111, 114]
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("c", 0, 9, True)]
     assert c.block_ids == [0, 3, 2]
     assert results == [RequestOutput("c", (121,), FinishReason.UNSPECIFIED, 4, 0)]
     assert c.status == RequestStatus.RUNNING
 
-    output, _ = step(scheduler, tokens)
-    assert plan(output) == [("c", 9, 1, True)]
-    output, results = step(scheduler, tokens)
-    assert plan(output) == [("c", 10, 1, True)]
+    planned, _, _ = step(scheduler, tokens)
+    assert planned == [("c", 9, 1, True)]
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("c", 10, 1, True)]
     assert results == [RequestOutput("c", (123,), FinishReason.LENGTH, 4, 0)]
     assert c.output_token_ids == [102, 105, 108, 111, 114, 121, 122, 123]
+    assert scheduler.num_preemptions == 1
     assert_all_free(scheduler, allocator)
 
 
@@ -299,17 +306,18 @@ def test_a_request_that_cannot_grow_preempts_itself_when_admitted_last() -> None
     step(scheduler, tokens)
     assert (a.block_ids, b.block_ids) == ([0], [1])
 
-    output, results = step(scheduler, tokens)
-    assert output.preempted_request_ids == ["b"]
-    assert plan(output) == [("a", 2, 1, True)]
+    planned, preempted, results = step(scheduler, tokens)
+    assert preempted == ["b"]
+    assert planned == [("a", 2, 1, True)]
     assert results == [RequestOutput("a", (102,), FinishReason.LENGTH, 2, 0)]
     assert (b.status, b.num_computed_tokens, b.block_ids) == (RequestStatus.PREEMPTED, 0, [])
 
-    output, results = step(scheduler, tokens)
-    assert plan(output) == [("b", 0, 5, True)]
-    assert b.block_ids == [1, 0]
+    planned, _, results = step(scheduler, tokens)
+    assert planned == [("b", 0, 5, True)]
+    assert b.block_ids == []  # it finished: [1, 0] were held for this step, then freed
     assert results == [RequestOutput("b", (103,), FinishReason.LENGTH, 4, 0)]
     assert b.output_token_ids == [101, 103]
+    assert list(allocator.pool.free_block_queue) == [1, 0]
     assert_all_free(scheduler, allocator)
 
 
@@ -339,8 +347,8 @@ def test_max_model_len_stops_with_length() -> None:
     scheduler, allocator = make_scheduler(max_model_len=8)
     request = scheduler.add_request(make_request("a", 6, max_new_tokens=10))
     tokens = token_counter()
-    _, first = step(scheduler, tokens)
-    _, second = step(scheduler, tokens)
+    _, _, first = step(scheduler, tokens)
+    _, _, second = step(scheduler, tokens)
     assert first == [RequestOutput("a", (100,), FinishReason.UNSPECIFIED, 6, 0)]
     assert second == [RequestOutput("a", (101,), FinishReason.LENGTH, 6, 0)]
     assert request.num_tokens == 8
@@ -350,17 +358,16 @@ def test_max_model_len_stops_with_length() -> None:
 def test_abort_frees_blocks_at_once() -> None:
     scheduler, allocator = make_scheduler()
     running = scheduler.add_request(make_request("a", 9, max_new_tokens=8))
-    tokens = token_counter()
-    step(scheduler, tokens)
+    step(scheduler, token_counter())
     waiting = scheduler.add_request(make_request("b", 4))
     assert running.block_ids == [0, 1, 2]
     assert allocator.pool.num_free_blocks == 13
 
     assert scheduler.abort_request("a") is True
     assert running.block_ids == []
-    assert running.finish_reason == FinishReason.ABORT
-    assert running.status == RequestStatus.FINISHED
+    assert (running.status, running.finish_reason) == (RequestStatus.FINISHED, FinishReason.ABORT)
     assert allocator.pool.num_free_blocks == 16
+    assert list(allocator.pool.free_block_queue)[-3:] == [0, 1, 2]
     assert scheduler.abort_request("b") is True
     assert waiting.finish_reason == FinishReason.ABORT
     assert scheduler.abort_request("a") is False
@@ -382,7 +389,7 @@ def test_add_request_rejects_duplicate_request_id() -> None:
 
 @pytest.mark.parametrize(
     ("num_prompt_tokens", "max_new_tokens", "field"),
-    [(0, 8, "prompt_token_ids"), (4, 0, "max_new_tokens"), (16, 8, "prompt")],
+    [(0, 8, "prompt_token_ids"), (4, 0, "max_new_tokens"), (16, 8, "prompt"), (17, 8, "prompt")],
 )
 def test_add_request_rejects_invalid_fields(
     num_prompt_tokens: int, max_new_tokens: int, field: str
@@ -397,8 +404,9 @@ def test_add_request_rejects_invalid_fields(
 
 def test_add_request_accepts_prompt_one_below_max_model_len() -> None:
     scheduler, allocator = make_scheduler(max_model_len=16)
-    scheduler.add_request(make_request("a", 15, max_new_tokens=8))
+    request = scheduler.add_request(make_request("a", 15, max_new_tokens=8))
     run_to_completion(scheduler, token_counter())
+    assert (request.output_token_ids, request.finish_reason) == ([100], FinishReason.LENGTH)
     assert_all_free(scheduler, allocator)
 
 
@@ -407,9 +415,10 @@ def test_add_request_rejects_a_request_larger_than_the_whole_arena() -> None:
     # 16 prompt + 4 new tokens need 5 blocks of 4; the arena has 4.
     with pytest.raises(ResourceExhausted) as info:
         scheduler.add_request(make_request("a", 16, max_new_tokens=4))
-    assert "5 KV blocks" in str(info.value)
-    assert "the arena has 4" in str(info.value)
+    assert "need 5 KV blocks, the arena has 4" in str(info.value)
+    assert not scheduler.requests
     # Exactly the whole arena is accepted.
-    scheduler.add_request(make_request("b", 12, max_new_tokens=4))
+    request = scheduler.add_request(make_request("b", 12, max_new_tokens=4))
     run_to_completion(scheduler, token_counter())
+    assert request.output_token_ids == [100, 101, 102, 103]
     assert_all_free(scheduler, allocator)
