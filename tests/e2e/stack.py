@@ -29,8 +29,13 @@ def free_port() -> int:
 @contextmanager
 def running_stack(model_dir: Path, log_dir: Path, **overrides: object) -> Iterator[Stack]:
     """Starts the four layers with the same launcher the CLI uses; stops them afterwards."""
-    config = StackConfig(model_dir=str(model_dir), listen=f"127.0.0.1:{free_port()}",
-                         log_dir=str(log_dir), kv_cache_bytes=16 * 1024 * 1024, **overrides)
+    config = StackConfig(
+        model_dir=str(model_dir),
+        listen=f"127.0.0.1:{free_port()}",
+        log_dir=str(log_dir),
+        kv_cache_bytes=16 * 1024 * 1024,
+        **overrides,
+    )
     with Stack(config) as stack:
         yield stack
 
@@ -43,8 +48,9 @@ def text_stub(stack: Stack) -> generation_pb2_grpc.TextGenerationStub:
 def kv_stats(stack: Stack) -> kvstore_pb2.KVStats:
     """The kvstore's block counts."""
     with grpc.insecure_channel(stack.address("kvstore")) as channel:
-        return kvstore_pb2_grpc.KVStoreStub(channel).GetStats(kvstore_pb2.GetStatsRequest(),
-                                                              timeout=5)
+        return kvstore_pb2_grpc.KVStoreStub(channel).GetStats(
+            kvstore_pb2.GetStatsRequest(), timeout=5
+        )
 
 
 def scheduler_stats(stack: Stack) -> scheduler_pb2.SchedulerStats:

@@ -28,8 +28,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    with running_stack(model_dir, tmp_path_factory.mktemp("logs"),
-                       max_num_batched_tokens=48) as stack:
+    with running_stack(
+        model_dir, tmp_path_factory.mktemp("logs"), max_num_batched_tokens=48
+    ) as stack:
         yield stack
 
 
@@ -84,8 +85,9 @@ def test_stream_concatenates_to_unary(stub) -> None:
 
 
 def test_seeded_sampling_repeats(stub) -> None:
-    request = make_request(prompt="seed", temperature=1.0, top_p=0.9, seed=1234,
-                           max_new_tokens=16, ignore_eos=True)
+    request = make_request(
+        prompt="seed", temperature=1.0, top_p=0.9, seed=1234, max_new_tokens=16, ignore_eos=True
+    )
     assert list(stub.Generate(request).token_ids) == list(stub.Generate(request).token_ids)
 
 
@@ -94,8 +96,9 @@ def test_greedy_ids_equal_transformers(stub, model_dir: Path) -> None:
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     for ids in PROMPTS:
         response = stub.Generate(make_request(ids=ids, max_new_tokens=16, ignore_eos=True))
-        expected = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=16,
-                               min_new_tokens=16)[0, len(ids):].tolist()
+        expected = hf.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=16, min_new_tokens=16
+        )[0, len(ids) :].tolist()
         assert list(response.token_ids) == expected
         assert response.usage.prompt_tokens == len(ids)  # token ids are used as given
 
@@ -106,8 +109,9 @@ def test_sixteen_concurrent_streams_finish_and_free_every_block(stack, stub) -> 
 
     def run(i: int) -> None:
         try:
-            request = make_request(ids=[1, 10 + i, 20 + i, *range(30, 30 + i)], ignore_eos=True,
-                                   max_new_tokens=24)
+            request = make_request(
+                ids=[1, 10 + i, 20 + i, *range(30, 30 + i)], ignore_eos=True, max_new_tokens=24
+            )
             results[i] = [t for part in stub.GenerateStream(request) for t in part.token_ids]
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
@@ -126,8 +130,9 @@ def test_sixteen_concurrent_streams_finish_and_free_every_block(stack, stub) -> 
 
 
 def test_cancelled_stream_frees_its_blocks(stack, stub) -> None:
-    call = stub.GenerateStream(make_request(prompt="cancel me", max_new_tokens=1500,
-                                            ignore_eos=True))
+    call = stub.GenerateStream(
+        make_request(prompt="cancel me", max_new_tokens=1500, ignore_eos=True)
+    )
     next(call)
     next(call)
     assert kv_stats(stack).num_blocks_used > 0
@@ -139,8 +144,9 @@ def test_cancelled_stream_frees_its_blocks(stack, stub) -> None:
 
 def test_deadline_aborts_the_request(stack, stub) -> None:
     with pytest.raises(grpc.RpcError) as info:
-        stub.Generate(make_request(prompt="slow", max_new_tokens=1500, ignore_eos=True),
-                      timeout=0.3)
+        stub.Generate(
+            make_request(prompt="slow", max_new_tokens=1500, ignore_eos=True), timeout=0.3
+        )
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert wait_all_blocks_free(stack).num_blocks_used == 0
 
@@ -155,8 +161,7 @@ def test_deadline_aborts_the_request(stack, stub) -> None:
         ({"prompt": "hi", "temperature": -1.0}, grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
         ({"prompt": "hi", "top_p": 0.0}, grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
         ({"prompt": "hi", "stop": [""]}, grpc.StatusCode.INVALID_ARGUMENT, "stop[0]"),
-        ({"prompt": "hi", "cache_salt": "s" * 300}, grpc.StatusCode.INVALID_ARGUMENT,
-         "cache_salt"),
+        ({"prompt": "hi", "cache_salt": "s" * 300}, grpc.StatusCode.INVALID_ARGUMENT, "cache_salt"),
         ({"prompt": "hi", "model": "gpt-9"}, grpc.StatusCode.NOT_FOUND, "model"),
     ],
 )
@@ -181,11 +186,16 @@ def test_tokenize_and_model_info(stub, stack) -> None:
 def test_health_and_reflection(stack) -> None:
     with grpc.insecure_channel(stack.config.listen) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        response = health.Check(health_pb2.HealthCheckRequest(service="zerolayer.v1.TextGeneration"))
+        response = health.Check(
+            health_pb2.HealthCheckRequest(service="zerolayer.v1.TextGeneration")
+        )
         assert response.status == health_pb2.HealthCheckResponse.SERVING
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
-        answer = next(reflection.ServerReflectionInfo(iter(
-            [reflection_pb2.ServerReflectionRequest(list_services="")])))
+        answer = next(
+            reflection.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+            )
+        )
         names = {s.name for s in answer.list_services_response.service}
         assert {"zerolayer.v1.TextGeneration", "grpc.health.v1.Health"} <= names
 
@@ -198,8 +208,7 @@ def test_run_dir_is_private(stack) -> None:
 def test_scheduler_killed_mid_stream_restarts_alone_without_leaking_blocks(stack, stub) -> None:
     # Last in the module: it kills the scheduler and brings it back by itself.
     others = {name: stack.processes[name].pid for name in ("loader", "kvstore", "frontend")}
-    call = stub.GenerateStream(make_request(prompt="doomed", max_new_tokens=1500,
-                                            ignore_eos=True))
+    call = stub.GenerateStream(make_request(prompt="doomed", max_new_tokens=1500, ignore_eos=True))
     next(call)
     assert kv_stats(stack).num_blocks_used > 0
     stack.processes["scheduler"].kill()  # SIGKILL: no chance to free anything

@@ -30,8 +30,9 @@ def stub(converted: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_reproduces_llama2c_greedy_ids_and_text(stub, stories_dir: Path) -> None:
     expected_ids = json.loads((stories_dir / "expected_greedy_200_ids.json").read_text())
     expected_text = (stories_dir / "expected_greedy_200.txt").read_text()
-    request = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=200,
-                                 temperature=0.0)
+    request = pb.GenerateRequest(
+        prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=200, temperature=0.0
+    )
     response = stub.Generate(request)
     assert list(response.token_ids) == expected_ids
     assert response.text == expected_text
@@ -52,8 +53,11 @@ def test_text_prompt_gets_bos_and_llama2c_tokenization(stub, stories_dir: Path) 
 
 def test_stop_string_cuts_text_and_reports_stop(stub, stories_dir: Path) -> None:
     expected_text = (stories_dir / "expected_greedy_200.txt").read_text()
-    request = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=200,
-                                 stop=["Lily's mom", "never-there"])
+    request = pb.GenerateRequest(
+        prompt_token_ids=pb.TokenIds(ids=[1]),
+        max_new_tokens=200,
+        stop=["Lily's mom", "never-there"],
+    )
     response = stub.Generate(request)
     assert response.text == expected_text[: expected_text.index("Lily's mom")]
     assert response.finish_reason == pb.FINISH_REASON_STOP
@@ -65,7 +69,8 @@ def test_stop_string_cuts_text_and_reports_stop(stub, stories_dir: Path) -> None
 
 def test_generation_stops_at_the_context_length(stub) -> None:
     # max_position_embeddings is 512: prompt (1) + output never exceed it.
-    response = stub.Generate(pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1]),
-                                                max_new_tokens=600))
+    response = stub.Generate(
+        pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=600)
+    )
     assert response.finish_reason == pb.FINISH_REASON_LENGTH
     assert response.usage.completion_tokens == 511

@@ -1,0 +1,95 @@
+"""The ``zerolayer`` command as a user runs it: a real subprocess, real layers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e.stack import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def zerolayer(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def isolated_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+def leftovers(run_dir: str) -> list[str]:
+    shm = f"/dev/shm/{Path(run_dir).name}.kv"
+    return [p for p in (run_dir, shm) if os.path.exists(p)]
+
+
+def test_up_generate_serves_the_default_model_and_cleans_up(tmp_path: Path) -> None:
+    port = free_port()
+    proc = zerolayer(
+        "up", "--listen", f"127.0.0.1:{port}", "--generate", "Hello", env=isolated_env(tmp_path)
+    )
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    match = re.search(r"serving on 127\.0\.0\.1:(\d+) \(internal sockets in (\S+)\)", out)
+    assert match and int(match.group(1)) == port
+    assert "random weights" in err
+    answer = out.splitlines()[-1]
+    assert answer  # 32 generated tokens of the dummy model (meaningless text)
+    assert leftovers(match.group(2)) == []
+    assert (tmp_path / "cache/zerolayer/models/tiny-seed0-v1/model.safetensors").exists()
+
+
+def test_up_stops_every_layer_on_sigint(tmp_path: Path) -> None:
+    proc = zerolayer("up", "--listen", f"127.0.0.1:{free_port()}", env=isolated_env(tmp_path))
+    line = ""
+    while "serving on" not in line:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, proc.stderr.read()
+    run_dir = re.search(r"internal sockets in (\S+)\)", line).group(1)
+    assert sorted(os.listdir(run_dir)) == ["kvstore.sock", "loader.sock", "scheduler.sock"]
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert proc.returncode == 0
+    assert leftovers(run_dir) == []
+    children = subprocess.run(["pgrep", "-f", run_dir], capture_output=True, text=True).stdout
+    assert children == ""
+
+
+def test_convert_llama2c_command_writes_a_hf_directory(stories_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "converted"
+    proc = zerolayer(
+        "convert-llama2c",
+        str(stories_dir / "stories260K.bin"),
+        str(stories_dir / "tok512.bin"),
+        str(out),
+    )
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 5
+
+
+def test_generate_against_nothing_reports_unavailable() -> None:
+    proc = zerolayer("generate", "hi", "--address", f"127.0.0.1:{free_port()}", "--timeout", "3")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "UNAVAILABLE" in err
