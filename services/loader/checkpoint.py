@@ -55,9 +55,7 @@ def read_safetensors_header(path: Path) -> tuple[dict, int]:
     for name, entry in header.items():
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
         if not (
-            isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(type(o) is int for o in offsets)
+            isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
         ):
             raise CheckpointError(f"{path}: tensor {name!r} has no [begin, end] data_offsets")
         begin, end = offsets
@@ -91,6 +89,20 @@ def weight_files(model_dir: Path) -> list[Path]:
     raise CheckpointError(f"{model_dir}: no *.safetensors files")
 
 
+def _tensor_spec(
+    path: Path, name: str, entry: dict, file_index: int, data_start: int
+) -> TensorSpec:
+    try:
+        torch_dtype(entry["dtype"])
+        shape = tuple(int(d) for d in entry["shape"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path}: tensor {name!r} has an invalid or unsupported dtype/shape ({exc})"
+        ) from None
+    begin, end = entry["data_offsets"]
+    return TensorSpec(name, entry["dtype"], shape, file_index, data_start + begin, end - begin)
+
+
 def _read_optional(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
@@ -122,13 +134,9 @@ def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
         digest.update(json.dumps(header, sort_keys=True).encode())
         digest.update(struct.pack("<QQ", stat.st_size, stat.st_mtime_ns))
         for name in sorted(header):
-            entry = header[name]
-            torch_dtype(entry["dtype"])
-            begin, end = entry["data_offsets"]
-            shape = tuple(int(d) for d in entry["shape"])
-            tensors.append(
-                TensorSpec(name, entry["dtype"], shape, file_index, data_start + begin, end - begin)
-            )
+            spec = _tensor_spec(path, name, header[name], file_index, data_start)
+            tensors.append(spec)
+            shape = spec.shape
             num_parameters += int(np.prod(shape)) if shape else 1
     return WeightManifest(
         model=model_name or model_dir.name,

@@ -28,9 +28,10 @@ def apply_top_k_top_p(
     ranks = torch.arange(vocab).unsqueeze(0)
     drop = ranks >= k.unsqueeze(1)
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-    # Drop a token when the tokens ranked above it already reach top_p.
+    # Drop a token when the tokens ranked above it already reach top_p. NOTE: rows with top_p 1
+    # skip this: float32 rounding can make the mass before a tiny-probability token reach 1.0.
     mass_before = probs.cumsum(dim=-1) - probs
-    drop |= mass_before >= top_p.unsqueeze(1)
+    drop |= (mass_before >= top_p.unsqueeze(1)) & (top_p < 1).unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
 

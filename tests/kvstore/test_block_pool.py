@@ -213,3 +213,21 @@ def test_random_allocate_free_never_double_hands_out(
     assert pool.num_free_blocks == num_blocks
     assert sorted(free_queue(pool)) == list(range(num_blocks))
     assert pool.ref_cnt == [0] * num_blocks
+
+
+def test_reconcile_rebuilds_ref_counts_from_the_declaration() -> None:
+    pool = make_block_pool(6)
+    assert pool.allocate(4) == [0, 1, 2, 3]
+    # The holder of blocks 0-3 died; the new one declares block 2 twice and block 5 once.
+    assert pool.reconcile([2, 5, 2]) == 5
+    assert pool.ref_cnt == [0, 0, 2, 0, 0, 1]
+    assert list(pool.free_block_queue) == [4, 0, 1, 3]
+    assert pool.reconcile([2, 2, 5]) == 0
+
+
+def test_reconcile_with_a_bad_id_changes_nothing() -> None:
+    pool = make_block_pool(4)
+    pool.allocate(2)
+    with pytest.raises(InvalidArgument, match="held_block_ids"):
+        pool.reconcile([1, 9])
+    assert pool.ref_cnt == [1, 1, 0, 0]

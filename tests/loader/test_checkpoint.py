@@ -246,7 +246,9 @@ def test_garbage_header_is_refused(tmp_path: Path, raw: bytes, message: str) -> 
 
 
 @pytest.mark.parametrize(
-    "data_offsets", [[0, 9], [8, 4], [-1, 8], [0, 2**40]], ids=["past-end", "reversed", "negative", "huge"]
+    "data_offsets",
+    [[0, 9], [8, 4], [-1, 8], [0, 2**40]],
+    ids=["past-end", "reversed", "negative", "huge"],
 )
 def test_offsets_outside_the_file_are_refused(tmp_path: Path, data_offsets: list[int]) -> None:
     path = tmp_path / "bad.safetensors"
