@@ -1,0 +1,171 @@
+"""Tests for validate(): every rejected field is named, defaults are filled, prompts tokenized."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from services.checkpoints.byte_tokenizer import build_byte_level_tokenizer
+from services.common.config import FrontendConfig
+from services.common.errors import InvalidArgument, NotFound
+from services.common.generation import EngineRequest, GenerateParams, SamplingParams
+from services.frontend.tokenizer import TextTokenizer
+from services.frontend.validation import ServedModel, validate
+
+VOCAB_SIZE = 259
+MAX_MODEL_LEN = 16
+BOS_TOKEN_ID = 1
+
+
+def make_tokenizer() -> TextTokenizer:
+    """The dummy model's byte tokenizer: id = byte + 3, BOS <s> = 1."""
+    config = json.dumps({"add_bos_token": True, "bos_token": "<s>", "eos_token": "</s>"})
+    return TextTokenizer.from_json(build_byte_level_tokenizer().to_str(), config)
+
+
+def make_config() -> FrontendConfig:
+    return FrontendConfig(listen="x", loader_address="x", scheduler_address="x")
+
+
+def make_model() -> ServedModel:
+    return ServedModel(name="dummy", vocab_size=VOCAB_SIZE, max_model_len=MAX_MODEL_LEN)
+
+
+def make_params(**fields: object) -> GenerateParams:
+    """A valid text request ("hi") with ``fields`` overridden."""
+    return dataclasses.replace(GenerateParams(prompt="hi"), **fields)
+
+
+def run(params: GenerateParams) -> EngineRequest:
+    return validate(params, make_model(), make_tokenizer(), make_config())
+
+
+def assert_invalid(params: GenerateParams, field: str) -> InvalidArgument:
+    with pytest.raises(InvalidArgument) as info:
+        run(params)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}: ")
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": None}, "prompt"),
+        ({"prompt": None, "prompt_token_ids": ()}, "prompt_token_ids"),
+        ({"prompt": None, "prompt_token_ids": (5, VOCAB_SIZE)}, "prompt_token_ids"),
+        ({"prompt": "x" * (MAX_MODEL_LEN - 1)}, "prompt"),  # BOS makes it 16 tokens
+        ({"prompt": None, "prompt_token_ids": (5,) * MAX_MODEL_LEN}, "prompt"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"temperature": math.inf}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": math.nan}, "top_p"),
+        ({"top_p": -math.inf}, "top_p"),
+        ({"stop": ("a",) * 17}, "stop"),
+        ({"stop": ("ok", "")}, "stop[1]"),
+        ({"stop": ("x" * 1025,)}, "stop[0]"),
+        ({"cache_salt": "s" * 257}, "cache_salt"),
+        ({"cache_salt": "é" * 129}, "cache_salt"),  # 258 UTF-8 bytes in 129 characters
+        ({"request_id": "r" * 257}, "request_id"),
+    ],
+)
+def test_invalid_field_is_named(fields: dict[str, object], field: str) -> None:
+    assert_invalid(make_params(**fields), field)
+
+
+def test_out_of_vocab_id_message_names_index_and_vocab_size() -> None:
+    error = assert_invalid(
+        make_params(prompt=None, prompt_token_ids=(5, 6, VOCAB_SIZE + 3)), "prompt_token_ids"
+    )
+    assert str(error) == "prompt_token_ids: id 262 at index 2 is not below vocab_size 259"
+
+
+def test_prompt_too_long_message_names_lengths() -> None:
+    error = assert_invalid(make_params(prompt="x" * 20), "prompt")
+    assert str(error) == (
+        "prompt: 21 tokens; the model's context length is 16 (prompt must be shorter)"
+    )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"prompt": "x" * (MAX_MODEL_LEN - 2)},
+        {"prompt": None, "prompt_token_ids": (0, VOCAB_SIZE - 1)},
+        {"stop": ("a",) * 16},
+        {"stop": ("x" * 1024,)},
+        {"cache_salt": "s" * 256},
+        {"request_id": "r" * 256},
+        {"top_p": 1.0},
+        {"top_p": 1e-9},
+        {"temperature": 0.0},
+        {"model": "dummy"},
+        {"model": ""},
+    ],
+)
+def test_values_at_the_limits_are_accepted(fields: dict[str, object]) -> None:
+    run(make_params(**fields))
+
+
+def test_unknown_model_is_not_found() -> None:
+    with pytest.raises(NotFound) as info:
+        run(make_params(model="other"))
+    assert str(info.value) == "model: 'other' is not served (serving 'dummy')"
+
+
+def test_defaults_are_filled_in() -> None:
+    request = run(make_params(request_id="r1"))
+    assert request == EngineRequest(
+        request_id="r1",
+        prompt_token_ids=(BOS_TOKEN_ID, ord("h") + 3, ord("i") + 3),
+        max_new_tokens=64,
+        sampling=SamplingParams(temperature=0.0, top_p=1.0, top_k=0, seed=None),
+        ignore_eos=False,
+        cache_salt="",
+    )
+    assert request.sampling.is_greedy
+
+
+def test_given_values_are_kept() -> None:
+    params = make_params(
+        max_new_tokens=5,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        seed=123,
+        stop=("\n",),
+        ignore_eos=True,
+        cache_salt="salt",
+        request_id="r2",
+        model="dummy",
+    )
+    assert run(params) == EngineRequest(
+        request_id="r2",
+        prompt_token_ids=(BOS_TOKEN_ID, ord("h") + 3, ord("i") + 3),
+        max_new_tokens=5,
+        sampling=SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=123),
+        ignore_eos=True,
+        cache_salt="salt",
+    )
+
+
+def test_text_prompt_gets_exactly_one_bos() -> None:
+    assert run(make_params(prompt="é!")).prompt_token_ids == (BOS_TOKEN_ID, 0xC3 + 3, 0xA9 + 3, 36)
+
+
+def test_prompt_token_ids_are_used_as_given_without_bos() -> None:
+    request = run(make_params(prompt=None, prompt_token_ids=(5, 0, 258, 5)))
+    assert request.prompt_token_ids == (5, 0, 258, 5)
+
+
+def test_request_id_is_generated_when_empty() -> None:
+    first = run(make_params()).request_id
+    second = run(make_params()).request_id
+    assert len(first) == 32 and int(first, 16) >= 0
+    assert first != second
