@@ -37,6 +37,13 @@ class KVStoreConfig:
     """Arena size in bytes; the number of blocks is kv_cache_bytes // block_bytes."""
     block_size: int = DEFAULT_BLOCK_SIZE
     """Tokens per KV block."""
+    enable_prefix_caching: bool = True
+    """Find full blocks again by content and reuse them across requests."""
+    remove_arena_on_exit: bool = False
+    """Delete the arena file on a clean exit (off: the arena outlives the process, so a restarted
+    kvstore reopens it; the launcher removes it when the whole stack stops)."""
+    metrics_port: int = 0
+    """Port of the Prometheus /metrics endpoint on 127.0.0.1; 0: off."""
 
 
 @dataclass(frozen=True)

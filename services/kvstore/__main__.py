@@ -9,8 +9,10 @@ from collections.abc import Sequence
 
 from services.common.clients import fetch_manifest
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, KVStoreConfig
+from services.common.metrics import serve_metrics
 from services.common.server import LayerServer, ServiceBinding, run_layer, setup_logging
 from services.kvstore.kv_store import KVStore
+from services.kvstore.metrics import KVStoreCollector
 from services.kvstore.server import KVStoreServicer
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
 
@@ -20,7 +22,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser = parser or argparse.ArgumentParser(prog="zerolayer kvstore", description=__doc__)
     parser.add_argument("--address", required=True, help="gRPC address to serve on")
     parser.add_argument("--loader", required=True, help="the loader's gRPC address")
-    parser.add_argument("--shm-path", required=True, help="shared-memory file of the arena")
+    parser.add_argument(
+        "--shm-path",
+        required=True,
+        help="shared-memory file of the arena (reopened if it exists with the same layout)",
+    )
     parser.add_argument(
         "--kv-cache-bytes",
         type=int,
@@ -33,13 +39,30 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=DEFAULT_BLOCK_SIZE,
         help="tokens per KV block (default %(default)s)",
     )
+    parser.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="never reuse blocks across requests (for comparison)",
+    )
+    parser.add_argument(
+        "--remove-arena-on-exit",
+        action="store_true",
+        help="delete the arena file on a clean exit (default: keep it for a restart)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="Prometheus /metrics port on 127.0.0.1 (default off)",
+    )
     return parser
 
 
 async def serve(config: KVStoreConfig) -> None:
-    """Creates the arena for the loader's model, then serves until SIGTERM."""
+    """Creates or reopens the arena for the loader's model, then serves until SIGTERM."""
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
     store = KVStore(config, manifest)
+    serve_metrics(config.metrics_port, [KVStoreCollector(store)])
     name = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
     server = LayerServer(
         config.address,
@@ -49,14 +72,10 @@ async def serve(config: KVStoreConfig) -> None:
             )
         ],
     )
-
-    async def on_stop() -> None:
-        store.close()
-
     try:
-        await run_layer(server, on_stop=on_stop)
+        await run_layer(server)
     finally:
-        store.close()
+        store.close(remove_arena=config.remove_arena_on_exit)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         shm_path=args.shm_path,
         kv_cache_bytes=args.kv_cache_bytes,
         block_size=args.block_size,
+        enable_prefix_caching=not args.no_prefix_caching,
+        remove_arena_on_exit=args.remove_arena_on_exit,
+        metrics_port=args.metrics_port,
     )
     asyncio.run(serve(config))
     return 0

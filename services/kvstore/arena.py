@@ -4,10 +4,15 @@ Layout (C-contiguous): ``[num_layers, 2 (K, V), num_blocks, block_size, num_kv_h
 of ``dtype``, so that the K (or V) cache of one layer is a contiguous
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` array, the paged layout of vLLM
 (Kwon et al. 2023, "Efficient Memory Management for LLM Serving with PagedAttention").
+
+The arena outlives the kvstore process: a restarted kvstore reopens the same file (same inode,
+so the scheduler's mapping stays valid) when a sidecar ``<path>.json`` records the same layout.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import uuid
 from dataclasses import dataclass
@@ -72,10 +77,19 @@ def blocks_for_bytes(kv_cache_bytes: int, layout_without_blocks: ArenaLayout) ->
     return kv_cache_bytes // per_block
 
 
+def sidecar_path(path: str) -> str:
+    """Where an arena's layout and id are recorded."""
+    return path + ".json"
+
+
 class Arena:
     """Owns the arena's shared-memory file.
 
-    The file is created sparse (``ftruncate``): tmpfs only backs the pages that get written.
+    A new file is created sparse (``ftruncate``): tmpfs only backs the pages that get written.
+    An existing file with a matching sidecar is reopened as it is (``reopened`` is True).
+
+    Raises:
+        ValueError: the layout has no blocks.
     """
 
     def __init__(self, path: str, layout: ArenaLayout) -> None:
@@ -83,6 +97,16 @@ class Arena:
             raise ValueError("kv_cache_bytes: too small for a single KV block")
         self.path = path
         self.layout = layout
+        previous = self._read_sidecar()
+        self.reopened = (
+            previous is not None
+            and previous.get("layout") == dataclasses.asdict(layout)
+            and os.path.exists(path)
+            and os.path.getsize(path) == layout.size_bytes
+        )
+        if self.reopened:
+            self.arena_id = str(previous["arena_id"])
+            return
         self.arena_id = uuid.uuid4().hex
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -90,13 +114,23 @@ class Arena:
             os.ftruncate(fd, layout.size_bytes)
         finally:
             os.close(fd)
+        with open(sidecar_path(path), "w") as f:
+            json.dump({"arena_id": self.arena_id, "layout": dataclasses.asdict(layout)}, f)
+
+    def _read_sidecar(self) -> dict | None:
+        try:
+            with open(sidecar_path(self.path)) as f:
+                return json.load(f)
+        except (OSError, json.JSONDecodeError):
+            return None
 
     def unlink(self) -> None:
-        """Removes the shared-memory file (mappings stay valid until unmapped)."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        """Removes the shared-memory file and its sidecar (mappings stay valid until unmapped)."""
+        for p in (self.path, sidecar_path(self.path)):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
 
 
 def map_arena(path: str, layout: ArenaLayout) -> torch.Tensor:

@@ -50,6 +50,21 @@ class BlockPool:
             self.ref_cnt[block_id] = 1
         return block_ids
 
+    def incref(self, block_ids: list[int]) -> None:
+        """Takes one more reference on each block; a free block leaves the free queue (it is
+        reused as it is, e.g. on a prefix-cache hit).
+
+        Raises:
+            InvalidArgument: an id is out of range (nothing is changed).
+        """
+        for block_id in block_ids:
+            if not 0 <= block_id < self.num_blocks:
+                raise InvalidArgument("block_ids", f"{block_id} is out of range")
+        for block_id in block_ids:
+            if self.ref_cnt[block_id] == 0:
+                del self.free_block_queue[block_id]
+            self.ref_cnt[block_id] += 1
+
     def free(self, block_ids: list[int]) -> None:
         """Drops one reference from each block; blocks reaching 0 join the back of the free queue.
 

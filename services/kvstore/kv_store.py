@@ -1,77 +1,143 @@
-"""The kvstore's domain object: the arena plus the block pool that hands out its blocks."""
+"""The kvstore's domain object: the arena plus the prefix-caching block pool over it."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.common.clients import model_dtype_name
 from services.common.config import KVStoreConfig
+from services.common.errors import FailedPrecondition
 from services.common.manifest import WeightManifest
 from services.common.model_config import ModelConfig
 from services.kvstore.arena import Arena, ArenaLayout, blocks_for_bytes
 from services.kvstore.block_pool import BlockPool
+from services.kvstore.prefix_cache import CommitEntry, HashFn, PrefixCache, xxh3_128
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class KVStats:
-    """Block counts of the pool."""
+    """Block counts and prefix-cache counters."""
 
     num_blocks_total: int
     num_blocks_free: int
     num_blocks_used: int
+    num_blocks_cached: int
+    prefix_caching_enabled: bool
+    num_prefix_queries: int
+    num_prefix_query_tokens: int
+    num_prefix_hit_tokens: int
+    prefix_hit_ratio: float
+    num_evictions: int
+
+
+def arena_layout(config: KVStoreConfig, manifest: WeightManifest) -> ArenaLayout:
+    """The arena geometry for the manifest's model, sized to ``config.kv_cache_bytes``."""
+    model = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
+    shape = ArenaLayout(
+        num_layers=model.num_hidden_layers,
+        num_kv_heads=model.num_key_value_heads,
+        head_dim=model.head_dim,
+        block_size=config.block_size,
+        dtype=model_dtype_name(manifest),
+        num_blocks=0,
+    )
+    return dataclasses.replace(shape, num_blocks=blocks_for_bytes(config.kv_cache_bytes, shape))
 
 
 class KVStore:
-    """Creates the arena for a model and serves block allocation over it.
+    """The arena and its blocks.
+
+    After start the store is *unreconciled*: block operations raise FailedPrecondition until the
+    scheduler declares what it holds (:meth:`reconcile`), so a restarted kvstore never hands out a
+    block that a running sequence still uses.
 
     Raises:
         ValueError: kv_cache_bytes is too small for one block.
     """
 
-    def __init__(self, config: KVStoreConfig, manifest: WeightManifest) -> None:
-        model = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
-        shape = ArenaLayout(
-            num_layers=model.num_hidden_layers,
-            num_kv_heads=model.num_key_value_heads,
-            head_dim=model.head_dim,
-            block_size=config.block_size,
-            dtype=model_dtype_name(manifest),
-            num_blocks=0,
-        )
-        num_blocks = blocks_for_bytes(config.kv_cache_bytes, shape)
-        layout = ArenaLayout(**{**shape.__dict__, "num_blocks": num_blocks})
+    def __init__(
+        self, config: KVStoreConfig, manifest: WeightManifest, hash_fn: HashFn = xxh3_128
+    ) -> None:
+        layout = arena_layout(config, manifest)
         self.arena = Arena(config.shm_path, layout)
-        self.pool = BlockPool(num_blocks)
+        self.cache = PrefixCache(
+            BlockPool(layout.num_blocks),
+            config.block_size,
+            manifest.fingerprint,
+            config.enable_prefix_caching,
+            hash_fn,
+        )
+        self.reconciled = False
         log.info(
-            "arena %s: %d blocks of %d tokens, %.1f MB",
+            "arena %s %s: %d blocks of %d tokens, %.1f MB, prefix caching %s",
             config.shm_path,
-            num_blocks,
+            "reopened" if self.arena.reopened else "created",
+            layout.num_blocks,
             config.block_size,
             layout.size_bytes / 1e6,
+            "on" if config.enable_prefix_caching else "off",
         )
 
+    def _require_reconciled(self) -> None:
+        if not self.reconciled:
+            raise FailedPrecondition(
+                "kvstore: not reconciled since start; call Reconcile with the blocks you hold first"
+            )
+
     def allocate(self, num_blocks: int) -> list[int]:
-        """See :meth:`BlockPool.allocate`."""
-        return self.pool.allocate(num_blocks)
+        """See :meth:`PrefixCache.allocate`."""
+        self._require_reconciled()
+        return self.cache.allocate(num_blocks)
 
     def free(self, block_ids: list[int]) -> None:
-        """See :meth:`BlockPool.free`."""
-        self.pool.free(block_ids)
+        """See :meth:`PrefixCache.free`."""
+        self._require_reconciled()
+        self.cache.free(block_ids)
+
+    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+        """See :meth:`PrefixCache.lookup`."""
+        self._require_reconciled()
+        return self.cache.lookup(token_ids, cache_salt)
+
+    def commit(self, entries: Sequence[tuple[CommitEntry, str]]) -> int:
+        """Registers full blocks; each entry carries its sequence's cache salt."""
+        self._require_reconciled()
+        return sum(self.cache.commit([entry], salt) for entry, salt in entries)
 
     def reconcile(self, held_block_ids: list[int]) -> int:
-        """See :meth:`BlockPool.reconcile`."""
-        changed = self.pool.reconcile(held_block_ids)
-        if changed:
-            log.warning("reconcile: %d block reference count(s) corrected", changed)
+        """Rebuilds reference counts from the scheduler's declaration and opens the store."""
+        changed = self.cache.reconcile(held_block_ids)
+        if changed or not self.reconciled:
+            log.warning(
+                "reconcile: %d block(s) held by the scheduler, %d reference count(s) corrected",
+                len(set(held_block_ids)),
+                changed,
+            )
+        self.reconciled = True
         return changed
 
     def stats(self) -> KVStats:
-        """Current block counts."""
-        return KVStats(self.pool.num_blocks, self.pool.num_free_blocks, self.pool.num_used_blocks)
+        """Current counts."""
+        pool, s = self.cache.pool, self.cache.stats
+        return KVStats(
+            pool.num_blocks,
+            pool.num_free_blocks,
+            pool.num_used_blocks,
+            self.cache.num_cached_blocks,
+            self.cache.enabled,
+            s.num_queries,
+            s.num_query_tokens,
+            s.num_hit_tokens,
+            s.hit_ratio,
+            s.num_evictions,
+        )
 
-    def close(self) -> None:
-        """Removes the arena's shared-memory file."""
-        self.arena.unlink()
+    def close(self, remove_arena: bool) -> None:
+        """Removes the arena's file when ``remove_arena``; otherwise it stays for a restart."""
+        if remove_arena:
+            self.arena.unlink()

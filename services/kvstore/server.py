@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from services.kvstore.kv_store import KVStore
+from services.kvstore.prefix_cache import CommitEntry
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 
@@ -43,6 +44,36 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         self._store.free(list(request.block_ids))
         return kvstore_pb2.FreeResponse()
 
+    async def LookupPrefix(
+        self, request: kvstore_pb2.LookupPrefixRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.LookupPrefixResponse:
+        block_ids = self._store.lookup(request.token_ids, request.cache_salt)
+        return kvstore_pb2.LookupPrefixResponse(
+            block_ids=block_ids, num_cached_tokens=len(block_ids) * self._store.cache.block_size
+        )
+
+    async def CommitBlocks(
+        self, request: kvstore_pb2.CommitBlocksRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.CommitBlocksResponse:
+        entries = [
+            (
+                CommitEntry(
+                    b.block_id,
+                    b.parent_block_id if b.HasField("parent_block_id") else None,
+                    tuple(b.token_ids),
+                ),
+                b.cache_salt,
+            )
+            for b in request.blocks
+        ]
+        return kvstore_pb2.CommitBlocksResponse(num_registered=self._store.commit(entries))
+
+    async def Reconcile(
+        self, request: kvstore_pb2.ReconcileRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.ReconcileResponse:
+        changed = self._store.reconcile(list(request.held_block_ids))
+        return kvstore_pb2.ReconcileResponse(num_blocks_changed=changed)
+
     async def GetStats(
         self, request: kvstore_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.KVStats:
@@ -51,9 +82,11 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             num_blocks_total=s.num_blocks_total,
             num_blocks_free=s.num_blocks_free,
             num_blocks_used=s.num_blocks_used,
+            num_blocks_cached=s.num_blocks_cached,
+            prefix_caching_enabled=s.prefix_caching_enabled,
+            num_prefix_queries=s.num_prefix_queries,
+            num_prefix_query_tokens=s.num_prefix_query_tokens,
+            num_prefix_hit_tokens=s.num_prefix_hit_tokens,
+            prefix_hit_ratio=s.prefix_hit_ratio,
+            num_evictions=s.num_evictions,
         )
-
-    async def Reconcile(self, request: kvstore_pb2.ReconcileRequest,
-                        context: grpc.aio.ServicerContext) -> kvstore_pb2.ReconcileResponse:
-        changed = self._store.reconcile(list(request.held_block_ids))
-        return kvstore_pb2.ReconcileResponse(num_blocks_changed=changed)

@@ -1,14 +1,27 @@
-"""The scheduler's view of KV memory: block tables of its requests over a remote block pool."""
+"""The scheduler's view of KV memory: block tables of its requests over the kvstore's block pool,
+with prefix reuse (lookup on admission, commit of blocks as they fill)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from services.kvstore.prefix_cache import CommitEntry
 from services.scheduler.request import Request
+
+log = logging.getLogger(__name__)
+
+
+class KVStoreUnavailable(Exception):
+    """The kvstore cannot be used right now (down, restarting, or not reconciled yet)."""
 
 
 class BlockAllocator(Protocol):
-    """The operations the scheduler needs from the kvstore's block pool."""
+    """The operations the scheduler needs from the kvstore.
+
+    Every method may raise :class:`KVStoreUnavailable`.
+    """
 
     num_blocks_total: int
 
@@ -18,34 +31,76 @@ class BlockAllocator(Protocol):
     def free(self, block_ids: list[int]) -> None:
         """Drops one reference from each block."""
 
+    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+        """Blocks of the longest cached prefix (never covering the last token), referenced."""
+
+    def commit(self, entries: Sequence[tuple[CommitEntry, str]]) -> None:
+        """Registers full blocks (each with its sequence's cache salt)."""
+
+    def reconcile(self, held_block_ids: list[int]) -> int:
+        """Declares every block reference held; returns how many counts changed."""
+
 
 class KVCacheManager:
-    """Grows and frees the block tables of requests.
+    """Grows, fills and frees the block tables of requests.
 
     A request's block table ``block_ids`` covers tokens ``[0, len(block_ids) * block_size)``;
     token ``p`` lives in block ``block_ids[p // block_size]`` at offset ``p % block_size``.
+    When the kvstore fails, ``needs_reconcile`` is set: before allocating again, the manager
+    declares what its requests hold (:meth:`reconcile`), so a restarted kvstore rebuilds its
+    reference counts and nothing is lost or handed out twice.
     """
 
     def __init__(self, allocator: BlockAllocator, block_size: int) -> None:
         self.allocator = allocator
         self.block_size = block_size
         self.num_blocks_held = 0
+        self.needs_reconcile = False
 
     def num_blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.block_size)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        if not self.needs_reconcile:
+            log.warning("kvstore unusable (%s: %s); will reconcile when it is back", what, exc)
+        self.needs_reconcile = True
+
+    def get_computed_blocks(self, request: Request) -> int:
+        """Takes the cached prefix of a request that holds no blocks; returns its token count.
+
+        Raises:
+            KVStoreUnavailable: the lookup failed (nothing is held).
+        """
+        try:
+            block_ids = self.allocator.lookup(request.all_token_ids, request.cache_salt)
+        except KVStoreUnavailable as exc:
+            self._failed("lookup", exc)
+            raise
+        request.block_ids = list(block_ids)
+        request.num_committed_blocks = len(block_ids)
+        request.num_computed_tokens = len(block_ids) * self.block_size
+        self.num_blocks_held += len(block_ids)
+        return request.num_computed_tokens
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
         """Makes room for the request's next ``num_new_tokens`` tokens.
 
         Returns:
             False if the pool has too few free blocks; the request is then unchanged.
+
+        Raises:
+            KVStoreUnavailable: the kvstore could not be asked (the request is unchanged).
         """
         needed = self.num_blocks_for(request.num_computed_tokens + num_new_tokens)
         missing = needed - len(request.block_ids)
         if missing <= 0:
             return True
-        block_ids = self.allocator.allocate(missing)
+        try:
+            block_ids = self.allocator.allocate(missing)
+        except KVStoreUnavailable as exc:
+            self._failed("allocate", exc)
+            raise
         if block_ids is None:
             return False
         request.block_ids.extend(block_ids)
@@ -53,8 +108,57 @@ class KVCacheManager:
         return True
 
     def free(self, request: Request) -> None:
-        """Releases every block of the request and empties its block table."""
-        if request.block_ids:
-            self.allocator.free(request.block_ids)
-            self.num_blocks_held -= len(request.block_ids)
-            request.block_ids = []
+        """Releases every block of the request (tail first, so the prefix is evicted last).
+
+        Never raises: if the kvstore is down, the reference is dropped here and the next
+        reconcile releases it there.
+        """
+        if not request.block_ids:
+            return
+        block_ids, request.block_ids = request.block_ids, []
+        request.num_committed_blocks = 0
+        self.num_blocks_held -= len(block_ids)
+        try:
+            self.allocator.free(block_ids[::-1])
+        except KVStoreUnavailable as exc:
+            self._failed("free", exc)
+
+    def commit_full_blocks(self, requests: Iterable[Request]) -> None:
+        """Registers the blocks that became full (all their tokens computed) since last time.
+
+        Never raises: a failed commit only means those blocks are not findable later.
+        """
+        entries: list[tuple[CommitEntry, str]] = []
+        for request in requests:
+            num_full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
+            if num_full <= request.num_committed_blocks:
+                continue
+            tokens = request.all_token_ids
+            for i in range(request.num_committed_blocks, num_full):
+                parent = request.block_ids[i - 1] if i else None
+                block_tokens = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
+                entries.append(
+                    (CommitEntry(request.block_ids[i], parent, block_tokens), request.cache_salt)
+                )
+            request.num_committed_blocks = num_full
+        if not entries:
+            return
+        try:
+            self.allocator.commit(entries)
+        except KVStoreUnavailable as exc:
+            self._failed("commit", exc)
+
+    def reconcile(self, requests: Iterable[Request]) -> bool:
+        """Declares every block the requests hold; returns True once the kvstore accepted it."""
+        held = [block_id for r in requests for block_id in r.block_ids]
+        try:
+            changed = self.allocator.reconcile(held)
+        except KVStoreUnavailable:
+            return False
+        log.info(
+            "reconciled %d held block(s) with the kvstore (%d count(s) corrected)",
+            len(held),
+            changed,
+        )
+        self.needs_reconcile = False
+        return True

@@ -1,13 +1,28 @@
-"""The scheduler's client of the kvstore: block allocation and the arena mapping."""
+"""The scheduler's client of the kvstore: block allocation, prefix reuse and the arena mapping."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import grpc
 import torch
 
 from services.common.server import CHANNEL_OPTIONS
 from services.kvstore.arena import ArenaLayout, map_arena
+from services.kvstore.prefix_cache import CommitEntry
+from services.scheduler.kv_cache_manager import KVStoreUnavailable
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
+
+T = TypeVar("T")
+
+UNUSABLE_CODES = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.CANCELLED,
+)
+"""Down, restarting, or restarted and not reconciled yet: all mean "try again later"."""
 
 
 class KVStoreClient:
@@ -39,11 +54,19 @@ class KVStoreClient:
         """Maps the arena's shared-memory file: [num_layers, 2, num_blocks, block_size, Hkv, D]."""
         return map_arena(self.arena_info.shm_path, self.layout)
 
+    def _call(self, rpc: Callable[..., T], request: object) -> T:
+        try:
+            return rpc(request, timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() in UNUSABLE_CODES:
+                raise KVStoreUnavailable(f"{exc.code().name}: {exc.details()}") from None
+            raise
+
     def allocate(self, num_blocks: int) -> list[int] | None:
         """Takes blocks; None when the pool has too few free.
 
         Raises:
-            grpc.RpcError: the kvstore is unreachable (UNAVAILABLE) or failed.
+            KVStoreUnavailable: the kvstore is down, restarting or not reconciled.
         """
         try:
             response = self._stub.Allocate(
@@ -52,25 +75,50 @@ class KVStoreClient:
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 return None
+            if exc.code() in UNUSABLE_CODES:
+                raise KVStoreUnavailable(f"{exc.code().name}: {exc.details()}") from None
             raise
         return list(response.block_ids)
 
     def free(self, block_ids: list[int]) -> None:
-        """Drops one reference from each block.
+        """Drops one reference from each block. Raises KVStoreUnavailable."""
+        self._call(self._stub.Free, kvstore_pb2.FreeRequest(block_ids=block_ids))
 
-        Raises:
-            grpc.RpcError: the kvstore is unreachable or rejected the ids.
-        """
-        self._stub.Free(kvstore_pb2.FreeRequest(block_ids=block_ids), timeout=self._timeout_s)
+    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+        """Blocks of the longest cached prefix, referenced. Raises KVStoreUnavailable."""
+        response = self._call(
+            self._stub.LookupPrefix,
+            kvstore_pb2.LookupPrefixRequest(token_ids=token_ids, cache_salt=cache_salt),
+        )
+        return list(response.block_ids)
+
+    def commit(self, entries: Sequence[tuple[CommitEntry, str]]) -> None:
+        """Registers full blocks. Raises KVStoreUnavailable."""
+        blocks = [
+            kvstore_pb2.CommitBlock(
+                block_id=e.block_id,
+                parent_block_id=e.parent_block_id,
+                token_ids=e.token_ids,
+                cache_salt=salt,
+            )
+            for e, salt in entries
+        ]
+        self._call(self._stub.CommitBlocks, kvstore_pb2.CommitBlocksRequest(blocks=blocks))
 
     def reconcile(self, held_block_ids: list[int]) -> int:
         """Declares every block reference this scheduler holds; returns how many changed.
 
         Raises:
-            grpc.RpcError: the kvstore is unreachable or rejected the ids.
+            KVStoreUnavailable: the kvstore is down.
+            RuntimeError: the kvstore now serves another arena (its file was recreated), so the
+                KV this scheduler maps is gone.
         """
-        response = self._stub.Reconcile(
-            kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids), timeout=self._timeout_s)
+        response = self._call(
+            self._stub.Reconcile, kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids)
+        )
+        arena = self._call(self._stub.GetArena, kvstore_pb2.GetArenaRequest())
+        if arena.arena_id != self.arena_info.arena_id:
+            raise RuntimeError("kvstore arena was recreated: the mapped KV cache is gone")
         return response.num_blocks_changed
 
     def close(self) -> None:

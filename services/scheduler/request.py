@@ -39,6 +39,8 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.block_ids: list[int] = []
+        self.num_committed_blocks = 0
+        """Leading blocks of ``block_ids`` already registered in the prefix cache."""
         self.generator = torch.Generator()
         if self.sampling.seed is not None:
             self.generator.manual_seed(self.sampling.seed)

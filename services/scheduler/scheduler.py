@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.generation import EngineRequest, FinishReason, RequestOutput
-from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.kv_cache_manager import KVCacheManager, KVStoreUnavailable
 from services.scheduler.request import Request, RequestStatus
 
 
@@ -38,11 +38,8 @@ class ScheduledRequest:
     request: Request
     num_computed_tokens: int
     num_new_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the request's last token, so a new token is sampled."""
-        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+    samples: bool
+    """True when this step reaches the request's last token, so a new token is sampled."""
 
 
 @dataclass
@@ -118,34 +115,78 @@ class Scheduler:
         return bool(self.requests)
 
     def schedule(self) -> SchedulerOutput:
-        """Plans the next step (allocating KV blocks for it)."""
+        """Plans the next step (taking cached prefixes and allocating KV blocks for it).
+
+        While the kvstore is unusable, requests that fit in the blocks they hold keep running;
+        those that need a new block, and admissions, wait for it to come back.
+        """
         output = SchedulerOutput()
+        kv_usable = not self.kv.needs_reconcile or self.kv.reconcile(self.running)
         budget = self.policy.max_num_batched_tokens
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(request, num_new, output):
-                break  # the request itself was preempted; everything after it too
-            output.scheduled.append(ScheduledRequest(request, request.num_computed_tokens, num_new))
+            try:
+                if not self._allocate_or_preempt(request, num_new, output):
+                    break  # the request itself was preempted; everything after it too
+            except KVStoreUnavailable:
+                kv_usable = False
+                index += 1
+                continue
+            output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
             index += 1
         while (
-            self.waiting
+            kv_usable
+            and self.waiting
             and budget > 0
             and not output.preempted_request_ids
             and len(self.running) < self.policy.max_num_seqs
         ):
             request = self.waiting[0]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.kv.allocate_slots(request, num_new):
+            try:
+                num_new = self._admit(request, budget)
+            except KVStoreUnavailable:
+                break
+            if num_new is None:
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            output.scheduled.append(ScheduledRequest(request, request.num_computed_tokens, num_new))
+            output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
         return output
+
+    @staticmethod
+    def _scheduled(request: Request, num_new: int) -> ScheduledRequest:
+        first = request.num_computed_tokens
+        return ScheduledRequest(request, first, num_new, first + num_new == request.num_tokens)
+
+    def _admit(self, request: Request, budget: int) -> int | None:
+        """Takes the request's cached prefix and blocks for its first chunk.
+
+        Returns:
+            Tokens to feed this step, or None when the pool is full (nothing is held then).
+        """
+        num_cached = self.kv.get_computed_blocks(request)
+        if not request.output_token_ids:
+            # Only a first admission reports cached prompt tokens (a recompute after preemption
+            # may hit its own blocks).
+            request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
+        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+        try:
+            if self.kv.allocate_slots(request, num_new):
+                return num_new
+        except KVStoreUnavailable:
+            self._release(request)
+            raise
+        self._release(request)
+        return None
+
+    def _release(self, request: Request) -> None:
+        self.kv.free(request)
+        request.num_computed_tokens = 0
 
     def _allocate_or_preempt(self, request: Request, num_new: int, output: SchedulerOutput) -> bool:
         while not self.kv.allocate_slots(request, num_new):
@@ -157,8 +198,7 @@ class Scheduler:
         return True
 
     def _preempt(self, request: Request) -> None:
-        self.kv.free(request)
-        request.num_computed_tokens = 0
+        self._release(request)
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
         self.num_preemptions += 1
@@ -174,10 +214,14 @@ class Scheduler:
             One output per request that got a new token (finished ones carry their reason).
         """
         results: list[RequestOutput] = []
+        for item in output.scheduled:
+            item.request.num_computed_tokens = item.num_computed_tokens + item.num_new_tokens
+        # Register full blocks before any request finishes and frees them: a follow-up turn then
+        # reuses this answer's KV as well as its prompt's.
+        self.kv.commit_full_blocks(item.request for item in output.scheduled)
         tokens = iter(sampled_token_ids)
         for item in output.scheduled:
             request = item.request
-            request.num_computed_tokens = item.num_computed_tokens + item.num_new_tokens
             if not item.samples:
                 continue
             token_id = next(tokens)

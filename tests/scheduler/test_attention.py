@@ -121,6 +121,7 @@ def test_paged_attention_matches_dense_causal_attention(gqa_ratio: int, seed: in
                 make_request(str(i), s.num_cached + s.num_new, s.block_ids),
                 s.num_cached,
                 s.num_new,
+                samples=True,
             )
             for i, s in enumerate(sequences)
         ]

@@ -91,7 +91,7 @@ def make_engine(
         num_blocks=num_blocks,
     )
     runner = ModelRunner(model, local_arena(layout, torch.float32), BLOCK_SIZE)
-    allocator = LocalBlockAllocator(num_blocks)
+    allocator = LocalBlockAllocator(num_blocks, BLOCK_SIZE)
     policy = SchedulingPolicy(
         max_num_seqs=4,
         max_num_batched_tokens=max_num_batched_tokens,

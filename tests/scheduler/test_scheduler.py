@@ -45,8 +45,9 @@ def make_scheduler(
     max_num_batched_tokens: int = 64,
     max_model_len: int = 64,
 ) -> tuple[Scheduler, LocalBlockAllocator]:
-    """A scheduler over a fresh pool of ``num_blocks`` blocks (free queue 0, 1, 2, ...)."""
-    allocator = LocalBlockAllocator(num_blocks)
+    """A scheduler over a fresh pool of ``num_blocks`` blocks (free queue 0, 1, 2, ...), prefix
+    caching off (tests/scheduler/test_prefix_reuse.py covers it)."""
+    allocator = LocalBlockAllocator(num_blocks, BLOCK_SIZE, enable_prefix_caching=False)
     policy = SchedulingPolicy(max_num_seqs, max_num_batched_tokens, max_model_len)
     return Scheduler(policy, KVCacheManager(allocator, BLOCK_SIZE), (EOS_TOKEN_ID,)), allocator
 
@@ -138,8 +139,9 @@ def test_admission_in_arrival_order_with_exact_block_ids() -> None:
         [102, 105, 108],
     )
     assert all(r.status == RequestStatus.FINISHED for r in (a, b, c))
-    # b took block 5 for its position 4; blocks return in finishing order a, b, c.
-    assert list(allocator.pool.free_block_queue) == [*range(6, 16), 0, 4, 1, 5, 2, 3]
+    # b took block 5 for its position 4; blocks return in finishing order a, b, c, each
+    # request's tail first (so a cached prefix is evicted last).
+    assert list(allocator.pool.free_block_queue) == [*range(6, 16), 4, 0, 5, 1, 3, 2]
     assert_all_free(scheduler, allocator)
 
 
@@ -265,7 +267,8 @@ def test_preemption_evicts_the_most_recently_admitted_and_recomputes_it() -> Non
     assert preempted == ["c"]
     assert planned == [("a", 8, 1, True), ("b", 8, 1, True)]
     assert [r.request_id for r in results] == ["a", "b"]
-    assert (a.block_ids, b.block_ids, c.block_ids) == ([0, 3, 2], [1, 4, 5], [])
+    # c's blocks [2, 5] went back tail first (5, 2): a takes 5, b takes 2.
+    assert (a.block_ids, b.block_ids, c.block_ids) == ([0, 3, 5], [1, 4, 2], [])
     assert c.status == RequestStatus.PREEMPTED
     assert c.num_computed_tokens == 0
     assert c.output_token_ids == [102, 105, 108, 111, 114]
@@ -278,13 +281,13 @@ def test_preemption_evicts_the_most_recently_admitted_and_recomputes_it() -> Non
         planned, _, _ = step(scheduler, tokens)
         assert planned == [("a", num_computed, 1, True), ("b", num_computed, 1, True)]
     assert a.finish_reason == b.finish_reason == FinishReason.LENGTH
-    assert list(allocator.pool.free_block_queue) == [0, 3, 2, 1, 4, 5]
+    assert list(allocator.pool.free_block_queue) == [5, 3, 0, 2, 4, 1]
 
     # Recompute: prompt plus the 5 output tokens in one prefill, then sample the 6th token.
     assert c.all_token_ids == [10, 11, 12, 13, 102, 105, 108, 111, 114]
     planned, _, results = step(scheduler, tokens)
     assert planned == [("c", 0, 9, True)]
-    assert c.block_ids == [0, 3, 2]
+    assert c.block_ids == [5, 3, 0]
     assert results == [RequestOutput("c", (121,), FinishReason.UNSPECIFIED, 4, 0)]
     assert c.status == RequestStatus.RUNNING
 
@@ -317,7 +320,7 @@ def test_a_request_that_cannot_grow_preempts_itself_when_admitted_last() -> None
     assert b.block_ids == []  # it finished: [1, 0] were held for this step, then freed
     assert results == [RequestOutput("b", (103,), FinishReason.LENGTH, 4, 0)]
     assert b.output_token_ids == [101, 103]
-    assert list(allocator.pool.free_block_queue) == [1, 0]
+    assert list(allocator.pool.free_block_queue) == [0, 1]  # freed tail first
     assert_all_free(scheduler, allocator)
 
 
@@ -367,7 +370,7 @@ def test_abort_frees_blocks_at_once() -> None:
     assert running.block_ids == []
     assert (running.status, running.finish_reason) == (RequestStatus.FINISHED, FinishReason.ABORT)
     assert allocator.pool.num_free_blocks == 16
-    assert list(allocator.pool.free_block_queue)[-3:] == [0, 1, 2]
+    assert list(allocator.pool.free_block_queue)[-3:] == [2, 1, 0]  # tail first
     assert scheduler.abort_request("b") is True
     assert waiting.finish_reason == FinishReason.ABORT
     assert scheduler.abort_request("a") is False

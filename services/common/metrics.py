@@ -1,0 +1,27 @@
+"""Prometheus endpoint setup: one private registry per process (no global default registry)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.registry import Collector
+
+
+def serve_metrics(
+    port: int, collectors: Iterable[Collector], host: str = "127.0.0.1"
+) -> CollectorRegistry:
+    """Registers ``collectors`` in a new registry and serves it on ``http://host:port/metrics``.
+
+    Args:
+        port: TCP port; 0 means no endpoint (the registry is still returned, e.g. for tests).
+
+    Raises:
+        OSError: the port cannot be bound.
+    """
+    registry = CollectorRegistry(auto_describe=True)
+    for collector in collectors:
+        registry.register(collector)
+    if port:
+        start_http_server(port, addr=host, registry=registry)
+    return registry
