@@ -45,6 +45,12 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--num-threads", type=int, default=0, help="scheduler torch threads")
     p.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="kvstore: never reuse KV blocks across requests (for comparison)",
+    )
+    p.add_argument("--no-supervise", action="store_true", help="do not restart layers that exit")
+    p.add_argument(
         "--generate",
         metavar="TEXT",
         help="once healthy, send one Generate call with TEXT, print the answer and shut down",
@@ -122,6 +128,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_threads=args.num_threads,
+        enable_prefix_caching=not args.no_prefix_caching,
+        supervise=not args.no_supervise,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
+from services.kvstore.arena import sidecar_path
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,18 @@ class StackConfig:
     """Write each layer's stderr to ``<log_dir>/<layer>.log``; None: inherit this process's."""
     startup_timeout_s: float = 180.0
     """How long to wait for every layer to report SERVING."""
+    enable_prefix_caching: bool = True
+    """Passed to the kvstore (``--no-prefix-caching`` when False)."""
+    supervise: bool = True
+    """Restart a layer that exits or is killed (with backoff) while the others keep running."""
+    max_restart_backoff_s: float = 10.0
+    """Longest wait before restarting a layer that keeps dying."""
+    metrics_port_base: int = 0
+    """Prometheus ports: loader +0, kvstore +1, scheduler +2, frontend +3; 0: no endpoints."""
+
+    def metrics_port(self, layer: str) -> int:
+        """The /metrics port of ``layer`` (0: off)."""
+        return self.metrics_port_base + LAYERS.index(layer) if self.metrics_port_base else 0
 
 
 class StackError(RuntimeError):
@@ -67,6 +81,12 @@ class Stack:
         os.chmod(self.run_dir, 0o700)
         self.shm_path = f"/dev/shm/{self.run_dir.name}.kv"
         self.processes: dict[str, subprocess.Popen] = {}
+        self._held: set[str] = set()
+        """Layers stopped on purpose (not restarted by the supervisor)."""
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self.num_restarts: dict[str, int] = dict.fromkeys(LAYERS, 0)
 
     def address(self, layer: str) -> str:
         """gRPC address of a layer (the frontend's public one, unix sockets for the others)."""
@@ -91,6 +111,12 @@ class Stack:
                 str(c.kv_cache_bytes),
                 "--block-size",
                 str(c.block_size),
+                *([] if c.enable_prefix_caching else ["--no-prefix-caching"]),
+                *(
+                    ["--metrics-port", str(c.metrics_port("kvstore"))]
+                    if c.metrics_port_base
+                    else []
+                ),
             ],
             "scheduler": [
                 "--address",
@@ -134,9 +160,58 @@ class Stack:
         except BaseException:
             self.stop()
             raise
+        if self.config.supervise:
+            self._supervisor = threading.Thread(
+                target=self._supervise, name="supervisor", daemon=True
+            )
+            self._supervisor.start()
+
+    def _supervise(self) -> None:
+        """Restarts layers that exit unexpectedly, with exponential backoff per layer."""
+        failures = dict.fromkeys(LAYERS, 0)
+        up_since = dict.fromkeys(LAYERS, time.monotonic())
+        while not self._stopping.wait(0.1):
+            for layer in LAYERS:
+                with self._lock:
+                    process = self.processes.get(layer)
+                    dead = (
+                        layer not in self._held
+                        and process is not None
+                        and process.poll() is not None
+                    )
+                if not dead:
+                    continue
+                if time.monotonic() - up_since[layer] > 30:
+                    failures[layer] = 0
+                failures[layer] += 1
+                delay = min(0.25 * 2 ** (failures[layer] - 1), self.config.max_restart_backoff_s)
+                log.warning(
+                    "zerolayer: %s exited with code %s; restarting it in %.2f s (restart #%d)",
+                    layer,
+                    process.returncode,
+                    delay,
+                    self.num_restarts[layer] + 1,
+                )
+                if self._stopping.wait(delay):
+                    return
+                self._restart(layer)
+                up_since[layer] = time.monotonic()
+
+    def _restart(self, layer: str) -> None:
+        with self._lock:
+            if layer in self._held or self._stopping.is_set():
+                return
+            self.start_layer(layer)
+            self.num_restarts[layer] += 1
+        try:
+            self.wait_healthy(layer, time.monotonic() + self.config.startup_timeout_s)
+            log.warning("zerolayer: %s is back (pid %d)", layer, self.processes[layer].pid)
+        except StackError as exc:
+            log.error("zerolayer: %s did not come back: %s", layer, exc)
 
     def start_layer(self, layer: str) -> subprocess.Popen:
-        """Starts one layer's process (replacing a dead one)."""
+        """Starts one layer's process (replacing a dead one); the supervisor watches it again."""
+        self._held.discard(layer)
         stderr = None
         if self.config.log_dir is not None:
             Path(self.config.log_dir).mkdir(parents=True, exist_ok=True)
@@ -186,8 +261,11 @@ class Stack:
         return "\n--- " + str(path) + " ---\n" + path.read_text(errors="replace")[-3000:]
 
     def stop_layer(self, layer: str, timeout_s: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout_s``."""
-        process = self.processes.get(layer)
+        """Stops one layer on purpose (the supervisor leaves it down): SIGTERM, then SIGKILL
+        after ``timeout_s``."""
+        with self._lock:
+            self._held.add(layer)
+            process = self.processes.get(layer)
         if process is None or process.poll() is not None:
             return
         process.send_signal(signal.SIGTERM)
@@ -199,10 +277,14 @@ class Stack:
 
     def stop(self) -> None:
         """Stops every layer (frontend first) and removes the sockets and the shared memory."""
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=30)
         for layer in reversed(LAYERS):
             self.stop_layer(layer)
-        if os.path.exists(self.shm_path):
-            os.unlink(self.shm_path)
+        for path in (self.shm_path, sidecar_path(self.shm_path)):
+            if os.path.exists(path):
+                os.unlink(path)
         if self._owns_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         else:

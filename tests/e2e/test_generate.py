@@ -205,9 +205,23 @@ def test_run_dir_is_private(stack) -> None:
     assert Path(stack.shm_path).exists()
 
 
-def test_scheduler_killed_mid_stream_restarts_alone_without_leaking_blocks(stack, stub) -> None:
-    # Last in the module: it kills the scheduler and brings it back by itself.
+def test_scheduler_stopped_is_unavailable_then_restarts_alone(stack, stub) -> None:
     others = {name: stack.processes[name].pid for name in ("loader", "kvstore", "frontend")}
+    stack.stop_layer("scheduler")  # on purpose: the supervisor leaves it down
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Generate(make_request(prompt="anyone?"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert info.value.details().startswith("scheduler")
+    stack.start_layer("scheduler")
+    stack.wait_healthy("scheduler", time.monotonic() + 60)
+    response = stub.Generate(make_request(prompt="back", ignore_eos=True), timeout=30)
+    assert len(response.token_ids) == 8
+    assert {name: stack.processes[name].pid for name in others} == others
+
+
+def test_scheduler_killed_mid_stream_is_restarted_without_leaking_blocks(stack, stub) -> None:
+    others = {name: stack.processes[name].pid for name in ("loader", "kvstore", "frontend")}
+    old_pid = stack.processes["scheduler"].pid
     call = stub.GenerateStream(make_request(prompt="doomed", max_new_tokens=1500, ignore_eos=True))
     next(call)
     assert kv_stats(stack).num_blocks_used > 0
@@ -215,12 +229,10 @@ def test_scheduler_killed_mid_stream_restarts_alone_without_leaking_blocks(stack
     with pytest.raises(grpc.RpcError) as info:
         list(call)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-    with pytest.raises(grpc.RpcError) as info:
-        stub.Generate(make_request(prompt="anyone?"), timeout=10)
-    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert info.value.details().startswith("scheduler")
-    stack.start_layer("scheduler")
-    stack.wait_healthy("scheduler", time.monotonic() + 60)
+    deadline = time.monotonic() + 60
+    while stack.processes["scheduler"].pid == old_pid and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stack.wait_healthy("scheduler", deadline)  # the supervisor restarted it
     # The new scheduler reconciled with the kvstore: the dead one's blocks are free again.
     assert kv_stats(stack).num_blocks_used == 0
     response = stub.Generate(make_request(prompt="back", ignore_eos=True), timeout=30)

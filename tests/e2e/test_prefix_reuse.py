@@ -1,0 +1,177 @@
+"""Prefix reuse end to end: cached prompt tokens, tenant isolation, multi-turn, kvstore restart."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from e2e.stack import free_port, kv_stats, running_stack, text_stub
+
+from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.v1 import generation_pb2 as pb
+
+pytestmark = pytest.mark.e2e
+
+SYSTEM_PROMPT = [1, *[(7 * i) % 250 + 3 for i in range(400)]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    with running_stack(
+        model_dir, tmp_path_factory.mktemp("logs"), metrics_port_base=free_port()
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def stub(stack):
+    return text_stub(stack)
+
+
+def generate(stub, ids: list[int], salt: str = "", max_new_tokens: int = 16) -> pb.GenerateResponse:
+    return stub.Generate(
+        pb.GenerateRequest(
+            prompt_token_ids=pb.TokenIds(ids=ids),
+            max_new_tokens=max_new_tokens,
+            ignore_eos=True,
+            cache_salt=salt,
+        ),
+        timeout=60,
+    )
+
+
+def chat(stub, salt: str) -> list[pb.GenerateResponse]:
+    """8 turns; each sends the whole history (token ids) plus a new 10-token user message."""
+    history = list(SYSTEM_PROMPT)
+    responses = []
+    for turn in range(8):
+        history += [(turn * 31 + j) % 250 + 3 for j in range(10)]
+        response = generate(stub, history, salt)
+        responses.append(response)
+        history += list(response.token_ids)
+    return responses
+
+
+def test_same_prompt_reuses_blocks_within_a_salt_only(stub) -> None:
+    prompt = [1, *range(3, 3 + 70)]  # 71 tokens: 4 full blocks within the first 70
+    first = generate(stub, prompt, salt="tenant-a")
+    again = generate(stub, prompt, salt="tenant-a")
+    other = generate(stub, prompt, salt="tenant-b")
+    assert first.usage.cached_prompt_tokens == 0
+    assert again.usage.cached_prompt_tokens == 64
+    assert other.usage.cached_prompt_tokens == 0
+    assert list(first.token_ids) == list(again.token_ids) == list(other.token_ids)
+
+
+def test_multi_turn_reports_90_percent_cached_from_turn_two(stub) -> None:
+    responses = chat(stub, salt="chat")
+    assert responses[0].usage.cached_prompt_tokens == 0
+    for response in responses[1:]:
+        assert response.usage.cached_prompt_tokens >= 0.9 * response.usage.prompt_tokens
+
+
+def test_multi_turn_outputs_equal_without_prefix_caching(
+    stub, model_dir: Path, tmp_path: Path
+) -> None:
+    with running_stack(model_dir, tmp_path, enable_prefix_caching=False) as plain:
+        plain_stub = text_stub(plain)
+        uncached = chat(plain_stub, salt="chat-compare")
+        assert all(r.usage.cached_prompt_tokens == 0 for r in uncached)
+        assert not kv_stats(plain).prefix_caching_enabled
+    cached = chat(stub, salt="chat-compare")
+    assert [list(r.token_ids) for r in cached] == [list(r.token_ids) for r in uncached]
+
+
+def test_stats_and_metrics_count_queries_and_hits(stack, stub) -> None:
+    before = kv_stats(stack)
+    prompt = [1, *range(100, 140)]
+    generate(stub, prompt, salt="metrics")
+    generate(stub, prompt, salt="metrics")
+    after = kv_stats(stack)
+    assert after.num_prefix_queries - before.num_prefix_queries == 2
+    assert after.num_prefix_hit_tokens - before.num_prefix_hit_tokens == 32
+    assert after.num_blocks_cached > 0 and after.prefix_caching_enabled
+    port = stack.config.metrics_port("kvstore")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert values["zerolayer_kv_prefix_queries_total"] == after.num_prefix_queries
+    assert values["zerolayer_kv_prefix_hit_tokens_total"] == after.num_prefix_hit_tokens
+    assert values['zerolayer_kv_blocks{state="cached"}'] == after.num_blocks_cached
+    assert 0 < values["zerolayer_kv_prefix_hit_ratio"] < 1
+
+
+def run_streams(stub, prompts: list[list[int]], on_progress=None) -> dict[int, list[int]]:
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            request = pb.GenerateRequest(
+                prompt_token_ids=pb.TokenIds(ids=prompts[i]), max_new_tokens=400, ignore_eos=True
+            )
+            ids: list[int] = []
+            for part in stub.GenerateStream(request, timeout=120):
+                ids.extend(part.token_ids)
+                if on_progress is not None:
+                    on_progress(i, len(ids))
+            results[i] = ids
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors
+    return results
+
+
+def test_kill_9_of_the_kvstore_mid_stream_changes_nothing(stack, stub, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="services.launcher")
+    prompts = [[1, *[(i * 13 + j) % 250 + 3 for j in range(20 + 5 * i)]] for i in range(8)]
+    undisturbed = run_streams(stub, prompts)
+    assert kv_stats(stack).num_blocks_used == 0
+
+    progress: dict[int, int] = {}
+    killed = threading.Event()
+    old_pid = stack.processes["kvstore"].pid
+
+    def kill_when_midway(i: int, num_tokens: int) -> None:
+        progress[i] = num_tokens
+        if len(progress) == 8 and min(progress.values()) >= 20 and not killed.is_set():
+            killed.set()
+            os.kill(old_pid, 9)
+
+    disturbed = run_streams(stub, prompts, kill_when_midway)
+    assert killed.is_set()
+    assert disturbed == undisturbed
+    assert stack.processes["kvstore"].pid != old_pid  # the supervisor restarted it
+    assert stack.num_restarts["kvstore"] == 1
+    assert any("kvstore exited with code -9; restarting" in r.getMessage() for r in caplog.records)
+    # The restarted kvstore rebuilt its counts from the scheduler's running sequences.
+    log_text = (Path(stack.config.log_dir) / "kvstore.log").read_text()
+    held = [int(m) for m in re.findall(r"reconcile: (\d+) block\(s\) held", log_text)]
+    assert held[0] == 0 and max(held[1:]) > 0
+    deadline = time.monotonic() + 10
+    while kv_stats(stack).num_blocks_used and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = kv_stats(stack)
+    assert stats.num_blocks_used == 0 and stats.num_blocks_free == stats.num_blocks_total
+    arena_files = sorted(p for p in os.listdir("/dev/shm") if p.startswith(stack.run_dir.name))
+    assert arena_files == [f"{stack.run_dir.name}.kv", f"{stack.run_dir.name}.kv.json"]
