@@ -51,6 +51,12 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-supervise", action="store_true", help="do not restart layers that exit")
     p.add_argument(
+        "--metrics-port-base",
+        type=int,
+        default=0,
+        help="Prometheus ports: loader N, kvstore N+1, scheduler N+2, frontend N+3 (default off)",
+    )
+    p.add_argument(
         "--generate",
         metavar="TEXT",
         help="once healthy, send one Generate call with TEXT, print the answer and shut down",
@@ -96,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_up(sub)
     _add_generate(sub)
     _add_tools(sub)
+    from bench.cli import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     for name, build in (
         ("loader", loader_parser),
         ("kvstore", kvstore_parser),
@@ -130,6 +139,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         num_threads=args.num_threads,
         enable_prefix_caching=not args.no_prefix_caching,
         supervise=not args.no_supervise,
+        metrics_port_base=args.metrics_port_base,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -162,6 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from services.client import run_generate
 
         return run_generate(args)
+    if args.command == "bench":
+        from bench.cli import run as run_bench
+
+        return run_bench(args)
     if args.command == "convert-llama2c":
         from services.checkpoints.llama2c import convert_llama2c
 

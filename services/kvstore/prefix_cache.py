@@ -9,8 +9,10 @@ allocation takes them (eviction).
 
 Collisions: a hit is only taken when the candidate block's stored key (parent hash, token ids,
 salt) equals the one being looked up, so two different blocks whose hashes collide never share
-KV; by induction over the chain the whole prefix matches token for token. A colliding block is
-simply not cached. Different salts give different keys, so tenants never share blocks (closing the
+KV. A key names its parent by hash, so a hash keeps the one content it first stood for as long as
+any known block has it as its own or its parent's hash; by induction over the chain the whole
+prefix then matches token for token. A colliding block is simply not cached, nor is any block
+after it. Different salts give different keys, so tenants never share blocks (closing the
 timing side channel of a shared cache); the empty salt is one shared namespace.
 """
 
@@ -96,6 +98,8 @@ class PrefixCache:
         """Hash -> the block registered under it."""
         self.block_keys: dict[int, tuple[bytes, BlockKey]] = {}
         """Block id -> (hash, key) for every block whose content is known."""
+        self._hash_keys: dict[bytes, tuple[BlockKey, int]] = {}
+        """Hash -> (the key it stands for, how many known blocks have it as own or parent hash)."""
         self.stats = PrefixCacheStats()
 
     def hash_block(self, key: BlockKey) -> bytes:
@@ -154,8 +158,9 @@ class PrefixCache:
         """Registers blocks that became full (their KV is computed), in sequence order.
 
         A block whose parent's content is unknown (e.g. after a kvstore restart, or the parent
-        was not committed) is not registered. A block whose content is already registered under
-        another block id stays unregistered (the first copy is kept).
+        was not committed, or its hash collided) is not registered. A block whose content is already
+        registered under another block id stays unregistered (the first copy is kept), but blocks
+        after it are registered.
 
         Returns:
             How many blocks were newly registered.
@@ -176,6 +181,7 @@ class PrefixCache:
                 self.pool.ref_cnt[entry.block_id] == 0
             ):
                 raise InvalidArgument("block_id", f"block {entry.block_id} is not allocated")
+            self._unlink(entry.block_id)
             if entry.parent_block_id is None:
                 parent_hash = ROOT_HASH
             elif entry.parent_block_id in self.block_keys:
@@ -184,7 +190,10 @@ class PrefixCache:
                 continue
             key = BlockKey(parent_hash, tuple(entry.token_ids), cache_salt)
             block_hash = self.hash_block(key)
-            self.block_keys[entry.block_id] = (block_hash, key)
+            known = self._hash_keys.get(block_hash)
+            if known is not None and known[0] != key:
+                continue  # a collision: the content stays unknown, so blocks after it are skipped
+            self._link(entry.block_id, block_hash, key)
             if block_hash not in self.cached_block_hash:
                 self.cached_block_hash[block_hash] = entry.block_id
                 registered += 1
@@ -210,7 +219,33 @@ class PrefixCache:
         return self.pool.reconcile(held_block_ids)
 
     def _forget(self, block_id: int) -> None:
-        entry = self.block_keys.pop(block_id, None)
-        if entry is not None and self.cached_block_hash.get(entry[0]) == block_id:
-            del self.cached_block_hash[entry[0]]
+        if self._unlink(block_id):
             self.stats.num_evictions += 1
+
+    def _link(self, block_id: int, block_hash: bytes, key: BlockKey) -> None:
+        self.block_keys[block_id] = (block_hash, key)
+        for used in _hashes_used(block_hash, key):
+            stored, num_users = self._hash_keys.get(used, (key, 0))
+            self._hash_keys[used] = (stored, num_users + 1)
+
+    def _unlink(self, block_id: int) -> bool:
+        """Forgets a block's content; returns True if it was the registered copy."""
+        entry = self.block_keys.pop(block_id, None)
+        if entry is None:
+            return False
+        block_hash, key = entry
+        for used in _hashes_used(block_hash, key):
+            stored, num_users = self._hash_keys[used]
+            if num_users == 1:
+                del self._hash_keys[used]
+            else:
+                self._hash_keys[used] = (stored, num_users - 1)
+        if self.cached_block_hash.get(block_hash) != block_id:
+            return False
+        del self.cached_block_hash[block_hash]
+        return True
+
+
+def _hashes_used(block_hash: bytes, key: BlockKey) -> tuple[bytes, ...]:
+    """The hashes whose meaning a known block relies on: its own and its parent's."""
+    return (block_hash,) if key.parent_hash == ROOT_HASH else (block_hash, key.parent_hash)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from services.common.errors import Unavailable, ZerolayerError
 from services.common.generation import EngineRequest, RequestOutput
+from services.scheduler.kv_cache_manager import ArenaChanged
 from services.scheduler.model_runner import ModelRunner
 from services.scheduler.sampler import Sampler
 from services.scheduler.scheduler import Scheduler
@@ -106,6 +107,10 @@ class Engine:
                 continue
             try:
                 self.step()
+            except ArenaChanged as exc:
+                log.error("%s; failing in-flight requests and mapping the new arena", exc)
+                self._fail_all(exc)
+                self.runner.set_arena(exc.arena)  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 - keep serving; fail what was in flight
                 log.exception("engine step failed")
                 self._fail_all(exc)
@@ -137,7 +142,8 @@ class Engine:
                 sink(error)
             try:
                 self.scheduler.abort_request(request_id)
-            except Exception:  # noqa: BLE001 - the kvstore may be the thing that failed
+            except Exception:  # noqa: BLE001 - the kvstore may be what failed: recount later
                 self.scheduler.requests.pop(request_id, None)
+                self.scheduler.kv.needs_reconcile = True
         self.scheduler.running.clear()
         self.scheduler.waiting.clear()

@@ -17,6 +17,15 @@ class KVStoreUnavailable(Exception):
     """The kvstore cannot be used right now (down, restarting, or not reconciled yet)."""
 
 
+class ArenaChanged(Exception):
+    """The kvstore came back with a new arena (its file was recreated): the KV of every running
+    sequence is gone. Carries the new arena mapping."""
+
+    def __init__(self, arena: object) -> None:
+        super().__init__("kvstore arena was recreated: the KV cache of running requests is gone")
+        self.arena = arena
+
+
 class BlockAllocator(Protocol):
     """The operations the scheduler needs from the kvstore.
 

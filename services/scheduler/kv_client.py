@@ -11,7 +11,7 @@ import torch
 from services.common.server import CHANNEL_OPTIONS
 from services.kvstore.arena import ArenaLayout, map_arena
 from services.kvstore.prefix_cache import CommitEntry
-from services.scheduler.kv_cache_manager import KVStoreUnavailable
+from services.scheduler.kv_cache_manager import ArenaChanged, KVStoreUnavailable
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 T = TypeVar("T")
@@ -110,15 +110,16 @@ class KVStoreClient:
 
         Raises:
             KVStoreUnavailable: the kvstore is down.
-            RuntimeError: the kvstore now serves another arena (its file was recreated), so the
-                KV this scheduler maps is gone.
+            ArenaChanged: the kvstore now serves another arena (its file was recreated); the
+                new one is mapped and carried by the exception.
         """
         response = self._call(
             self._stub.Reconcile, kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids)
         )
         arena = self._call(self._stub.GetArena, kvstore_pb2.GetArenaRequest())
         if arena.arena_id != self.arena_info.arena_id:
-            raise RuntimeError("kvstore arena was recreated: the mapped KV cache is gone")
+            self.arena_info = arena
+            raise ArenaChanged(self.map())
         return response.num_blocks_changed
 
     def close(self) -> None:

@@ -85,6 +85,10 @@ class ModelRunner:
         """
         self.model = model
         self.block_size = block_size
+        self.set_arena(arena)
+
+    def set_arena(self, arena: torch.Tensor) -> None:
+        """Uses a (new) arena mapping for the KV caches."""
         self.kv_caches = [(arena[i, 0], arena[i, 1]) for i in range(arena.shape[0])]
 
     def execute(self, output: SchedulerOutput) -> torch.Tensor:

@@ -1,0 +1,62 @@
+"""``zerolayer bench SCENARIO``: run a benchmark against its baseline and write JSON + PNG."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+SCENARIOS = ("multiturn",)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Adds ``bench`` and its scenarios to the zerolayer command line."""
+    from bench import multiturn
+
+    p = sub.add_parser("bench", help="run a benchmark scenario against its baseline")
+    scenarios = p.add_subparsers(dest="scenario", required=True)
+    for name, module in (("multiturn", multiturn),):
+        s = scenarios.add_parser(name, help=module.__doc__.splitlines()[0])
+        s.add_argument(
+            "--preset",
+            default="small",
+            help="dummy model preset (tiny, small, medium); default small",
+        )
+        s.add_argument("--model", help="a model directory instead of a preset")
+        s.add_argument(
+            "--out",
+            type=Path,
+            default=Path("bench/results"),
+            help="where JSON, PNG and logs go (default bench/results)",
+        )
+        s.add_argument("--port", type=int, default=50071, help="frontend port of the stacks")
+        s.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
+        s.add_argument(
+            "--smoke",
+            action="store_true",
+            help="seconds-long run on the tiny model (CI checks it runs)",
+        )
+        module.add_arguments(s)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the chosen scenario and prints its results."""
+    from bench import multiturn
+
+    args.command = "zerolayer " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.smoke:
+        args.preset = "tiny"
+        for name, value in (
+            ("turns", 2),
+            ("repeats", 1),
+            ("message_tokens", 8),
+            ("answer_tokens", 4),
+        ):
+            if hasattr(args, name):
+                setattr(args, name, value)
+    module = {"multiturn": multiturn}[args.scenario]
+    results = module.main(args)
+    print(json.dumps(results, indent=2))
+    return 0

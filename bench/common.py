@@ -1,0 +1,133 @@
+"""Shared pieces of the benchmarks: machine facts, result files, plots, gRPC timing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from zerolayer.v1 import generation_pb2, generation_pb2_grpc
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    """Client-side timing of one streamed request."""
+
+    ttft_s: float
+    """Send to the first message with a token."""
+    itl_s: tuple[float, ...]
+    """Gaps between consecutive token-carrying messages."""
+    e2e_s: float
+    """Send to the last message."""
+    token_ids: tuple[int, ...]
+    cached_prompt_tokens: int
+
+
+def timed_stream(
+    stub: generation_pb2_grpc.TextGenerationStub,
+    request: generation_pb2.GenerateRequest,
+    timeout_s: float = 600,
+) -> StreamTiming:
+    """Runs one GenerateStream call and times it (perf_counter, seconds)."""
+    start = time.perf_counter()
+    arrivals: list[float] = []
+    token_ids: list[int] = []
+    cached = 0
+    for part in stub.GenerateStream(request, timeout=timeout_s):
+        if part.token_ids:
+            arrivals.append(time.perf_counter())
+            token_ids.extend(part.token_ids)
+        if part.HasField("usage"):
+            cached = part.usage.cached_prompt_tokens
+    end = time.perf_counter()
+    gaps = tuple(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+    return StreamTiming(arrivals[0] - start, gaps, end - start, tuple(token_ids), cached)
+
+
+def stub_for(address: str) -> generation_pb2_grpc.TextGenerationStub:
+    """A stub of the public API at ``address``."""
+    return generation_pb2_grpc.TextGenerationStub(grpc.insecure_channel(address))
+
+
+def machine() -> dict:
+    """Facts about this machine for the results file."""
+    import torch
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def median(values: Sequence[float]) -> float:
+    """Median (0.0 for an empty list)."""
+    return statistics.median(values) if values else 0.0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation (0.0 for an empty list)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def write_results(out_dir: Path, scenario: str, command: str, results: dict) -> Path:
+    """Writes ``<out_dir>/<scenario>.json`` with the command line, date and machine."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    document = {
+        "scenario": scenario,
+        "command": command,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        **results,
+    }
+    path = out_dir / f"{scenario}.json"
+    path.write_text(json.dumps(document, indent=2))
+    return path
+
+
+def plot_lines(
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: dict[str, tuple[Sequence[float], Sequence[float]]],
+) -> Path:
+    """Writes a PNG line plot of named (x, y) series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", label=name)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
