@@ -63,18 +63,34 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     )
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="call Generate on a running zerolayer")
     p.add_argument("prompt", help="prompt text")
     p.add_argument("--address", default=DEFAULT_LISTEN, help="frontend HOST:PORT")
     p.add_argument("--stream", action="store_true", help="print tokens as they arrive")
-    p.add_argument("--max-new-tokens", type=int, default=0, help="0: the server's default")
+    p.add_argument(
+        "--max-new-tokens", type=_non_negative_int, default=0, help="0: the server's default (64)"
+    )
     p.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
     p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--top-k", type=_non_negative_int, default=None)
+    p.add_argument("--seed", type=_non_negative_int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--timeout", type=float, default=300.0, help="deadline in seconds")
+    p.add_argument("--timeout", type=_positive_float, default=300.0, help="deadline in seconds")
 
 
 def _add_tools(sub: argparse._SubParsersAction) -> None:
@@ -118,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_up(args: argparse.Namespace) -> int:
     """``zerolayer up``: start the stack, print the endpoint, serve until SIGINT/SIGTERM."""
     from services.checkpoints.dummy import ensure_dummy_model
-    from services.launcher import Stack, StackConfig
+    from services.launcher import Stack, StackConfig, StackError
+    from services.loader.checkpoint import CheckpointError
 
     logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
     model_dir = args.model or str(ensure_dummy_model())
@@ -128,32 +145,40 @@ def cmd_up(args: argparse.Namespace) -> int:
             "(random weights: its text is meaningless)",
             file=sys.stderr,
         )
-    config = StackConfig(
-        model_dir=model_dir,
-        listen=args.listen,
-        run_dir=args.run_dir,
-        kv_cache_bytes=args.kv_cache_bytes,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_threads=args.num_threads,
-        enable_prefix_caching=not args.no_prefix_caching,
-        supervise=not args.no_supervise,
-        metrics_port_base=args.metrics_port_base,
-    )
+    try:
+        config = StackConfig(
+            model_dir=model_dir,
+            listen=args.listen,
+            run_dir=args.run_dir,
+            kv_cache_bytes=args.kv_cache_bytes,
+            block_size=args.block_size,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            num_threads=args.num_threads,
+            enable_prefix_caching=not args.no_prefix_caching,
+            supervise=not args.no_supervise,
+            metrics_port_base=args.metrics_port_base,
+        )
+    except ValueError as exc:
+        print(f"zerolayer up: error: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stack = Stack(config)
     try:
-        stack.start()
+        try:
+            stack.start()
+        except (CheckpointError, StackError) as exc:
+            print(f"zerolayer up: error: {exc}", file=sys.stderr)
+            return 1
         print(
             f"zerolayer: serving on {args.listen} (internal sockets in {stack.run_dir})", flush=True
         )
         if args.generate is not None:
-            from services.client import generate_text
+            from services.client import generate_text, printable
 
-            print(generate_text(args.listen, args.generate, max_new_tokens=32), flush=True)
+            print(printable(generate_text(args.listen, args.generate)), flush=True)
             return 0
         while not stop.wait(0.5):
             pass

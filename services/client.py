@@ -42,8 +42,18 @@ def generate_text(address: str, prompt: str, max_new_tokens: int = 0) -> str:
     return response.text
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in range(32) if chr(c) not in "\n\t"} | {127: "\\x7f"}
+
+
+def printable(text: str) -> str:
+    """Text safe for a terminal: control characters (other than newline and tab) are shown as
+    ``\\xNN`` escapes, so model output cannot send escape sequences to the terminal."""
+    return text.translate(_CONTROL)
+
+
 def run_generate(args: argparse.Namespace) -> int:
-    """``zerolayer generate``: prints the text (streamed or whole); exit code 1 on a gRPC error."""
+    """``zerolayer generate``: prints the text (streamed or whole); exit code 1 on a gRPC error,
+    130 on Ctrl-C."""
     request = build_request(
         args.prompt,
         args.max_new_tokens,
@@ -58,12 +68,15 @@ def run_generate(args: argparse.Namespace) -> int:
             stub = generation_pb2_grpc.TextGenerationStub(channel)
             if args.stream:
                 for part in stub.GenerateStream(request, timeout=args.timeout):
-                    sys.stdout.write(part.text)
+                    sys.stdout.write(printable(part.text))
                     sys.stdout.flush()
                 sys.stdout.write("\n")
             else:
-                print(stub.Generate(request, timeout=args.timeout).text)
+                print(printable(stub.Generate(request, timeout=args.timeout).text))
     except grpc.RpcError as exc:
         print(f"zerolayer generate: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\nzerolayer generate: cancelled", file=sys.stderr)
+        return 130
     return 0

@@ -21,7 +21,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
+from services.common.server import LAUNCHER_PID_ENV
 from services.kvstore.arena import sidecar_path
+from services.loader.checkpoint import read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,23 @@ class StackConfig:
     """Longest wait before restarting a layer that keeps dying."""
     metrics_port_base: int = 0
     """Prometheus ports: loader +0, kvstore +1, scheduler +2, frontend +3; 0: no endpoints."""
+
+    def __post_init__(self) -> None:
+        """Checks the settings before any process starts.
+
+        Raises:
+            ValueError: a setting is out of range; the message names it.
+        """
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"listen: {self.listen!r} is not HOST:PORT with a port in 1..65535")
+        for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name.replace('_', '-')}: must be > 0")
+        if self.num_threads < 0:
+            raise ValueError("num-threads: must be >= 0 (0: one per core)")
+        if self.metrics_port_base and not 1 <= self.metrics_port_base <= 65532:
+            raise ValueError("metrics-port-base: must be in 1..65532 (or 0: off)")
 
     def metrics_port(self, layer: str) -> int:
         """The /metrics port of ``layer`` (0: off)."""
@@ -148,9 +167,11 @@ class Stack:
         SERVING.
 
         Raises:
+            CheckpointError: the model directory is not a loadable checkpoint.
             StackError: a layer exited or was not healthy within ``startup_timeout_s``; every
                 started layer is stopped again.
         """
+        read_checkpoint(Path(self.config.model_dir))  # a bad --model fails here, not in a child
         try:
             for layer in LAYERS:
                 self.start_layer(layer)
@@ -216,11 +237,15 @@ class Stack:
         if self.config.log_dir is not None:
             Path(self.config.log_dir).mkdir(parents=True, exist_ok=True)
             stderr = open(Path(self.config.log_dir) / f"{layer}.log", "ab")  # noqa: SIM115
+        # NOTE: own session, so a terminal's Ctrl-C reaches only the launcher, which then stops
+        # the layers in order; the layers exit by themselves if the launcher dies.
         process = subprocess.Popen(
             self.command(layer),
             stdin=subprocess.DEVNULL,
             stderr=stderr,
             cwd=Path(__file__).resolve().parents[1],
+            start_new_session=True,
+            env={**os.environ, LAUNCHER_PID_ENV: str(os.getpid())},
         )
         if stderr is not None:
             stderr.close()

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,56 @@ def test_generate_against_nothing_reports_unavailable() -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert "UNAVAILABLE" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-num-seqs", "0"], "max-num-seqs: must be > 0"),
+        (["--listen", "127.0.0.1:99999"], "listen: '127.0.0.1:99999' is not HOST:PORT"),
+        (["--block-size", "0"], "block-size: must be > 0"),
+        (["--num-threads", "-3"], "num-threads: must be >= 0"),
+        (["--model", "/nonexistent"], "/nonexistent: not a directory"),
+    ],
+)
+def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_path) -> None:
+    proc = zerolayer("up", *flags, env=isolated_env(tmp_path))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (1, 2)
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_a_second_stack_on_a_taken_port_fails(tmp_path: Path) -> None:
+    port = free_port()
+    first = zerolayer("up", "--listen", f"127.0.0.1:{port}", env=isolated_env(tmp_path))
+    line = ""
+    while "serving on" not in line:
+        line = first.stdout.readline()
+        assert line or first.poll() is None, first.stderr.read()
+    try:
+        second = zerolayer("up", "--listen", f"127.0.0.1:{port}", env=isolated_env(tmp_path))
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 1
+        assert "frontend exited" in err and "cannot listen on 127.0.0.1" in err
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=60)
+
+
+def test_killing_up_takes_its_layers_down(tmp_path: Path) -> None:
+    proc = zerolayer("up", "--listen", f"127.0.0.1:{free_port()}", env=isolated_env(tmp_path))
+    line = ""
+    while "serving on" not in line:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, proc.stderr.read()
+    run_dir = re.search(r"internal sockets in (\S+)\)", line).group(1)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        alive = subprocess.run(["pgrep", "-f", run_dir], capture_output=True, text=True).stdout
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert alive == ""

@@ -338,7 +338,8 @@ def convert_llama2c(checkpoint: Path, tokenizer: Path, out_dir: Path) -> None:
     _write_json(out_dir / "config.json", hf_config(header))
     _write_json(
         out_dir / "generation_config.json",
-        {"bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID},
+        # NOTE: llama2.c's run.c also stops at BOS (id 1), which its models emit between stories.
+        {"bos_token_id": BOS_TOKEN_ID, "eos_token_id": [EOS_TOKEN_ID, BOS_TOKEN_ID]},
     )
     hf_tokenizer.save(str(out_dir / "tokenizer.json"))
     _write_json(

@@ -59,11 +59,29 @@ class LayerServer:
     Call :meth:`start`, do the layer's start-up work, then :meth:`set_serving`.
     """
 
-    def __init__(self, address: str, bindings: Sequence[ServiceBinding]) -> None:
+    def __init__(
+        self,
+        address: str,
+        bindings: Sequence[ServiceBinding],
+        max_receive_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
+        """
+        Args:
+            address: ``HOST:PORT`` or ``unix:PATH``.
+            bindings: the services to serve.
+            max_receive_bytes: largest request message accepted (RESOURCE_EXHAUSTED above).
+        """
         self.address = address
         self._bindings = list(bindings)
+        # NOTE: SO_REUSEPORT off, so a second stack on a taken port fails instead of silently
+        # sharing it.
         self.server = grpc.aio.server(
-            interceptors=[ErrorMappingInterceptor()], options=CHANNEL_OPTIONS
+            interceptors=[ErrorMappingInterceptor()],
+            options=(
+                *CHANNEL_OPTIONS,
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", max_receive_bytes),
+            ),
         )
         self.health = health.aio.HealthServicer()
 
@@ -82,10 +100,12 @@ class LayerServer:
             self.server,
         )
         prepare_unix_socket(self.address)
-        if self.server.add_insecure_port(self.address) == 0 and not self.address.startswith(
-            "unix:"
-        ):
-            raise RuntimeError(f"cannot listen on {self.address}")
+        try:
+            port = self.server.add_insecure_port(self.address)
+        except RuntimeError:
+            port = 0
+        if port == 0 and not self.address.startswith("unix:"):
+            raise RuntimeError(f"cannot listen on {self.address} (in use, or not a local address)")
         await self.server.start()
         await self.set_serving(False)
         log.info("listening on %s", self.address)
@@ -131,6 +151,30 @@ async def run_layer(
     await server.stop()
     if on_stop is not None:
         await on_stop()
+
+
+LAUNCHER_PID_ENV = "ZEROLAYER_LAUNCHER_PID"
+"""Set by the launcher for its layers: a layer exits when that process dies."""
+
+
+def exit_with_launcher(environ: dict[str, str]) -> None:
+    """If started by ``zerolayer up``, asks the kernel for SIGTERM when the launcher dies
+    (``prctl(PR_SET_PDEATHSIG)``, Linux), so a killed launcher leaves no orphaned layers.
+
+    Args:
+        environ: the process environment (read at the process edge, passed in).
+    """
+    expected = environ.get(LAUNCHER_PID_ENV)
+    if not expected:
+        return
+    import ctypes
+    import ctypes.util
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != int(expected):  # the launcher died before the prctl took effect
+        os._exit(1)
 
 
 def setup_logging(layer: str, level: str = "INFO") -> None:

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 
 from services.common.clients import fetch_manifest
 from services.common.config import DEFAULT_LISTEN, FrontendConfig
-from services.common.server import LayerServer, ServiceBinding, run_layer, setup_logging
+from services.common.server import (
+    LayerServer,
+    ServiceBinding,
+    exit_with_launcher,
+    run_layer,
+    setup_logging,
+)
 from services.frontend.generation import TextGenerator
 from services.frontend.scheduler_client import SchedulerClient
 from services.frontend.server import TextGenerationServicer
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
+
+PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
+"""Largest public request accepted; prompts are far smaller (see validation.check_text_length)."""
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -50,6 +60,7 @@ async def serve(config: FrontendConfig) -> None:
                 name,
             )
         ],
+        max_receive_bytes=PUBLIC_MAX_RECEIVE_BYTES,
     )
 
     async def on_stop() -> None:
@@ -65,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the frontend with parsed flags."""
+    exit_with_launcher(dict(os.environ))
     setup_logging("frontend")
     config = FrontendConfig(
         listen=args.listen,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.scheduler_client import SchedulerClient
 from services.frontend.stop_strings import StopStringMatcher
 from services.frontend.tokenizer import TextTokenizer
-from services.frontend.validation import ServedModel, validate
+from services.frontend.validation import ServedModel, check_text_length, validate
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class TextGenerator:
             self.tokenizer,
             self.config,
         )
+        check_text_length("text", text, self.served)
         token_ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return TokenizeResult(tuple(token_ids), tuple(self.tokenizer.pieces(token_ids)))
 
@@ -79,7 +81,10 @@ class TextGenerator:
             InvalidArgument, NotFound: from validation.
             Unavailable: the scheduler is down.
         """
-        request = validate(params, self.served, self.tokenizer, self.config)
+        # Tokenizing a long prompt takes a while: keep the event loop free for other calls.
+        request = await asyncio.to_thread(
+            validate, params, self.served, self.tokenizer, self.config
+        )
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
         stops = StopStringMatcher(params.stop)
         last: RequestOutput | None = None

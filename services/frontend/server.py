@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -42,7 +43,9 @@ class TextGenerationServicer(generation_pb2_grpc.TextGenerationServicer):
     async def Tokenize(
         self, request: generation_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> generation_pb2.TokenizeResponse:
-        result = self._generator.tokenize(request.text, request.add_special_tokens, request.model)
+        result = await asyncio.to_thread(
+            self._generator.tokenize, request.text, request.add_special_tokens, request.model
+        )
         return generation_pb2.TokenizeResponse(token_ids=result.token_ids, tokens=result.tokens)
 
     async def GetModelInfo(

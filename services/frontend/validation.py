@@ -16,6 +16,9 @@ from services.common.generation import EngineRequest, GenerateParams, SamplingPa
 from services.frontend.tokenizer import TextTokenizer
 
 MAX_REQUEST_ID_CHARS = 256
+MAX_PROMPT_CHARS_PER_TOKEN = 64
+"""A text prompt longer than max_model_len * this many characters cannot fit the context with any
+usual tokenizer; it is refused before tokenizing (which would cost seconds and memory)."""
 MAX_STOP_STRING_CHARS = 1024
 
 
@@ -88,10 +91,26 @@ def _prompt_token_ids(
         return list(params.prompt_token_ids)
     if not params.prompt:
         raise InvalidArgument("prompt", "empty (set prompt or prompt_token_ids)")
+    check_text_length("prompt", params.prompt, model)
     token_ids = tokenizer.encode(params.prompt, add_special_tokens=True)
     if not token_ids:
         raise InvalidArgument("prompt", "tokenizes to no tokens")
     return token_ids
+
+
+def check_text_length(field: str, text: str, model: ServedModel) -> None:
+    """Refuses text far longer than the context could hold, before tokenizing it.
+
+    Raises:
+        InvalidArgument: more than max_model_len * MAX_PROMPT_CHARS_PER_TOKEN characters.
+    """
+    limit = model.max_model_len * MAX_PROMPT_CHARS_PER_TOKEN
+    if len(text) > limit:
+        raise InvalidArgument(
+            field,
+            f"{len(text)} characters; at most {limit} (the model's "
+            f"context is {model.max_model_len} tokens)",
+        )
 
 
 def _sampling(params: GenerateParams) -> SamplingParams:

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 
 from services.common.clients import fetch_manifest
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, KVStoreConfig
 from services.common.metrics import serve_metrics
-from services.common.server import LayerServer, ServiceBinding, run_layer, setup_logging
+from services.common.server import (
+    LayerServer,
+    ServiceBinding,
+    exit_with_launcher,
+    run_layer,
+    setup_logging,
+)
 from services.kvstore.kv_store import KVStore
 from services.kvstore.metrics import KVStoreCollector
 from services.kvstore.server import KVStoreServicer
@@ -85,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the kvstore with parsed flags."""
+    exit_with_launcher(dict(os.environ))
     setup_logging("kvstore")
     config = KVStoreConfig(
         address=args.address,

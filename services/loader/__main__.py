@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from services.common.config import LoaderConfig
-from services.common.server import LayerServer, ServiceBinding, run_layer, setup_logging
+from services.common.server import (
+    LayerServer,
+    ServiceBinding,
+    exit_with_launcher,
+    run_layer,
+    setup_logging,
+)
 from services.loader.server import LoaderServicer
 from services.loader.weight_store import WeightStore
 from zerolayer.v1 import loader_pb2, loader_pb2_grpc
@@ -50,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the loader with parsed flags."""
+    exit_with_launcher(dict(os.environ))
     setup_logging("loader")
     config = LoaderConfig(
         address=args.address,

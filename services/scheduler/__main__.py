@@ -14,7 +14,13 @@ import torch
 from services.common.clients import fetch_manifest
 from services.common.config import SchedulerConfig
 from services.common.model_config import ModelConfig
-from services.common.server import LayerServer, ServiceBinding, run_layer, setup_logging
+from services.common.server import (
+    LayerServer,
+    ServiceBinding,
+    exit_with_launcher,
+    run_layer,
+    setup_logging,
+)
 from services.scheduler.engine import Engine
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.kv_client import KVStoreClient
@@ -111,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the scheduler with parsed flags."""
+    exit_with_launcher(dict(os.environ))
     setup_logging("scheduler")
     config = SchedulerConfig(
         address=args.address,

@@ -89,11 +89,14 @@ class Scheduler:
             raise InvalidArgument(
                 "prompt", f"{num_prompt} tokens; the context length is {self.policy.max_model_len}"
             )
-        max_len = min(num_prompt + engine_request.max_new_tokens, self.policy.max_model_len)
-        if self.kv.num_blocks_for(max_len) > self.kv.allocator.num_blocks_total:
+        # The last generated token is never fed back, so its KV is never stored.
+        max_kv = min(num_prompt + engine_request.max_new_tokens, self.policy.max_model_len) - 1
+        total = self.kv.allocator.num_blocks_total
+        if self.kv.num_blocks_for(max_kv) > total:
+            field = "prompt" if self.kv.num_blocks_for(num_prompt) > total else "max_new_tokens"
             raise ResourceExhausted(
-                f"max_new_tokens: {max_len} tokens need {self.kv.num_blocks_for(max_len)} KV "
-                f"blocks, the arena has {self.kv.allocator.num_blocks_total}"
+                f"{field}: {max_kv} tokens of KV need {self.kv.num_blocks_for(max_kv)} blocks, "
+                f"the arena has {total}"
             )
         request = Request(engine_request, self._arrivals)
         self._arrivals += 1
@@ -170,9 +173,9 @@ class Scheduler:
             Tokens to feed this step, or None when the pool is full (nothing is held then).
         """
         num_cached = self.kv.get_computed_blocks(request)
-        if not request.output_token_ids:
-            # Only a first admission reports cached prompt tokens (a recompute after preemption
-            # may hit its own blocks).
+        if request.status == RequestStatus.WAITING:
+            # Only a first admission reports cached prompt tokens (a recompute after preemption,
+            # even one before the first output token, may hit its own blocks).
             request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
         num_new = min(request.num_tokens - request.num_computed_tokens, budget)
         try:

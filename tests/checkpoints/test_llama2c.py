@@ -147,7 +147,7 @@ def test_config_and_tensor_names(hf_dir: Path) -> None:
     assert config["tie_word_embeddings"] is True
     assert json.loads((hf_dir / "generation_config.json").read_text()) == {
         "bos_token_id": 1,
-        "eos_token_id": 2,
+        "eos_token_id": [2, 1],  # llama2.c's run.c stops at BOS too
     }
     with safe_open(hf_dir / "model.safetensors", framework="np") as f:
         assert f.metadata() == {"format": "pt"}

@@ -67,10 +67,22 @@ def test_stop_string_cuts_text_and_reports_stop(stub, stories_dir: Path) -> None
     assert streamed[-1].finish_reason == pb.FINISH_REASON_STOP
 
 
+def test_story_ends_at_bos_like_llama2c(stub) -> None:
+    # llama2.c's run.c stops when the model emits BOS (id 1) between stories.
+    response = stub.Generate(
+        pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=600)
+    )
+    assert response.finish_reason == pb.FINISH_REASON_EOS
+    assert response.token_ids[-1] == 1
+    assert 1 not in response.token_ids[:-1]
+
+
 def test_generation_stops_at_the_context_length(stub) -> None:
     # max_position_embeddings is 512: prompt (1) + output never exceed it.
     response = stub.Generate(
-        pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=600)
+        pb.GenerateRequest(
+            prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=600, ignore_eos=True
+        )
     )
     assert response.finish_reason == pb.FINISH_REASON_LENGTH
     assert response.usage.completion_tokens == 511

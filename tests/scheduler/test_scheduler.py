@@ -415,13 +415,17 @@ def test_add_request_accepts_prompt_one_below_max_model_len() -> None:
 
 def test_add_request_rejects_a_request_larger_than_the_whole_arena() -> None:
     scheduler, allocator = make_scheduler(num_blocks=4)
-    # 16 prompt + 4 new tokens need 5 blocks of 4; the arena has 4.
+    # 16 prompt + 4 new tokens store KV for 19 tokens (the last one is never fed back): 5 blocks
+    # of 4; the arena has 4.
     with pytest.raises(ResourceExhausted) as info:
         scheduler.add_request(make_request("a", 16, max_new_tokens=4))
-    assert "need 5 KV blocks, the arena has 4" in str(info.value)
+    assert str(info.value) == "max_new_tokens: 19 tokens of KV need 5 blocks, the arena has 4"
+    with pytest.raises(ResourceExhausted) as info:
+        scheduler.add_request(make_request("a", 17, max_new_tokens=1))
+    assert str(info.value).startswith("prompt: 17 tokens of KV need 5 blocks")
     assert not scheduler.requests
-    # Exactly the whole arena is accepted.
-    request = scheduler.add_request(make_request("b", 12, max_new_tokens=4))
+    # Exactly the whole arena is accepted: 13 + 4 - 1 = 16 tokens of KV.
+    request = scheduler.add_request(make_request("b", 13, max_new_tokens=4))
     run_to_completion(scheduler, token_counter())
     assert request.output_token_ids == [100, 101, 102, 103]
     assert_all_free(scheduler, allocator)
