@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent
 
 
 def generate_protos() -> None:
-    """Runs protoc on every protos/zerolayer/v1/*.proto into the package zerolayer.v1.
+    """Runs protoc on every protos/zerolayer/**/*.proto into the matching zerolayer.* package.
 
     Raises:
         RuntimeError: protoc reported an error.
@@ -36,8 +36,11 @@ def generate_protos() -> None:
     ]
     if protoc.main(args) != 0:
         raise RuntimeError("protoc failed on " + " ".join(protos))
-    for package in (ROOT / "zerolayer", ROOT / "zerolayer/v1"):
-        (package / "__init__.py").touch()
+    for proto in protos:
+        package = ROOT / Path(proto).parent
+        while package != ROOT:
+            (package / "__init__.py").touch()
+            package = package.parent
 
 
 generate_protos()
