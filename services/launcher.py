@@ -131,11 +131,6 @@ class Stack:
                 "--block-size",
                 str(c.block_size),
                 *([] if c.enable_prefix_caching else ["--no-prefix-caching"]),
-                *(
-                    ["--metrics-port", str(c.metrics_port("kvstore"))]
-                    if c.metrics_port_base
-                    else []
-                ),
             ],
             "scheduler": [
                 "--address",
@@ -160,6 +155,8 @@ class Stack:
                 a("scheduler"),
             ],
         }[layer]
+        if c.metrics_port_base:
+            args += ["--metrics-port", str(c.metrics_port(layer))]
         return [sys.executable, "-m", f"services.{layer}", *args]
 
     def start(self) -> None:

@@ -14,6 +14,7 @@ def fetch_manifest(
     loader_address: str,
     timeout_s: float = 60.0,
     accepted: tuple[HandleKind, ...] = (HandleKind.MMAP_FILE,),
+    metadata: list[tuple[str, str]] | None = None,
 ) -> WeightManifest:
     """Asks the loader for the model manifest, waiting up to ``timeout_s`` for it to come up.
 
@@ -27,6 +28,7 @@ def fetch_manifest(
             loader_pb2.GetManifestRequest(accepted_handle_kinds=[int(k) for k in accepted]),
             timeout=timeout_s,
             wait_for_ready=True,
+            metadata=metadata,
         )
     return manifest_from_pb(pb)
 

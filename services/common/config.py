@@ -21,6 +21,8 @@ class LoaderConfig:
     """Name to serve the model under; empty: the directory's base name."""
     prefetch: bool = True
     """Start kernel read-ahead of the weight files at start-up."""
+    metrics_port: int = 0
+    """Port of the Prometheus /metrics endpoint; 0: off."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class SchedulerConfig:
     """Token budget of one step (prefill chunks plus decodes)."""
     num_threads: int = 0
     """torch intra-op threads; 0: one per available core (the engine is the only compute user)."""
+    metrics_port: int = 0
+    """Port of the Prometheus /metrics endpoint; 0: off."""
 
 
 @dataclass(frozen=True)
@@ -80,3 +84,5 @@ class FrontendConfig:
     """Most stop strings per request."""
     max_cache_salt_bytes: int = 256
     """Longest cache_salt accepted."""
+    metrics_port: int = 0
+    """Port of the Prometheus /metrics endpoint; 0: off."""

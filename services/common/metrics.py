@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -25,3 +26,13 @@ def serve_metrics(
     if port:
         start_http_server(port, addr=host, registry=registry)
     return registry
+
+
+def add_metrics_port(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--metrics-port`` (0: no endpoint) to a layer's flags."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="Prometheus /metrics port on 127.0.0.1 (default 0: off)",
+    )

@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.errors import ErrorMappingInterceptor
+from services.common.tracing import Tracing, TracingServerInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +65,27 @@ class LayerServer:
         address: str,
         bindings: Sequence[ServiceBinding],
         max_receive_bytes: int = MAX_MESSAGE_BYTES,
+        tracing: Tracing | None = None,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ) -> None:
         """
         Args:
             address: ``HOST:PORT`` or ``unix:PATH``.
             bindings: the services to serve.
             max_receive_bytes: largest request message accepted (RESOURCE_EXHAUSTED above).
+            tracing: opens a SERVER span per call and is flushed on stop; None: no tracing.
+            interceptors: more interceptors, run between tracing and error mapping.
         """
         self.address = address
         self._bindings = list(bindings)
+        self.tracing = tracing
+        chain: list[grpc.aio.ServerInterceptor] = [*interceptors, ErrorMappingInterceptor()]
+        if tracing is not None:
+            chain.insert(0, TracingServerInterceptor(tracing))
         # NOTE: SO_REUSEPORT off, so a second stack on a taken port fails instead of silently
         # sharing it.
         self.server = grpc.aio.server(
-            interceptors=[ErrorMappingInterceptor()],
+            interceptors=chain,
             options=(
                 *CHANNEL_OPTIONS,
                 ("grpc.so_reuseport", 0),
@@ -124,6 +133,8 @@ class LayerServer:
         """Stops accepting calls and waits up to ``grace_s`` seconds for calls in flight."""
         await self.set_serving(False)
         await self.server.stop(grace_s)
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
 
 async def wait_for_shutdown_signal() -> None:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from services.common.clients import fetch_manifest
 from services.common.config import DEFAULT_LISTEN, FrontendConfig
+from services.common.metrics import add_metrics_port, serve_metrics
 from services.common.server import (
     LayerServer,
     ServiceBinding,
@@ -17,7 +18,10 @@ from services.common.server import (
     run_layer,
     setup_logging,
 )
+from services.common.tracing import Tracing, TracingConfig
 from services.frontend.generation import TextGenerator
+from services.frontend.kserve import kserve_binding
+from services.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
 from services.frontend.scheduler_client import SchedulerClient
 from services.frontend.server import TextGenerationServicer
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
@@ -42,14 +46,16 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=64,
         help="max_new_tokens when a request leaves it 0 (default %(default)s)",
     )
+    add_metrics_port(parser)
     return parser
 
 
-async def serve(config: FrontendConfig) -> None:
+async def serve(config: FrontendConfig, tracing: Tracing) -> None:
     """Loads the tokenizer from the loader, then serves until SIGTERM."""
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
-    scheduler = SchedulerClient(config.scheduler_address)
-    generator = TextGenerator(config, manifest, scheduler)
+    scheduler = SchedulerClient(config.scheduler_address, tracing=tracing)
+    metrics = FrontendMetrics(serve_metrics(config.metrics_port, []))
+    generator = TextGenerator(config, manifest, scheduler, tracing.tracer, metrics)
     name = generation_pb2.DESCRIPTOR.services_by_name["TextGeneration"].full_name
     server = LayerServer(
         config.listen,
@@ -58,9 +64,12 @@ async def serve(config: FrontendConfig) -> None:
                 generation_pb2_grpc.add_TextGenerationServicer_to_server,
                 TextGenerationServicer(generator),
                 name,
-            )
+            ),
+            kserve_binding(generator),
         ],
         max_receive_bytes=PUBLIC_MAX_RECEIVE_BYTES,
+        tracing=tracing,
+        interceptors=[RequestCountingInterceptor(metrics, ("/zerolayer.", "/inference."))],
     )
 
     async def on_stop() -> None:
@@ -83,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
         loader_address=args.loader,
         scheduler_address=args.scheduler,
         default_max_new_tokens=args.default_max_new_tokens,
+        metrics_port=args.metrics_port,
     )
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "frontend"))))
     return 0
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+
+from opentelemetry import trace
 
 from services.common.config import FrontendConfig
 from services.common.errors import Unavailable
@@ -19,8 +22,10 @@ from services.common.generation import (
 from services.common.manifest import WeightManifest
 from services.common.model_config import ModelConfig
 from services.frontend.detokenizer import IncrementalDetokenizer
+from services.frontend.metrics import FrontendMetrics
 from services.frontend.scheduler_client import SchedulerClient
 from services.frontend.stop_strings import StopStringMatcher
+from services.frontend.telemetry import GenerationTelemetry
 from services.frontend.tokenizer import TextTokenizer
 from services.frontend.validation import ServedModel, check_text_length, validate
 
@@ -37,8 +42,15 @@ class TextGenerator:
     """Validates, tokenizes, forwards to the scheduler, detokenizes and applies stop strings."""
 
     def __init__(
-        self, config: FrontendConfig, manifest: WeightManifest, scheduler: SchedulerClient
+        self,
+        config: FrontendConfig,
+        manifest: WeightManifest,
+        scheduler: SchedulerClient,
+        tracer: trace.Tracer | None = None,
+        metrics: FrontendMetrics | None = None,
     ) -> None:
+        self.tracer = tracer or trace.NoOpTracer()
+        self.metrics = metrics
         self.config = config
         self.manifest = manifest
         self.model_config = ModelConfig.from_json(
@@ -69,7 +81,7 @@ class TextGenerator:
         return TokenizeResult(tuple(token_ids), tuple(self.tokenizer.pieces(token_ids)))
 
     async def generate(
-        self, params: GenerateParams, timeout_s: float | None
+        self, params: GenerateParams, timeout_s: float | None, stream: bool = False
     ) -> AsyncIterator[GenerationChunk]:
         """Streams a generation: one chunk per engine step, the last with finish reason and usage.
 
@@ -77,14 +89,20 @@ class TextGenerator:
         right before it; ``token_ids`` still include the tokens that completed it). Closing the
         iterator early aborts the request in the scheduler.
 
+        Args:
+            stream: recorded in the trace (``gen_ai.request.stream``).
+
         Raises:
             InvalidArgument, NotFound: from validation.
             Unavailable: the scheduler is down.
         """
-        # Tokenizing a long prompt takes a while: keep the event loop free for other calls.
-        request = await asyncio.to_thread(
-            validate, params, self.served, self.tokenizer, self.config
-        )
+        telemetry = GenerationTelemetry(self.tracer, self.metrics, self.served.name, stream)
+        with telemetry.tokenize_span():
+            # Tokenizing a long prompt takes a while: keep the event loop free for other calls.
+            request = await asyncio.to_thread(
+                validate, params, self.served, self.tokenizer, self.config
+            )
+        telemetry.validated(request)
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
         stops = StopStringMatcher(params.stop)
         last: RequestOutput | None = None
@@ -96,7 +114,10 @@ class TextGenerator:
                 usage = Usage(
                     len(request.prompt_token_ids), num_generated, output.num_cached_tokens
                 )
+                started = time.perf_counter()
                 chunk = self._chunk(request.request_id, output, usage, detokenizer, stops)
+                telemetry.detokenized(time.perf_counter() - started)
+                telemetry.sent(chunk)
                 yield chunk
                 if chunk.finish_reason != FinishReason.UNSPECIFIED:
                     return  # closing the stream cancels the call: a stopped request is aborted

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import nullcontext
 
 import grpc
 
@@ -12,6 +13,7 @@ from services.common.convert import engine_request_to_pb, request_output_from_pb
 from services.common.errors import Unavailable
 from services.common.generation import EngineRequest, RequestOutput
 from services.common.server import CHANNEL_OPTIONS
+from services.common.tracing import Tracing
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -19,14 +21,18 @@ class SchedulerClient:
     """Streams engine outputs; closing the stream early cancels the call, which aborts the request
     in the scheduler and frees its KV blocks."""
 
-    def __init__(self, address: str, connect_grace_s: float = 2.0) -> None:
+    def __init__(
+        self, address: str, connect_grace_s: float = 2.0, tracing: Tracing | None = None
+    ) -> None:
         """
         Args:
             address: the scheduler's gRPC address.
             connect_grace_s: how long a call retries while the scheduler is unreachable (e.g.
                 restarting) before UNAVAILABLE; retrying is safe because nothing was sent yet.
+            tracing: a CLIENT span around each call, its context sent in the call's metadata.
         """
         self._connect_grace_s = connect_grace_s
+        self._tracing = tracing
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
 
@@ -40,9 +46,29 @@ class SchedulerClient:
             grpc.aio.AioRpcError: the scheduler rejected the request (INVALID_ARGUMENT,
                 RESOURCE_EXHAUSTED) or the deadline passed.
         """
-        give_up = time.monotonic() + self._connect_grace_s
+        with (
+            self._tracing.client_span("/zerolayer.v1.Scheduler/Generate")
+            if self._tracing is not None
+            else nullcontext(None)
+        ) as metadata:
+            async for output in self._generate(request, timeout_s, metadata):
+                yield output
+
+    async def _generate(
+        self,
+        request: EngineRequest,
+        timeout_s: float | None,
+        metadata: list[tuple[str, str]] | None,
+    ) -> AsyncIterator[RequestOutput]:
+        start = time.monotonic()
+        give_up = start + self._connect_grace_s
         while True:
-            call = self._stub.Generate(engine_request_to_pb(request), timeout=timeout_s)
+            remaining = (
+                None if timeout_s is None else max(timeout_s - (time.monotonic() - start), 0.001)
+            )
+            call = self._stub.Generate(
+                engine_request_to_pb(request), timeout=remaining, metadata=metadata
+            )
             received = False
             try:
                 async for pb in call:

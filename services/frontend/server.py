@@ -37,7 +37,7 @@ class TextGenerationServicer(generation_pb2_grpc.TextGenerationServicer):
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[generation_pb2.GenerateResponse]:
         params = generate_params_from_pb(request)
-        async for chunk in self._generator.generate(params, context.time_remaining()):
+        async for chunk in self._generator.generate(params, context.time_remaining(), stream=True):
             yield chunk_to_pb(chunk)
 
     async def Tokenize(

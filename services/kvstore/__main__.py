@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from services.common.clients import fetch_manifest
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, KVStoreConfig
-from services.common.metrics import serve_metrics
+from services.common.metrics import add_metrics_port, serve_metrics
 from services.common.server import (
     LayerServer,
     ServiceBinding,
@@ -18,6 +18,7 @@ from services.common.server import (
     run_layer,
     setup_logging,
 )
+from services.common.tracing import Tracing, TracingConfig
 from services.kvstore.kv_store import KVStore
 from services.kvstore.metrics import KVStoreCollector
 from services.kvstore.server import KVStoreServicer
@@ -56,16 +57,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         action="store_true",
         help="delete the arena file on a clean exit (default: keep it for a restart)",
     )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=0,
-        help="Prometheus /metrics port on 127.0.0.1 (default off)",
-    )
+    add_metrics_port(parser)
     return parser
 
 
-async def serve(config: KVStoreConfig) -> None:
+async def serve(config: KVStoreConfig, tracing: Tracing) -> None:
     """Creates or reopens the arena for the loader's model, then serves until SIGTERM."""
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
     store = KVStore(config, manifest)
@@ -78,6 +74,7 @@ async def serve(config: KVStoreConfig) -> None:
                 kvstore_pb2_grpc.add_KVStoreServicer_to_server, KVStoreServicer(store), name
             )
         ],
+        tracing=tracing,
     )
     try:
         await run_layer(server)
@@ -104,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         remove_arena_on_exit=args.remove_arena_on_exit,
         metrics_port=args.metrics_port,
     )
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "kvstore"))))
     return 0
 
 

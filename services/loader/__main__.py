@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from services.common.config import LoaderConfig
+from services.common.metrics import add_metrics_port, serve_metrics
 from services.common.server import (
     LayerServer,
     ServiceBinding,
@@ -17,6 +18,8 @@ from services.common.server import (
     run_layer,
     setup_logging,
 )
+from services.common.tracing import Tracing, TracingConfig
+from services.loader.metrics import LoaderCollector
 from services.loader.server import LoaderServicer
 from services.loader.weight_store import WeightStore
 from zerolayer.v1 import loader_pb2, loader_pb2_grpc
@@ -29,10 +32,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--model", required=True, help="Hugging Face model directory")
     parser.add_argument("--model-name", default="", help="name to serve the model under")
     parser.add_argument("--no-prefetch", action="store_true", help="skip kernel read-ahead")
+    add_metrics_port(parser)
     return parser
 
 
-async def serve(config: LoaderConfig) -> None:
+async def serve(config: LoaderConfig, tracing: Tracing) -> None:
     """Maps the checkpoint, then serves until SIGTERM."""
     store = WeightStore(Path(config.model_dir), config.model_name)
     if config.prefetch:
@@ -41,7 +45,9 @@ async def serve(config: LoaderConfig) -> None:
     server = LayerServer(
         config.address,
         [ServiceBinding(loader_pb2_grpc.add_LoaderServicer_to_server, LoaderServicer(store), name)],
+        tracing=tracing,
     )
+    serve_metrics(config.metrics_port, [LoaderCollector(store)])
 
     async def on_stop() -> None:
         store.close()
@@ -64,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
         model_dir=args.model,
         model_name=args.model_name,
         prefetch=not args.no_prefetch,
+        metrics_port=args.metrics_port,
     )
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "loader"))))
     return 0
 
 

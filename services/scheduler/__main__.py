@@ -10,9 +10,11 @@ import sys
 from collections.abc import Sequence
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from services.common.clients import fetch_manifest
 from services.common.config import SchedulerConfig
+from services.common.metrics import add_metrics_port, serve_metrics
 from services.common.model_config import ModelConfig
 from services.common.server import (
     LayerServer,
@@ -21,10 +23,12 @@ from services.common.server import (
     run_layer,
     setup_logging,
 )
+from services.common.tracing import GEN_AI_REQUEST_MODEL, Tracing, TracingConfig
 from services.scheduler.engine import Engine
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.kv_client import KVStoreClient
 from services.scheduler.llama import LlamaModel
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.model_runner import ModelRunner
 from services.scheduler.sampler import Sampler
 from services.scheduler.scheduler import Scheduler, SchedulingPolicy
@@ -51,52 +55,76 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument(
         "--num-threads", type=int, default=0, help="torch threads; 0: one per available core"
     )
+    add_metrics_port(parser)
     return parser
 
 
-def build_engine(config: SchedulerConfig) -> tuple[Engine, KVStoreClient]:
-    """Maps the weights and the KV arena and assembles the engine (blocking)."""
-    manifest = fetch_manifest(config.loader_address)
-    model_config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
-    weights = MappedWeights(manifest)
-    model = LlamaModel(model_config, weights.tensors)
-    kv_client = KVStoreClient(config.kvstore_address)
-    # NOTE: a fresh scheduler holds no blocks; references left by a predecessor that died are
-    # released here (one scheduler per kvstore).
-    kv_client.reconcile([])
-    layout = kv_client.layout
-    if (layout.num_layers, layout.num_kv_heads, layout.head_dim) != (
-        model_config.num_hidden_layers,
-        model_config.num_key_value_heads,
-        model_config.head_dim,
-    ):
-        raise RuntimeError("the kvstore's arena does not match the loader's model")
-    runner = ModelRunner(model, kv_client.map(), layout.block_size)
+def build_engine(
+    config: SchedulerConfig, tracing: Tracing, registry: CollectorRegistry
+) -> tuple[Engine, KVStoreClient]:
+    """Maps the weights and the KV arena and assembles the engine (blocking).
+
+    The start-up is one trace: "load weights" (the loader's manifest, then mapping its files) and
+    "map kv arena".
+    """
+    tracer = tracing.tracer
+    with tracer.start_as_current_span("load weights") as span:
+        with tracing.client_span("/zerolayer.v1.Loader/GetManifest") as metadata:
+            manifest = fetch_manifest(config.loader_address, metadata=metadata)
+        model_config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
+        weights = MappedWeights(manifest)
+        model = LlamaModel(model_config, weights.tensors)
+        span.set_attribute(GEN_AI_REQUEST_MODEL, manifest.model)
+        span.set_attribute("zerolayer.weight_bytes", sum(manifest.file_sizes))
+        span.set_attribute("zerolayer.num_tensors", len(manifest.tensors))
+    with tracer.start_as_current_span("map kv arena"):
+        kv_client = KVStoreClient(config.kvstore_address, tracing=tracing)
+        # NOTE: a fresh scheduler holds no blocks; references left by a predecessor that died
+        # are released here (one scheduler per kvstore).
+        kv_client.reconcile([])
+        layout = kv_client.layout
+        if (layout.num_layers, layout.num_kv_heads, layout.head_dim) != (
+            model_config.num_hidden_layers,
+            model_config.num_key_value_heads,
+            model_config.head_dim,
+        ):
+            raise RuntimeError("the kvstore's arena does not match the loader's model")
+        runner = ModelRunner(model, kv_client.map(), layout.block_size)
     policy = SchedulingPolicy(
         config.max_num_seqs, config.max_num_batched_tokens, model_config.max_position_embeddings
     )
-    scheduler = Scheduler(
-        policy, KVCacheManager(kv_client, layout.block_size), model_config.eos_token_ids
-    )
+    kv = KVCacheManager(kv_client, layout.block_size)
+    scheduler = Scheduler(policy, kv, model_config.eos_token_ids)
+
+    def gauges() -> dict[str, float]:
+        return {
+            "requests_running": len(scheduler.running),
+            "requests_waiting": len(scheduler.waiting),
+            "kv_blocks_held": kv.num_blocks_held,
+        }
+
+    metrics = SchedulerMetrics(registry, gauges)
     # NOTE: each weight tensor keeps its file mapping alive (torch.frombuffer holds the mmap).
-    return Engine(scheduler, runner, Sampler()), kv_client
+    return Engine(scheduler, runner, Sampler(), metrics), kv_client
 
 
-async def serve(config: SchedulerConfig) -> None:
+async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
     """Builds the engine, then serves until SIGTERM."""
     # NOTE: the engine thread is the only heavy compute user of this process, so it gets every
     # core it may run on; gRPC and asyncio threads mostly sleep.
     torch.set_num_threads(config.num_threads or len(os.sched_getaffinity(0)))
+    registry = serve_metrics(config.metrics_port, [])
     holder: dict[str, object] = {}
-    servicer = SchedulerServicer()
+    servicer = SchedulerServicer(tracing)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
     server = LayerServer(
         config.address,
         [ServiceBinding(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, name)],
+        tracing=tracing,
     )
 
     async def on_start() -> None:
-        engine, kv_client = await asyncio.to_thread(build_engine, config)
+        engine, kv_client = await asyncio.to_thread(build_engine, config, tracing, registry)
         servicer.attach(engine)
         holder["engine"], holder["kv"] = engine, kv_client
         engine.start()
@@ -126,8 +154,9 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_threads=args.num_threads,
+        metrics_port=args.metrics_port,
     )
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "scheduler"))))
     return 0
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from services.common.errors import Unavailable, ZerolayerError
 from services.common.generation import EngineRequest, RequestOutput
 from services.scheduler.kv_cache_manager import ArenaChanged
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.model_runner import ModelRunner
 from services.scheduler.sampler import Sampler
 from services.scheduler.scheduler import Scheduler
@@ -40,8 +41,17 @@ class EngineStats:
 class Engine:
     """Owns the scheduler, the model runner and the sampler, and drives them on one thread."""
 
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, sampler: Sampler) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        sampler: Sampler,
+        metrics: SchedulerMetrics | None = None,
+    ) -> None:
         self.scheduler = scheduler
+        self.metrics = metrics
+        self._last_step_end: float | None = None
+        self._num_preemptions_seen = 0
         self.runner = runner
         self.sampler = sampler
         self.num_steps = 0
@@ -60,9 +70,13 @@ class Engine:
         self._commands.put(("wake",))
         self._thread.join(timeout=10)
 
-    def submit(self, request: EngineRequest, sink: Sink) -> None:
-        """Queues a request; thread-safe. Errors (e.g. InvalidArgument) arrive through ``sink``."""
-        self._commands.put(("add", request, sink))
+    def submit(self, request: EngineRequest, sink: Sink, trace: object | None = None) -> None:
+        """Queues a request; thread-safe. Errors (e.g. InvalidArgument) arrive through ``sink``.
+
+        Args:
+            trace: a RequestTrace recording the request's spans, or None.
+        """
+        self._commands.put(("add", request, sink, trace))
 
     def abort(self, request_id: str) -> None:
         """Aborts a request and frees its blocks at the next step boundary; thread-safe."""
@@ -89,9 +103,9 @@ class Engine:
 
     def _apply(self, command: tuple) -> None:
         if command[0] == "add":
-            _, request, sink = command
+            _, request, sink, trace = command
             try:
-                self.scheduler.add_request(request)
+                self.scheduler.add_request(request).trace = trace
             except ZerolayerError as exc:
                 sink(exc)
                 return
@@ -104,6 +118,7 @@ class Engine:
         while not self._stopped.is_set():
             self._drain(block=not self.scheduler.has_unfinished_requests)
             if not self.scheduler.has_unfinished_requests:
+                self._last_step_end = None  # idle time is not a scheduling gap
                 continue
             try:
                 self.step()
@@ -117,8 +132,12 @@ class Engine:
 
     def step(self) -> None:
         """Runs one schedule -> forward -> sample -> update cycle and delivers the outputs."""
+        start = time.perf_counter()
+        if self.metrics is not None and self._last_step_end is not None:
+            self.metrics.step_gap.observe((start - self._last_step_end) * 1e6)
         output = self.scheduler.schedule()
         if not output.scheduled:
+            self._last_step_end = None
             time.sleep(0.001)
             return
         logits = self.runner.execute(output)
@@ -127,12 +146,38 @@ class Engine:
             logits, [r.sampling for r in sampling], [r.generator for r in sampling]
         )
         self.num_steps += 1
-        for result in self.scheduler.update(output, token_ids):
+        results = self.scheduler.update(output, token_ids)
+        if self.metrics is not None:
+            self._observe(sampling)
+        self._last_step_end = time.perf_counter()
+        for result in results:
             sink = self._sinks.get(result.request_id)
             if sink is not None:
                 sink(result)
             if result.finished:
                 self._sinks.pop(result.request_id, None)
+
+    def _observe(self, sampled: list) -> None:
+        now = time.monotonic()
+        metrics = self.metrics
+        for request in sampled:
+            first = request.last_token_time is None
+            if first:
+                metrics.on_admitted(
+                    (request.admitted_time or now) - request.arrival_time,
+                    request.num_prompt_tokens,
+                    request.num_cached_tokens,
+                )
+            metrics.on_token(
+                first, now - request.arrival_time, now - (request.last_token_time or now)
+            )
+            request.last_token_time = now
+            if request.is_finished:
+                metrics.e2e.observe(now - request.arrival_time)
+        new_preemptions = self.scheduler.num_preemptions - self._num_preemptions_seen
+        if new_preemptions:
+            metrics.preemptions.inc(new_preemptions)
+            self._num_preemptions_seen = self.scheduler.num_preemptions
 
     def _fail_all(self, exc: Exception) -> None:
         error = Unavailable(f"engine step failed: {type(exc).__name__}: {exc}")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 import grpc
 import torch
+from opentelemetry import trace
 
 from services.common.server import CHANNEL_OPTIONS
+from services.common.tracing import Tracing
 from services.kvstore.arena import ArenaLayout, map_arena
 from services.kvstore.prefix_cache import CommitEntry
 from services.scheduler.kv_cache_manager import ArenaChanged, KVStoreUnavailable
@@ -28,7 +31,10 @@ UNUSABLE_CODES = (
 class KVStoreClient:
     """Blocking client used from the engine thread (implements ``BlockAllocator``)."""
 
-    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, address: str, timeout_s: float = 10.0, tracing: Tracing | None = None
+    ) -> None:
+        self._tracing = tracing
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
         self._timeout_s = timeout_s
@@ -54,9 +60,21 @@ class KVStoreClient:
         """Maps the arena's shared-memory file: [num_layers, 2, num_blocks, block_size, Hkv, D]."""
         return map_arena(self.arena_info.shm_path, self.layout)
 
-    def _call(self, rpc: Callable[..., T], request: object) -> T:
+    @contextmanager
+    def _traced(self, method: str) -> Iterator[list[tuple[str, str]] | None]:
+        """A CLIENT span and its metadata when the call belongs to a traced request (a span is
+        current, e.g. a request's context load); per-step calls outside one are not traced."""
+        if self._tracing is None or not trace.get_current_span().get_span_context().is_valid:
+            yield None
+            return
+        with self._tracing.client_span(f"/zerolayer.v1.KVStore/{method}") as metadata:
+            yield metadata
+
+    def _call(self, method: str, request: object) -> T:
         try:
-            return rpc(request, timeout=self._timeout_s)
+            with self._traced(method) as metadata:
+                rpc: Callable[..., T] = getattr(self._stub, method)
+                return rpc(request, timeout=self._timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             if exc.code() in UNUSABLE_CODES:
                 raise KVStoreUnavailable(f"{exc.code().name}: {exc.details()}") from None
@@ -69,9 +87,12 @@ class KVStoreClient:
             KVStoreUnavailable: the kvstore is down, restarting or not reconciled.
         """
         try:
-            response = self._stub.Allocate(
-                kvstore_pb2.AllocateRequest(num_blocks=num_blocks), timeout=self._timeout_s
-            )
+            with self._traced("Allocate") as metadata:
+                response = self._stub.Allocate(
+                    kvstore_pb2.AllocateRequest(num_blocks=num_blocks),
+                    timeout=self._timeout_s,
+                    metadata=metadata,
+                )
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 return None
@@ -82,12 +103,12 @@ class KVStoreClient:
 
     def free(self, block_ids: list[int]) -> None:
         """Drops one reference from each block. Raises KVStoreUnavailable."""
-        self._call(self._stub.Free, kvstore_pb2.FreeRequest(block_ids=block_ids))
+        self._call("Free", kvstore_pb2.FreeRequest(block_ids=block_ids))
 
     def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
         """Blocks of the longest cached prefix, referenced. Raises KVStoreUnavailable."""
         response = self._call(
-            self._stub.LookupPrefix,
+            "LookupPrefix",
             kvstore_pb2.LookupPrefixRequest(token_ids=token_ids, cache_salt=cache_salt),
         )
         return list(response.block_ids)
@@ -103,7 +124,7 @@ class KVStoreClient:
             )
             for e, salt in entries
         ]
-        self._call(self._stub.CommitBlocks, kvstore_pb2.CommitBlocksRequest(blocks=blocks))
+        self._call("CommitBlocks", kvstore_pb2.CommitBlocksRequest(blocks=blocks))
 
     def reconcile(self, held_block_ids: list[int]) -> int:
         """Declares every block reference this scheduler holds; returns how many changed.
@@ -114,9 +135,9 @@ class KVStoreClient:
                 new one is mapped and carried by the exception.
         """
         response = self._call(
-            self._stub.Reconcile, kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids)
+            "Reconcile", kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids)
         )
-        arena = self._call(self._stub.GetArena, kvstore_pb2.GetArenaRequest())
+        arena = self._call("GetArena", kvstore_pb2.GetArenaRequest())
         if arena.arena_id != self.arena_info.arena_id:
             self.arena_info = arena
             raise ArenaChanged(self.map())

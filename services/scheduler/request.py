@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 
 import torch
 
@@ -41,6 +42,12 @@ class Request:
         self.block_ids: list[int] = []
         self.num_committed_blocks = 0
         """Leading blocks of ``block_ids`` already registered in the prefix cache."""
+        self.arrival_time = time.monotonic()
+        self.admitted_time: float | None = None
+        self.last_token_time: float | None = None
+        self.trace: object | None = None
+        """A RequestTrace when tracing is on (duck-typed: the scheduler does not import OTel)."""
+        self.num_preemptions = 0
         self.generator = torch.Generator()
         if self.sampling.seed is not None:
             self.generator.manual_seed(self.sampling.seed)

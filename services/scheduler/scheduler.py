@@ -10,7 +10,9 @@ scheduling); Kwon et al. 2023, "PagedAttention" (recompute preemption); Agrawal 
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from services.common.errors import InvalidArgument, ResourceExhausted
@@ -172,20 +174,29 @@ class Scheduler:
         Returns:
             Tokens to feed this step, or None when the pool is full (nothing is held then).
         """
-        num_cached = self.kv.get_computed_blocks(request)
-        if request.status == RequestStatus.WAITING:
-            # Only a first admission reports cached prompt tokens (a recompute after preemption,
-            # even one before the first output token, may hit its own blocks).
-            request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
-        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-        try:
-            if self.kv.allocate_slots(request, num_new):
-                return num_new
-        except KVStoreUnavailable:
+        trace = request.trace
+        with trace.context_load() if trace is not None else nullcontext() as load:
+            num_cached = self.kv.get_computed_blocks(request)
+            if request.status == RequestStatus.WAITING:
+                # Only a first admission reports cached prompt tokens (a recompute after
+                # preemption, even one before the first output token, may hit its own blocks).
+                request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            try:
+                admitted = self.kv.allocate_slots(request, num_new)
+            except KVStoreUnavailable:
+                self._release(request)
+                raise
+            if trace is not None:
+                trace.set_context(load, request.num_prompt_tokens, request.num_cached_tokens)
+        if not admitted:
             self._release(request)
-            raise
-        self._release(request)
-        return None
+            return None
+        if trace is not None:
+            trace.admitted()
+        if request.admitted_time is None:
+            request.admitted_time = time.monotonic()
+        return num_new
 
     def _release(self, request: Request) -> None:
         self.kv.free(request)
@@ -202,6 +213,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self._release(request)
+        request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
         self.num_preemptions += 1
@@ -229,6 +241,8 @@ class Scheduler:
                 continue
             token_id = next(tokens)
             request.output_token_ids.append(token_id)
+            if request.trace is not None and len(request.output_token_ids) == 1:
+                request.trace.first_token()
             reason = self._check_stop(request, token_id)
             if reason != FinishReason.UNSPECIFIED:
                 self._finish(request, reason)
@@ -253,6 +267,14 @@ class Scheduler:
         return FinishReason.UNSPECIFIED
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
+        if request.trace is not None:
+            request.trace.finished(
+                reason,
+                request.num_prompt_tokens,
+                request.num_cached_tokens,
+                len(request.output_token_ids),
+                request.num_preemptions,
+            )
         self.kv.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason

@@ -6,19 +6,23 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
+from opentelemetry import context as otel_context
 
 from services.common.convert import engine_request_from_pb, request_output_to_pb
 from services.common.errors import Unavailable
 from services.common.generation import RequestOutput
+from services.common.tracing import Tracing
 from services.scheduler.engine import Engine
+from services.scheduler.request_trace import RequestTrace
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     """zerolayer.v1.Scheduler over an :class:`Engine`."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracing: Tracing | None = None) -> None:
         self._engine: Engine | None = None
+        self._tracing = tracing
 
     def attach(self, engine: Engine) -> None:
         """Starts serving requests with ``engine`` (until then calls get UNAVAILABLE)."""
@@ -36,8 +40,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         engine_request = engine_request_from_pb(request)
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        trace = (
+            RequestTrace(self._tracing, otel_context.get_current())
+            if self._tracing is not None and self._tracing.enabled
+            else None
+        )
         engine.submit(
-            engine_request, lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item)
+            engine_request,
+            lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item),
+            trace,
         )
         finished = False
         try:

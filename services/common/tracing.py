@@ -1,0 +1,204 @@
+"""OpenTelemetry tracing: setup from the standard ``OTEL_*`` variables, W3C trace context in gRPC
+metadata, and a server interceptor that opens one SERVER span per call.
+
+Configuration (OpenTelemetry SDK environment variables, read once at the process edge):
+``OTEL_SDK_DISABLED=true`` turns tracing off; ``OTEL_TRACES_EXPORTER`` is ``otlp`` (OTLP over gRPC,
+endpoint from ``OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT``, e.g. Jaeger's ``http://localhost:4317``),
+``console`` or ``none``; when it is unset, tracing is on (otlp) only if an OTLP endpoint is set.
+``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES`` name the process (default ``zerolayer-<layer>``).
+Spans leave through a BatchSpanProcessor: a background thread with a bounded queue, so exporting
+never blocks a request (spans are dropped, not waited for, when the queue is full); they are
+flushed on shutdown. No global tracer provider is installed: the provider is passed explicitly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+)
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+# GenAI semantic conventions (opentelemetry semantic-conventions, gen-ai spans/attributes).
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
+GEN_AI_REQUEST_SEED = "gen_ai.request.seed"
+GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """Which exporter, and the process's service name."""
+
+    exporter: str
+    """"otlp", "console" or "none"."""
+    service_name: str
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], layer: str) -> TracingConfig:
+        """Reads the OTEL_* variables (see the module docstring)."""
+        name = environ.get("OTEL_SERVICE_NAME") or f"zerolayer-{layer}"
+        if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+            return cls("none", name)
+        exporter = environ.get("OTEL_TRACES_EXPORTER", "").split(",")[0].strip().lower()
+        if not exporter:
+            endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
+                "OTEL_EXPORTER_OTLP_ENDPOINT"
+            )
+            exporter = "otlp" if endpoint else "none"
+        if exporter not in ("otlp", "console", "none"):
+            raise ValueError(f"OTEL_TRACES_EXPORTER: {exporter!r} is not otlp, console or none")
+        return cls(exporter, name)
+
+
+class Tracing:
+    """A tracer provider (or a no-op tracer when tracing is off) and W3C propagation."""
+
+    def __init__(self, config: TracingConfig, exporter: SpanExporter | None = None) -> None:
+        self.config = config
+        self._provider: TracerProvider | None = None
+        if exporter is None and config.exporter == "otlp":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter()
+        elif exporter is None and config.exporter == "console":
+            exporter = ConsoleSpanExporter()
+        if exporter is None:
+            self.tracer: trace.Tracer = trace.NoOpTracer()
+        else:
+            resource = Resource.create({"service.name": config.service_name})
+            self._provider = TracerProvider(resource=resource)
+            self._provider.add_span_processor(BatchSpanProcessor(exporter))
+            self.tracer = self._provider.get_tracer("zerolayer")
+        self._propagator = TraceContextTextMapPropagator()
+
+    @property
+    def enabled(self) -> bool:
+        """True when spans are exported."""
+        return self._provider is not None
+
+    def inject(self, ctx: otel_context.Context | None = None) -> list[tuple[str, str]]:
+        """gRPC metadata carrying ``ctx`` (default: the current context) as W3C traceparent."""
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier, context=ctx)
+        return list(carrier.items())
+
+    def extract(self, metadata: Sequence[tuple[str, Any]] | None) -> otel_context.Context:
+        """The trace context a caller sent in gRPC metadata (empty context if none)."""
+        carrier = {k: v for k, v in (metadata or ()) if isinstance(v, str)}
+        return self._propagator.extract(carrier)
+
+    @contextmanager
+    def client_span(self, full_method: str) -> Iterator[list[tuple[str, str]]]:
+        """A CLIENT span around an outgoing call; yields the metadata that carries it."""
+        service, _, method = full_method.strip("/").partition("/")
+        with self.tracer.start_as_current_span(
+            full_method.strip("/"),
+            kind=SpanKind.CLIENT,
+            attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": method},
+        ):
+            yield self.inject()
+
+    def shutdown(self) -> None:
+        """Flushes pending spans and stops the exporter."""
+        if self._provider is not None:
+            self._provider.shutdown()
+
+
+def now_ns() -> int:
+    """Wall-clock time in nanoseconds (the clock OpenTelemetry timestamps use)."""
+    return time.time_ns()
+
+
+class TracingServerInterceptor(grpc.aio.ServerInterceptor):
+    """Opens a SERVER span for every call of ``prefix`` services, child of the caller's trace
+    context (from its metadata), current while the handler runs. Errors set the span status."""
+
+    def __init__(self, tracing: Tracing, prefix: str = "/zerolayer.") -> None:
+        self._tracing = tracing
+        self._prefixes = (prefix, "/inference.")
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if (
+            handler is None
+            or not self._tracing.enabled
+            or not details.method.startswith(self._prefixes)
+        ):
+            return handler
+        parent = self._tracing.extract(details.invocation_metadata)
+        name = details.method.strip("/")
+        service, _, method = name.partition("/")
+        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+        tracer = self._tracing.tracer
+
+        @contextmanager
+        def span() -> Iterator[trace.Span]:
+            with tracer.start_as_current_span(
+                name,
+                context=parent,
+                kind=SpanKind.SERVER,
+                attributes=attributes,
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as s:
+                try:
+                    yield s
+                except BaseException as exc:
+                    s.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                    raise
+
+        if handler.unary_unary is not None:
+            inner_unary = handler.unary_unary
+
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                with span():
+                    return await inner_unary(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
+                with span():
+                    async for item in inner_stream(request, context):
+                        yield item
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler

@@ -1,0 +1,105 @@
+"""Prometheus metrics of the frontend: requests by method and status, and the latencies a client
+sees (TTFT, inter-token latency, end to end) measured at the public endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from services.common.errors import ZerolayerError
+from services.scheduler.metrics import LATENCY_BUCKETS_S
+
+
+class FrontendMetrics:
+    """The frontend's metrics in a private registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "zerolayer_frontend_"
+        self.requests = Counter(
+            p + "requests",
+            "Public calls by method and status code",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            p + "ttft_seconds",
+            "Request received to first token sent",
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.itl = Histogram(
+            p + "itl_seconds",
+            "Gap between token-carrying responses",
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            p + "e2e_seconds",
+            "Request received to last response",
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+
+
+def _code(exc: BaseException | None) -> str:
+    if exc is None:
+        return "OK"
+    if isinstance(exc, ZerolayerError):
+        return exc.code.name
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code().name
+    return "CANCELLED" if type(exc).__name__ == "CancelledError" else "UNKNOWN"
+
+
+class RequestCountingInterceptor(grpc.aio.ServerInterceptor):
+    """Counts every public call by method and final status code (placed outside error mapping,
+    so it sees the domain error that decides the code)."""
+
+    def __init__(self, metrics: FrontendMetrics, prefixes: tuple[str, ...]) -> None:
+        self._metrics = metrics
+        self._prefixes = prefixes
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(self._prefixes):
+            return handler
+        method = details.method.rsplit("/", 1)[-1]
+        counter = self._metrics.requests
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                try:
+                    response = await inner(request, context)
+                except BaseException as exc:
+                    counter.labels(method, _code(exc)).inc()
+                    raise
+                counter.labels(method, "OK").inc()
+                return response
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                except BaseException as exc:
+                    counter.labels(method, _code(exc)).inc()
+                    raise
+                counter.labels(method, "OK").inc()
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream, handler.request_deserializer, handler.response_serializer
+            )
+        return handler

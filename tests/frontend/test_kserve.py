@@ -1,0 +1,418 @@
+"""The KServe v2 / Triton gRPC API of the frontend, against the real four-process stack: a stub
+generated from our proto, and NVIDIA's own tritonclient run from its own virtual environment."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import threading
+import time
+from importlib import metadata
+from pathlib import Path
+
+import grpc
+import pytest
+from e2e.stack import kv_stats, running_stack, scheduler_stats, text_stub
+
+from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.kserve.v2 import grpc_service_pb2 as pb
+from zerolayer.kserve.v2 import grpc_service_pb2_grpc as pb_grpc
+from zerolayer.v1 import generation_pb2
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+TRITON_PYTHON = ROOT / ".venv-triton" / "bin" / "python"
+TRITON_CLIENT_REQUIREMENT = "tritonclient[grpc]==2.73.0"
+Tensor = pb.ModelInferRequest.InferInputTensor
+
+
+def pack_bytes(*items: bytes) -> bytes:
+    """Raw BYTES tensor contents: each element as a little-endian uint32 length, then the bytes."""
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def make_infer_request(model: str, prompt: str | None, **inputs: object) -> pb.ModelInferRequest:
+    """A request laid out the way tritonclient sends one: every input in raw_input_contents.
+
+    ``inputs`` values: bool -> BOOL, int -> INT32, float -> FP32, str -> BYTES, list -> BYTES.
+    """
+    request = pb.ModelInferRequest(model_name=model, id="req-1")
+    if prompt is not None:
+        inputs = {"text_input": prompt, **inputs}
+    for name, value in inputs.items():
+        if isinstance(value, bool):
+            datatype, raw, count = "BOOL", bytes([value]), 1
+        elif isinstance(value, int):
+            datatype, raw, count = "INT32", struct.pack("<i", value), 1
+        elif isinstance(value, float):
+            datatype, raw, count = "FP32", struct.pack("<f", value), 1
+        else:
+            items = [value] if isinstance(value, str) else list(value)
+            datatype, raw, count = "BYTES", pack_bytes(*(s.encode() for s in items)), len(items)
+        request.inputs.append(Tensor(name=name, datatype=datatype, shape=[count]))
+        request.raw_input_contents.append(raw)
+    return request
+
+
+def text_output(response: pb.ModelInferResponse) -> str:
+    assert [(o.name, o.datatype) for o in response.outputs] == [("text_output", "BYTES")]
+    (raw,) = response.raw_output_contents
+    (size,) = struct.unpack_from("<I", raw)
+    assert len(raw) == 4 + size
+    return raw[4:].decode()
+
+
+DESCRIBE = """
+import importlib, json, sys
+module = importlib.import_module(sys.argv[1])
+messages = {}
+def walk(m):
+    messages[m.full_name] = {
+        f.name: [
+            f.number, f.type, f.is_repeated,
+            f.message_type.full_name if f.message_type else "",
+            f.containing_oneof.name if f.containing_oneof else "",
+        ]
+        for f in m.fields
+    }
+    for nested in m.nested_types:
+        walk(nested)
+for m in module.DESCRIPTOR.message_types_by_name.values():
+    walk(m)
+service = module.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+rpcs = {m.name: [m.input_type.full_name, m.output_type.full_name, m.client_streaming,
+                 m.server_streaming] for m in service.methods}
+print(json.dumps({"messages": messages, "rpcs": rpcs}))
+"""
+"""Prints a generated module's GRPCInferenceService messages and RPCs as JSON (either venv)."""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+    with running_stack(model_dir, tmp_path_factory.mktemp("logs")) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def stub(stack) -> pb_grpc.GRPCInferenceServiceStub:
+    return pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(stack.config.listen))
+
+
+@pytest.fixture(scope="module")
+def native(stack):
+    return text_stub(stack)
+
+
+@pytest.fixture(scope="module")
+def model(native) -> str:
+    return native.GetModelInfo(generation_pb2.GetModelInfoRequest()).model
+
+
+def native_text(native, prompt: str, max_new_tokens: int, stop: tuple[str, ...] = ()) -> str:
+    request = generation_pb2.GenerateRequest(
+        prompt=prompt, max_new_tokens=max_new_tokens, ignore_eos=True, stop=stop
+    )
+    return native.Generate(request, timeout=30).text
+
+
+def test_server_live_ready_and_metadata(stub) -> None:
+    assert stub.ServerLive(pb.ServerLiveRequest()).live is True
+    assert stub.ServerReady(pb.ServerReadyRequest()).ready is True
+    server = stub.ServerMetadata(pb.ServerMetadataRequest())
+    assert (server.name, server.version) == ("zerolayer", metadata.version("zerolayer"))
+    assert list(server.extensions) == []
+
+
+def test_model_ready_only_for_the_served_model_and_version(stub, model) -> None:
+    assert stub.ModelReady(pb.ModelReadyRequest(name=model)).ready is True
+    assert stub.ModelReady(pb.ModelReadyRequest(name=model, version="1")).ready is True
+    assert stub.ModelReady(pb.ModelReadyRequest(name=model, version="2")).ready is False
+    assert stub.ModelReady(pb.ModelReadyRequest(name="no-such-model")).ready is False
+
+
+def test_model_metadata(stub, model) -> None:
+    response = stub.ModelMetadata(pb.ModelMetadataRequest(name=model))
+    assert (response.name, list(response.versions), response.platform) == (
+        model,
+        ["1"],
+        "zerolayer",
+    )
+    inputs = {t.name: (t.datatype, list(t.shape)) for t in response.inputs}
+    assert inputs["text_input"] == ("BYTES", [-1])
+    assert inputs["stream"] == ("BOOL", [1])
+    assert inputs["max_tokens"] == ("INT32", [1])
+    assert inputs["random_seed"] == ("UINT64", [1])
+    assert inputs["stop_words"] == ("BYTES", [-1])
+    assert [(t.name, t.datatype, list(t.shape)) for t in response.outputs] == [
+        ("text_output", "BYTES", [-1])
+    ]
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ModelMetadata(pb.ModelMetadataRequest(name="no-such-model"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert err.value.details().startswith("name: 'no-such-model' is not served")
+
+
+def test_model_infer_greedy_text_equals_native_generate(stub, native, model) -> None:
+    request = make_infer_request(model, "Hello", max_tokens=8, ignore_eos=True)
+    response = stub.ModelInfer(request, timeout=30)
+    assert text_output(response) == native_text(native, "Hello", 8)
+    assert (response.model_name, response.model_version, response.id) == (model, "1", "req-1")
+    assert list(response.outputs[0].shape) == [1]
+    params = response.parameters
+    assert params["finish_reason"].string_param == "length"
+    assert (params["num_input_tokens"].int64_param, params["num_output_tokens"].int64_param) == (
+        6,  # BOS + 5 bytes
+        8,
+    )
+    assert "triton_final_response" not in params
+    echoed = make_infer_request(model, "Hello", max_tokens=8, ignore_eos=True)
+    echoed.inputs.append(Tensor(name="exclude_input_in_output", datatype="BOOL", shape=[1]))
+    echoed.raw_input_contents.append(b"\x00")
+    assert text_output(stub.ModelInfer(echoed, timeout=30)) == "Hello" + native_text(
+        native, "Hello", 8
+    )
+
+
+def test_model_infer_typed_contents_and_batch_shape(stub, native, model) -> None:
+    # TensorRT-LLM ensemble layout: [batch, 1] tensors in typed contents, its input names.
+    request = pb.ModelInferRequest(model_name=model, model_version="1")
+    request.inputs.extend(
+        [
+            Tensor(
+                name="text_input",
+                datatype="BYTES",
+                shape=[1, 1],
+                contents={"bytes_contents": [b"typed"]},
+            ),
+            Tensor(
+                name="max_tokens", datatype="INT64", shape=[1, 1], contents={"int64_contents": [6]}
+            ),
+            Tensor(
+                name="random_seed",
+                datatype="UINT64",
+                shape=[1, 1],
+                contents={"uint64_contents": [7]},
+            ),
+            Tensor(
+                name="stop_words",
+                datatype="BYTES",
+                shape=[1, 1],
+                contents={"bytes_contents": [b""]},
+            ),
+            Tensor(
+                name="ignore_eos", datatype="BOOL", shape=[1, 1], contents={"bool_contents": [True]}
+            ),
+        ]
+    )
+    response = stub.ModelInfer(request, timeout=30)
+    assert text_output(response) == native_text(native, "typed", 6)
+    assert list(response.outputs[0].shape) == [1, 1]
+
+
+def test_settings_from_parameters_and_sampling_parameters_json(stub, native, model) -> None:
+    # vLLM backend clients send numbers as strings, in parameters and in the JSON input.
+    request = make_infer_request(model, "params")
+    request.parameters["max_tokens"].string_param = "5"
+    request.parameters["ignore_eos"].bool_param = True
+    request.parameters["priority"].uint64_param = 1  # Triton's own parameters are ignored
+    response = stub.ModelInfer(request, timeout=30)
+    assert response.parameters["num_output_tokens"].int64_param == 5
+    assert text_output(response) == native_text(native, "params", 5)
+
+    reference = native_text(native, "stop here", 12)
+    stop = reference[4:6]
+    assert len(stop) == 2
+    sampling = json.dumps(
+        {"max_tokens": "12", "temperature": 0, "ignore_eos": True, "stop": [stop]}
+    )
+    request = make_infer_request(model, "stop here", sampling_parameters=sampling)
+    response = stub.ModelInfer(request, timeout=30)
+    assert response.parameters["finish_reason"].string_param == "stop"
+    assert text_output(response) == native_text(native, "stop here", 12, stop=(stop,))
+    # an input tensor overrides the JSON
+    request = make_infer_request(model, "stop here", sampling_parameters=sampling, max_tokens=3)
+    response = stub.ModelInfer(request, timeout=30)
+    assert response.parameters["num_output_tokens"].int64_param == 3
+    assert text_output(response) == native_text(native, "stop here", 3)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "field"),
+    [
+        ({"max_tokens": 4}, "text_input"),
+        ({"text_input": ""}, "text_input"),
+        ({"text_input": "x", "max_tokens": 4.0}, "max_tokens"),
+        ({"text_input": "x", "max_tokens": -1}, "max_tokens"),
+        ({"text_input": "x", "top_k": "3"}, "top_k"),
+        ({"text_input": "x", "beam_width": 2}, "beam_width"),
+        ({"text_input": "x", "sampling_parameters": "{"}, "sampling_parameters"),
+        ({"text_input": "x", "sampling_parameters": '{"n": 2}'}, "sampling_parameters.n"),
+        ({"text_input": "x", "temperature": -1.0}, "temperature"),
+    ],
+)
+def test_bad_inputs_are_invalid_argument_naming_the_input(stub, model, inputs, field) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ModelInfer(make_infer_request(model, None, **inputs), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(f"{field}: ")
+
+
+def test_malformed_raw_bytes_and_unknown_model(stub, model) -> None:
+    request = make_infer_request(model, "x")
+    request.raw_input_contents[0] = struct.pack("<I", 10) + b"short"
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ModelInfer(request, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() == "text_input: raw BYTES element of 10 bytes overruns the contents"
+    for name, version, field in [
+        ("no-such-model", "", "model_name"),
+        (model, "2", "model_version"),
+    ]:
+        request = make_infer_request(model, "x")
+        request.model_name, request.model_version = name, version
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert err.value.details().startswith(f"{field}: ")
+
+
+def test_stream_infer_pieces_errors_and_later_requests(stub, native, model) -> None:
+    streamed = make_infer_request(model, "stream me", max_tokens=12, ignore_eos=True, stream=True)
+    streamed.id = "streamed"
+    broken = make_infer_request(model, None, max_tokens=4)
+    broken.id = "broken"
+    unknown = make_infer_request(model, "x")
+    unknown.model_name, unknown.id = "no-such-model", "unknown"
+    whole = make_infer_request(model, "whole", max_tokens=5, ignore_eos=True)
+    whole.id = "whole"
+    responses = list(stub.ModelStreamInfer(iter([streamed, broken, unknown, whole]), timeout=60))
+
+    by_id: dict[str, list[pb.ModelStreamInferResponse]] = {}
+    for response in responses:
+        by_id.setdefault(response.infer_response.id, []).append(response)
+    assert [r.error_message for r in by_id["broken"]] == [
+        "INVALID_ARGUMENT: text_input: missing (a BYTES input holding the prompt)"
+    ]
+    assert [r.error_message for r in by_id["unknown"]] == [
+        f"NOT_FOUND: model_name: 'no-such-model' is not served (serving {model!r})"
+    ]
+    pieces = by_id["streamed"]
+    assert len(pieces) > 1 and all(r.error_message == "" for r in pieces)
+    final = [r.infer_response.parameters["triton_final_response"].bool_param for r in pieces]
+    assert final == [False] * (len(pieces) - 1) + [True]
+    text = "".join(text_output(r.infer_response) for r in pieces)
+    assert text == native_text(native, "stream me", 12)
+    (one,) = by_id["whole"]
+    assert one.infer_response.parameters["triton_final_response"].bool_param is True
+    assert text_output(one.infer_response) == native_text(native, "whole", 5)
+
+
+def test_leaving_a_stream_aborts_its_generations(stack, stub, model) -> None:
+    request = make_infer_request(model, "cancel me", max_tokens=1500, ignore_eos=True, stream=True)
+    client_done = threading.Event()
+
+    def requests():
+        yield request
+        client_done.wait(30)  # keep the request side open, as a live client does
+
+    call = stub.ModelStreamInfer(requests())
+    next(call)
+    next(call)
+    assert kv_stats(stack).num_blocks_used > 0
+    call.cancel()
+    client_done.set()
+    deadline = time.monotonic() + 10
+    while kv_stats(stack).num_blocks_used and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert kv_stats(stack).num_blocks_used == 0
+    stats = scheduler_stats(stack)
+    assert (stats.num_running, stats.num_waiting, stats.num_blocks_held) == (0, 0, 0)
+
+
+@pytest.fixture(scope="module")
+def triton_python() -> Path:
+    """The official client's own environment (it needs protobuf < 7, ours has 7), created on
+    first use from PyPI as an outside user would: ``.venv-triton`` beside the repo's ``.venv``."""
+    if not TRITON_PYTHON.exists():
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--clear", str(TRITON_PYTHON.parents[1])],
+            check=True,
+            timeout=120,
+        )
+    probe = subprocess.run(
+        [str(TRITON_PYTHON), "-c", "import tritonclient.grpc"], capture_output=True, timeout=60
+    )
+    if probe.returncode != 0:
+        subprocess.run(
+            [
+                str(TRITON_PYTHON),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                TRITON_CLIENT_REQUIREMENT,
+            ],
+            check=True,
+            timeout=600,
+        )
+    return TRITON_PYTHON
+
+
+def test_proto_matches_tritonclient_wire_definitions(triton_python: Path) -> None:
+    """Every message and RPC we declare has the same field names, numbers and types as the
+    definitions tritonclient ships (KServe's + Triton's upstream protos)."""
+    theirs = json.loads(
+        subprocess.run(
+            [str(triton_python), "-c", DESCRIBE, "tritonclient.grpc.service_pb2"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+    )
+    ours = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", DESCRIBE, "zerolayer.kserve.v2.grpc_service_pb2"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+            cwd=ROOT,
+        ).stdout
+    )
+    assert len(ours["rpcs"]) == 7
+    assert {k: theirs["messages"].get(k) for k in ours["messages"]} == ours["messages"]
+    assert {k: theirs["rpcs"].get(k) for k in ours["rpcs"]} == ours["rpcs"]
+
+
+def test_official_tritonclient(stack, native, model, triton_python: Path) -> None:
+    result = subprocess.run(
+        [
+            str(triton_python),
+            str(ROOT / "examples" / "kserve" / "triton_client.py"),
+            *("--url", stack.config.listen, "--model", model),
+            *("--prompt", "Triton says hi", "--max-tokens", "10"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(result.stdout)
+    expected = native_text(native, "Triton says hi", 10)
+    assert (summary["live"], summary["ready"], summary["model_ready"]) == (True, True, True)
+    assert summary["server"] == {"name": "zerolayer", "version": metadata.version("zerolayer")}
+    assert summary["infer"] == {
+        "id": "infer-1",
+        "model_name": model,
+        "model_version": "1",
+        "text": expected,
+    }
+    assert summary["stream"]["id"] == "stream-1"
+    assert summary["stream"]["text"] == expected
+    assert len(summary["stream"]["pieces"]) > 1
