@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
-from services.common.server import LAUNCHER_PID_ENV
+from services.common.server import LAUNCHER_PID_ENV, instance_health_name
 from services.kvstore.arena import sidecar_path
 from services.loader.checkpoint import read_checkpoint
 
@@ -147,6 +147,8 @@ class Stack:
                 str(c.num_threads),
             ],
             "frontend": [
+                "--instance-id",
+                self.run_dir.name,
                 "--listen",
                 a("frontend"),
                 "--loader",
@@ -265,7 +267,14 @@ class Stack:
                         f"{layer} exited with code {process.returncode}{self._log_tail(layer)}"
                     )
                 try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
+                    # NOTE: the frontend is asked by instance name: on its TCP port another stack
+                    # could answer (the other layers' unix sockets are private to this stack).
+                    check = health_pb2.HealthCheckRequest(
+                        service=instance_health_name(self.run_dir.name)
+                        if layer == "frontend"
+                        else ""
+                    )
+                    status = stub.Check(check, timeout=1.0).status
                     if status == health_pb2.HealthCheckResponse.SERVING:
                         return
                 except grpc.RpcError:

@@ -147,3 +147,5 @@ def test_killing_up_takes_its_layers_down(tmp_path: Path) -> None:
             break
         time.sleep(0.2)
     assert alive == ""
+    # The orphaned kvstore removed the arena (nobody else would).
+    assert not os.path.exists(f"/dev/shm/{Path(run_dir).name}.kv")

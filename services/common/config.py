@@ -23,6 +23,8 @@ class LoaderConfig:
     """Start kernel read-ahead of the weight files at start-up."""
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0: off."""
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics endpoint binds."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,9 @@ class KVStoreConfig:
     """Delete the arena file on a clean exit (off: the arena outlives the process, so a restarted
     kvstore reopens it; the launcher removes it when the whole stack stops)."""
     metrics_port: int = 0
-    """Port of the Prometheus /metrics endpoint on 127.0.0.1; 0: off."""
+    """Port of the Prometheus /metrics endpoint; 0: off."""
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics endpoint binds."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class SchedulerConfig:
     """torch intra-op threads; 0: one per available core (the engine is the only compute user)."""
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0: off."""
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics endpoint binds."""
 
 
 @dataclass(frozen=True)
@@ -86,3 +92,8 @@ class FrontendConfig:
     """Longest cache_salt accepted."""
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0: off."""
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics endpoint binds."""
+    instance_id: str = ""
+    """Extra health name ``zerolayer.instance.<id>`` (lets a launcher recognise its own frontend
+    on a TCP port another process might hold)."""

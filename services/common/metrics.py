@@ -29,10 +29,15 @@ def serve_metrics(
 
 
 def add_metrics_port(parser: argparse.ArgumentParser) -> None:
-    """Adds ``--metrics-port`` (0: no endpoint) to a layer's flags."""
+    """Adds ``--metrics-port`` (0: no endpoint) and ``--metrics-host`` to a layer's flags."""
     parser.add_argument(
         "--metrics-port",
         type=int,
         default=0,
-        help="Prometheus /metrics port on 127.0.0.1 (default 0: off)",
+        help="Prometheus /metrics port (default 0: off)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the /metrics endpoint binds (default %(default)s; 0.0.0.0 in containers)",
     )

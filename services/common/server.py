@@ -54,6 +54,11 @@ def prepare_unix_socket(address: str) -> None:
             os.unlink(path)
 
 
+def instance_health_name(instance_id: str) -> str:
+    """The health service name under which a layer started with ``instance_id`` reports."""
+    return f"zerolayer.instance.{instance_id}"
+
+
 class LayerServer:
     """An aio gRPC server with health and reflection; health starts NOT_SERVING.
 
@@ -67,6 +72,7 @@ class LayerServer:
         max_receive_bytes: int = MAX_MESSAGE_BYTES,
         tracing: Tracing | None = None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        instance_id: str = "",
     ) -> None:
         """
         Args:
@@ -75,7 +81,10 @@ class LayerServer:
             max_receive_bytes: largest request message accepted (RESOURCE_EXHAUSTED above).
             tracing: opens a SERVER span per call and is flushed on stop; None: no tracing.
             interceptors: more interceptors, run between tracing and error mapping.
+            instance_id: also report health under ``zerolayer.instance.<id>``, so a launcher can
+                tell its own process from another one answering on the same address.
         """
+        self.instance_id = instance_id
         self.address = address
         self._bindings = list(bindings)
         self.tracing = tracing
@@ -126,7 +135,10 @@ class LayerServer:
             if serving
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        for name in ["", *(b.service_name for b in self._bindings)]:
+        names = ["", *(b.service_name for b in self._bindings)]
+        if self.instance_id:
+            names.append(instance_health_name(self.instance_id))
+        for name in names:
             await self.health.set(name, status)
 
     async def stop(self, grace_s: float = 2.0) -> None:
@@ -137,40 +149,48 @@ class LayerServer:
             self.tracing.shutdown()
 
 
-async def wait_for_shutdown_signal() -> None:
-    """Returns when the process receives SIGTERM or SIGINT."""
+async def wait_for_shutdown_signal() -> signal.Signals:
+    """Returns the first of SIGTERM, SIGINT or SIGHUP the process receives.
+
+    SIGHUP is what a layer gets when its launcher dies (see :func:`exit_with_launcher`).
+    """
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    received: asyncio.Future[signal.Signals] = loop.create_future()
+    for sig in LAYER_STOP_SIGNALS:
+        loop.add_signal_handler(sig, lambda s=sig: received.done() or received.set_result(s))
+    return await received
 
 
 async def run_layer(
     server: LayerServer,
     on_start: Callable[[], Awaitable[None]] | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
-) -> None:
-    """Starts ``server``, runs ``on_start``, reports SERVING, and serves until SIGTERM/SIGINT."""
+) -> signal.Signals:
+    """Starts ``server``, runs ``on_start``, reports SERVING, and serves until SIGTERM, SIGINT or
+    SIGHUP; returns the signal that stopped it."""
     await server.start()
     if on_start is not None:
         await on_start()
     await server.set_serving(True)
     log.info("serving")
-    await wait_for_shutdown_signal()
-    log.info("shutting down")
+    received = await wait_for_shutdown_signal()
+    log.info("shutting down (%s)", received.name)
     await server.stop()
     if on_stop is not None:
         await on_stop()
+    return received
 
+
+LAYER_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 LAUNCHER_PID_ENV = "ZEROLAYER_LAUNCHER_PID"
 """Set by the launcher for its layers: a layer exits when that process dies."""
 
 
 def exit_with_launcher(environ: dict[str, str]) -> None:
-    """If started by ``zerolayer up``, asks the kernel for SIGTERM when the launcher dies
-    (``prctl(PR_SET_PDEATHSIG)``, Linux), so a killed launcher leaves no orphaned layers.
+    """If started by ``zerolayer up``, asks the kernel for SIGHUP when the launcher dies
+    (``prctl(PR_SET_PDEATHSIG)``, Linux), so a killed launcher leaves no orphaned layers. The
+    distinct signal tells the layer that nobody else will clean up after it.
 
     Args:
         environ: the process environment (read at the process edge, passed in).
@@ -183,7 +203,7 @@ def exit_with_launcher(environ: dict[str, str]) -> None:
 
     pr_set_pdeathsig = 1
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    libc.prctl(pr_set_pdeathsig, signal.SIGHUP, 0, 0, 0)
     if os.getppid() != int(expected):  # the launcher died before the prctl took effect
         os._exit(1)
 

@@ -47,6 +47,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="max_new_tokens when a request leaves it 0 (default %(default)s)",
     )
     add_metrics_port(parser)
+    parser.add_argument(
+        "--instance-id",
+        default="",
+        help="also report health as zerolayer.instance.<ID> (set by the launcher)",
+    )
     return parser
 
 
@@ -54,7 +59,9 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
     """Loads the tokenizer from the loader, then serves until SIGTERM."""
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
     scheduler = SchedulerClient(config.scheduler_address, tracing=tracing)
-    metrics = FrontendMetrics(serve_metrics(config.metrics_port, []))
+    metrics = FrontendMetrics(
+        serve_metrics(config.metrics_port, host=config.metrics_host, collectors=[])
+    )
     generator = TextGenerator(config, manifest, scheduler, tracing.tracer, metrics)
     name = generation_pb2.DESCRIPTOR.services_by_name["TextGeneration"].full_name
     server = LayerServer(
@@ -70,6 +77,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         max_receive_bytes=PUBLIC_MAX_RECEIVE_BYTES,
         tracing=tracing,
         interceptors=[RequestCountingInterceptor(metrics, ("/zerolayer.", "/inference."))],
+        instance_id=config.instance_id,
     )
 
     async def on_stop() -> None:
@@ -93,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         scheduler_address=args.scheduler,
         default_max_new_tokens=args.default_max_new_tokens,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        instance_id=args.instance_id,
     )
     asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "frontend"))))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -65,7 +66,9 @@ async def serve(config: KVStoreConfig, tracing: Tracing) -> None:
     """Creates or reopens the arena for the loader's model, then serves until SIGTERM."""
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
     store = KVStore(config, manifest)
-    serve_metrics(config.metrics_port, [KVStoreCollector(store)])
+    serve_metrics(
+        config.metrics_port, host=config.metrics_host, collectors=[KVStoreCollector(store)]
+    )
     name = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
     server = LayerServer(
         config.address,
@@ -76,10 +79,12 @@ async def serve(config: KVStoreConfig, tracing: Tracing) -> None:
         ],
         tracing=tracing,
     )
+    received = None
     try:
-        await run_layer(server)
+        received = await run_layer(server)
     finally:
-        store.close(remove_arena=config.remove_arena_on_exit)
+        # NOTE: a kvstore whose launcher died (SIGHUP) removes the arena itself: nobody else will.
+        store.close(remove_arena=config.remove_arena_on_exit or received == signal.SIGHUP)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         enable_prefix_caching=not args.no_prefix_caching,
         remove_arena_on_exit=args.remove_arena_on_exit,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "kvstore"))))
     return 0

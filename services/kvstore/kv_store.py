@@ -140,4 +140,7 @@ class KVStore:
     def close(self, remove_arena: bool) -> None:
         """Removes the arena's file when ``remove_arena``; otherwise it stays for a restart."""
         if remove_arena:
+            log.info("removing the arena %s", self.arena.path)
             self.arena.unlink()
+        else:
+            log.info("keeping the arena %s for a restart", self.arena.path)

@@ -47,7 +47,9 @@ async def serve(config: LoaderConfig, tracing: Tracing) -> None:
         [ServiceBinding(loader_pb2_grpc.add_LoaderServicer_to_server, LoaderServicer(store), name)],
         tracing=tracing,
     )
-    serve_metrics(config.metrics_port, [LoaderCollector(store)])
+    serve_metrics(
+        config.metrics_port, host=config.metrics_host, collectors=[LoaderCollector(store)]
+    )
 
     async def on_stop() -> None:
         store.close()
@@ -71,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         model_name=args.model_name,
         prefetch=not args.no_prefetch,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "loader"))))
     return 0

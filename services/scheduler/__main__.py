@@ -113,7 +113,7 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
     # NOTE: the engine thread is the only heavy compute user of this process, so it gets every
     # core it may run on; gRPC and asyncio threads mostly sleep.
     torch.set_num_threads(config.num_threads or len(os.sched_getaffinity(0)))
-    registry = serve_metrics(config.metrics_port, [])
+    registry = serve_metrics(config.metrics_port, host=config.metrics_host, collectors=[])
     holder: dict[str, object] = {}
     servicer = SchedulerServicer(tracing)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
@@ -155,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_threads=args.num_threads,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "scheduler"))))
     return 0

@@ -1,0 +1,126 @@
+"""The example clients (examples/node, examples/python) against the real stack: same greedy answer
+as a native Generate call, and their stream text equals their unary text."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from e2e.stack import running_stack, text_stub
+
+from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.v1 import generation_pb2 as pb
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_DIR = ROOT / "examples" / "node"
+PROMPT = "Hi, zerolayer"
+"""13 bytes plus BOS: shorter than one KV block (16), so no request ever reuses cached blocks."""
+MAX_NEW_TOKENS = 12
+CLIENT_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+    with running_stack(model_dir, tmp_path_factory.mktemp("logs")) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def native(stack) -> pb.GenerateResponse:
+    """The reference: the same greedy request through the generated Python stubs."""
+    request = pb.GenerateRequest(prompt=PROMPT, max_new_tokens=MAX_NEW_TOKENS)
+    return text_stub(stack).Generate(request, timeout=60)
+
+
+def run_client(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict:
+    """Runs an example client and parses the one JSON line it prints."""
+    done = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    return json.loads(lines[0])
+
+
+def assert_matches_native(record: dict, native: pb.GenerateResponse) -> None:
+    assert record["text"] == native.text
+    assert record["token_ids"] == list(native.token_ids)
+    assert len(record["token_ids"]) == MAX_NEW_TOKENS
+    assert record["finish_reason"] == "FINISH_REASON_LENGTH"
+    assert record["usage"] == {
+        "prompt_tokens": len(PROMPT) + 1,
+        "completion_tokens": MAX_NEW_TOKENS,
+        "cached_prompt_tokens": 0,
+    }
+    assert record["stream_text"] == record["text"]
+    assert record["stream_token_ids"] == record["token_ids"]
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    """The node executable, with the example's packages installed (``npm ci`` on first use);
+    skips (before any stack starts) only where Node.js is not installed."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (the Node example needs Node.js >= 18)")
+    npm = shutil.which("npm")
+    if not (NODE_DIR / "node_modules").is_dir():
+        if npm is None:
+            pytest.skip("npm is not installed (needed once for the Node example's packages)")
+        # As a user of the example would: install its pinned packages from package-lock.json.
+        subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--prefix", str(NODE_DIR)],
+            check=True,
+            timeout=600,
+            capture_output=True,
+        )
+    return node
+
+
+def test_node_client_matches_native_generate(node: str, stack, native, tmp_path: Path) -> None:
+    record = run_client(
+        [node, str(NODE_DIR / "client.js"), PROMPT, stack.config.listen, str(MAX_NEW_TOKENS)],
+        cwd=tmp_path,
+    )
+    assert_matches_native(record, native)
+
+
+def isolated_python_env() -> dict[str, str]:
+    """Environment for ``python -S``: this venv's third-party packages on PYTHONPATH, but not its
+    ``.pth`` hooks, so the editable ``zerolayer`` install (its generated ``*_pb2``) is invisible
+    and the client must compile the .proto itself."""
+    paths = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def test_python_client_uses_only_the_protos(tmp_path: Path) -> None:
+    probe = "import importlib.util; print(importlib.util.find_spec('zerolayer'))"
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        cwd=tmp_path,
+        env=isolated_python_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "None", done.stderr
+
+
+def test_python_client_matches_native_generate(stack, native, tmp_path: Path) -> None:
+    client = ROOT / "examples" / "python" / "client.py"
+    record = run_client(
+        [sys.executable, "-S", str(client), PROMPT, stack.config.listen, str(MAX_NEW_TOKENS)],
+        cwd=tmp_path,
+        env=isolated_python_env(),
+    )
+    assert_matches_native(record, native)
