@@ -80,7 +80,7 @@ class LayerServer:
             bindings: the services to serve.
             max_receive_bytes: largest request message accepted (RESOURCE_EXHAUSTED above).
             tracing: opens a SERVER span per call and is flushed on stop; None: no tracing.
-            interceptors: more interceptors, run between tracing and error mapping.
+            interceptors: more interceptors, run inside error mapping (they see domain errors).
             instance_id: also report health under ``zerolayer.instance.<id>``, so a launcher can
                 tell its own process from another one answering on the same address.
         """
@@ -88,7 +88,7 @@ class LayerServer:
         self.address = address
         self._bindings = list(bindings)
         self.tracing = tracing
-        chain: list[grpc.aio.ServerInterceptor] = [*interceptors, ErrorMappingInterceptor()]
+        chain: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor(), *interceptors]
         if tracing is not None:
             chain.insert(0, TracingServerInterceptor(tracing))
         # NOTE: SO_REUSEPORT off, so a second stack on a taken port fails instead of silently

@@ -55,8 +55,8 @@ def _code(exc: BaseException | None) -> str:
 
 
 class RequestCountingInterceptor(grpc.aio.ServerInterceptor):
-    """Counts every public call by method and final status code (placed outside error mapping,
-    so it sees the domain error that decides the code)."""
+    """Counts every public call by method and final status code (placed inside error mapping, so
+    it sees the domain error that decides the code)."""
 
     def __init__(self, metrics: FrontendMetrics, prefixes: tuple[str, ...]) -> None:
         self._metrics = metrics

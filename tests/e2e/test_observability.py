@@ -1,0 +1,258 @@
+"""One trace across the layers, and metrics that move: an OTLP/gRPC receiver runs in the test."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from e2e.stack import free_port, running_stack, text_stub
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.v1 import generation_pb2 as pb
+
+pytestmark = pytest.mark.e2e
+
+SERVER = trace_pb2.Span.SPAN_KIND_SERVER
+CLIENT = trace_pb2.Span.SPAN_KIND_CLIENT
+INTERNAL = trace_pb2.Span.SPAN_KIND_INTERNAL
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """Collects exported spans as (service name, span)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, trace_pb2.Span]] = []
+        self._lock = threading.Lock()
+
+    def Export(self, request, context):  # noqa: N802 - gRPC method name
+        with self._lock:
+            for resource_spans in request.resource_spans:
+                service = next(
+                    a.value.string_value
+                    for a in resource_spans.resource.attributes
+                    if a.key == "service.name"
+                )
+                for scope in resource_spans.scope_spans:
+                    self.spans.extend((service, s) for s in scope.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def snapshot(self) -> list[tuple[str, trace_pb2.Span]]:
+        with self._lock:
+            return list(self.spans)
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[tuple[Receiver, int]]:
+    servicer = Receiver()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, port
+    server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def stack(receiver, tmp_path_factory: pytest.TempPathFactory):
+    _, port = receiver
+    env = pytest.MonkeyPatch()
+    env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    env.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+    env.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    env.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+    try:
+        with running_stack(
+            model_dir, tmp_path_factory.mktemp("logs"), metrics_port_base=free_port()
+        ) as stack:
+            yield stack
+    finally:
+        env.undo()
+
+
+def attrs(span: trace_pb2.Span) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for a in span.attributes:
+        v = a.value
+        kind = v.WhichOneof("value")
+        out[a.key] = (
+            list(x.string_value for x in v.array_value.values)
+            if kind == "array_value"
+            else getattr(v, kind)
+        )
+    return out
+
+
+def trace_of(
+    receiver: Receiver, request_id: str, names: set[str], timeout_s: float = 20
+) -> list[tuple[str, trace_pb2.Span]]:
+    """The spans of the trace whose frontend root span answered ``request_id``, once all
+    ``names`` arrived."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        spans = receiver.snapshot()
+        roots = [
+            s
+            for _, s in spans
+            if s.name == "zerolayer.v1.TextGeneration/Generate"
+            and attrs(s).get("gen_ai.response.id") == request_id
+        ]
+        if roots:
+            trace = [(svc, s) for svc, s in spans if s.trace_id == roots[0].trace_id]
+            if names <= {s.name for _, s in trace} or time.monotonic() > deadline:
+                return trace
+        elif time.monotonic() > deadline:
+            return []
+        time.sleep(0.1)
+
+
+def test_one_trace_across_layers_separates_loading_from_inference(stack, receiver) -> None:
+    rcv, _ = receiver
+    stub = text_stub(stack)
+    prompt = [1, *range(10, 60)]
+    stub.Generate(
+        pb.GenerateRequest(
+            prompt_token_ids=pb.TokenIds(ids=prompt),
+            max_new_tokens=4,
+            ignore_eos=True,
+            cache_salt="trace",
+        )
+    )
+    response = stub.Generate(
+        pb.GenerateRequest(
+            prompt_token_ids=pb.TokenIds(ids=prompt),
+            max_new_tokens=6,
+            ignore_eos=True,
+            cache_salt="trace",
+            request_id="traced-request",
+        )
+    )
+    wanted = {
+        "tokenize",
+        "queue",
+        "context load",
+        "prefill",
+        "decode",
+        "detokenize",
+        "zerolayer.v1.KVStore/LookupPrefix",
+    }
+    trace = trace_of(rcv, "traced-request", wanted)
+    by_name = {s.name: (svc, s) for svc, s in trace}
+    assert wanted <= set(by_name)
+    assert len({s.trace_id for _, s in trace}) == 1
+    assert {svc for svc, _ in trace} >= {
+        "zerolayer-frontend",
+        "zerolayer-scheduler",
+        "zerolayer-kvstore",
+    }
+    root = by_name["zerolayer.v1.TextGeneration/Generate"][1]
+    assert root.kind == SERVER and not root.parent_span_id
+    calls = {(svc, s.kind) for svc, s in trace if s.name == "zerolayer.v1.Scheduler/Generate"}
+    assert calls == {("zerolayer-frontend", CLIENT), ("zerolayer-scheduler", SERVER)}
+    kv_server = [s for svc, s in trace if svc == "zerolayer-kvstore"]
+    assert kv_server and all(s.kind == SERVER for s in kv_server)
+    for name in ("tokenize", "queue", "context load", "prefill", "decode", "detokenize"):
+        assert by_name[name][1].kind == INTERNAL, name
+    # Loading, then inference: queue < context load < prefill < decode, no overlap.
+    queue, load = by_name["queue"][1], by_name["context load"][1]
+    prefill, decode = by_name["prefill"][1], by_name["decode"][1]
+    assert queue.end_time_unix_nano <= load.start_time_unix_nano
+    assert load.end_time_unix_nano <= prefill.start_time_unix_nano
+    assert prefill.end_time_unix_nano <= decode.start_time_unix_nano
+    # The kvstore lookup happened inside context load.
+    lookups = {
+        (svc, s.kind): s for svc, s in trace if s.name == "zerolayer.v1.KVStore/LookupPrefix"
+    }
+    client = lookups[("zerolayer-scheduler", CLIENT)]
+    assert client.parent_span_id == load.span_id
+    assert lookups[("zerolayer-kvstore", SERVER)].parent_span_id == client.span_id
+    # Token counts equal the response's usage.
+    usage = response.usage
+    assert attrs(root)["gen_ai.usage.input_tokens"] == usage.prompt_tokens == 51
+    assert attrs(root)["gen_ai.usage.output_tokens"] == usage.completion_tokens == 6
+    assert attrs(root)["gen_ai.usage.cache_read.input_tokens"] == usage.cached_prompt_tokens == 48
+    assert attrs(load)["zerolayer.cached_tokens"] == 48
+    assert attrs(load)["zerolayer.uncached_tokens"] == 3
+    assert attrs(decode)["gen_ai.usage.output_tokens"] == 6
+    assert attrs(root)["gen_ai.request.model"] == Path(stack.config.model_dir).name
+    assert attrs(root)["gen_ai.response.finish_reasons"] == ["length"]
+    assert attrs(root)["gen_ai.operation.name"] == "text_completion"
+    assert not any("db." in key for _, s in trace for key in attrs(s))
+
+
+def test_scheduler_start_up_is_a_weights_loading_trace(stack, receiver) -> None:
+    rcv, _ = receiver
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        spans = rcv.snapshot()
+        load = [s for svc, s in spans if s.name == "load weights" and svc == "zerolayer-scheduler"]
+        if load and any(
+            s.name == "zerolayer.v1.Loader/GetManifest" and svc == "zerolayer-loader"
+            for svc, s in spans
+        ):
+            break
+        time.sleep(0.1)
+    # The loader's GetManifest span for the scheduler's call joined the scheduler's start-up trace.
+    assert any(
+        svc == "zerolayer-loader"
+        and s.name == "zerolayer.v1.Loader/GetManifest"
+        and s.trace_id == load[0].trace_id
+        for svc, s in spans
+    )
+    assert attrs(load[0])["zerolayer.weight_bytes"] > 0
+
+
+def scrape(stack, layer: str) -> dict[str, float]:
+    port = stack.config.metrics_port(layer)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+def test_metrics_endpoints_answer_and_move(stack) -> None:
+    before = {layer: scrape(stack, layer) for layer in ("scheduler", "frontend")}
+    response = text_stub(stack).Generate(
+        pb.GenerateRequest(prompt="metrics", max_new_tokens=5, ignore_eos=True)
+    )
+    assert len(response.token_ids) == 5
+    scheduler, frontend = scrape(stack, "scheduler"), scrape(stack, "frontend")
+    generated = "zerolayer_scheduler_generated_tokens_total"
+    assert scheduler[generated] - before["scheduler"].get(generated, 0) == 5
+    assert (
+        scheduler["zerolayer_scheduler_ttft_seconds_count"]
+        - before["scheduler"].get("zerolayer_scheduler_ttft_seconds_count", 0)
+    ) == 1
+    assert (
+        scheduler["zerolayer_scheduler_itl_seconds_count"]
+        - before["scheduler"].get("zerolayer_scheduler_itl_seconds_count", 0)
+    ) == 4
+    assert scheduler["zerolayer_scheduler_step_gap_microseconds_count"] >= 4
+    assert scheduler['zerolayer_scheduler_page_faults_total{kind="minor"}'] > 0
+    assert "zerolayer_scheduler_page_faults_per_token" in scheduler
+    assert scheduler["zerolayer_scheduler_requests_running"] == 0
+    assert scheduler["zerolayer_scheduler_kv_blocks_held"] == 0
+    ok = 'zerolayer_frontend_requests_total{code="OK",method="Generate"}'
+    assert frontend[ok] - before["frontend"].get(ok, 0) == 1
+    assert frontend["zerolayer_frontend_ttft_seconds_count"] >= 1
+    loader = scrape(stack, "loader")
+    assert 0 < loader["zerolayer_loader_resident_bytes"] <= loader["zerolayer_loader_weight_bytes"]
+    assert scrape(stack, "kvstore")["zerolayer_kv_blocks_total"] > 0
+
+
+def test_a_bad_request_is_counted_with_its_code(stack) -> None:
+    key = 'zerolayer_frontend_requests_total{code="INVALID_ARGUMENT",method="Generate"}'
+    before = scrape(stack, "frontend").get(key, 0)
+    with pytest.raises(grpc.RpcError):
+        text_stub(stack).Generate(pb.GenerateRequest(prompt=""))
+    assert scrape(stack, "frontend")[key] - before == 1
