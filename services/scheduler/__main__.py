@@ -125,6 +125,8 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
 
     async def on_start() -> None:
         engine, kv_client = await asyncio.to_thread(build_engine, config, tracing, registry)
+        warm_up_s = await asyncio.to_thread(engine.warm_up)
+        log.info("warm-up took %.0f ms", warm_up_s * 1e3)
         servicer.attach(engine)
         holder["engine"], holder["kv"] = engine, kv_client
         engine.start()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.common.errors import Unavailable, ZerolayerError
-from services.common.generation import EngineRequest, RequestOutput
+from services.common.generation import EngineRequest, RequestOutput, SamplingParams
 from services.scheduler.kv_cache_manager import ArenaChanged
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.model_runner import ModelRunner
@@ -59,6 +59,31 @@ class Engine:
         self._sinks: dict[str, Sink] = {}
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+
+    def warm_up(self, num_prompt_tokens: int = 32) -> float:
+        """Runs one short request through prefill and decode before serving (first-call costs:
+        kernel selection, allocator growth, page faults on the weights). Call before
+        :meth:`start`. Its blocks are freed (its content cached under a private salt, which no
+        client request can match).
+
+        Returns:
+            Seconds taken.
+        """
+        started = time.perf_counter()
+        prompt = tuple(3 + i % 200 for i in range(num_prompt_tokens))
+        self.scheduler.add_request(
+            EngineRequest(
+                "zerolayer-warm-up",
+                prompt,
+                2,
+                SamplingParams(),
+                ignore_eos=True,
+                cache_salt="\x00zerolayer-warm-up",
+            )
+        )
+        while self.scheduler.has_unfinished_requests:
+            self.step()
+        return time.perf_counter() - started
 
     def start(self) -> None:
         """Starts the engine thread."""
