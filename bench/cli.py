@@ -3,21 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shlex
 import sys
 from pathlib import Path
+from types import ModuleType
 
-SCENARIOS = ("multiturn",)
+SCENARIOS = ("multiturn", "throughput", "latency", "coldstart", "split", "roofline")
+"""Each is a module of this package with ``add_arguments(p)`` and ``main(args) -> dict``."""
+
+MULTITURN_SMOKE = {"turns": 2, "repeats": 1, "message_tokens": 8, "answer_tokens": 4}
+"""What ``--smoke`` changes for multiturn; the other scenarios declare their own ``SMOKE``."""
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"bench.{name}")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Adds ``bench`` and its scenarios to the zerolayer command line."""
-    from bench import multiturn
-
     p = sub.add_parser("bench", help="run a benchmark scenario against its baseline")
     scenarios = p.add_subparsers(dest="scenario", required=True)
-    for name, module in (("multiturn", multiturn),):
+    for name in SCENARIOS:
+        module = _module(name)
         s = scenarios.add_parser(name, help=module.__doc__.splitlines()[0])
         s.add_argument(
             "--preset",
@@ -43,20 +52,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the chosen scenario and prints its results."""
-    from bench import multiturn
-
     args.command = "zerolayer " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    module = _module(args.scenario)
     if args.smoke:
         args.preset = "tiny"
-        for name, value in (
-            ("turns", 2),
-            ("repeats", 1),
-            ("message_tokens", 8),
-            ("answer_tokens", 4),
-        ):
-            if hasattr(args, name):
-                setattr(args, name, value)
-    module = {"multiturn": multiturn}[args.scenario]
+        for name, value in getattr(module, "SMOKE", MULTITURN_SMOKE).items():
+            setattr(args, name, value)
     results = module.main(args)
     print(json.dumps(results, indent=2))
     return 0

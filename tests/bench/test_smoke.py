@@ -13,8 +13,12 @@ from e2e.stack import free_port
 
 pytestmark = pytest.mark.e2e
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-def test_multiturn_smoke_writes_json_and_png(tmp_path: Path) -> None:
+
+def run_smoke(tmp_path: Path, scenario: str) -> dict:
+    """Runs ``zerolayer bench SCENARIO --smoke`` in a fresh cache; checks the common parts of its
+    results and its plot, and returns the results document."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc = subprocess.run(
         [
@@ -22,7 +26,7 @@ def test_multiturn_smoke_writes_json_and_png(tmp_path: Path) -> None:
             "-m",
             "services.cli",
             "bench",
-            "multiturn",
+            scenario,
             "--smoke",
             "--out",
             str(tmp_path),
@@ -35,10 +39,99 @@ def test_multiturn_smoke_writes_json_and_png(tmp_path: Path) -> None:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "multiturn.json").read_text())
-    assert results["scenario"] == "multiturn"
-    assert results["command"].startswith("zerolayer bench multiturn --smoke")
+    results = json.loads((tmp_path / f"{scenario}.json").read_text())
+    assert results["scenario"] == scenario
+    assert results["command"].startswith(f"zerolayer bench {scenario} --smoke")
+    assert {"date", "machine"} <= set(results)
+    assert (tmp_path / f"{scenario}.png").read_bytes()[:8] == PNG_MAGIC
+    return results
+
+
+def test_multiturn_smoke_writes_json_and_png(tmp_path: Path) -> None:
+    results = run_smoke(tmp_path, "multiturn")
     systems = results["ttft_s_per_turn"]
     assert set(systems) == {"zerolayer_prefix_caching", "zerolayer_no_caching", "hf_transformers"}
     assert all(len(ttfts) == 2 and all(t > 0 for t in ttfts) for ttfts in systems.values())
-    assert (tmp_path / "multiturn.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_throughput_smoke_writes_json_and_png(tmp_path: Path) -> None:
+    results = run_smoke(tmp_path, "throughput")
+    assert results["workload"] == {
+        "num_requests": 4,
+        "prompt_tokens": 16,
+        "max_new_tokens": 8,
+        "ignore_eos": True,
+        "greedy": True,
+    }
+    assert results["torch_threads"] == {
+        "zerolayer_scheduler": results["machine"]["cores"],
+        "hf_transformers": results["machine"]["cores"],
+    }
+    assert results["hf_sequential"]["requests_timed"] == 1
+    assert results["hf_padded_batch"]["batch_size"] == 4
+    for system in ("zerolayer", "hf_sequential", "hf_padded_batch"):
+        assert results[system]["output_tok_s"] > 0
+    assert set(results["targets_met"]) == {"vs_hf_padded_batch", "vs_hf_sequential"}
+    assert results["ratio_vs_hf_padded_batch"] == pytest.approx(
+        results["zerolayer"]["output_tok_s"] / results["hf_padded_batch"]["output_tok_s"]
+    )
+
+
+def test_latency_smoke_writes_json_and_png(tmp_path: Path) -> None:
+    results = run_smoke(tmp_path, "latency")
+    assert results["workload"]["rates_per_s"] == [4.0, 8.0, 16.0]
+    assert results["workload"]["num_requests_per_rate"] == 4
+    assert set(results["zerolayer_per_rate"]) == {"4.0", "8.0", "16.0"}
+    for summary in results["zerolayer_per_rate"].values():
+        assert 0 < summary["ttft_p50_s"] <= summary["ttft_p99_s"]
+        assert 0 < summary["itl_p50_s"] <= summary["itl_p99_s"]
+    assert results["hf_batch1"]["repeats"] == 1
+    assert results["hf_batch1"]["ttft_s"] > 0 and results["hf_batch1"]["itl_p50_s"] > 0
+    assert results["highest_rate_within_ttft_slo_per_s"] in (None, 4.0, 8.0, 16.0)
+
+
+def test_coldstart_smoke_writes_json_and_png(tmp_path: Path) -> None:
+    results = run_smoke(tmp_path, "coldstart")
+    assert results["python_import_torch_grpc_s"] > 0
+    assert results["zerolayer_up_to_first_token_s"] > 0
+    assert results["hf_process_to_first_token"]["to_first_token_s"] > 0
+    restart = results["scheduler_restart"]
+    assert restart["to_first_token_from_scheduler_s"] > 0
+    assert restart["to_first_token_via_frontend_s"] > 0
+    assert restart["model_dependent_s"] == pytest.approx(
+        restart["to_first_token_from_scheduler_s"] - results["python_import_torch_grpc_s"]
+    )
+    assert list(results["loader_ready"]) == ["0.001", "0.004"]
+    assert all(r["ready_s"] > 0 and r["weight_bytes"] > 0 for r in results["loader_ready"].values())
+    assert set(results["targets_met"]) == {
+        "up_vs_hf_process",
+        "scheduler_restart_model_dependent_s",
+        "loader_ready_largest_vs_smallest",
+    }
+
+
+def test_split_smoke_writes_json_and_png(tmp_path: Path) -> None:
+    results = run_smoke(tmp_path, "split")
+    assert results["workload"]["batch_sizes"] == [1, 4]
+    for side in ("in_process", "services"):
+        assert set(results[side]) == {"1", "4"}
+        assert all(r["decode_tok_s"] > 0 and r["itl_p50_s"] > 0 for r in results[side].values())
+    assert set(results["comparison"]) == {"1", "4"}
+
+
+def test_roofline_smoke_writes_json_and_png(tmp_path: Path) -> None:
+    results = run_smoke(tmp_path, "roofline")
+    rates = results["machine_rates"]
+    assert set(rates["gemv_bytes_per_s"]) == {"bfloat16_mv", "bfloat16_linear", "float32_mv"}
+    assert rates["bf16_mm_flop_per_s"] > 0
+    # tiny preset: 4 layers of (q, o: 128x128; k, v: 64x128; gate, up, down: 256x128; 2 norms),
+    # the final norm and a 259x128 head, plus one embedding row, in float32.
+    num_params = (
+        4 * (2 * 128 * 128 + 2 * 64 * 128 + 3 * 256 * 128 + 2 * 128) + 128 + 259 * 128 + 128
+    )
+    assert results["params_per_token"] == num_params
+    assert results["weight_bytes_per_token"] == 4 * num_params
+    assert results["zerolayer"]["batch1_decode_tok_s"] > 0
+    assert results["zerolayer"]["batch_decode_tok_s"] > 0
+    assert results["hf_batch1_decode_tok_s"] > 0
+    assert results["bandwidth_bound_tok_s"] > 0 and results["compute_bound_tok_s"] > 0
