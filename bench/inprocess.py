@@ -25,6 +25,7 @@ from services.common.model_config import ModelConfig
 from services.kvstore.arena import ArenaLayout, blocks_for_bytes
 from services.loader.checkpoint import read_checkpoint
 from services.scheduler.engine import Engine, Sink
+from services.scheduler.kernels import KernelLoader
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.llama import LlamaModel
 from services.scheduler.local_kv import LocalBlockAllocator, local_arena
@@ -57,7 +58,12 @@ def build_local_engine(
         num_blocks=0,
     )
     layout = dataclasses.replace(shape, num_blocks=blocks_for_bytes(kv_cache_bytes, shape))
-    runner = ModelRunner(model, local_arena(layout, torch_dtype(layout.dtype)), block_size)
+    # The same attention backend the scheduler uses by default (the native kernel).
+    kernels = KernelLoader()
+    kernels.load()
+    runner = ModelRunner(
+        model, local_arena(layout, torch_dtype(layout.dtype)), block_size, kernels=kernels
+    )
     kv = KVCacheManager(LocalBlockAllocator(layout.num_blocks, block_size), block_size)
     policy = SchedulingPolicy(max_num_seqs, max_num_batched_tokens, config.max_position_embeddings)
     scheduler = Scheduler(policy, kv, config.eos_token_ids)

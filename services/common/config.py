@@ -68,6 +68,9 @@ class SchedulerConfig:
     """Token budget of one step (prefill chunks plus decodes)."""
     num_threads: int = 0
     """torch intra-op threads; 0: one per available core (the engine is the only compute user)."""
+    attention_backend: str = "native"
+    """"native" (the csrc kernel, built on first start; falls back to "reference" when it cannot
+    be built) or "reference" (pure torch)."""
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0: off."""
     metrics_host: str = "127.0.0.1"

@@ -25,6 +25,7 @@ from services.common.server import (
 )
 from services.common.tracing import GEN_AI_REQUEST_MODEL, Tracing, TracingConfig
 from services.scheduler.engine import Engine
+from services.scheduler.kernels import KernelLoader
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.kv_client import KVStoreClient
 from services.scheduler.llama import LlamaModel
@@ -54,6 +55,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     parser.add_argument(
         "--num-threads", type=int, default=0, help="torch threads; 0: one per available core"
+    )
+    parser.add_argument(
+        "--attention-backend",
+        choices=("native", "reference"),
+        default="native",
+        help="paged attention: the native csrc kernel (default; built once and "
+        "cached, falls back to reference without a compiler) or pure torch",
     )
     add_metrics_port(parser)
     return parser
@@ -89,7 +97,13 @@ def build_engine(
             model_config.head_dim,
         ):
             raise RuntimeError("the kvstore's arena does not match the loader's model")
-        runner = ModelRunner(model, kv_client.map(), layout.block_size)
+        kernels = KernelLoader(enabled=config.attention_backend == "native")
+        if config.attention_backend == "native" and kernels.load() is None:
+            log.warning(
+                "native attention unavailable (%s): using the reference path",
+                kernels.unavailable_reason,
+            )
+        runner = ModelRunner(model, kv_client.map(), layout.block_size, kernels=kernels)
     policy = SchedulingPolicy(
         config.max_num_seqs, config.max_num_batched_tokens, model_config.max_position_embeddings
     )
@@ -156,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_threads=args.num_threads,
+        attention_backend=args.attention_backend,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )

@@ -1,8 +1,11 @@
-"""Attention over the paged KV cache: the pure-torch reference path.
+"""Attention over the paged KV cache: the native kernel when it loads, else the torch reference.
 
 K and V of every token are written into their cache slots (``slot_mapping``), then each sequence's
-queries attend over its blocks gathered through its block table (Kwon et al. 2023,
-"PagedAttention"). Decodes (one query each) run as one padded batch; prefill chunks run one
+queries attend over its blocks through its block table (Kwon et al. 2023, "PagedAttention").
+
+The native kernel (``csrc/paged_attention.cpp`` via :class:`KernelLoader`) handles every sequence
+of the step in one call over ``query_start_loc``/``seq_lens``/``block_tables``. The reference
+gathers blocks: decodes (one query each) run as one padded batch; prefill chunks run one
 ``scaled_dot_product_attention`` each with a causal mask offset by the tokens already cached.
 """
 
@@ -12,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from services.scheduler.kernels import NATIVE_DTYPES, KernelLoader
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,9 @@ class PrefillSpan:
 class AttentionMetadata:
     """Everything attention needs about one step's batch; built by the model runner.
 
-    Shapes: T tokens in the step, Bd decode sequences, M the longest decode block table.
+    Shapes: T tokens in the step, B sequences (Bd of them decodes), N the longest block table,
+    M the longest decode block table. ``slot_mapping`` serves both paths; the ``decode_*`` and
+    ``prefills`` fields serve the reference, the last three the native kernel.
     """
 
     slot_mapping: torch.Tensor
@@ -45,6 +52,13 @@ class AttentionMetadata:
     """bool [Bd, 1, 1, M * block_size]: True where a key position is inside the sequence."""
     prefills: tuple[PrefillSpan, ...]
     """The sequences fed more than one token."""
+    query_start_loc: torch.Tensor
+    """int64 [B + 1]: sequence b's queries are rows ``[query_start_loc[b], query_start_loc[b+1])``
+    of the flat array (all sequences of the step, in order)."""
+    seq_lens: torch.Tensor
+    """int64 [B]: context length of each sequence after this step (cached + new tokens)."""
+    block_tables: torch.Tensor
+    """int64 [B, N]: block tables of all sequences, padded with 0."""
 
 
 def write_kv(
@@ -74,6 +88,29 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
 
 
 def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    kernels: KernelLoader | None = None,
+) -> torch.Tensor:
+    """Causal attention of this step's queries over the cached context (K/V already written).
+
+    Runs the native kernel when ``kernels`` loads it and handles ``q.dtype``, else
+    :func:`paged_attention_reference` (same arguments, shapes and result up to rounding). The
+    first call may build the kernel (see :meth:`KernelLoader.load`). Does not modify the caches.
+    """
+    if kernels is not None and q.dtype in NATIVE_DTYPES:
+        module = kernels.load()
+        if module is not None:
+            return module.paged_attention(
+                q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale
+            )
+    return paged_attention_reference(q, k_cache, v_cache, meta, scale)
+
+
+def paged_attention_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,

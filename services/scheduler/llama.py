@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from services.common.model_config import ModelConfig
 from services.scheduler.attention import AttentionMetadata, paged_attention, write_kv
+from services.scheduler.kernels import KernelLoader
 from services.scheduler.rope import RotaryEmbedding, apply_rotary
 
 
@@ -88,6 +89,7 @@ class LlamaModel:
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
+        kernels: KernelLoader | None = None,
     ) -> torch.Tensor:
         """Runs all layers on one step's tokens, writing their K/V into the caches.
 
@@ -96,6 +98,7 @@ class LlamaModel:
             positions: int64 [T] absolute position of each token in its sequence.
             kv_caches: per layer (k_cache, v_cache), each [num_blocks, block_size, Hkv, D].
             meta: slot mapping and block tables of the step.
+            kernels: native attention when it loads; None: the pure-torch reference.
 
         Returns:
             [T, hidden_size] final-norm hidden states in the model dtype.
@@ -112,7 +115,7 @@ class LlamaModel:
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-            attn = paged_attention(q, k_cache, v_cache, meta, self.scale)
+            attn = paged_attention(q, k_cache, v_cache, meta, self.scale, kernels)
             h = h + F.linear(attn.reshape(num_tokens, -1), layer.o_proj)
             x = rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps)
             h = h + F.linear(
