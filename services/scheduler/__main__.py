@@ -25,6 +25,7 @@ from services.common.server import (
 )
 from services.common.tracing import GEN_AI_REQUEST_MODEL, Tracing, TracingConfig
 from services.scheduler.engine import Engine
+from services.scheduler.gpu_monitor import GpuPoller, NvmlSource
 from services.scheduler.kernels import KernelLoader
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.kv_client import KVStoreClient
@@ -118,6 +119,12 @@ def build_engine(
         }
 
     metrics = SchedulerMetrics(registry, gauges)
+    # NOTE: GPU signals are sampled only where a CUDA device and NVML exist; on CPU hosts the
+    # poller (and its metrics) are simply absent.
+    if torch.cuda.is_available():
+        source = NvmlSource.open(torch.cuda.current_device())
+        if source is not None:
+            GpuPoller(source, registry).start()
     # NOTE: each weight tensor keeps its file mapping alive (torch.frombuffer holds the mmap).
     return Engine(scheduler, runner, Sampler(), metrics), kv_client
 
