@@ -22,7 +22,7 @@ def generate_protos() -> None:
 
     proto_dir = ROOT / "protos"
     protos = sorted(
-        str(p.relative_to(proto_dir)) for p in (proto_dir / "zerolayer/v1").glob("*.proto")
+        str(p.relative_to(proto_dir)) for p in (proto_dir / "zerolayer").rglob("*.proto")
     )
     include = Path(protoc.__file__).parent / "_proto"
     args = [
