@@ -12,7 +12,7 @@ import gc
 import random
 from pathlib import Path
 
-from bench.common import median, percentile, write_results
+from bench.common import median, percentile, stub_for, write_results
 from bench.hf_baseline import hf_token_times, load_hf
 from bench.plots import plot_line_panels
 from bench.scenario import (
@@ -24,7 +24,14 @@ from bench.scenario import (
     vocab_size_of,
     warm_up,
 )
-from bench.streams import TokenTimes, generate_request, pooled_itl_s, random_prompts, run_streams
+from bench.streams import (
+    TokenTimes,
+    generate_request,
+    pooled_itl_s,
+    random_prompts,
+    run_streams,
+    stream_token_times,
+)
 from services.launcher import Stack
 
 SMOKE = {
@@ -33,6 +40,7 @@ SMOKE = {
     "prompt_tokens": 16,
     "max_new_tokens": 8,
     "hf_repeats": 1,
+    "isolated_prompt_tokens": 16,
 }
 """Overrides of ``--smoke``."""
 
@@ -81,12 +89,31 @@ def run_zerolayer(
     return per_rate
 
 
+def isolated_prompts(vocab_size: int, args: argparse.Namespace) -> list[list[int]]:
+    """Prompts of ``--isolated-prompt-tokens`` for the one-request-at-a-time TTFT (first one warms
+    up); distinct, so no prefix is reused."""
+    return random_prompts(
+        args.hf_repeats + 1, args.isolated_prompt_tokens, vocab_size, args.seed + 500
+    )
+
+
+def run_zerolayer_isolated(address: str, vocab_size: int, args: argparse.Namespace) -> float:
+    """Median TTFT (s) of single long-prompt requests on an idle stack, through all layers."""
+    stub = stub_for(address)
+    prompts = isolated_prompts(vocab_size, args)
+    stream_token_times(stub, generate_request(prompts[0], 1))
+    return median([stream_token_times(stub, generate_request(p, 1)).ttft_s for p in prompts[1:]])
+
+
 def run_hf(model_dir: Path, vocab_size: int, args: argparse.Namespace) -> dict:
     """Batch-1 TTFT and ITL of transformers on prompts of the same length (medians of repeats)."""
     model = load_hf(model_dir)
     prompts = random_prompts(args.hf_repeats + 1, args.prompt_tokens, vocab_size, args.seed + 99)
     hf_token_times(model, prompts[0], 2)  # warm-up
     runs = [hf_token_times(model, p, args.max_new_tokens) for p in prompts[1:]]
+    long_prompts = isolated_prompts(vocab_size, args)
+    hf_token_times(model, long_prompts[0], 1)
+    isolated = median([hf_token_times(model, p, 1).ttft_s for p in long_prompts[1:]])
     del model
     gc.collect()
     itls = pooled_itl_s(runs)
@@ -95,6 +122,7 @@ def run_hf(model_dir: Path, vocab_size: int, args: argparse.Namespace) -> dict:
         "ttft_s": median([r.ttft_s for r in runs]),
         "itl_p50_s": percentile(itls, 50),
         "itl_p99_s": percentile(itls, 99),
+        "isolated_ttft_s": isolated,
     }
 
 
@@ -107,6 +135,7 @@ def main(args: argparse.Namespace) -> dict:
     config = stack_config(args, model_dir)
     with Stack(config):
         warm_up(config.listen, vocab_size)
+        isolated_ttft_s = run_zerolayer_isolated(config.listen, vocab_size, args)
         zerolayer = run_zerolayer(config.listen, rates, vocab_size, args)
     set_torch_threads(threads)
     hf = run_hf(model_dir, vocab_size, args)
@@ -125,6 +154,13 @@ def main(args: argparse.Namespace) -> dict:
         "torch_threads": {"zerolayer_scheduler": threads, "hf_transformers": threads},
         "zerolayer_per_rate": zerolayer,
         "hf_batch1": hf,
+        "isolated_ttft": {
+            "prompt_tokens": args.isolated_prompt_tokens,
+            "zerolayer_s": isolated_ttft_s,
+            "hf_in_process_s": hf["isolated_ttft_s"],
+            "zerolayer_vs_hf": isolated_ttft_s / hf["isolated_ttft_s"],
+            "target": "<= 1.15 (one request at a time, idle stack, through all four layers)",
+        },
         "ttft_slo_s": args.ttft_slo_s,
         "highest_rate_within_ttft_slo_per_s": max(within) if within else None,
         "lowest_rate_ttft_p50_vs_hf": lowest["ttft_p50_s"] / hf["ttft_s"],
@@ -168,4 +204,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ttft-slo-s", type=float, default=1.0, help="p99 TTFT bound (s)")
     p.add_argument("--hf-repeats", type=int, default=3, help="baseline requests (medians)")
+    p.add_argument(
+        "--isolated-prompt-tokens",
+        type=int,
+        default=512,
+        help="prompt length of the one-request-at-a-time TTFT comparison",
+    )
     add_threads_argument(p)

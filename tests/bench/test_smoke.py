@@ -88,6 +88,10 @@ def test_latency_smoke_writes_json_and_png(tmp_path: Path) -> None:
     assert results["hf_batch1"]["repeats"] == 1
     assert results["hf_batch1"]["ttft_s"] > 0 and results["hf_batch1"]["itl_p50_s"] > 0
     assert results["highest_rate_within_ttft_slo_per_s"] in (None, 4.0, 8.0, 16.0)
+    isolated = results["isolated_ttft"]
+    assert isolated["prompt_tokens"] == 16
+    assert isolated["zerolayer_s"] > 0 and isolated["hf_in_process_s"] > 0
+    assert isolated["zerolayer_vs_hf"] == isolated["zerolayer_s"] / isolated["hf_in_process_s"]
 
 
 def test_coldstart_smoke_writes_json_and_png(tmp_path: Path) -> None:
