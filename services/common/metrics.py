@@ -8,6 +8,25 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.registry import Collector
 
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+"""Histogram buckets (seconds) of the latency metrics every layer uses (TTFT, ITL, e2e, queue)."""
+
 
 def serve_metrics(
     port: int, collectors: Iterable[Collector], host: str = "127.0.0.1"

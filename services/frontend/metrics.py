@@ -10,7 +10,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.common.errors import ZerolayerError
-from services.scheduler.metrics import LATENCY_BUCKETS_S
+from services.common.metrics import LATENCY_BUCKETS_S
 
 
 class FrontendMetrics:
