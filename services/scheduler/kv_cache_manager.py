@@ -142,10 +142,11 @@ class KVCacheManager:
             num_full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
             if num_full <= request.num_committed_blocks:
                 continue
-            tokens = request.all_token_ids
             for i in range(request.num_committed_blocks, num_full):
                 parent = request.block_ids[i - 1] if i else None
-                block_tokens = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
+                block_tokens = tuple(
+                    request.token_slice(i * self.block_size, (i + 1) * self.block_size)
+                )
                 entries.append(
                     (CommitEntry(request.block_ids[i], parent, block_tokens), request.cache_salt)
                 )

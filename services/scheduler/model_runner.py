@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from services.scheduler.attention import AttentionMetadata, PrefillSpan
+from services.scheduler.attention import AttentionMetadata
 from services.scheduler.kernels import KernelLoader
 from services.scheduler.llama import LlamaModel
 from services.scheduler.scheduler import SchedulerOutput
+from services.scheduler.step_inputs import StepBuffers
 
 
 def build_metadata(
@@ -15,76 +16,12 @@ def build_metadata(
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
     """Flattens a step into (input_ids [T], positions [T], metadata, logits_rows [S]).
 
+    A one-off form of :meth:`StepBuffers.fill` (fresh buffers; tests and benchmarks use it).
     ``logits_rows`` holds the row of the last token of each request that samples this step, in the
     order of ``output.scheduled`` (the order :meth:`Scheduler.update` expects tokens in).
     """
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    decode_rows: list[int] = []
-    decode_tables: list[list[int]] = []
-    decode_lens: list[int] = []
-    prefills: list[PrefillSpan] = []
-    logits_rows: list[int] = []
-    query_start_loc: list[int] = [0]
-    seq_lens: list[int] = []
-    tables: list[list[int]] = []
-    for item in output.scheduled:
-        request = item.request
-        start = len(input_ids)
-        first, end = item.num_computed_tokens, item.num_computed_tokens + item.num_new_tokens
-        tokens = request.all_token_ids
-        input_ids.extend(tokens[first:end])
-        positions.extend(range(first, end))
-        blocks = request.block_ids
-        slots.extend(
-            blocks[p // block_size] * block_size + p % block_size for p in range(first, end)
-        )
-        num_blocks = -(-end // block_size)
-        query_start_loc.append(len(input_ids))
-        seq_lens.append(end)
-        tables.append(blocks[:num_blocks])
-        if item.num_new_tokens == 1:
-            decode_rows.append(start)
-            decode_tables.append(tables[-1])
-            decode_lens.append(end)
-        else:
-            prefills.append(
-                PrefillSpan(
-                    start,
-                    item.num_new_tokens,
-                    end,
-                    torch.tensor(blocks[:num_blocks], dtype=torch.int64),
-                )
-            )
-        if item.samples:
-            logits_rows.append(start + item.num_new_tokens - 1)
-    width = max((len(t) for t in decode_tables), default=0)
-    table = _padded(decode_tables, width)
-    key_pos = torch.arange(width * block_size)
-    mask = key_pos.unsqueeze(0) < torch.tensor(decode_lens, dtype=torch.int64).unsqueeze(1)
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        decode_rows=torch.tensor(decode_rows, dtype=torch.int64),
-        decode_block_tables=table,
-        decode_mask=mask.view(len(decode_tables), 1, 1, width * block_size),
-        prefills=tuple(prefills),
-        query_start_loc=torch.tensor(query_start_loc, dtype=torch.int64),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
-        block_tables=_padded(tables, max((len(t) for t in tables), default=0)),
-    )
-    return (
-        torch.tensor(input_ids, dtype=torch.int64),
-        torch.tensor(positions, dtype=torch.int64),
-        meta,
-        torch.tensor(logits_rows, dtype=torch.int64),
-    )
-
-
-def _padded(tables: list[list[int]], width: int) -> torch.Tensor:
-    """int64 [len(tables), width]: the block tables, each padded with block 0."""
-    rows = [t + [0] * (width - len(t)) for t in tables]
-    return torch.tensor(rows, dtype=torch.int64).view(len(tables), width)
+    inputs = StepBuffers(block_size, max_tokens=1, max_seqs=1, max_blocks=1).fill(output)
+    return inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_rows
 
 
 class ModelRunner:
@@ -96,6 +33,7 @@ class ModelRunner:
         arena: torch.Tensor,
         block_size: int,
         kernels: KernelLoader | None = None,
+        buffers: StepBuffers | None = None,
     ) -> None:
         """
         Args:
@@ -104,10 +42,13 @@ class ModelRunner:
             block_size: tokens per block.
             kernels: native kernels (attention), built on the first step if not loaded yet;
                 None: the pure-torch reference path.
+            buffers: persistent step inputs, sized for the scheduler's limits (None: small
+                buffers that grow on the first large steps).
         """
         self.model = model
         self.block_size = block_size
         self.kernels = kernels
+        self.buffers = buffers if buffers is not None else StepBuffers(block_size)
         self.set_arena(arena)
 
     def set_arena(self, arena: torch.Tensor) -> None:
@@ -116,8 +57,10 @@ class ModelRunner:
 
     def execute(self, output: SchedulerOutput) -> torch.Tensor:
         """Runs one step; returns float32 [S, vocab] logits of the requests that sample."""
-        input_ids, positions, meta, logits_rows = build_metadata(output, self.block_size)
-        hidden = self.model.forward(input_ids, positions, self.kv_caches, meta, self.kernels)
-        if logits_rows.numel() == 0:
+        inputs = self.buffers.fill(output)
+        hidden = self.model.forward(
+            inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.kernels
+        )
+        if inputs.logits_rows.numel() == 0:
             return torch.empty(0, self.model.config.vocab_size)
-        return self.model.compute_logits(hidden[logits_rows])
+        return self.model.compute_logits(hidden[inputs.logits_rows], self.kernels)

@@ -69,6 +69,22 @@ class Request:
         """Prompt then output token ids (a new list)."""
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_at(self, index: int) -> int:
+        """Token id at position ``index`` of prompt + output (no list is built)."""
+        num_prompt = len(self.prompt_token_ids)
+        if index < num_prompt:
+            return self.prompt_token_ids[index]
+        return self.output_token_ids[index - num_prompt]
+
+    def token_slice(self, first: int, end: int) -> list[int]:
+        """Token ids at positions ``[first, end)`` of prompt + output."""
+        num_prompt = len(self.prompt_token_ids)
+        if end <= num_prompt:
+            return self.prompt_token_ids[first:end]
+        if first >= num_prompt:
+            return self.output_token_ids[first - num_prompt : end - num_prompt]
+        return self.prompt_token_ids[first:] + self.output_token_ids[: end - num_prompt]
+
     @property
     def is_finished(self) -> bool:
         """True once a finish reason is set."""
