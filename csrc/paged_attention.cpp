@@ -24,6 +24,8 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "kernels.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -677,4 +679,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       pybind11::arg("block_tables"),
       pybind11::arg("scale"),
       pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def(
+      "skinny_linear",
+      &zerolayer::skinny_linear,
+      "x [M, K] @ w [N, K]^T in bfloat16 for M <= max_skinny_rows (decode GEMV), float32 "
+      "accumulation -> [M, N]",
+      pybind11::arg("x"),
+      pybind11::arg("w"),
+      pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.attr("max_skinny_rows") = zerolayer::kMaxSkinnyRows;
 }

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parents[2] / "csrc"
 PAGED_ATTENTION_SOURCE = CSRC_DIR / "paged_attention.cpp"
+SKINNY_LINEAR_SOURCE = CSRC_DIR / "skinny_linear.cpp"
 EXTENSION_NAME = "zerolayer_paged_attention"
 # NOTE: no -march: the source multiversions its hot functions (target_clones), so a cached build
 # stays valid if the cache moves to another CPU. -ffp-contract=fast lets vector a * b + c be an FMA.
@@ -105,6 +106,31 @@ class KernelLoader:
         """Whether the native kernels are usable (builds them on the first call)."""
         return self.load() is not None
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, weight)``, through the native bfloat16 GEMV when it applies.
+
+        The native path (``csrc/skinny_linear.cpp``) takes bfloat16 ``x`` [M, K] with M at most
+        the module's ``max_skinny_rows`` (batch-1 and small-batch decode, where a step is bound by
+        reading the weights), K a multiple of 16 and a contiguous ``weight`` [N, K]; it
+        accumulates in float32 like torch's kernel. Anything else, or no native module, goes to
+        ``F.linear``.
+
+        Returns:
+            [M, N] in the dtype of ``x``.
+        """
+        module = self._module if self._loaded else self.load()
+        if (
+            module is not None
+            and x.dtype == torch.bfloat16
+            and weight.dtype == torch.bfloat16
+            and x.dim() == 2
+            and x.shape[0] <= module.max_skinny_rows
+            and x.shape[1] % 16 == 0
+            and weight.is_contiguous()
+        ):
+            return module.skinny_linear(x, weight)
+        return torch.nn.functional.linear(x, weight)
+
     def paged_attention_native(
         self,
         q: torch.Tensor,
@@ -149,8 +175,9 @@ class KernelLoader:
     def _build(self) -> tuple[ModuleType | None, str | None]:
         if not self._enabled:
             return None, "disabled"
-        if not PAGED_ATTENTION_SOURCE.is_file():
-            return None, f"{PAGED_ATTENTION_SOURCE} not found"
+        for source in (PAGED_ATTENTION_SOURCE, SKINNY_LINEAR_SOURCE):
+            if not source.is_file():
+                return None, f"{source} not found"
         compiler = os.environ.get("CXX", "c++")
         if self._which(compiler) is None:
             return None, f"no C++ compiler ({compiler!r}) on PATH"
@@ -166,7 +193,8 @@ class KernelLoader:
             with _build_lock(build_dir), _path_with(ninja_dir):
                 module = cpp_extension.load(
                     name=EXTENSION_NAME,
-                    sources=[str(PAGED_ATTENTION_SOURCE)],
+                    sources=[str(PAGED_ATTENTION_SOURCE), str(SKINNY_LINEAR_SOURCE)],
+                    extra_include_paths=[str(CSRC_DIR)],
                     build_directory=str(build_dir),
                     extra_cflags=list(EXTRA_CFLAGS),
                     extra_ldflags=list(EXTRA_LDFLAGS),

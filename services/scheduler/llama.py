@@ -98,32 +98,39 @@ class LlamaModel:
             positions: int64 [T] absolute position of each token in its sequence.
             kv_caches: per layer (k_cache, v_cache), each [num_blocks, block_size, Hkv, D].
             meta: slot mapping and block tables of the step.
-            kernels: native attention when it loads; None: the pure-torch reference.
+            kernels: native attention and decode GEMV when they load; None: pure torch.
 
         Returns:
             [T, hidden_size] final-norm hidden states in the model dtype.
         """
         cfg = self.config
+        linear = kernels.linear if kernels is not None else F.linear
         h = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rotary.tables(positions, self.dtype)
         num_tokens = input_ids.shape[0]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
-            q = F.linear(x, layer.q_proj).view(num_tokens, cfg.num_attention_heads, cfg.head_dim)
-            k = F.linear(x, layer.k_proj).view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
-            v = F.linear(x, layer.v_proj).view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
+            q = linear(x, layer.q_proj).view(num_tokens, cfg.num_attention_heads, cfg.head_dim)
+            k = linear(x, layer.k_proj).view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
+            v = linear(x, layer.v_proj).view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
             attn = paged_attention(q, k_cache, v_cache, meta, self.scale, kernels)
-            h = h + F.linear(attn.reshape(num_tokens, -1), layer.o_proj)
+            h = h + linear(attn.reshape(num_tokens, -1), layer.o_proj)
             x = rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps)
-            h = h + F.linear(
-                F.silu(F.linear(x, layer.gate_proj)) * F.linear(x, layer.up_proj), layer.down_proj
+            h = h + linear(
+                F.silu(linear(x, layer.gate_proj)) * linear(x, layer.up_proj), layer.down_proj
             )
         return rms_norm(h, self.norm, cfg.rms_norm_eps)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[B, hidden_size] hidden states -> float32 [B, vocab_size] logits."""
-        return F.linear(hidden, self.lm_head).float()
+    def compute_logits(
+        self, hidden: torch.Tensor, kernels: KernelLoader | None = None
+    ) -> torch.Tensor:
+        """[B, hidden_size] hidden states -> float32 [B, vocab_size] logits.
+
+        ``kernels``: the native GEMV for small batches (see :meth:`KernelLoader.linear`).
+        """
+        linear = kernels.linear if kernels is not None else F.linear
+        return linear(hidden, self.lm_head).float()

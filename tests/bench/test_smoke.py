@@ -126,7 +126,15 @@ def test_split_smoke_writes_json_and_png(tmp_path: Path) -> None:
 def test_roofline_smoke_writes_json_and_png(tmp_path: Path) -> None:
     results = run_smoke(tmp_path, "roofline")
     rates = results["machine_rates"]
-    assert set(rates["gemv_bytes_per_s"]) == {"bfloat16_mv", "bfloat16_linear", "float32_mv"}
+    assert set(rates["gemv_bytes_per_s"]) == {
+        "bfloat16_mv",
+        "bfloat16_linear",
+        "bfloat16_sum",
+        "bfloat16_native_gemv",
+        "float32_mv",
+    }
+    best = max(v for k, v in rates["gemv_bytes_per_s"].items() if k.startswith("bfloat16"))
+    assert results["bandwidth_bound_tok_s"] == best / results["weight_bytes_per_token"]
     assert rates["bf16_mm_flop_per_s"] > 0
     # tiny preset: 4 layers of (q, o: 128x128; k, v: 64x128; gate, up, down: 256x128; 2 norms),
     # the final norm and a 259x128 head, plus one embedding row, in float32.

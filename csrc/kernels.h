@@ -1,0 +1,14 @@
+// Entry points of the zerolayer native CPU kernels (bound to Python in paged_attention.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace zerolayer {
+
+// Most rows of x skinny_linear takes (decode batches up to this size use it).
+constexpr int64_t kMaxSkinnyRows = 4;
+
+// y [M, N] = x [M, K] @ w [N, K]^T in bfloat16, float32 accumulation; M <= kMaxSkinnyRows.
+at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w);
+
+}  // namespace zerolayer

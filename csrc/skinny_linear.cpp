@@ -1,0 +1,123 @@
+// y = x @ w^T for a handful of rows of x (decode: one row per running sequence) in bfloat16.
+//
+// At batch 1 a decode step reads every weight once and does two flops per weight byte pair, so it
+// is bound by memory bandwidth, not arithmetic (Williams et al. 2009, "Roofline"). This kernel
+// streams each weight row once, widens it from bfloat16 to float32 in registers (bfloat16 is the top
+// half of a float32) and multiplies it with every row of x while it is in registers, accumulating in
+// float32. Output rows are split across threads in contiguous ranges of weight rows, so each thread
+// reads one contiguous slice of w and the hardware prefetcher sees a sequential stream.
+//
+// Vectors are GCC/Clang vector extensions compiled for x86-64-v4, x86-64-v3 and baseline with the
+// right one picked at load time (target_clones), like paged_attention.cpp.
+//
+// Python reference this is tested against: torch.nn.functional.linear.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(ZL_NO_MULTIVERSION)
+#define ZL_MULTIVERSION \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ZL_MULTIVERSION
+#endif
+
+namespace zerolayer {
+namespace {
+
+constexpr int64_t kLanes = 16;
+typedef float VecF __attribute__((vector_size(64)));
+typedef uint32_t VecU __attribute__((vector_size(64)));
+typedef uint16_t VecH __attribute__((vector_size(32)));
+
+inline __attribute__((always_inline)) VecF widen(const uint16_t* src) {
+  VecH h;
+  std::memcpy(&h, src, sizeof(h));
+  VecU u = __builtin_convertvector(h, VecU) << 16;
+  VecF f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+inline __attribute__((always_inline)) float hsum(VecF v) {
+  float s = 0.f;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+inline __attribute__((always_inline)) uint16_t to_bf16(float f) {
+  // Round to nearest even, as torch does; NaN stays NaN.
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Rows [n0, n1) of w against all M rows of x32 (float32 [M, K]); K a multiple of kLanes.
+template <int M>
+ZL_MULTIVERSION void rows_kernel(
+    const float* x32, const uint16_t* w, uint16_t* y, int64_t k, int64_t n, int64_t n0, int64_t n1) {
+  for (int64_t r = n0; r < n1; ++r) {
+    const uint16_t* wr = w + r * k;
+    VecF acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = VecF{};
+    for (int64_t j = 0; j < k; j += kLanes) {
+      __builtin_prefetch(wr + j + 8 * k, 0, 0);
+      VecF wv = widen(wr + j);
+      for (int m = 0; m < M; ++m) {
+        VecF xv;
+        std::memcpy(&xv, x32 + m * k + j, sizeof(xv));
+        acc[m] += wv * xv;
+      }
+    }
+    for (int m = 0; m < M; ++m) y[m * n + r] = to_bf16(hsum(acc[m]));
+  }
+}
+
+using RowsFn = void (*)(const float*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t, int64_t);
+
+RowsFn rows_for(int64_t m) {
+  switch (m) {
+    case 1: return &rows_kernel<1>;
+    case 2: return &rows_kernel<2>;
+    case 3: return &rows_kernel<3>;
+    case 4: return &rows_kernel<4>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "skinny_linear: x [M, K] and w [N, K] expected");
+  TORCH_CHECK(
+      x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16,
+      "skinny_linear: bfloat16 x and w expected");
+  TORCH_CHECK(x.size(1) == w.size(1), "skinny_linear: x has ", x.size(1), " columns, w ", w.size(1));
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  TORCH_CHECK(m >= 1 && m <= kMaxSkinnyRows, "skinny_linear: 1 to ", kMaxSkinnyRows, " rows of x");
+  TORCH_CHECK(k % kLanes == 0, "skinny_linear: K must be a multiple of ", kLanes);
+  TORCH_CHECK(w.is_contiguous(), "skinny_linear: w must be contiguous");
+  const at::Tensor x32 = x.to(at::kFloat).contiguous();
+  at::Tensor y = at::empty({m, n}, x.options());
+  const float* xp = x32.data_ptr<float>();
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  RowsFn fn = rows_for(m);
+  // Grain: 256 KiB of weights per task at least, so small matrices stay on one thread.
+  const int64_t grain = std::max<int64_t>(1, (256 << 10) / (2 * k));
+  at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { fn(xp, wp, yp, k, n, n0, n1); });
+  return y;
+}
+
+}  // namespace zerolayer
