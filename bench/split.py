@@ -32,6 +32,7 @@ from bench.streams import (
     run_streams,
 )
 from services.launcher import Stack
+from services.scheduler.engine import call_in_fresh_thread
 
 SMOKE = {"batch_sizes": "1,4", "prompt_tokens": 16, "max_new_tokens": 8, "repeats": 1}
 """Overrides of ``--smoke``."""
@@ -60,8 +61,10 @@ def summary(runs_per_repeat: list[list[TokenTimes]]) -> dict:
 
 def run_in_process(model_dir: Path, prompts: dict, args: argparse.Namespace) -> dict:
     """Every batch size on one engine in this process."""
-    engine = build_local_engine(model_dir, args.kv_cache_bytes)
-    engine.start()
+    # As the scheduler process does: build on a thread that exits, warm up on the engine thread
+    # (one OpenMP pool in the process; see services.scheduler.engine).
+    engine = call_in_fresh_thread(build_local_engine, model_dir, args.kv_cache_bytes)
+    engine.start(warm_up_tokens=32)
     try:
         client = LocalEngineClient(engine)
         client.run(random_prompts(2, 32, vocab_size_of(model_dir), WARMUP_SEED), 4)

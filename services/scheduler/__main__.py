@@ -24,7 +24,7 @@ from services.common.server import (
     setup_logging,
 )
 from services.common.tracing import GEN_AI_REQUEST_MODEL, Tracing, TracingConfig
-from services.scheduler.engine import Engine
+from services.scheduler.engine import Engine, call_in_fresh_thread
 from services.scheduler.gpu_monitor import GpuPoller, NvmlSource
 from services.scheduler.kernels import KernelLoader
 from services.scheduler.kv_cache_manager import KVCacheManager
@@ -35,10 +35,14 @@ from services.scheduler.model_runner import ModelRunner
 from services.scheduler.sampler import Sampler
 from services.scheduler.scheduler import Scheduler, SchedulingPolicy
 from services.scheduler.server import SchedulerServicer
+from services.scheduler.step_inputs import StepBuffers
 from services.scheduler.weights import MappedWeights
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+WARM_UP_PROMPT_TOKENS = 32
+"""Prompt length of the request the engine runs before the scheduler reports SERVING."""
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -104,7 +108,15 @@ def build_engine(
                 "native attention unavailable (%s): using the reference path",
                 kernels.unavailable_reason,
             )
-        runner = ModelRunner(model, kv_client.map(), layout.block_size, kernels=kernels)
+        buffers = StepBuffers(
+            layout.block_size,
+            max_tokens=config.max_num_batched_tokens,
+            max_seqs=config.max_num_seqs,
+            max_blocks=-(-model_config.max_position_embeddings // layout.block_size),
+        )
+        runner = ModelRunner(
+            model, kv_client.map(), layout.block_size, kernels=kernels, buffers=buffers
+        )
     policy = SchedulingPolicy(
         config.max_num_seqs, config.max_num_batched_tokens, model_config.max_position_embeddings
     )
@@ -145,12 +157,15 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
     )
 
     async def on_start() -> None:
-        engine, kv_client = await asyncio.to_thread(build_engine, config, tracing, registry)
-        warm_up_s = await asyncio.to_thread(engine.warm_up)
+        # The build runs on a thread that exits and the warm-up on the engine thread, so the
+        # engine thread is the only one left with an OpenMP pool (see services.scheduler.engine).
+        engine, kv_client = await asyncio.to_thread(
+            call_in_fresh_thread, build_engine, config, tracing, registry
+        )
+        holder["engine"], holder["kv"] = engine, kv_client
+        warm_up_s = await asyncio.to_thread(engine.start, WARM_UP_PROMPT_TOKENS)
         log.info("warm-up took %.0f ms", warm_up_s * 1e3)
         servicer.attach(engine)
-        holder["engine"], holder["kv"] = engine, kv_client
-        engine.start()
         log.info("engine started with %d torch threads", torch.get_num_threads())
 
     async def on_stop() -> None:

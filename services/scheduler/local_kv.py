@@ -6,8 +6,10 @@ the ``split`` benchmark (same engine, in-process vs through the services).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from services.common.errors import ResourceExhausted
@@ -57,5 +59,12 @@ class LocalBlockAllocator:
 
 
 def local_arena(layout: ArenaLayout, dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed in-process arena tensor of ``layout.shape``."""
-    return torch.zeros(layout.shape, dtype=dtype)
+    """A zeroed in-process arena tensor of ``layout.shape``.
+
+    Zeroed by the allocator (numpy's calloc: fresh pages are zero) rather than ``torch.zeros``,
+    whose parallel fill would start an OpenMP pool on the calling thread (see
+    :mod:`services.scheduler.engine`).
+    """
+    num_bytes = math.prod(layout.shape) * torch.empty(0, dtype=dtype).element_size()
+    raw = torch.from_numpy(np.zeros(num_bytes, dtype=np.uint8))
+    return raw.view(dtype).view(layout.shape)

@@ -8,6 +8,7 @@ are prefilled in chunks.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -20,7 +21,7 @@ from services.common.generation import EngineRequest, FinishReason, RequestOutpu
 from services.common.model_config import ModelConfig
 from services.kvstore.arena import ArenaLayout
 from services.loader.checkpoint import read_checkpoint
-from services.scheduler.engine import Engine
+from services.scheduler.engine import Engine, call_in_fresh_thread
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.llama import LlamaModel
 from services.scheduler.local_kv import LocalBlockAllocator, local_arena
@@ -363,3 +364,45 @@ def test_a_request_preempted_before_its_first_token_reports_no_cached_tokens(
     assert on.num_cached_tokens == {"0": 0, "1": 0}
     assert allocator.cache.stats.num_hit_tokens == 4
     assert_same_outputs(on, off, arrivals)
+
+
+def test_start_runs_the_warm_up_on_the_engine_thread(model: LlamaModel) -> None:
+    engine, allocator = make_engine(model, 4, 64, 64, enable_prefix_caching=True)
+    threads: list[str] = []
+    execute = engine.runner.execute
+
+    def spy(output):  # noqa: ANN001, ANN202
+        threads.append(threading.current_thread().name)
+        return execute(output)
+
+    engine.runner.execute = spy  # type: ignore[method-assign]
+    try:
+        assert engine.start(warm_up_tokens=9) > 0
+        assert threads and set(threads) == {"engine"}
+        assert engine.num_steps >= 2  # prefill and at least one decode
+    finally:
+        engine.stop()
+    assert_all_free(engine, allocator)
+
+
+def test_start_raises_what_the_warm_up_raised(model: LlamaModel) -> None:
+    engine, _ = make_engine(model, 4, 64, 64, enable_prefix_caching=True)
+
+    def broken(output):  # noqa: ANN001, ANN202
+        raise RuntimeError("forward exploded")
+
+    engine.runner.execute = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="forward exploded"):
+        engine.start(warm_up_tokens=4)
+    assert not engine._thread.is_alive()
+
+
+def test_call_in_fresh_thread_returns_and_raises_on_the_caller() -> None:
+    names = call_in_fresh_thread(lambda: threading.current_thread().name)
+    assert names == "engine-build" != threading.current_thread().name
+
+    def fail() -> None:
+        raise ValueError("nope")
+
+    with pytest.raises(ValueError, match="nope"):
+        call_in_fresh_thread(fail)
