@@ -10,7 +10,7 @@ from services.common.generation import (
     RequestOutput,
     SamplingParams,
 )
-from services.common.manifest import HandleKind, TensorSpec, WeightManifest
+from services.common.manifest import DeviceMemoryHandle, HandleKind, TensorSpec, WeightManifest
 from zerolayer.v1 import generation_pb2, loader_pb2, scheduler_pb2
 
 
@@ -37,10 +37,14 @@ def manifest_to_pb(m: WeightManifest) -> loader_pb2.ModelManifest:
                 file_index=t.file_index,
                 offset_bytes=t.offset_bytes,
                 nbytes=t.nbytes,
+                device_offset_bytes=t.device_offset_bytes,
             )
             for t in m.tensors
         ],
         num_parameters=m.num_parameters,
+        device_memory=(
+            device_memory_to_pb(m.device_memory) if m.device_memory is not None else None
+        ),
     )
 
 
@@ -58,10 +62,47 @@ def manifest_from_pb(pb: loader_pb2.ModelManifest) -> WeightManifest:
         files=tuple(f.path for f in pb.files),
         file_sizes=tuple(f.size_bytes for f in pb.files),
         tensors=tuple(
-            TensorSpec(t.name, t.dtype, tuple(t.shape), t.file_index, t.offset_bytes, t.nbytes)
+            TensorSpec(
+                t.name,
+                t.dtype,
+                tuple(t.shape),
+                t.file_index,
+                t.offset_bytes,
+                t.nbytes,
+                t.device_offset_bytes,
+            )
             for t in pb.tensors
         ),
         num_parameters=pb.num_parameters,
+        device_memory=(
+            device_memory_from_pb(pb.device_memory) if pb.HasField("device_memory") else None
+        ),
+    )
+
+
+def device_memory_to_pb(h: DeviceMemoryHandle) -> loader_pb2.DeviceMemoryHandle:
+    """Domain device-memory handle to its wire form."""
+    return loader_pb2.DeviceMemoryHandle(
+        kind=int(h.kind),
+        device=h.device,
+        gpu_uuid=h.gpu_uuid,
+        size_bytes=h.size_bytes,
+        ipc_handle=h.ipc_handle,
+        fd_socket=h.fd_socket,
+        handle_id=h.handle_id,
+    )
+
+
+def device_memory_from_pb(pb: loader_pb2.DeviceMemoryHandle) -> DeviceMemoryHandle:
+    """Wire device-memory handle to the domain form."""
+    return DeviceMemoryHandle(
+        kind=HandleKind(pb.kind),
+        device=pb.device,
+        gpu_uuid=pb.gpu_uuid,
+        size_bytes=pb.size_bytes,
+        ipc_handle=pb.ipc_handle,
+        fd_socket=pb.fd_socket,
+        handle_id=pb.handle_id,
     )
 
 

@@ -26,6 +26,28 @@ class TensorSpec:
     file_index: int
     offset_bytes: int
     nbytes: int
+    device_offset_bytes: int = 0
+    """CUDA handle kinds: byte offset in the manifest's ``device_memory``."""
+
+
+@dataclass(frozen=True)
+class DeviceMemoryHandle:
+    """Device memory a layer exports (weights, KV arena); mirrors zerolayer.v1.DeviceMemoryHandle.
+
+    ``CUDA_VMM_FD``: a ``cuMemCreate`` allocation whose POSIX file descriptor is served on
+    ``fd_socket`` under ``handle_id`` (SCM_RIGHTS); it lives while any process holds it.
+    ``CUDA_IPC``: a ``cudaMalloc`` allocation and its 64-byte ``cudaIpcMemHandle_t``; it dies with
+    the exporting process.
+    """
+
+    kind: HandleKind
+    device: str
+    """"cuda:N" as the exporter sees it."""
+    gpu_uuid: str
+    size_bytes: int
+    ipc_handle: bytes = b""
+    fd_socket: str = ""
+    handle_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -46,3 +68,5 @@ class WeightManifest:
     file_sizes: tuple[int, ...]
     tensors: tuple[TensorSpec, ...]
     num_parameters: int
+    device_memory: DeviceMemoryHandle | None = None
+    """Set for the CUDA handle kinds: the device copy of every tensor."""
