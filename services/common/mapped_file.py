@@ -12,9 +12,12 @@ import mmap
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 PAGE_SIZE = mmap.PAGESIZE
 
@@ -56,6 +59,8 @@ class MappedFile:
             ValueError: the range lies outside the file, does not match dtype and shape, or is not
                 aligned to the dtype's item size.
         """
+        import torch
+
         itemsize = torch.empty((), dtype=dtype).element_size()
         numel = int(np.prod(shape)) if shape else 1
         if offset < 0 or offset + nbytes > self.size_bytes:

@@ -17,10 +17,12 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from services.common.dtypes import itemsize, torch_dtype
 
-from services.common.dtypes import torch_dtype
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class ArenaLayout:
     @property
     def itemsize(self) -> int:
         """Bytes per element."""
-        return torch.empty((), dtype=torch_dtype(self.dtype)).element_size()
+        return itemsize(self.dtype)
 
     @property
     def block_bytes(self) -> int:
@@ -147,5 +149,7 @@ def map_arena(path: str, layout: ArenaLayout) -> torch.Tensor:
     if size != layout.size_bytes:
         raise ValueError(f"{path}: {size} bytes, layout needs {layout.size_bytes}")
     numel = layout.size_bytes // layout.itemsize
+    import torch
+
     flat = torch.from_file(path, shared=True, size=numel, dtype=torch_dtype(layout.dtype))
     return flat.view(layout.shape)

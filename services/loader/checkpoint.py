@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from services.common.dtypes import torch_dtype
+from services.common.dtypes import itemsize
 from services.common.manifest import HandleKind, TensorSpec, WeightManifest
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -93,7 +93,7 @@ def _tensor_spec(
     path: Path, name: str, entry: dict, file_index: int, data_start: int
 ) -> TensorSpec:
     try:
-        torch_dtype(entry["dtype"])
+        itemsize(entry["dtype"])
         shape = tuple(int(d) for d in entry["shape"])
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(
