@@ -16,3 +16,39 @@ def stories_dir() -> Path:
     if not path.exists():
         pytest.skip(f"shared test model missing: {path}")
     return path
+
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselects ``gpu``-marked tests on a machine without a CUDA device.
+
+    They are not skipped (a skip reads like a run): the summary line counts them as deselected
+    and the terminal says why. ``scripts/device_check.sh`` runs them with ``-m gpu`` on a GPU.
+    """
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu or _cuda_device_count() > 0:
+        return
+    config.hook.pytest_deselected(items=gpu)
+    items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+    config.stash[_DESELECTED_GPU] = len(gpu)
+
+
+_DESELECTED_GPU = pytest.StashKey[int]()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return "gpu-marked tests: run only where torch sees a CUDA device (scripts/device_check.sh)"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    count = config.stash.get(_DESELECTED_GPU, 0)
+    if count:
+        terminalreporter.write_line(
+            f"{count} gpu-marked tests NOT RUN (no CUDA device here); run scripts/device_check.sh "
+            "on a GPU machine"
+        )
