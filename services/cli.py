@@ -49,6 +49,12 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="kvstore: never reuse KV blocks across requests (for comparison)",
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default), cuda, cuda:N or auto: where the loader, kvstore and scheduler keep "
+        "the weights and KV cache and run the model",
+    )
     p.add_argument("--no-supervise", action="store_true", help="do not restart layers that exit")
     p.add_argument(
         "--metrics-port-base",
@@ -158,6 +164,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             enable_prefix_caching=not args.no_prefix_caching,
             supervise=not args.no_supervise,
             metrics_port_base=args.metrics_port_base,
+            device=args.device,
         )
     except ValueError as exc:
         print(f"zerolayer up: error: {exc}", file=sys.stderr)

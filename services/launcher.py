@@ -21,7 +21,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
+from services.common.device import parse_device, resolve_device
 from services.common.server import LAUNCHER_PID_ENV, instance_health_name
+from services.health_watch import HealthTarget, HealthWatch
 from services.kvstore.arena import sidecar_path
 from services.loader.checkpoint import read_checkpoint
 
@@ -62,6 +64,11 @@ class StackConfig:
     """Longest wait before restarting a layer that keeps dying."""
     metrics_port_base: int = 0
     """Prometheus ports: loader +0, kvstore +1, scheduler +2, frontend +3; 0: no endpoints."""
+    nvml_script: str = ""
+    """Test only: the scheduler's ``--nvml-script`` (GPU events and samples from a JSON-lines
+    file instead of NVML); empty: off."""
+    device: str = "cpu"
+    """``--device`` of the loader, kvstore and scheduler ("cpu", "cuda", "cuda:N", "auto")."""
 
     def __post_init__(self) -> None:
         """Checks the settings before any process starts.
@@ -79,6 +86,7 @@ class StackConfig:
             raise ValueError("num-threads: must be >= 0 (0: one per core)")
         if self.metrics_port_base and not 1 <= self.metrics_port_base <= 65532:
             raise ValueError("metrics-port-base: must be in 1..65532 (or 0: off)")
+        parse_device(self.device)
 
     def metrics_port(self, layer: str) -> int:
         """The /metrics port of ``layer`` (0: off)."""
@@ -99,6 +107,11 @@ class Stack:
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.run_dir, 0o700)
         self.shm_path = f"/dev/shm/{self.run_dir.name}.kv"
+        # "auto" is resolved once here so that the three layers agree; explicit devices are
+        # checked by each layer (this process need not import torch for them).
+        self.device = (
+            str(resolve_device(config.device)) if config.device == "auto" else config.device
+        )
         self.processes: dict[str, subprocess.Popen] = {}
         self._held: set[str] = set()
         """Layers stopped on purpose (not restarted by the supervisor)."""
@@ -157,8 +170,12 @@ class Stack:
                 a("scheduler"),
             ],
         }[layer]
+        if layer != "frontend":
+            args += ["--device", self.device]
         if c.metrics_port_base:
             args += ["--metrics-port", str(c.metrics_port(layer))]
+        if layer == "scheduler" and c.nvml_script:
+            args += ["--nvml-script", c.nvml_script]
         return [sys.executable, "-m", f"services.{layer}", *args]
 
     def start(self) -> None:
@@ -186,11 +203,36 @@ class Stack:
             )
             self._supervisor.start()
 
+    def health_targets(self) -> dict[str, HealthTarget]:
+        """Where each layer reports its health (the frontend under its instance name)."""
+        return {
+            layer: HealthTarget(
+                self.address(layer),
+                instance_health_name(self.run_dir.name) if layer == "frontend" else "",
+            )
+            for layer in LAYERS
+        }
+
     def _supervise(self) -> None:
-        """Restarts layers that exit unexpectedly, with exponential backoff per layer."""
+        """Restarts layers that exit unexpectedly, with exponential backoff per layer, and logs
+        layers that stop serving while alive (:class:`HealthWatch`)."""
+        watch = HealthWatch(self.health_targets())
+        try:
+            self._supervise_loop(watch)
+        finally:
+            watch.close()
+
+    def _supervise_loop(self, watch: HealthWatch) -> None:
         failures = dict.fromkeys(LAYERS, 0)
         up_since = dict.fromkeys(LAYERS, time.monotonic())
         while not self._stopping.wait(0.1):
+            with self._lock:
+                alive = {
+                    layer: process.pid
+                    for layer, process in self.processes.items()
+                    if layer not in self._held and process.poll() is None
+                }
+            watch.poll(alive)
             for layer in LAYERS:
                 with self._lock:
                     process = self.processes.get(layer)

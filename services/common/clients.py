@@ -39,3 +39,16 @@ def model_dtype_name(manifest: WeightManifest) -> str:
         if tensor.name.endswith("embed_tokens.weight"):
             return tensor.dtype
     raise ValueError("checkpoint has no embed_tokens.weight")
+
+
+def fetch_layer_residency(loader_address: str, timeout_s: float = 10.0) -> tuple[int, int]:
+    """(num_layers_resident, num_layers) of the loader's weights on its device.
+
+    Raises:
+        grpc.RpcError: the loader did not answer, or its device copy failed (UNAVAILABLE).
+    """
+    with grpc.insecure_channel(loader_address, options=CHANNEL_OPTIONS) as channel:
+        pb = loader_pb2_grpc.LoaderStub(channel).GetResidency(
+            loader_pb2.GetResidencyRequest(), timeout=timeout_s, wait_for_ready=True
+        )
+    return pb.num_layers_resident, pb.num_layers

@@ -21,6 +21,8 @@ class LoaderConfig:
     """Name to serve the model under; empty: the directory's base name."""
     prefetch: bool = True
     """Start kernel read-ahead of the weight files at start-up."""
+    device: str = "cpu"
+    """``--device``: "cpu", "cuda", "cuda:N" or "auto" (see services.common.device)."""
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0: off."""
     metrics_host: str = "127.0.0.1"
@@ -46,6 +48,8 @@ class KVStoreConfig:
     remove_arena_on_exit: bool = False
     """Delete the arena file on a clean exit (off: the arena outlives the process, so a restarted
     kvstore reopens it; the launcher removes it when the whole stack stops)."""
+    device: str = "cpu"
+    """``--device``: "cpu", "cuda", "cuda:N" or "auto" (see services.common.device)."""
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0: off."""
     metrics_host: str = "127.0.0.1"
@@ -71,10 +75,15 @@ class SchedulerConfig:
     attention_backend: str = "native"
     """"native" (the csrc kernel, built on first start; falls back to "reference" when it cannot
     be built) or "reference" (pure torch)."""
+    device: str = "cpu"
+    """``--device``: "cpu", "cuda", "cuda:N" or "auto" (see services.common.device)."""
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0: off."""
     metrics_host: str = "127.0.0.1"
     """Address the /metrics endpoint binds."""
+    nvml_script: str = ""
+    """Test only (hidden ``--nvml-script``): read GPU events and samples from this JSON-lines file
+    (services.scheduler.gpu_script) instead of NVML; empty: NVML where a GPU exists."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from services.common.clients import fetch_manifest
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, KVStoreConfig
+from services.common.device import add_device_argument
 from services.common.metrics import add_metrics_port, serve_metrics
 from services.common.server import (
     LayerServer,
@@ -58,6 +59,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         action="store_true",
         help="delete the arena file on a clean exit (default: keep it for a restart)",
     )
+    add_device_argument(parser, "where the KV arena lives")
     add_metrics_port(parser)
     return parser
 
@@ -104,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         enable_prefix_caching=not args.no_prefix_caching,
         remove_arena_on_exit=args.remove_arena_on_exit,
+        device=args.device,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )

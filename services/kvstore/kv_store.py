@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.common.clients import model_dtype_name
 from services.common.config import KVStoreConfig
+from services.common.device import fd_socket_path, resolve_device
 from services.common.errors import FailedPrecondition
+from services.common.handle_kinds import offered_kinds
 from services.common.manifest import WeightManifest
 from services.common.model_config import ModelConfig
 from services.kvstore.arena import Arena, ArenaLayout, blocks_for_bytes
 from services.kvstore.block_pool import BlockPool
 from services.kvstore.prefix_cache import CommitEntry, HashFn, PrefixCache, xxh3_128
+
+if TYPE_CHECKING:
+    from services.kvstore.device_arena import DeviceArena
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,29 @@ def arena_layout(config: KVStoreConfig, manifest: WeightManifest) -> ArenaLayout
     return dataclasses.replace(shape, num_blocks=blocks_for_bytes(config.kv_cache_bytes, shape))
 
 
+def open_arena(config: KVStoreConfig, layout: ArenaLayout) -> Arena | DeviceArena:
+    """The arena on ``config.device``: the shared-memory file on CPU, exportable device memory
+    (the best handle kind the GPU supports) on CUDA.
+
+    Raises:
+        ValueError: a bad ``--device`` or too small ``kv_cache_bytes``.
+        RuntimeError: CUDA unusable.
+    """
+    if config.device == "cpu":  # resolve_device would import torch
+        return Arena(config.shm_path, layout)
+    device = resolve_device(config.device)
+    if not device.is_cuda:
+        return Arena(config.shm_path, layout)
+    from services.kvstore.device_arena import DeviceArena  # torch: GPU only
+
+    return DeviceArena(
+        layout,
+        device.index,
+        offered_kinds(str(device))[0],
+        fd_socket_path(config.address, "kvstore", os.getpid()),
+    )
+
+
 class KVStore:
     """The arena and its blocks.
 
@@ -64,7 +94,7 @@ class KVStore:
         self, config: KVStoreConfig, manifest: WeightManifest, hash_fn: HashFn = xxh3_128
     ) -> None:
         layout = arena_layout(config, manifest)
-        self.arena = Arena(config.shm_path, layout)
+        self.arena: Arena | DeviceArena = open_arena(config, layout)
         self.cache = PrefixCache(
             BlockPool(layout.num_blocks),
             config.block_size,
@@ -75,7 +105,7 @@ class KVStore:
         self.reconciled = False
         log.info(
             "arena %s %s: %d blocks of %d tokens, %.1f MB, prefix caching %s",
-            config.shm_path,
+            self.arena.path or self.arena.device,
             "reopened" if self.arena.reopened else "created",
             layout.num_blocks,
             config.block_size,
@@ -139,8 +169,8 @@ class KVStore:
 
     def close(self, remove_arena: bool) -> None:
         """Removes the arena's file when ``remove_arena``; otherwise it stays for a restart."""
-        if remove_arena:
-            log.info("removing the arena %s", self.arena.path)
+        if remove_arena or not self.arena.path:  # device memory cannot outlive us by name
+            log.info("releasing the arena %s", self.arena.path or self.arena.device)
             self.arena.unlink()
         else:
             log.info("keeping the arena %s for a restart", self.arena.path)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import grpc
 
+from services.common.convert import device_memory_to_pb
+from services.common.handle_kinds import negotiate
+from services.common.manifest import HandleKind
 from services.kvstore.kv_store import KVStore
 from services.kvstore.prefix_cache import CommitEntry
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
+
+_KNOWN_KINDS = frozenset(int(k) for k in HandleKind)
 
 
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
@@ -20,7 +25,18 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     ) -> kvstore_pb2.ArenaInfo:
         arena = self._store.arena
         layout = arena.layout
+        accepted = [HandleKind(k) for k in request.accepted_handle_kinds if k in _KNOWN_KINDS]
+        device_memory = None
+        handle = getattr(arena, "handle", None)  # a DeviceArena's (GPU)
+        if handle is not None:
+            kind = negotiate(accepted, [handle.kind])
+            device_memory = device_memory_to_pb(handle)
+        else:
+            kind = negotiate(accepted, [HandleKind.MMAP_FILE])
         return kvstore_pb2.ArenaInfo(
+            device="cpu" if handle is None else handle.device,
+            handle_kind=int(kind),
+            device_memory=device_memory,
             shm_path=arena.path,
             size_bytes=layout.size_bytes,
             num_blocks=layout.num_blocks,

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from services.common.config import LoaderConfig
+from services.common.device import add_device_argument, fd_socket_path, resolve_device
+from services.common.handle_kinds import offered_kinds
 from services.common.metrics import add_metrics_port, serve_metrics
 from services.common.server import (
     LayerServer,
@@ -32,6 +34,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--model", required=True, help="Hugging Face model directory")
     parser.add_argument("--model-name", default="", help="name to serve the model under")
     parser.add_argument("--no-prefetch", action="store_true", help="skip kernel read-ahead")
+    add_device_argument(parser, "where the weights are served from")
     add_metrics_port(parser)
     return parser
 
@@ -41,20 +44,42 @@ async def serve(config: LoaderConfig, tracing: Tracing) -> None:
     store = WeightStore(Path(config.model_dir), config.model_name)
     if config.prefetch:
         store.prefetch()
+    device = resolve_device(config.device)
+    device_weights = None
+    if device.is_cuda:
+        from services.loader.device_weights import DeviceWeights  # torch: GPU only
+
+        # The device copy starts once the server is up; importers wait for its layers through
+        # GetResidency.
+        device_weights = DeviceWeights(
+            store.manifest,
+            store.files,
+            store.model_config.num_hidden_layers,
+            device.index,
+            offered_kinds(str(device))[0],
+            fd_socket_path(config.address, "loader", os.getpid()),
+        )
     name = loader_pb2.DESCRIPTOR.services_by_name["Loader"].full_name
+    servicer = LoaderServicer(store, device_weights)
     server = LayerServer(
         config.address,
-        [ServiceBinding(loader_pb2_grpc.add_LoaderServicer_to_server, LoaderServicer(store), name)],
+        [ServiceBinding(loader_pb2_grpc.add_LoaderServicer_to_server, servicer, name)],
         tracing=tracing,
     )
     serve_metrics(
         config.metrics_port, host=config.metrics_host, collectors=[LoaderCollector(store)]
     )
 
+    async def on_start() -> None:
+        if device_weights is not None:
+            device_weights.start_copy()
+
     async def on_stop() -> None:
+        if device_weights is not None:
+            device_weights.close()
         store.close()
 
-    await run_layer(server, on_stop=on_stop)
+    await run_layer(server, on_start=on_start, on_stop=on_stop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         model_dir=args.model,
         model_name=args.model_name,
         prefetch=not args.no_prefetch,
+        device=args.device,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )

@@ -6,7 +6,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.common.errors import FailedPrecondition, NotFound
+from services.common.errors import NotFound
+from services.common.handle_kinds import negotiate
 from services.common.manifest import HandleKind, WeightManifest
 from services.common.mapped_file import MappedFile
 from services.common.model_config import ModelConfig
@@ -42,6 +43,11 @@ class WeightStore:
         )
 
     @property
+    def files(self) -> list[MappedFile]:
+        """The mapped weight files (index = ``TensorSpec.file_index``)."""
+        return self._files
+
+    @property
     def total_bytes(self) -> int:
         """Bytes of all weight files."""
         return sum(f.size_bytes for f in self._files)
@@ -58,11 +64,8 @@ class WeightStore:
         """
         if model and model != self.manifest.model:
             raise NotFound(f"model: {model!r} is not loaded (serving {self.manifest.model!r})")
-        for kind in accepted or (HandleKind.MMAP_FILE,):
-            if kind in self.offered_handle_kinds:
-                return self.manifest
-        offered = ", ".join(k.name for k in self.offered_handle_kinds)
-        raise FailedPrecondition(f"accepted_handle_kinds: none is offered (offered: {offered})")
+        negotiate(accepted, self.offered_handle_kinds)
+        return self.manifest
 
     def residency(self) -> tuple[int, int]:
         """Returns (total bytes, bytes resident in the page cache)."""

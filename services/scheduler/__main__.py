@@ -12,8 +12,10 @@ from collections.abc import Sequence
 import torch
 from prometheus_client import CollectorRegistry
 
-from services.common.clients import fetch_manifest
+from services.common.clients import fetch_layer_residency, fetch_manifest
 from services.common.config import SchedulerConfig
+from services.common.device import add_device_argument, resolve_device
+from services.common.handle_kinds import importer_kinds
 from services.common.metrics import add_metrics_port, serve_metrics
 from services.common.model_config import ModelConfig
 from services.common.server import (
@@ -24,8 +26,9 @@ from services.common.server import (
     setup_logging,
 )
 from services.common.tracing import GEN_AI_REQUEST_MODEL, Tracing, TracingConfig
+from services.scheduler.device_import import DeviceWeightsView, wait_for_layers
 from services.scheduler.engine import Engine, call_in_fresh_thread
-from services.scheduler.gpu_monitor import GpuPoller, NvmlSource
+from services.scheduler.gpu_health import watch_gpu
 from services.scheduler.kernels import KernelLoader
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.kv_client import KVStoreClient
@@ -68,7 +71,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="paged attention: the native csrc kernel (default; built once and "
         "cached, falls back to reference without a compiler) or pure torch",
     )
+    add_device_argument(parser, "where the model runs (the loader and kvstore must be on it)")
     add_metrics_port(parser)
+    # Test only: GPU events and samples from a JSON-lines file (services.scheduler.gpu_script).
+    parser.add_argument("--nvml-script", default="", help=argparse.SUPPRESS)
     return parser
 
 
@@ -81,17 +87,31 @@ def build_engine(
     "map kv arena".
     """
     tracer = tracing.tracer
+    device = resolve_device(config.device)
+    if device.is_cuda:
+        torch.cuda.set_device(device.index)
     with tracer.start_as_current_span("load weights") as span:
         with tracing.client_span("/zerolayer.v1.Loader/GetManifest") as metadata:
-            manifest = fetch_manifest(config.loader_address, metadata=metadata)
+            manifest = fetch_manifest(
+                config.loader_address,
+                accepted=importer_kinds(str(device)),
+                metadata=metadata,
+            )
         model_config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
-        weights = MappedWeights(manifest)
+        if device.is_cuda:
+            if manifest.device_memory is not None:
+                # The loader copies layer by layer after its start; map once all are there.
+                wait_for_layers(lambda: fetch_layer_residency(config.loader_address))
+            weights = DeviceWeightsView(manifest, device)
+        else:
+            weights = MappedWeights(manifest)
+        span.set_attribute("zerolayer.handle_kind", manifest.handle_kind.name)
         model = LlamaModel(model_config, weights.tensors)
         span.set_attribute(GEN_AI_REQUEST_MODEL, manifest.model)
         span.set_attribute("zerolayer.weight_bytes", sum(manifest.file_sizes))
         span.set_attribute("zerolayer.num_tensors", len(manifest.tensors))
     with tracer.start_as_current_span("map kv arena"):
-        kv_client = KVStoreClient(config.kvstore_address, tracing=tracing)
+        kv_client = KVStoreClient(config.kvstore_address, tracing=tracing, device=device)
         # NOTE: a fresh scheduler holds no blocks; references left by a predecessor that died
         # are released here (one scheduler per kvstore).
         kv_client.reconcile([])
@@ -102,8 +122,9 @@ def build_engine(
             model_config.head_dim,
         ):
             raise RuntimeError("the kvstore's arena does not match the loader's model")
-        kernels = KernelLoader(enabled=config.attention_backend == "native")
-        if config.attention_backend == "native" and kernels.load() is None:
+        # The csrc kernels are CPU code: on a GPU attention goes through Triton (attention.py).
+        kernels = KernelLoader(enabled=config.attention_backend == "native" and not device.is_cuda)
+        if config.attention_backend == "native" and not device.is_cuda and kernels.load() is None:
             log.warning(
                 "native attention unavailable (%s): using the reference path",
                 kernels.unavailable_reason,
@@ -131,12 +152,6 @@ def build_engine(
         }
 
     metrics = SchedulerMetrics(registry, gauges)
-    # NOTE: GPU signals are sampled only where a CUDA device and NVML exist; on CPU hosts the
-    # poller (and its metrics) are simply absent.
-    if torch.cuda.is_available():
-        source = NvmlSource.open(torch.cuda.current_device())
-        if source is not None:
-            GpuPoller(source, registry).start()
     # NOTE: each weight tensor keeps its file mapping alive (torch.frombuffer holds the mmap).
     return Engine(scheduler, runner, Sampler(), metrics), kv_client
 
@@ -167,8 +182,22 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
         log.info("warm-up took %.0f ms", warm_up_s * 1e3)
         servicer.attach(engine)
         log.info("engine started with %d torch threads", torch.get_num_threads())
+        # NOTE: GPU signals and events exist only where the engine runs on a CUDA device with
+        # NVML (or with --nvml-script); a fatal GPU event fails the engine and reports
+        # NOT_SERVING for good (services.scheduler.gpu_health).
+        device = resolve_device(config.device)
+        loop = asyncio.get_running_loop()
+        holder["gpu"] = watch_gpu(
+            engine,
+            registry,
+            config.nvml_script,
+            device.index if device.is_cuda else None,
+            lambda reason: asyncio.run_coroutine_threadsafe(server.stop_serving(reason), loop),
+        )
 
     async def on_stop() -> None:
+        for monitor in holder.get("gpu", ()):  # type: ignore[union-attr]
+            monitor.stop()
         if "engine" in holder:
             holder["engine"].stop()  # type: ignore[attr-defined]
             holder["kv"].close()  # type: ignore[attr-defined]
@@ -193,8 +222,10 @@ def run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_threads=args.num_threads,
         attention_backend=args.attention_backend,
+        device=args.device,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        nvml_script=args.nvml_script,
     )
     asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "scheduler"))))
     return 0

@@ -121,6 +121,8 @@ class KernelLoader:
         module = self._module if self._loaded else self.load()
         if (
             module is not None
+            and not x.is_cuda
+            and not weight.is_cuda
             and x.dtype == torch.bfloat16
             and weight.dtype == torch.bfloat16
             and x.dim() == 2

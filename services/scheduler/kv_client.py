@@ -10,6 +10,11 @@ import grpc
 import torch
 from opentelemetry import trace
 
+from services.common.convert import device_memory_from_pb
+from services.common.device import CPU, Device
+from services.common.dtypes import torch_dtype
+from services.common.handle_kinds import importer_kinds
+from services.common.manifest import HandleKind
 from services.common.server import CHANNEL_OPTIONS
 from services.common.tracing import Tracing
 from services.kvstore.arena import ArenaLayout, map_arena
@@ -32,16 +37,45 @@ class KVStoreClient:
     """Blocking client used from the engine thread (implements ``BlockAllocator``)."""
 
     def __init__(
-        self, address: str, timeout_s: float = 10.0, tracing: Tracing | None = None
+        self,
+        address: str,
+        timeout_s: float = 10.0,
+        tracing: Tracing | None = None,
+        device: Device = CPU,
     ) -> None:
+        """
+        Args:
+            address: the kvstore's gRPC address.
+            timeout_s: deadline of each block call.
+            tracing: CLIENT spans for calls made inside a traced request.
+            device: where the model computes; the arena must be mappable there (the kvstore's
+                shared-memory file on CPU, its device memory on the same GPU).
+
+        Raises:
+            grpc.RpcError: the kvstore did not answer GetArena within 60 s, or offers no handle
+                kind this device can map (FAILED_PRECONDITION).
+        """
         self._tracing = tracing
+        self._device = device
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
         self._timeout_s = timeout_s
-        self.arena_info = self._stub.GetArena(
-            kvstore_pb2.GetArenaRequest(), timeout=60.0, wait_for_ready=True
-        )
+        self._arena_allocation: object | None = None
+        self.arena_info = self._get_arena()
         self.num_blocks_total = self.arena_info.num_blocks
+
+    def _arena_request(self) -> kvstore_pb2.GetArenaRequest:
+        # NOTE: a GPU scheduler maps only device arenas: the KV cache in host memory would put
+        # every attention read on the PCIe bus.
+        accepted = (
+            [int(k) for k in importer_kinds(str(self._device)) if k != HandleKind.MMAP_FILE]
+            if self._device.is_cuda
+            else [int(HandleKind.MMAP_FILE)]
+        )
+        return kvstore_pb2.GetArenaRequest(accepted_handle_kinds=accepted)
+
+    def _get_arena(self) -> kvstore_pb2.ArenaInfo:
+        return self._stub.GetArena(self._arena_request(), timeout=60.0, wait_for_ready=True)
 
     @property
     def layout(self) -> ArenaLayout:
@@ -57,8 +91,23 @@ class KVStoreClient:
         )
 
     def map(self) -> torch.Tensor:
-        """Maps the arena's shared-memory file: [num_layers, 2, num_blocks, block_size, Hkv, D]."""
-        return map_arena(self.arena_info.shm_path, self.layout)
+        """Maps the arena: [num_layers, 2, num_blocks, block_size, Hkv, D], on this client's
+        device (the shared-memory file on CPU; the kvstore's device memory on a GPU).
+
+        Raises:
+            ValueError / RuntimeError: the device memory cannot be imported (see
+                :func:`services.scheduler.device_import.import_device_memory`).
+        """
+        info = self.arena_info
+        if not info.HasField("device_memory"):
+            return map_arena(info.shm_path, self.layout)
+        from services.scheduler.device_import import import_device_memory
+
+        allocation = import_device_memory(device_memory_from_pb(info.device_memory), self._device)
+        # NOTE: the tensor holds the allocation; the previous arena's mapping is released when
+        # its tensors are gone (after an ArenaChanged).
+        self._arena_allocation = allocation
+        return allocation.as_tensor(torch_dtype(info.dtype), self.layout.shape)
 
     @contextmanager
     def _traced(self, method: str) -> Iterator[list[tuple[str, str]] | None]:
@@ -137,7 +186,7 @@ class KVStoreClient:
         response = self._call(
             "Reconcile", kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids)
         )
-        arena = self._call("GetArena", kvstore_pb2.GetArenaRequest())
+        arena = self._call("GetArena", self._arena_request())
         if arena.arena_id != self.arena_info.arena_id:
             self.arena_info = arena
             raise ArenaChanged(self.map())
