@@ -102,6 +102,8 @@ class LayerServer:
             ),
         )
         self.health = health.aio.HealthServicer()
+        self.not_serving_reason = ""
+        """Set by :meth:`stop_serving`: why the process, alive, must get no work."""
 
     async def start(self) -> None:
         """Binds and starts the server. Raises RuntimeError if the address cannot be bound."""
@@ -129,10 +131,11 @@ class LayerServer:
         log.info("listening on %s", self.address)
 
     async def set_serving(self, serving: bool) -> None:
-        """Sets overall health and that of each registered service."""
+        """Sets overall health and that of each registered service (NOT_SERVING for good after
+        :meth:`stop_serving`)."""
         status = (
             health_pb2.HealthCheckResponse.SERVING
-            if serving
+            if serving and not self.not_serving_reason
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         names = ["", *(b.service_name for b in self._bindings)]
@@ -140,6 +143,16 @@ class LayerServer:
             names.append(instance_health_name(self.instance_id))
         for name in names:
             await self.health.set(name, status)
+
+    async def stop_serving(self, reason: str) -> None:
+        """Reports NOT_SERVING from now on, though the process keeps running (e.g. its GPU failed:
+        it answers, refuses work, and tells why through its own API).
+
+        Args:
+            reason: why; kept in :attr:`not_serving_reason`.
+        """
+        self.not_serving_reason = reason
+        await self.set_serving(False)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stops accepting calls and waits up to ``grace_s`` seconds for calls in flight."""

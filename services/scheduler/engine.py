@@ -74,6 +74,8 @@ class Engine:
         self._warm_up_tokens = 0
         self._warm_up_s = 0.0
         self._start_error: BaseException | None = None
+        self.fault: Unavailable | None = None
+        """The error every request gets once the GPU failed (:meth:`fail`); None while serving."""
 
     def warm_up(self, num_prompt_tokens: int = 32) -> float:
         """Runs one short request through prefill and decode before serving (first-call costs:
@@ -136,12 +138,33 @@ class Engine:
         self._thread.join(timeout=10)
 
     def submit(self, request: EngineRequest, sink: Sink, trace: object | None = None) -> None:
-        """Queues a request; thread-safe. Errors (e.g. InvalidArgument) arrive through ``sink``.
+        """Queues a request; thread-safe. Errors (e.g. InvalidArgument, or :attr:`fault` once the
+        engine failed) arrive through ``sink``.
 
         Args:
             trace: a RequestTrace recording the request's spans, or None.
         """
+        if self.fault is not None:
+            sink(self.fault)
+            return
         self._commands.put(("add", request, sink, trace))
+
+    def fail(self, error: Unavailable) -> None:
+        """Stops serving for good (e.g. a fatal GPU event); thread-safe. From now on new requests
+        get ``error``; at the next step boundary (within one step) every request in flight gets
+        it too and is aborted, which frees its KV blocks."""
+        self.fault = error
+        self._commands.put(("fail", error))
+
+    def annotate(self, name: str, attributes: dict[str, str | int]) -> None:
+        """Adds a span event to the server span of every request in flight at the next step
+        boundary; thread-safe. Requests without a trace are skipped."""
+        self._commands.put(("annotate", name, attributes))
+
+    @property
+    def not_serving_reason(self) -> str:
+        """Why the engine stopped serving; empty while it serves."""
+        return "" if self.fault is None else str(self.fault)
 
     def abort(self, request_id: str) -> None:
         """Aborts a request and frees its blocks at the next step boundary; thread-safe."""
@@ -169,6 +192,9 @@ class Engine:
     def _apply(self, command: tuple) -> None:
         if command[0] == "add":
             _, request, sink, trace = command
+            if self.fault is not None:
+                sink(self.fault)
+                return
             try:
                 self.scheduler.add_request(request).trace = trace
             except ZerolayerError as exc:
@@ -178,6 +204,12 @@ class Engine:
         elif command[0] == "abort":
             self._sinks.pop(command[1], None)
             self.scheduler.abort_request(command[1])
+        elif command[0] == "fail":
+            self._fail_all(command[1])
+        elif command[0] == "annotate":
+            for request in self.scheduler.requests.values():
+                if request.trace is not None:
+                    request.trace.add_event(command[1], command[2])  # type: ignore[attr-defined]
 
     def _loop(self) -> None:
         while not self._stopped.is_set():
@@ -189,11 +221,13 @@ class Engine:
                 self.step()
             except ArenaChanged as exc:
                 log.error("%s; failing in-flight requests and mapping the new arena", exc)
-                self._fail_all(exc)
+                self._fail_all(_step_failed(exc))
                 self.runner.set_arena(exc.arena)  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 - keep serving; fail what was in flight
                 log.exception("engine step failed")
-                self._fail_all(exc)
+                # NOTE: after a fatal GPU event a step may fail on the dead device: the requests
+                # then get the event's message, not the CUDA error it caused.
+                self._fail_all(self.fault or _step_failed(exc))
 
     def step(self) -> None:
         """Runs one schedule -> forward -> sample -> update cycle and delivers the outputs."""
@@ -244,8 +278,8 @@ class Engine:
             metrics.preemptions.inc(new_preemptions)
             self._num_preemptions_seen = self.scheduler.num_preemptions
 
-    def _fail_all(self, exc: Exception) -> None:
-        error = Unavailable(f"engine step failed: {type(exc).__name__}: {exc}")
+    def _fail_all(self, error: Unavailable) -> None:
+        """Ends every request in flight with ``error`` and aborts it (frees its blocks)."""
         for request_id in list(self.scheduler.requests):
             sink = self._sinks.pop(request_id, None)
             if sink is not None:
@@ -257,6 +291,10 @@ class Engine:
                 self.scheduler.kv.needs_reconcile = True
         self.scheduler.running.clear()
         self.scheduler.waiting.clear()
+
+
+def _step_failed(exc: Exception) -> Unavailable:
+    return Unavailable(f"engine step failed: {type(exc).__name__}: {exc}")
 
 
 def call_in_fresh_thread(fn: Callable[..., T], *args: object) -> T:

@@ -75,6 +75,36 @@ class StabilityWindow:
         return 1.0 - statistics.pstdev(self._samples) / mean
 
 
+def open_nvml(device_index: int, uuid: str | None = None) -> tuple[object, object] | None:
+    """Initialises NVML and returns ``(pynvml, handle)`` of one device; None when nvidia-ml-py or
+    a driver is missing.
+
+    Args:
+        device_index: the CUDA device index, used when ``uuid`` is None or unknown to NVML.
+        uuid: the device's UUID as NVML spells it (``GPU-...``). NVML numbers devices ignoring
+            ``CUDA_VISIBLE_DEVICES``, so the UUID is what finds the device CUDA calls ``index``.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - ImportError or any NVMLError: no GPU here
+        log.info("NVML unavailable (%s): no GPU sampling or events", exc)
+        return None
+    try:
+        if uuid is not None:
+            try:
+                return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            except pynvml.NVMLError as exc:
+                log.warning(
+                    "NVML does not know GPU %s (%s); using index %d", uuid, exc, device_index
+                )
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(device_index)
+    except Exception as exc:  # noqa: BLE001 - any NVMLError
+        log.warning("NVML has no device %d (%s): no GPU sampling or events", device_index, exc)
+        return None
+
+
 class NvmlSource:
     """Samples one device through NVML."""
 
@@ -83,16 +113,11 @@ class NvmlSource:
         self._handle = handle
 
     @classmethod
-    def open(cls, device_index: int) -> NvmlSource | None:
-        """Initialises NVML for ``device_index``; None when nvidia-ml-py or a driver is missing."""
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            return cls(pynvml, pynvml.nvmlDeviceGetHandleByIndex(device_index))
-        except Exception as exc:  # noqa: BLE001 - ImportError or any NVMLError: no GPU here
-            log.info("NVML unavailable (%s): no GPU sampling", exc)
-            return None
+    def open(cls, device_index: int, uuid: str | None = None) -> NvmlSource | None:
+        """Opens NVML for one device (see :func:`open_nvml`); None without nvidia-ml-py or a
+        driver."""
+        opened = open_nvml(device_index, uuid)
+        return None if opened is None else cls(*opened)
 
     def sample(self) -> GpuSample:
         nvml, handle = self._nvml, self._handle
@@ -166,8 +191,15 @@ class GpuPoller:
         return sample
 
     def _run(self) -> None:
+        failing = False
         while not self._sleep(self.interval_s):
             try:
                 self.poll_once()
             except Exception:  # noqa: BLE001 - a failed sample must not kill the poller
-                log.exception("GPU sample failed")
+                # NOTE: logged once per run of failures, not every 100 ms (a lost GPU fails
+                # every sample; the event thread reports the loss itself).
+                if not failing:
+                    log.exception("GPU sample failed (logged again only after a success)")
+                failing = True
+            else:
+                failing = False

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from services.common.generation import FinishReason
@@ -69,6 +70,10 @@ class RequestTrace:
             span.set_attribute("zerolayer.prompt_tokens", num_prompt_tokens)
             span.set_attribute("zerolayer.cached_tokens", num_cached_tokens)
             span.set_attribute("zerolayer.uncached_tokens", num_prompt_tokens - num_cached_tokens)
+
+    def add_event(self, name: str, attributes: dict[str, str | int]) -> None:
+        """Adds an event to the request's live server span (e.g. a GPU event while it ran)."""
+        trace.get_current_span(self._parent).add_event(name, attributes)
 
     def first_token(self) -> None:
         """Marks the end of prefill."""

@@ -75,4 +75,5 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             num_preemptions=s.num_preemptions,
             num_steps=s.num_steps,
             block_size=self._require_engine().runner.block_size,
+            not_serving_reason=self._require_engine().not_serving_reason,
         )

@@ -1,0 +1,100 @@
+"""The supervisor's health watch: a layer that stops serving while alive is logged with the reason
+it gives; serving again is logged; a restarted process starts a new history."""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from services.health_watch import HealthTarget, HealthWatch
+from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class Stats(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self) -> None:
+        self.reason = ""
+
+    def GetStats(self, request, context):  # noqa: N802 - gRPC method name
+        return scheduler_pb2.SchedulerStats(not_serving_reason=self.reason)
+
+
+@pytest.fixture
+def layer(tmp_path: Path):
+    """A server with health (SERVING) and the scheduler's GetStats on a unix socket."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    stats = Stats()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(stats, server)
+    address = f"unix:{tmp_path / 'layer.sock'}"
+    server.add_insecure_port(address)
+    server.start()
+    servicer.set("", SERVING)
+    yield address, servicer, stats
+    server.stop(0)
+
+
+def messages(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [
+        (r.levelno, r.getMessage()) for r in caplog.records if r.name == "services.health_watch"
+    ]
+
+
+def test_logs_stop_with_reason_and_recovery(layer, caplog: pytest.LogCaptureFixture) -> None:
+    address, servicer, stats = layer
+    watch = HealthWatch({"scheduler": HealthTarget(address)}, interval_s=0.0)
+    caplog.set_level(logging.INFO, logger="services.health_watch")
+    try:
+        watch.poll({"scheduler": 100})
+        assert messages(caplog) == []
+        stats.reason = "GPU fatal event: Xid 79 (GPU has fallen off the bus)"
+        servicer.set("", NOT_SERVING)
+        watch.poll({"scheduler": 100})
+        watch.poll({"scheduler": 100})  # no change: logged once
+        servicer.set("", SERVING)
+        watch.poll({"scheduler": 100})
+    finally:
+        watch.close()
+    assert messages(caplog) == [
+        (
+            logging.ERROR,
+            "zerolayer: scheduler (pid 100) stopped serving: "
+            "GPU fatal event: Xid 79 (GPU has fallen off the bus)",
+        ),
+        (logging.WARNING, "zerolayer: scheduler is serving again"),
+    ]
+
+
+def test_a_new_process_and_a_layer_without_reasons(layer, caplog) -> None:
+    address, servicer, _ = layer
+    watch = HealthWatch({"kvstore": HealthTarget(address)}, interval_s=0.0)
+    caplog.set_level(logging.INFO, logger="services.health_watch")
+    try:
+        servicer.set("", NOT_SERVING)
+        watch.poll({"kvstore": 1})  # first sight: nothing to compare with
+        servicer.set("", SERVING)
+        watch.poll({"kvstore": 2})  # a restarted process coming up: not "serving again"
+        servicer.set("", NOT_SERVING)
+        watch.poll({"kvstore": 2})
+    finally:
+        watch.close()
+    assert messages(caplog) == [
+        (logging.ERROR, "zerolayer: kvstore (pid 2) stopped serving: it gives no reason")
+    ]
+
+
+def test_unreachable_layers_are_skipped(tmp_path: Path, caplog) -> None:
+    watch = HealthWatch({"loader": HealthTarget(f"unix:{tmp_path / 'none.sock'}")}, 0.0)
+    try:
+        watch.poll({"loader": 7})
+    finally:
+        watch.close()
+    assert messages(caplog) == []
