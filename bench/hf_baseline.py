@@ -20,14 +20,16 @@ PAD_TOKEN_ID = 0
 """Left padding of batched prompts (masked out by the attention mask)."""
 
 
-def load_hf(model_dir: Path) -> torch.nn.Module:
-    """``AutoModelForCausalLM.from_pretrained`` in the checkpoint's dtype, eval mode, EOS off."""
+def load_hf(model_dir: Path, device: str = "cpu") -> torch.nn.Module:
+    """``AutoModelForCausalLM.from_pretrained`` in the checkpoint's dtype on ``device``, eval
+    mode, EOS off."""
     import transformers
 
     dtype = json.loads((model_dir / "config.json").read_text()).get("torch_dtype", "float32")
     model = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=getattr(torch, dtype)
     )
+    model.to(device)
     model.eval()
     # NOTE: no EOS, so generation never stops early (zerolayer's ignore_eos keeps even an EOS
     # argmax; transformers' min_new_tokens would instead suppress EOS and change the tokens).
@@ -68,7 +70,7 @@ def hf_token_times(
         RuntimeError: fewer than ``max_new_tokens`` tokens came out.
     """
     clock = _token_clock()
-    input_ids = torch.tensor([list(prompt)])
+    input_ids = torch.tensor([list(prompt)], device=model.device)
     send = time.perf_counter()
     model.generate(
         input_ids,
@@ -93,8 +95,14 @@ def hf_generate_batch(
         RuntimeError: the output is not ``max_new_tokens`` longer than the padded prompts.
     """
     width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[PAD_TOKEN_ID] * (width - len(p)) + list(p) for p in prompts])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    device = model.device
+    input_ids = torch.tensor(
+        [[PAD_TOKEN_ID] * (width - len(p)) + list(p) for p in prompts], device=device
+    )
+    attention_mask = torch.tensor(
+        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device
+    )
+    _synchronize(device)
     start = time.perf_counter()
     out = model.generate(
         input_ids,
@@ -102,7 +110,13 @@ def hf_generate_batch(
         max_new_tokens=max_new_tokens,
         do_sample=False,
     )
+    _synchronize(device)
     seconds = time.perf_counter() - start
     if out.shape[1] != width + max_new_tokens:
         raise RuntimeError(f"transformers generated {out.shape[1] - width} of {max_new_tokens}")
     return seconds
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

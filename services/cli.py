@@ -108,7 +108,7 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", type=Path)
     p = sub.add_parser("make-dummy", help="write a seeded random-weight Llama directory")
     p.add_argument("out_dir", type=Path)
-    p.add_argument("--preset", default="tiny", help="tiny, small (125M) or medium")
+    p.add_argument("--preset", default="tiny", help="tiny, small (125M), medium or 1b (1.1B)")
     p.add_argument("--seed", type=int, default=0)
 
 

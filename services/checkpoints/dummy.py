@@ -47,8 +47,10 @@ PRESETS: dict[str, DummyPreset] = {
     "tiny": DummyPreset(128, 256, 4, 4, 2, BYTE_VOCAB_SIZE),
     "small": DummyPreset(768, 2048, 12, 12, 4, 32000, dtype="bfloat16"),
     "medium": DummyPreset(1536, 4096, 16, 12, 4, 32000, dtype="bfloat16"),
+    "1b": DummyPreset(2048, 5632, 22, 32, 4, 32000, dtype="bfloat16"),
 }
-"""``tiny`` is the embedded default model; ``small`` is a 125M-parameter Llama shape."""
+"""``tiny`` is the embedded default model; ``small`` is a 125M-parameter Llama shape; ``1b`` is
+the 1.1B TinyLlama shape (the GPU device check's model)."""
 
 
 def _config(p: DummyPreset) -> dict:
