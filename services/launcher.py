@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
-from services.common.device import parse_device, resolve_device
+from services.common.device import resolve_device
 from services.common.server import LAUNCHER_PID_ENV, instance_health_name
 from services.health_watch import HealthTarget, HealthWatch
 from services.kvstore.arena import sidecar_path
@@ -86,7 +86,8 @@ class StackConfig:
             raise ValueError("num-threads: must be >= 0 (0: one per core)")
         if self.metrics_port_base and not 1 <= self.metrics_port_base <= 65532:
             raise ValueError("metrics-port-base: must be in 1..65532 (or 0: off)")
-        parse_device(self.device)
+        if self.device != "cpu":  # resolving a GPU imports torch: only when one is asked for
+            object.__setattr__(self, "device", str(resolve_device(self.device)))
 
     def metrics_port(self, layer: str) -> int:
         """The /metrics port of ``layer`` (0: off)."""
@@ -107,11 +108,8 @@ class Stack:
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.run_dir, 0o700)
         self.shm_path = f"/dev/shm/{self.run_dir.name}.kv"
-        # "auto" is resolved once here so that the three layers agree; explicit devices are
-        # checked by each layer (this process need not import torch for them).
-        self.device = (
-            str(resolve_device(config.device)) if config.device == "auto" else config.device
-        )
+        self.device = config.device
+        """Resolved by StackConfig ("auto" -> "cpu" or "cuda:0"), so the three layers agree."""
         self.processes: dict[str, subprocess.Popen] = {}
         self._held: set[str] = set()
         """Layers stopped on purpose (not restarted by the supervisor)."""

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from e2e.stack import free_port
 
 pytestmark = pytest.mark.e2e
@@ -104,6 +105,7 @@ def test_generate_against_nothing_reports_unavailable() -> None:
         (["--block-size", "0"], "block-size: must be > 0"),
         (["--num-threads", "-3"], "num-threads: must be >= 0"),
         (["--model", "/nonexistent"], "/nonexistent: not a directory"),
+        (["--device", "gpu"], "--device: 'gpu' is not one of cpu, auto, cuda, cuda:N"),
     ],
 )
 def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_path) -> None:
@@ -149,3 +151,40 @@ def test_killing_up_takes_its_layers_down(tmp_path: Path) -> None:
     assert alive == ""
     # The orphaned kvstore removed the arena (nobody else would).
     assert not os.path.exists(f"/dev/shm/{Path(run_dir).name}.kv")
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the message on a machine without CUDA"
+)
+def test_up_on_a_gpu_the_machine_lacks_fails_at_once(tmp_path: Path) -> None:
+    proc = zerolayer("up", "--device", "cuda:0", env=isolated_env(tmp_path))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "'cuda:0' asked for, but this machine has no CUDA device" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("layer", ["loader", "kvstore", "scheduler"])
+def test_a_layer_started_alone_on_a_missing_gpu_is_a_usage_error(
+    layer: str, tmp_path: Path
+) -> None:
+    required = {
+        "loader": ["--model", str(tmp_path)],
+        "kvstore": ["--loader", "unix:/x", "--shm-path", str(tmp_path / "kv")],
+        "scheduler": ["--loader", "unix:/x", "--kvstore", "unix:/y"],
+    }[layer]
+    proc = zerolayer(layer, "--address", "unix:/z", *required, "--device", "cuda:3")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "argument --device" in err and "cuda:3" in err
+
+
+def test_stack_passes_one_resolved_device_to_loader_kvstore_and_scheduler(tmp_path: Path) -> None:
+    from services.launcher import Stack, StackConfig
+
+    stack = Stack(StackConfig(model_dir=str(tmp_path), run_dir=str(tmp_path), device="auto"))
+    want = "cuda:0" if torch.cuda.is_available() else "cpu"
+    for layer in ("loader", "kvstore", "scheduler"):
+        command = stack.command(layer)
+        assert command[command.index("--device") + 1] == want
+    assert "--device" not in stack.command("frontend")
