@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
 from services.common.device import resolve_device
+from services.common.fd_keeper import FdKeeper
 from services.common.server import LAUNCHER_PID_ENV, instance_health_name
 from services.health_watch import HealthTarget, HealthWatch
 from services.kvstore.arena import sidecar_path
@@ -109,6 +110,7 @@ class Stack:
         os.chmod(self.run_dir, 0o700)
         self.shm_path = f"/dev/shm/{self.run_dir.name}.kv"
         self.device = config.device
+        self._fd_keeper: FdKeeper | None = None
         """Resolved by StackConfig ("auto" -> "cpu" or "cuda:0"), so the three layers agree."""
         self.processes: dict[str, subprocess.Popen] = {}
         self._held: set[str] = set()
@@ -170,6 +172,8 @@ class Stack:
         }[layer]
         if layer != "frontend":
             args += ["--device", self.device]
+        if layer in ("loader", "kvstore") and self.device != "cpu":
+            args += ["--fd-keeper", str(self.run_dir / "fds.sock")]
         if c.metrics_port_base:
             args += ["--metrics-port", str(c.metrics_port(layer))]
         if layer == "scheduler" and c.nvml_script:
@@ -187,6 +191,10 @@ class Stack:
         """
         read_checkpoint(Path(self.config.model_dir))  # a bad --model fails here, not in a child
         try:
+            if self.device != "cpu" and self._fd_keeper is None:
+                # Holds the VMM descriptors of the weights and the KV arena, so that a restarted
+                # loader or kvstore maps the same device memory (services.common.fd_keeper).
+                self._fd_keeper = FdKeeper(self.run_dir / "fds.sock")
             for layer in LAYERS:
                 self.start_layer(layer)
             deadline = time.monotonic() + self.config.startup_timeout_s
@@ -353,6 +361,9 @@ class Stack:
             self._supervisor.join(timeout=30)
         for layer in reversed(LAYERS):
             self.stop_layer(layer)
+        if self._fd_keeper is not None:
+            self._fd_keeper.close()  # the device memory is freed with the last mapping
+            self._fd_keeper = None
         for path in (self.shm_path, sidecar_path(self.shm_path)):
             if os.path.exists(path):
                 os.unlink(path)

@@ -23,6 +23,9 @@ class LoaderConfig:
     """Start kernel read-ahead of the weight files at start-up."""
     device: str = "cpu"
     """``--device``: "cpu", "cuda", "cuda:N" or "auto" (see services.common.device)."""
+    fd_keeper: str = ""
+    """Unix socket of the launcher's descriptor keeper (``--fd-keeper``; set by ``zerolayer up``):
+    on a GPU, device memory deposited there survives this layer's restarts."""
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0: off."""
     metrics_host: str = "127.0.0.1"
@@ -50,6 +53,9 @@ class KVStoreConfig:
     kvstore reopens it; the launcher removes it when the whole stack stops)."""
     device: str = "cpu"
     """``--device``: "cpu", "cuda", "cuda:N" or "auto" (see services.common.device)."""
+    fd_keeper: str = ""
+    """Unix socket of the launcher's descriptor keeper (``--fd-keeper``; set by ``zerolayer up``):
+    on a GPU, device memory deposited there survives this layer's restarts."""
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0: off."""
     metrics_host: str = "127.0.0.1"

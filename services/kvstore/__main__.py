@@ -60,6 +60,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="delete the arena file on a clean exit (default: keep it for a restart)",
     )
     add_device_argument(parser, "where the KV arena lives")
+    parser.add_argument(
+        "--fd-keeper",
+        default="",
+        help="unix socket of the launcher's descriptor keeper (zerolayer up sets it): on a GPU "
+        "the KV arena' device memory survives restarts of this layer",
+    )
     add_metrics_port(parser)
     return parser
 
@@ -107,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         enable_prefix_caching=not args.no_prefix_caching,
         remove_arena_on_exit=args.remove_arena_on_exit,
         device=args.device,
+        fd_keeper=args.fd_keeper,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )

@@ -76,6 +76,7 @@ def open_arena(config: KVStoreConfig, layout: ArenaLayout) -> Arena | DeviceAren
         device.index,
         offered_kinds(str(device))[0],
         fd_socket_path(config.address, "kvstore", os.getpid()),
+        keeper=config.fd_keeper,
     )
 
 

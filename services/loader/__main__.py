@@ -35,6 +35,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--model-name", default="", help="name to serve the model under")
     parser.add_argument("--no-prefetch", action="store_true", help="skip kernel read-ahead")
     add_device_argument(parser, "where the weights are served from")
+    parser.add_argument(
+        "--fd-keeper",
+        default="",
+        help="unix socket of the launcher's descriptor keeper (zerolayer up sets it): on a GPU "
+        "the weights' device memory survives restarts of this layer",
+    )
     add_metrics_port(parser)
     return parser
 
@@ -58,6 +64,7 @@ async def serve(config: LoaderConfig, tracing: Tracing) -> None:
             device.index,
             offered_kinds(str(device))[0],
             fd_socket_path(config.address, "loader", os.getpid()),
+            keeper=config.fd_keeper,
         )
     name = loader_pb2.DESCRIPTOR.services_by_name["Loader"].full_name
     servicer = LoaderServicer(store, device_weights)
@@ -98,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         model_name=args.model_name,
         prefetch=not args.no_prefetch,
         device=args.device,
+        fd_keeper=args.fd_keeper,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )

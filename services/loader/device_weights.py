@@ -5,8 +5,9 @@ exported with the best kind the device supports:
 
 - ``CUDA_VMM_FD``: ``cuMemCreate`` memory whose POSIX file descriptor this loader serves on a
   unix socket (SCM_RIGHTS). The memory lives while any process holds the descriptor or a mapping,
-  so the loader may restart under a running scheduler: the scheduler keeps its mapping, and no
-  second copy is made.
+  so the loader may restart under a running scheduler: the scheduler keeps its mapping. Under
+  ``zerolayer up`` the launcher's fd keeper also holds the descriptor, and a restarted loader maps
+  that same memory instead of copying again (no second copy).
 - ``CUDA_IPC``: ``cudaMalloc`` memory and its ``cudaIpcMemHandle_t``. Legacy IPC memory is freed
   when the exporting process exits, so with this kind the loader must not be restarted while a
   scheduler uses the weights (the scheduler's next kernel would read freed memory).
@@ -25,6 +26,7 @@ import uuid
 from collections.abc import Sequence
 
 from services.common import cuda_memory
+from services.common.fd_keeper import fetch_kept_fd, keep_fd
 from services.common.fd_passing import FdServer
 from services.common.manifest import DeviceMemoryHandle, HandleKind, WeightManifest
 from services.common.mapped_file import MappedFile
@@ -49,6 +51,7 @@ class DeviceWeights:
         device_index: int,
         kind: HandleKind,
         fd_socket: str,
+        keeper: str = "",
     ) -> None:
         """
         Args:
@@ -58,6 +61,9 @@ class DeviceWeights:
             device_index: CUDA ordinal.
             kind: CUDA_VMM_FD or CUDA_IPC (see :func:`services.common.handle_kinds.offered_kinds`).
             fd_socket: unix socket path to serve the VMM descriptor on (unused for CUDA_IPC).
+            keeper: the launcher's :class:`services.common.fd_keeper.FdKeeper` socket ("" when
+                none). With CUDA_VMM_FD, a copy a previous loader deposited there is mapped
+                instead of copying again, and a fresh copy is deposited once complete.
         """
         self.num_layers = num_layers
         self.placement: Placement = plan_placement(manifest.tensors, num_layers)
@@ -70,12 +76,25 @@ class DeviceWeights:
         self.error: BaseException | None = None
         """What stopped the copy, if it failed."""
         size = self.placement.size_bytes
+        self._keeper = keeper
+        self._keeper_key = f"weights-{manifest.fingerprint}-{cuda_memory.gpu_uuid(device_index)}"
+        self._export_fd: int | None = None
+        self.adopted = False
+        """True when the weights were taken over from a previous loader (no copy made)."""
         if kind == HandleKind.CUDA_VMM_FD:
-            self.allocation, fd = cuda_memory.allocate_vmm(device_index, size)
+            kept = self._adopt(device_index, size) if keeper else None
+            if kept is not None:
+                self.allocation, fd = kept
+                self.adopted = True
+            else:
+                self.allocation, fd = cuda_memory.allocate_vmm(device_index, size)
             handle_id = f"weights-{uuid.uuid4().hex}"
             self._fd_server = FdServer(fd_socket)
             self._fd_server.register(handle_id, fd)
-            _close(fd)  # the server owns a duplicate
+            if keeper and not self.adopted:
+                self._export_fd = fd  # deposited with the keeper once the copy is complete
+            else:
+                _close(fd)  # the server owns a duplicate
             extra = {"fd_socket": fd_socket, "handle_id": handle_id}
         elif kind == HandleKind.CUDA_IPC:
             self.allocation, ipc_handle = cuda_memory.allocate_ipc(device_index, size)
@@ -96,8 +115,35 @@ class DeviceWeights:
             kind.name,
         )
 
+    def _adopt(self, device_index: int, size: int) -> tuple[object, int] | None:
+        """The previous loader's allocation from the keeper, mapped here; None if there is none
+        (or it cannot be used: then a fresh copy is made)."""
+        try:
+            kept = fetch_kept_fd(self._keeper, self._keeper_key)
+        except OSError as exc:
+            log.warning("fd keeper %s unreachable (%s): copying the weights", self._keeper, exc)
+            return None
+        if kept is None:
+            return None
+        fd, meta = kept
+        try:
+            if int(meta.get("size_bytes", 0)) < size:
+                raise ValueError(f"kept allocation of {meta.get('size_bytes')} bytes < {size}")
+            allocation = cuda_memory.import_vmm(fd, int(meta["size_bytes"]), device_index)
+        except (ValueError, RuntimeError) as exc:
+            _close(fd)
+            log.warning("cannot reuse the kept weights (%s): copying again", exc)
+            return None
+        log.info("weights: reusing the device copy a previous loader left (no copy)")
+        return allocation, fd
+
     def start_copy(self) -> None:
-        """Starts copying on a background thread (returns at once)."""
+        """Starts copying on a background thread (returns at once); with adopted weights there
+        is nothing to copy and every layer is resident at once."""
+        if self.adopted:
+            with self._lock:
+                self._groups_done = len(self.placement.groups)
+            return
         self._thread = threading.Thread(target=self._copy, name="weights-copy", daemon=True)
         self._thread.start()
 
@@ -153,6 +199,19 @@ class DeviceWeights:
             self.allocation.device_index,
             (time.perf_counter() - started) * 1e3,
         )
+        if self._export_fd is not None:
+            try:
+                keep_fd(
+                    self._keeper,
+                    self._keeper_key,
+                    self._export_fd,
+                    {"size_bytes": self.allocation.size_bytes},
+                )
+            except (OSError, ValueError) as exc:
+                log.warning("could not deposit the weights with the fd keeper: %s", exc)
+            finally:
+                _close(self._export_fd)
+                self._export_fd = None
 
     def _group_done(self, group: int) -> None:
         with self._lock:

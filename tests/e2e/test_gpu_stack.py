@@ -96,8 +96,36 @@ def test_killing_the_loader_mid_generation_changes_no_token(
         while stack.processes["loader"].pid == pid and time.monotonic() < deadline:
             time.sleep(0.1)
         assert stack.processes["loader"].pid != pid
-        # Still serving, with the same tokens, after the loader came back.
+        # Still serving, with the same tokens, after the loader came back; the new loader mapped
+        # the copy the launcher's fd keeper held instead of making a second one.
         try:
             assert greedy(stack, PROMPTS) == cpu_tokens
         except grpc.RpcError as exc:  # pragma: no cover - reported with the code
             pytest.fail(f"after the loader restart: {exc.code()}: {exc.details()}")
+        deadline = time.monotonic() + 30
+        log = tmp_path / "loader.log"
+        while "reusing the device copy" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "reusing the device copy" in log.read_text()
+
+
+def test_killing_the_kvstore_keeps_the_gpu_arena(
+    model_dir: Path, cpu_tokens: list[list[int]], tmp_path: Path
+) -> None:
+    with running_stack(model_dir, tmp_path, device="cuda:0", kv_cache_bytes=256 << 20) as stack:
+        assert greedy(stack, PROMPTS) == cpu_tokens
+        pid = stack.processes["kvstore"].pid
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while stack.processes["kvstore"].pid == pid and time.monotonic() < deadline:
+            time.sleep(0.1)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert greedy(stack, PROMPTS) == cpu_tokens
+                break
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert "reopened" in (tmp_path / "kvstore.log").read_text()
