@@ -2,7 +2,9 @@
 # The GPU check, in one command on a machine with a CUDA device (the lent H200; see
 # docs/benchmarks.md "GPU"): runs the gpu-marked tests, then bench/device_check.py (a ~1B dummy
 # model: batch-1 decode vs the HBM bound, 64-request throughput vs transformers on the same GPU,
-# device memory per layer, kill -9 of the loader mid-generation), and prints ONE JSON document.
+# device memory per layer, kill -9 of the loader mid-generation), then the NVML self-check of the
+# scheduler's GPU health wiring (services/scheduler/nvml_check.py: the supported event types are
+# registered, a wait returns, polling reads sane values), and prints ONE JSON document.
 # Budget: under 8 minutes.
 #
 # Packages the GPU image lacks travel as wheels in .whl (bash scripts/device_wheels.sh, here), and
@@ -46,12 +48,23 @@ timeout 240 "$PY" -m bench.device_check --device "$DEVICE" --preset "$PRESET" \
 bench_rc=$?
 bench_s=$(( $(date +%s) - start ))
 
-"$PY" - "$OUT_DIR" "$tests_rc" "$tests_s" "$bench_rc" "$bench_s" <<'PY'
+if [[ "$DEVICE" == cuda* ]]; then
+  index=${DEVICE#cuda}; index=${index#:}
+  timeout 60 "$PY" -m services.scheduler.nvml_check "${index:-0}" \
+    > "$OUT_DIR/nvml_check.json" 2> "$OUT_DIR/nvml_check.log"
+  nvml_rc=$?
+else
+  echo '{"skipped": "DEVICE is not a CUDA device"}' > "$OUT_DIR/nvml_check.json"
+  nvml_rc=0
+fi
+
+"$PY" - "$OUT_DIR" "$tests_rc" "$tests_s" "$bench_rc" "$bench_s" "$nvml_rc" <<'PY'
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
-out, tests_rc, tests_s, bench_rc, bench_s = Path(sys.argv[1]), *map(int, sys.argv[2:])
+out, tests_rc, tests_s, bench_rc, bench_s, nvml_rc = Path(sys.argv[1]), *map(int, sys.argv[2:])
 doc = {"gpu_tests": {"exit_code": tests_rc, "seconds": tests_s}, "bench": None,
-       "bench_exit_code": bench_rc, "bench_seconds": bench_s}
+       "bench_exit_code": bench_rc, "bench_seconds": bench_s, "nvml": None,
+       "nvml_exit_code": nvml_rc}
 try:
     suite = ET.parse(out / "gpu-tests.xml").getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
@@ -69,5 +82,10 @@ try:
 except Exception as exc:  # noqa: BLE001
     doc["bench_error"] = f"{type(exc).__name__}: {exc}"
     doc["bench_log_tail"] = (out / "device_check.log").read_text(errors="replace")[-3000:]
+try:
+    doc["nvml"] = json.loads((out / "nvml_check.json").read_text())
+except Exception as exc:  # noqa: BLE001
+    doc["nvml_error"] = f"{type(exc).__name__}: {exc}"
+    doc["nvml_log_tail"] = (out / "nvml_check.log").read_text(errors="replace")[-3000:]
 print(json.dumps(doc, indent=2, default=str))
 PY

@@ -199,11 +199,14 @@ def start_gpu_monitoring(
 
 def cuda_uuid(index: int) -> str | None:
     """The UUID of CUDA device ``index`` as NVML spells it (``GPU-...``); None when torch does not
-    report one."""
+    report one. torch's ``_CUuuid`` prints the bare canonical UUID, without NVML's prefix."""
     import torch
 
     uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    return None if uuid is None else f"GPU-{uuid}"
+    if uuid is None or not str(uuid):
+        return None
+    text = str(uuid)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
 def watch_gpu(

@@ -217,3 +217,30 @@ def test_self_check_reports_insane_values() -> None:
         f"memory used 0 not in (0, {80 << 30}]",
     ]
     assert report["notes"] == ["unknown clock event bits 0x10000"]
+
+
+@pytest.mark.gpu
+def test_nvml_events_and_sampling_on_the_real_gpu() -> None:
+    """On a GPU: the supported event types register, polling reads sane values, torch's UUID
+    finds the device, and the event thread stops within its wait timeout (a healthy GPU raises
+    no fatal event meanwhile)."""
+    import time
+
+    from prometheus_client import CollectorRegistry
+
+    from services.scheduler.gpu_health import GpuEventMonitor, cuda_uuid
+    from services.scheduler.gpu_monitor import open_nvml
+
+    uuid = cuda_uuid(0)
+    report = nvml_self_check(0, num_samples=3, uuid=uuid)
+    assert report["ok"], report
+    opened = open_nvml(0, uuid)
+    assert opened is not None
+    faults: list = []
+    monitor = GpuEventMonitor(NvmlEventSource.open(*opened), CollectorRegistry(), faults.append)
+    monitor.start()
+    time.sleep(0.3)
+    stopping = time.monotonic()
+    monitor.stop()
+    assert time.monotonic() - stopping < 1.0
+    assert faults == []
