@@ -43,15 +43,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class LlamaModel:
     """Forward of a Llama decoder over paged KV caches.
 
+    Runs where its weights are (:attr:`device`: the CPU, or a CUDA device when the weights
+    arrive as CUDA tensors); the inputs and KV caches handed to :meth:`forward` must be there too.
+
     Raises:
         KeyError: a weight is missing from ``weights``.
-        ValueError: a weight's shape does not match the config.
+        ValueError: a weight's shape does not match the config, or the weights are on several
+            devices.
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
         self.config = config
         self.embed_tokens = weights["model.embed_tokens.weight"]
         self.dtype = self.embed_tokens.dtype
+        self.device = self.embed_tokens.device
         self.norm = weights["model.norm.weight"]
         self.lm_head = (
             self.embed_tokens
@@ -59,12 +64,24 @@ class LlamaModel:
             else weights.get("lm_head.weight", self.embed_tokens)
         )
         self.layers = [self._layer(weights, i) for i in range(config.num_hidden_layers)]
-        self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
+        self.rotary = RotaryEmbedding(
+            config.rope, config.head_dim, config.max_position_embeddings, self.device
+        )
         self.scale = config.head_dim**-0.5
         expected = (config.vocab_size, config.hidden_size)
         if tuple(self.embed_tokens.shape) != expected:
             raise ValueError(
                 f"embed_tokens: shape {tuple(self.embed_tokens.shape)}, config says {expected}"
+            )
+        used = [
+            self.norm,
+            self.lm_head,
+            *(t for layer in self.layers for t in vars(layer).values()),
+        ]
+        devices = {tensor.device for tensor in used} - {self.device}
+        if devices:
+            raise ValueError(
+                f"weights on {sorted(map(str, devices))}, embed_tokens on {self.device}"
             )
 
     @staticmethod

@@ -37,12 +37,22 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 class RotaryEmbedding:
     """Precomputed cos/sin tables for positions ``[0, max_positions)``."""
 
-    def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int) -> None:
+    def __init__(
+        self,
+        rope: RopeConfig,
+        head_dim: int,
+        max_positions: int,
+        device: torch.device | None = None,
+    ) -> None:
+        """``device``: where the tables live (default the CPU); they are computed on the CPU and
+        copied there, so every device sees the same float32 values."""
         inv_freq = inverse_frequencies(rope, head_dim)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos()  # float32 [max_positions, head_dim]
         self.sin = emb.sin()
+        if device is not None:
+            self.cos, self.sin = self.cos.to(device), self.sin.to(device)
 
     def tables(
         self, positions: torch.Tensor, dtype: torch.dtype

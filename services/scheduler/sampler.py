@@ -48,22 +48,24 @@ class Sampler:
         """Samples the next token of each row.
 
         Args:
-            logits: float32 [B, V].
+            logits: float32 [B, V] on any device. The argmax runs there; the rows that sample are
+                copied to the CPU and drawn from there.
             params: B sampling parameters, one per row.
             generators: B CPU generators; a row's draw uses only its own generator, so a request's
-                output depends on its seed, not on what else is in the batch.
+                output depends on its seed, not on what else is in the batch (nor on the device).
 
         Returns:
             B token ids.
         """
-        token_ids = logits.argmax(dim=-1)
+        token_ids = logits.argmax(dim=-1).cpu()
         rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if rows:
             index = torch.tensor(rows)
             temperature = torch.tensor([params[i].temperature for i in rows]).unsqueeze(1)
             top_k = torch.tensor([params[i].top_k for i in rows], dtype=torch.int64)
             top_p = torch.tensor([params[i].top_p for i in rows], dtype=torch.float32)
-            masked = apply_top_k_top_p(logits[index] / temperature, top_k, top_p)
+            selected = logits[index.to(logits.device)].cpu()
+            masked = apply_top_k_top_p(selected / temperature, top_k, top_p)
             probs = masked.softmax(dim=-1)
             for j, i in enumerate(rows):
                 token_ids[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]

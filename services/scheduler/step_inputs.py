@@ -31,8 +31,12 @@ class StepInputs:
     """int64 [S]: row of the last token of each request that samples, in scheduling order."""
 
 
-def _buffer(size: int, dtype: type = np.int64) -> tuple[np.ndarray, torch.Tensor]:
-    array = np.zeros(size, dtype=dtype)
+def _buffer(size: int, pin_memory: bool = False) -> tuple[np.ndarray, torch.Tensor]:
+    """A zeroed int64 buffer as (numpy view, tensor) sharing memory; page-locked when asked."""
+    if pin_memory:
+        tensor = torch.zeros(size, dtype=torch.int64, pin_memory=True)
+        return tensor.numpy(), tensor
+    array = np.zeros(size, dtype=np.int64)
     return array, torch.from_numpy(array)
 
 
@@ -40,7 +44,12 @@ class StepBuffers:
     """Owns the persistent input tensors; not thread-safe (the engine thread fills them)."""
 
     def __init__(
-        self, block_size: int, max_tokens: int = 512, max_seqs: int = 64, max_blocks: int = 64
+        self,
+        block_size: int,
+        max_tokens: int = 512,
+        max_seqs: int = 64,
+        max_blocks: int = 64,
+        pin_memory: bool = False,
     ) -> None:
         """
         Args:
@@ -48,23 +57,28 @@ class StepBuffers:
             max_tokens: initial capacity in tokens per step (the token budget).
             max_seqs: initial capacity in sequences per step.
             max_blocks: initial capacity in blocks per block table (context length / block size).
+            pin_memory: page-locked buffers (needs CUDA), so that the tensors the model reads on a
+                GPU copy to it asynchronously (``non_blocking``). The caller must not fill again
+                before the device has consumed the previous step's copies.
         """
         self.block_size = block_size
+        self.pin_memory = pin_memory
         self._allocate(max_tokens, max_seqs, max_blocks)
 
     def _allocate(self, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
         self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks
-        self._ids, self.input_ids = _buffer(max_tokens)
-        self._pos, self.positions = _buffer(max_tokens)
-        self._slots, self.slot_mapping = _buffer(max_tokens)
+        pin = self.pin_memory
+        self._ids, self.input_ids = _buffer(max_tokens, pin)
+        self._pos, self.positions = _buffer(max_tokens, pin)
+        self._slots, self.slot_mapping = _buffer(max_tokens, pin)
         self._arange = np.arange(max_blocks * self.block_size, dtype=np.int64)
         self.key_positions = torch.from_numpy(self._arange)
-        self._qsl, self.query_start_loc = _buffer(max_seqs + 1)
-        self._seq_lens, self.seq_lens = _buffer(max_seqs)
-        self._rows, self.logits_rows = _buffer(max_seqs)
+        self._qsl, self.query_start_loc = _buffer(max_seqs + 1, pin)
+        self._seq_lens, self.seq_lens = _buffer(max_seqs, pin)
+        self._rows, self.logits_rows = _buffer(max_seqs, pin)
         self._decode_rows, self.decode_rows = _buffer(max_seqs)
         self._decode_lens, self.decode_lens = _buffer(max_seqs)
-        self._tables, self.block_tables = _buffer(max_seqs * max_blocks)
+        self._tables, self.block_tables = _buffer(max_seqs * max_blocks, pin)
         self._decode_tables, self.decode_block_tables = _buffer(max_seqs * max_blocks)
         self.decode_mask = torch.zeros(max_seqs * max_blocks * self.block_size, dtype=torch.bool)
 
