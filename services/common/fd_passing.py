@@ -213,6 +213,8 @@ def receive_fd(path: str | Path, handle_id: str, timeout_s: float = 5.0) -> int:
         except OSError as exc:  # includes TimeoutError, FileNotFoundError, ConnectionRefused
             raise Unavailable(f"fd_socket: cannot fetch {handle_id!r} from {path}: {exc}") from exc
     if data[:1] == bytes([FdStatus.OK]) and len(fds) == 1 and not flags & socket.MSG_CTRUNC:
+        # NOTE: MSG_CMSG_CLOEXEC is missing from some Python builds' socket module.
+        os.set_inheritable(fds[0], False)
         return fds[0]
     for fd in fds:
         os.close(fd)
