@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     They are not skipped (a skip reads like a run): the summary line counts them as deselected
     and the terminal says why. ``scripts/device_check.sh`` runs them with ``-m gpu`` on a GPU.
     """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        interpreted = [i for i in items if i.get_closest_marker("triton_interpreter") is not None]
+        if interpreted:
+            # Run by test_interpreter_cases_in_their_own_process, in a process started with it.
+            config.hook.pytest_deselected(items=interpreted)
+            items[:] = [i for i in items if i.get_closest_marker("triton_interpreter") is None]
     gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu or _cuda_device_count() > 0:
         return

@@ -3,8 +3,9 @@
 K and V of every token are written into their cache slots (``slot_mapping``), then each sequence's
 queries attend over its blocks through its block table (Kwon et al. 2023, "PagedAttention").
 
-The native kernel (``csrc/paged_attention.cpp`` via :class:`KernelLoader`) handles every sequence
-of the step in one call over ``query_start_loc``/``seq_lens``/``block_tables``. The reference
+The native kernel (``csrc/paged_attention.cpp`` via :class:`KernelLoader`) on the CPU, and the
+Triton kernel (:mod:`services.scheduler.triton_attention`) on CUDA, handle every sequence of the
+step in one call over ``query_start_loc``/``seq_lens``/``block_tables``. The reference
 gathers blocks: decodes (one query each) run as one padded batch; prefill chunks run one
 ``scaled_dot_product_attention`` each with a causal mask offset by the tokens already cached.
 """
@@ -17,6 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from services.scheduler.kernels import NATIVE_DTYPES, KernelLoader
+from services.scheduler.triton_attention import (
+    TRITON_DTYPES,
+    paged_attention_triton,
+    triton_available,
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,11 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     """int64 [B, N]: block tables of all sequences, padded with 0."""
 
+    @property
+    def max_query_len(self) -> int:
+        """Most queries of one sequence this step (1 when all decode); sizes the Triton grid."""
+        return max((span.num_tokens for span in self.prefills), default=1)
+
 
 def write_kv(
     k_cache: torch.Tensor,
@@ -97,11 +108,24 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of this step's queries over the cached context (K/V already written).
 
-    Runs the native kernel when ``kernels`` loads it and handles ``q.dtype``, else
+    On CUDA runs the Triton kernel (:func:`paged_attention_triton`) when Triton imports; on the
+    CPU runs the native kernel when ``kernels`` loads it and handles ``q.dtype``; else
     :func:`paged_attention_reference` (same arguments, shapes and result up to rounding). The
     first call may build the kernel (see :meth:`KernelLoader.load`). Does not modify the caches.
     """
-    if kernels is not None and q.dtype in NATIVE_DTYPES:
+    if q.is_cuda:
+        if q.dtype in TRITON_DTYPES and triton_available():
+            return paged_attention_triton(
+                q,
+                k_cache,
+                v_cache,
+                meta.query_start_loc,
+                meta.seq_lens,
+                meta.block_tables,
+                scale,
+                meta.max_query_len,
+            )
+    elif kernels is not None and q.dtype in NATIVE_DTYPES:
         module = kernels.load()
         if module is not None:
             return module.paged_attention(
@@ -144,8 +168,8 @@ def paged_attention_reference(
         vp = _gather(v_cache, span.block_ids)[:, : span.seq_len].unsqueeze(0)
         # Query i sits at absolute position seq_len - n + i and sees keys up to there.
         first = span.seq_len - span.num_tokens
-        key_pos = torch.arange(span.seq_len)
-        query_pos = torch.arange(first, span.seq_len).unsqueeze(1)
+        key_pos = torch.arange(span.seq_len, device=q.device)
+        query_pos = torch.arange(first, span.seq_len, device=q.device).unsqueeze(1)
         mask = key_pos.unsqueeze(0) <= query_pos
         op = F.scaled_dot_product_attention(
             qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=True
