@@ -45,10 +45,18 @@ def scrape(stack, layer: str) -> dict[str, float]:
     port = stack.config.metrics_port(layer)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        canonical(line.rsplit(" ", 1)[0]): float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
         if line and not line.startswith("#")
     }
+
+
+def canonical(sample: str) -> str:
+    """``name{b="1",a="2"}`` -> ``name{a="2",b="1"}`` (exposition label order is not fixed)."""
+    name, brace, labels = sample.partition("{")
+    if not brace:
+        return name
+    return name + "{" + ",".join(sorted(labels.rstrip("}").split(","))) + "}"
 
 
 def wait_for(condition, timeout_s: float = 10.0, what: str = "condition") -> None:
@@ -119,7 +127,9 @@ def test_gpu_events_on_the_real_stack(
 
         # A recoverable Xid: counted, serving continues.
         append(script, '{"event": "xid", "data": 63}')
-        recoverable = 'zerolayer_gpu_events_total{type="xid",xid="63",severity="recoverable"}'
+        recoverable = canonical(
+            'zerolayer_gpu_events_total{type="xid",xid="63",severity="recoverable"}'
+        )
         wait_for(lambda: scrape(stack, "scheduler").get(recoverable) == 1.0, what="Xid 63")
         assert scheduler_health(stack) == health_pb2.HealthCheckResponse.SERVING
         assert all(s.is_alive() and s.error is None for s in streams), "streams ended too early"
@@ -137,7 +147,7 @@ def test_gpu_events_on_the_real_stack(
         assert scheduler_health(stack) == health_pb2.HealthCheckResponse.NOT_SERVING
         reason = scheduler_stats(stack).not_serving_reason
         assert reason.startswith("GPU fatal event: Xid 79 (GPU has fallen off the bus)")
-        fatal = 'zerolayer_gpu_events_total{type="xid",xid="79",severity="fatal"}'
+        fatal = canonical('zerolayer_gpu_events_total{type="xid",xid="79",severity="fatal"}')
         assert scrape(stack, "scheduler")[fatal] == 1.0
 
         # New requests are refused: at the scheduler at once, through the frontend too.
