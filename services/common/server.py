@@ -95,8 +95,10 @@ class LayerServer:
         # sharing it.
         self.server = grpc.aio.server(
             interceptors=chain,
+            # NOTE: gRPC takes the first of duplicate options, so the receive limit replaces
+            # CHANNEL_OPTIONS' instead of following it.
             options=(
-                *CHANNEL_OPTIONS,
+                *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", max_receive_bytes),
             ),

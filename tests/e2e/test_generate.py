@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from services.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
+from zerolayer.v1 import generation_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 
@@ -238,3 +239,19 @@ def test_scheduler_killed_mid_stream_is_restarted_without_leaking_blocks(stack, 
     response = stub.Generate(make_request(prompt="back", ignore_eos=True), timeout=30)
     assert len(response.token_ids) == 8
     assert {name: stack.processes[name].pid for name in others} == others
+
+
+def test_a_request_over_the_public_message_limit_is_resource_exhausted(stack) -> None:
+    from services.frontend.__main__ import PUBLIC_MAX_RECEIVE_BYTES
+
+    big = 1 << 30
+    options = [("grpc.max_send_message_length", big), ("grpc.max_receive_message_length", big)]
+    with grpc.insecure_channel(stack.config.listen, options=options) as channel:
+        stub = generation_pb2_grpc.TextGenerationStub(channel)
+        with pytest.raises(grpc.RpcError) as over:
+            stub.Generate(make_request(prompt="b" * (PUBLIC_MAX_RECEIVE_BYTES + 1024)), timeout=30)
+        assert over.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # Just under the limit the message is read, and the prompt's own limit answers.
+        with pytest.raises(grpc.RpcError) as under:
+            stub.Generate(make_request(prompt="b" * (PUBLIC_MAX_RECEIVE_BYTES - 1024)), timeout=30)
+        assert under.value.code() == grpc.StatusCode.INVALID_ARGUMENT
