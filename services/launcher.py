@@ -117,6 +117,7 @@ class Stack:
         """Layers stopped on purpose (not restarted by the supervisor)."""
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._layers_down = threading.Event()
         self._supervisor: threading.Thread | None = None
         self.num_restarts: dict[str, int] = dict.fromkeys(LAYERS, 0)
 
@@ -227,6 +228,10 @@ class Stack:
             self._supervise_loop(watch)
         finally:
             watch.close()
+            # NOTE: layers restarted from this thread get PR_SET_PDEATHSIG from it (the signal
+            # follows the parent *thread*), so it must outlive them: stop() takes them down in
+            # order (SIGTERM, frontend first) before this thread may end.
+            self._layers_down.wait()
 
     def _supervise_loop(self, watch: HealthWatch) -> None:
         failures = dict.fromkeys(LAYERS, 0)
@@ -357,10 +362,11 @@ class Stack:
     def stop(self) -> None:
         """Stops every layer (frontend first) and removes the sockets and the shared memory."""
         self._stopping.set()
-        if self._supervisor is not None:
-            self._supervisor.join(timeout=30)
         for layer in reversed(LAYERS):
             self.stop_layer(layer)
+        self._layers_down.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=30)
         if self._fd_keeper is not None:
             self._fd_keeper.close()  # the device memory is freed with the last mapping
             self._fd_keeper = None

@@ -1,0 +1,52 @@
+"""Stopping a stack after the supervisor restarted a layer: the restarted layer is stopped in
+order with SIGTERM, like the others (not by the parent-death SIGHUP of the supervisor thread)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from e2e.stack import running_stack
+
+from services.checkpoints.dummy import ensure_dummy_model
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_restarted_layer_is_stopped_with_sigterm_in_order(tmp_path: Path) -> None:
+    model_dir = ensure_dummy_model(cache_dir=tmp_path / "cache")
+    logs = tmp_path / "logs"
+    with running_stack(model_dir, logs) as stack:
+        pid = stack.processes["kvstore"].pid
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while "kvstore is back" not in _back(stack) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert stack.processes["kvstore"].pid != pid
+    kvstore = (logs / "kvstore.log").read_text()
+    assert "SIGHUP" not in kvstore
+    assert kvstore.count("shutting down (SIGTERM)") == 1
+    # A clean stop keeps the arena for a restart until the launcher removes it (not the
+    # SIGHUP path, where the kvstore removes it itself).
+    assert "keeping the arena" in kvstore.rsplit("shutting down", 1)[1]
+
+
+def _back(stack) -> str:  # noqa: ANN001
+    return "kvstore is back" if stack.num_restarts["kvstore"] == 1 and _healthy(stack) else ""
+
+
+def _healthy(stack) -> bool:  # noqa: ANN001
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(stack.address("kvstore")) as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=1
+            )
+        return status.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
