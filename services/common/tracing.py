@@ -114,14 +114,28 @@ class Tracing:
 
     @contextmanager
     def client_span(self, full_method: str) -> Iterator[list[tuple[str, str]]]:
-        """A CLIENT span around an outgoing call; yields the metadata that carries it."""
+        """A CLIENT span around an outgoing call; yields the metadata that carries it.
+
+        The span is a child of the current context but is not made current itself: the block
+        may be an async generator that asyncio closes from another task's context on
+        cancellation, where detaching a context token would fail.
+        """
         service, _, method = full_method.strip("/").partition("/")
-        with self.tracer.start_as_current_span(
+        span = self.tracer.start_span(
             full_method.strip("/"),
             kind=SpanKind.CLIENT,
             attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": method},
-        ):
-            yield self.inject()
+        )
+        try:
+            yield self.inject(trace.set_span_in_context(span))
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            span.end()
 
     def shutdown(self) -> None:
         """Flushes pending spans and stops the exporter."""

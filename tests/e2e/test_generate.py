@@ -255,3 +255,26 @@ def test_a_request_over_the_public_message_limit_is_resource_exhausted(stack) ->
         with pytest.raises(grpc.RpcError) as under:
             stub.Generate(make_request(prompt="b" * (PUBLIC_MAX_RECEIVE_BYTES - 1024)), timeout=30)
         assert under.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_many_cancels_and_deadlines_leave_no_error_in_the_frontend_log(stack, stub) -> None:
+    calls = []
+    for i in range(24):
+        request = make_request(prompt=f"cancel {i}", max_new_tokens=1500, ignore_eos=True)
+        calls.append(stub.GenerateStream(request))
+        calls.append(stub.GenerateStream(request, timeout=0.05 + 0.03 * (i % 8)))
+    for i, call in enumerate(calls[::2]):
+        try:
+            for _ in range(i % 6):
+                next(call)
+        except grpc.RpcError:
+            pass
+        call.cancel()
+    for call in calls[1::2]:
+        with pytest.raises(grpc.RpcError):
+            for _ in call:
+                pass
+    assert wait_all_blocks_free(stack).num_blocks_used == 0
+    time.sleep(0.5)
+    log = (Path(stack.config.log_dir) / "frontend.log").read_text()
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
