@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--port", type=int, default=50777)
     p.add_argument("--kv-cache-bytes", type=int, default=4 << 30)
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--log-dir", default="", help="layer logs (default: a new temporary directory)")
     args = p.parse_args(argv)
     report: dict = {"torch": torch.__version__, "device": args.device, "preset": args.preset}
     device = torch.device(args.device)
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
         "batch1_bound_tok_s": bound,
     }
     address = f"127.0.0.1:{args.port}"
-    log_dir = tempfile.mkdtemp(prefix="zerolayer-device-check-")
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="zerolayer-device-check-")
     config = StackConfig(
         model_dir=str(model_dir),
         listen=address,

@@ -5,7 +5,7 @@
 # device memory per layer, kill -9 of the loader mid-generation), then the NVML self-check of the
 # scheduler's GPU health wiring (services/scheduler/nvml_check.py: the supported event types are
 # registered, a wait returns, polling reads sane values), and prints ONE JSON document.
-# Budget: under 8 minutes.
+# Budget: under 8 minutes. Exit code 0 only when every gpu test passed and both checks ran.
 #
 # Packages the GPU image lacks travel as wheels in .whl (bash scripts/device_wheels.sh, here), and
 # the generated protobuf package zerolayer/ travels with the tree (it is git-ignored):
@@ -17,6 +17,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-/tmp/zerolayer-device-check}
 mkdir -p "$OUT_DIR"
+rm -rf "$OUT_DIR"/gpu-tests.xml "$OUT_DIR"/gpu-tests.log "$OUT_DIR"/device_check.json \
+  "$OUT_DIR"/device_check.log "$OUT_DIR"/nvml_check.json "$OUT_DIR"/nvml_check.log \
+  "$OUT_DIR"/logs  # never report an earlier run's results as this one's
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 DEVICE=${DEVICE:-cuda:0}
@@ -43,7 +46,7 @@ tests_rc=$?
 tests_s=$(( $(date +%s) - start ))
 
 start=$(date +%s)
-timeout 240 "$PY" -m bench.device_check --device "$DEVICE" --preset "$PRESET" \
+timeout 240 "$PY" -m bench.device_check --device "$DEVICE" --preset "$PRESET" --log-dir "$OUT_DIR/logs" \
   > "$OUT_DIR/device_check.json" 2> "$OUT_DIR/device_check.log"
 bench_rc=$?
 bench_s=$(( $(date +%s) - start ))
@@ -65,6 +68,8 @@ out, tests_rc, tests_s, bench_rc, bench_s, nvml_rc = Path(sys.argv[1]), *map(int
 doc = {"gpu_tests": {"exit_code": tests_rc, "seconds": tests_s}, "bench": None,
        "bench_exit_code": bench_rc, "bench_seconds": bench_s, "nvml": None,
        "nvml_exit_code": nvml_rc}
+if tests_rc == 5:
+    doc["gpu_tests"]["note"] = "no test ran: without a CUDA device the gpu tests are deselected"
 try:
     suite = ET.parse(out / "gpu-tests.xml").getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
@@ -88,4 +93,6 @@ except Exception as exc:  # noqa: BLE001
     doc["nvml_error"] = f"{type(exc).__name__}: {exc}"
     doc["nvml_log_tail"] = (out / "nvml_check.log").read_text(errors="replace")[-3000:]
 print(json.dumps(doc, indent=2, default=str))
+ok = tests_rc == 0 and bench_rc == 0 and nvml_rc == 0 and doc["bench"] is not None
+sys.exit(0 if ok else 1)
 PY
