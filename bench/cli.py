@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from services.cli_presets import PRESET_NAMES
+
 SCENARIOS = ("multiturn", "throughput", "latency", "coldstart", "split", "roofline")
 """Each is a module of this package with ``add_arguments(p)`` and ``main(args) -> dict``."""
 
@@ -31,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         s.add_argument(
             "--preset",
             default="small",
-            help="dummy model preset (tiny, small, medium); default small",
+            choices=PRESET_NAMES,
+            help="dummy model preset (tiny, small, medium, 1b); default small",
         )
         s.add_argument("--model", help="a model directory instead of a preset")
         s.add_argument(

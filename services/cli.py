@@ -10,7 +10,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from services.cli_presets import PRESET_NAMES
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
+from services.common.device import add_device_argument
 
 
 def _add_up(sub: argparse._SubParsersAction) -> None:
@@ -49,11 +51,8 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="kvstore: never reuse KV blocks across requests (for comparison)",
     )
-    p.add_argument(
-        "--device",
-        default="cpu",
-        help="cpu (default), cuda, cuda:N or auto: where the loader, kvstore and scheduler keep "
-        "the weights and KV cache and run the model",
+    add_device_argument(
+        p, "where the loader, kvstore and scheduler keep the weights and KV cache and run the model"
     )
     p.add_argument("--no-supervise", action="store_true", help="do not restart layers that exit")
     p.add_argument(
@@ -108,7 +107,12 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", type=Path)
     p = sub.add_parser("make-dummy", help="write a seeded random-weight Llama directory")
     p.add_argument("out_dir", type=Path)
-    p.add_argument("--preset", default="tiny", help="tiny, small (125M), medium or 1b (1.1B)")
+    p.add_argument(
+        "--preset",
+        default="tiny",
+        choices=PRESET_NAMES,
+        help="tiny (default), small (125M), medium (~0.5B) or 1b (1.1B)",
+    )
     p.add_argument("--seed", type=int, default=0)
 
 

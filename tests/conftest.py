@@ -36,6 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if interpreted:
             # Run by test_interpreter_cases_in_their_own_process, in a process started with it.
             config.hook.pytest_deselected(items=interpreted)
+            config.stash[_DESELECTED_INTERPRETER] = len(interpreted)
             items[:] = [i for i in items if i.get_closest_marker("triton_interpreter") is None]
     gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu or _cuda_device_count() > 0:
@@ -46,6 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _DESELECTED_GPU = pytest.StashKey[int]()
+_DESELECTED_INTERPRETER = pytest.StashKey[int]()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -53,6 +55,12 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    interpreted = config.stash.get(_DESELECTED_INTERPRETER, 0)
+    if interpreted:
+        terminalreporter.write_line(
+            f"{interpreted} triton_interpreter tests deselected here: they ran in the process "
+            "test_interpreter_cases_in_their_own_process starts (TRITON_INTERPRET=1)"
+        )
     count = config.stash.get(_DESELECTED_GPU, 0)
     if count:
         terminalreporter.write_line(

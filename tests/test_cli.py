@@ -188,3 +188,20 @@ def test_stack_passes_one_resolved_device_to_loader_kvstore_and_scheduler(tmp_pa
         command = stack.command(layer)
         assert command[command.index("--device") + 1] == want
     assert "--device" not in stack.command("frontend")
+
+
+def test_preset_names_of_the_command_line_are_the_generators() -> None:
+    from services.checkpoints.dummy import PRESETS
+    from services.cli_presets import PRESET_NAMES
+
+    assert list(PRESET_NAMES) == list(PRESETS)
+
+
+def test_an_unknown_preset_is_a_usage_error(tmp_path: Path) -> None:
+    for args in (
+        ["make-dummy", "--preset", "huge", str(tmp_path)],
+        ["bench", "throughput", "--preset", "1B"],
+    ):
+        proc = zerolayer(*args)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2 and "invalid choice" in err and "Traceback" not in err

@@ -64,7 +64,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--fd-keeper",
         default="",
         help="unix socket of the launcher's descriptor keeper (zerolayer up sets it): on a GPU "
-        "the KV arena' device memory survives restarts of this layer",
+        "the KV arena's device memory survives restarts of this layer",
     )
     add_metrics_port(parser)
     return parser

@@ -144,7 +144,10 @@ class KVStore:
         """Rebuilds reference counts from the scheduler's declaration and opens the store."""
         changed = self.cache.reconcile(held_block_ids)
         if changed or not self.reconciled:
-            log.warning(
+            # A correction means a restart lost track of blocks: worth a warning. A first
+            # reconcile that changes nothing is the normal start.
+            log.log(
+                logging.WARNING if changed else logging.INFO,
                 "reconcile: %d block(s) held by the scheduler, %d reference count(s) corrected",
                 len(set(held_block_ids)),
                 changed,
