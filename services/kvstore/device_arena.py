@@ -15,13 +15,11 @@ change, ends the requests in flight with UNAVAILABLE and maps the new one.
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 
 from services.common import cuda_memory
-from services.common.fd_keeper import fetch_kept_fd, keep_fd
-from services.common.fd_passing import FdServer
-from services.common.manifest import DeviceMemoryHandle, HandleKind
+from services.common.device_export import ExportedMemory
+from services.common.manifest import HandleKind
 from services.kvstore.arena import ArenaLayout
 
 log = logging.getLogger(__name__)
@@ -59,37 +57,17 @@ class DeviceArena:
             raise ValueError("kv_cache_bytes: too small for a single KV block")
         self.layout = layout
         self.path = ""
-        self.reopened = False
-        self.arena_id = uuid.uuid4().hex
-        self._fd_server: FdServer | None = None
-        uuid_str = cuda_memory.gpu_uuid(device_index)
-        key = f"kv-arena-{uuid_str}-{layout.num_layers}x{layout.num_blocks}x{layout.block_size}x"
-        key += f"{layout.num_kv_heads}x{layout.head_dim}-{layout.dtype}"
-        if kind == HandleKind.CUDA_VMM_FD:
-            kept = _fetch(keeper, key) if keeper else None
-            if kept is not None:
-                fd, meta = kept
-                self.allocation = cuda_memory.import_vmm(fd, int(meta["size_bytes"]), device_index)
-                self.arena_id = str(meta["arena_id"])
-                self.reopened = True
-            else:
-                self.allocation, fd = cuda_memory.allocate_vmm(device_index, layout.size_bytes)
-            handle_id = f"kv-arena-{self.arena_id}"
-            self._fd_server = FdServer(fd_socket)
-            self._fd_server.register(handle_id, fd)
-            if keeper and not self.reopened:
-                meta = {"size_bytes": self.allocation.size_bytes, "arena_id": self.arena_id}
-                try:
-                    keep_fd(keeper, key, fd, meta)
-                except (OSError, ValueError) as exc:
-                    log.warning("could not deposit the arena with the fd keeper: %s", exc)
-            os.close(fd)  # the server (and the keeper) hold duplicates
-            extra: dict = {"fd_socket": fd_socket, "handle_id": handle_id}
-        elif kind == HandleKind.CUDA_IPC:
-            self.allocation, ipc_handle = cuda_memory.allocate_ipc(device_index, layout.size_bytes)
-            extra = {"ipc_handle": ipc_handle}
-        else:
-            raise ValueError(f"kind: {kind.name} is not a device handle kind")
+        key = f"kv-arena-{cuda_memory.gpu_uuid(device_index)}-{layout.num_layers}x"
+        key += f"{layout.num_blocks}x{layout.block_size}x{layout.num_kv_heads}x{layout.head_dim}"
+        key += f"-{layout.dtype}"
+        self._memory = ExportedMemory(
+            kind, device_index, layout.size_bytes, fd_socket, "kv-arena", keeper, key
+        )
+        self.allocation = self._memory.allocation
+        self.handle = self._memory.handle
+        meta = self._memory.adopted_meta
+        self.reopened = meta is not None
+        self.arena_id = str(meta["arena_id"]) if meta is not None else uuid.uuid4().hex
         # Zeroed like the sparse file: attention never reads unwritten slots, but padded block
         # table entries point at block 0, and garbage there could be NaN. A reopened arena keeps
         # its contents (the scheduler's cached blocks).
@@ -97,13 +75,7 @@ class DeviceArena:
             with torch.cuda.device(device_index):
                 self.allocation.as_tensor(torch.uint8, (layout.size_bytes,)).zero_()
                 torch.cuda.synchronize(device_index)
-        self.handle = DeviceMemoryHandle(
-            kind=kind,
-            device=f"cuda:{device_index}",
-            gpu_uuid=cuda_memory.gpu_uuid(device_index),
-            size_bytes=self.allocation.size_bytes,
-            **extra,
-        )
+        self._memory.deposit({"arena_id": self.arena_id})  # a restarted kvstore reopens it
         log.info(
             "arena on cuda:%d: %.1f MB exported as %s",
             device_index,
@@ -118,15 +90,4 @@ class DeviceArena:
 
     def unlink(self) -> None:
         """Stops serving the descriptor and releases this process's mapping."""
-        if self._fd_server is not None:
-            self._fd_server.close()
-            self._fd_server = None
-        self.allocation.close()
-
-
-def _fetch(keeper: str, key: str) -> tuple[int, dict] | None:
-    try:
-        return fetch_kept_fd(keeper, key)
-    except OSError as exc:
-        log.warning("fd keeper %s unreachable (%s): new arena", keeper, exc)
-        return None
+        self._memory.close()

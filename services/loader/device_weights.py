@@ -22,13 +22,11 @@ import dataclasses
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 
 from services.common import cuda_memory
-from services.common.fd_keeper import fetch_kept_fd, keep_fd
-from services.common.fd_passing import FdServer
-from services.common.manifest import DeviceMemoryHandle, HandleKind, WeightManifest
+from services.common.device_export import ExportedMemory
+from services.common.manifest import HandleKind, WeightManifest
 from services.common.mapped_file import MappedFile
 from services.loader.device_copy import GroupCopier, Placement, plan_placement
 
@@ -69,73 +67,35 @@ class DeviceWeights:
         self.placement: Placement = plan_placement(manifest.tensors, num_layers)
         self._manifest = manifest
         self._files = files
-        self._fd_server: FdServer | None = None
         self._groups_done = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         """What stopped the copy, if it failed."""
-        size = self.placement.size_bytes
-        self._keeper = keeper
-        self._keeper_key = f"weights-{manifest.fingerprint}-{cuda_memory.gpu_uuid(device_index)}"
-        self._export_fd: int | None = None
-        self.adopted = False
-        """True when the weights were taken over from a previous loader (no copy made)."""
-        if kind == HandleKind.CUDA_VMM_FD:
-            kept = self._adopt(device_index, size) if keeper else None
-            if kept is not None:
-                self.allocation, fd = kept
-                self.adopted = True
-            else:
-                self.allocation, fd = cuda_memory.allocate_vmm(device_index, size)
-            handle_id = f"weights-{uuid.uuid4().hex}"
-            self._fd_server = FdServer(fd_socket)
-            self._fd_server.register(handle_id, fd)
-            if keeper and not self.adopted:
-                self._export_fd = fd  # deposited with the keeper once the copy is complete
-            else:
-                _close(fd)  # the server owns a duplicate
-            extra = {"fd_socket": fd_socket, "handle_id": handle_id}
-        elif kind == HandleKind.CUDA_IPC:
-            self.allocation, ipc_handle = cuda_memory.allocate_ipc(device_index, size)
-            extra = {"ipc_handle": ipc_handle}
-        else:
-            raise ValueError(f"kind: {kind.name} is not a device handle kind")
-        self.handle = DeviceMemoryHandle(
-            kind=kind,
-            device=f"cuda:{device_index}",
-            gpu_uuid=cuda_memory.gpu_uuid(device_index),
-            size_bytes=self.allocation.size_bytes,
-            **extra,
+        self._memory = ExportedMemory(
+            kind,
+            device_index,
+            self.placement.size_bytes,
+            fd_socket,
+            "weights",
+            keeper,
+            f"weights-{manifest.fingerprint}-{cuda_memory.gpu_uuid(device_index)}",
         )
+        self.allocation = self._memory.allocation
+        self.handle = self._memory.handle
+        if self.adopted:
+            log.info("weights: reusing the device copy a previous loader left (no copy)")
         log.info(
             "weights: %.1f MB of device memory on cuda:%d exported as %s",
-            size / 1e6,
+            self.placement.size_bytes / 1e6,
             device_index,
             kind.name,
         )
 
-    def _adopt(self, device_index: int, size: int) -> tuple[object, int] | None:
-        """The previous loader's allocation from the keeper, mapped here; None if there is none
-        (or it cannot be used: then a fresh copy is made)."""
-        try:
-            kept = fetch_kept_fd(self._keeper, self._keeper_key)
-        except OSError as exc:
-            log.warning("fd keeper %s unreachable (%s): copying the weights", self._keeper, exc)
-            return None
-        if kept is None:
-            return None
-        fd, meta = kept
-        try:
-            if int(meta.get("size_bytes", 0)) < size:
-                raise ValueError(f"kept allocation of {meta.get('size_bytes')} bytes < {size}")
-            allocation = cuda_memory.import_vmm(fd, int(meta["size_bytes"]), device_index)
-        except (ValueError, RuntimeError) as exc:
-            _close(fd)
-            log.warning("cannot reuse the kept weights (%s): copying again", exc)
-            return None
-        log.info("weights: reusing the device copy a previous loader left (no copy)")
-        return allocation, fd
+    @property
+    def adopted(self) -> bool:
+        """True when the weights were taken over from a previous loader (no copy made)."""
+        return self._memory.adopted
 
     def start_copy(self) -> None:
         """Starts copying on a background thread (returns at once); with adopted weights there
@@ -175,10 +135,8 @@ class DeviceWeights:
 
     def close(self) -> None:
         """Stops serving the descriptor and drops this process's mapping (VMM memory lives on in
-        importers; IPC memory is freed)."""
-        if self._fd_server is not None:
-            self._fd_server.close()
-        self.allocation.close()
+        importers and the keeper; IPC memory is freed)."""
+        self._memory.close()
 
     def _copy(self) -> None:
         import torch
@@ -199,26 +157,8 @@ class DeviceWeights:
             self.allocation.device_index,
             (time.perf_counter() - started) * 1e3,
         )
-        if self._export_fd is not None:
-            try:
-                keep_fd(
-                    self._keeper,
-                    self._keeper_key,
-                    self._export_fd,
-                    {"size_bytes": self.allocation.size_bytes},
-                )
-            except (OSError, ValueError) as exc:
-                log.warning("could not deposit the weights with the fd keeper: %s", exc)
-            finally:
-                _close(self._export_fd)
-                self._export_fd = None
+        self._memory.deposit({})  # complete: a restarted loader may map it instead
 
     def _group_done(self, group: int) -> None:
         with self._lock:
             self._groups_done = group + 1
-
-
-def _close(fd: int) -> None:
-    import os
-
-    os.close(fd)
