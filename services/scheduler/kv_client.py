@@ -61,18 +61,18 @@ class KVStoreClient:
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
         self._timeout_s = timeout_s
         self._arena_allocation: object | None = None
+        # NOTE: a GPU scheduler maps only device arenas: the KV cache in host memory would put
+        # every attention read on the PCIe bus. (Probed once: the kinds need driver queries.)
+        self._accepted_kinds = (
+            [int(k) for k in importer_kinds(str(device)) if k != HandleKind.MMAP_FILE]
+            if device.is_cuda
+            else [int(HandleKind.MMAP_FILE)]
+        )
         self.arena_info = self._get_arena()
         self.num_blocks_total = self.arena_info.num_blocks
 
     def _arena_request(self) -> kvstore_pb2.GetArenaRequest:
-        # NOTE: a GPU scheduler maps only device arenas: the KV cache in host memory would put
-        # every attention read on the PCIe bus.
-        accepted = (
-            [int(k) for k in importer_kinds(str(self._device)) if k != HandleKind.MMAP_FILE]
-            if self._device.is_cuda
-            else [int(HandleKind.MMAP_FILE)]
-        )
-        return kvstore_pb2.GetArenaRequest(accepted_handle_kinds=accepted)
+        return kvstore_pb2.GetArenaRequest(accepted_handle_kinds=self._accepted_kinds)
 
     def _get_arena(self) -> kvstore_pb2.ArenaInfo:
         return self._stub.GetArena(self._arena_request(), timeout=60.0, wait_for_ready=True)
