@@ -34,7 +34,7 @@ from services.scheduler.kernels import KernelLoader
 
 SMOKE = {
     "prompt_tokens": 16,
-    "max_new_tokens": 8,
+    "max_new_tokens": 64,
     "batch_size": 4,
     "repeats": 1,
     "gemv_bytes": 8 << 20,

@@ -34,7 +34,7 @@ from bench.streams import (
 from services.launcher import Stack
 from services.scheduler.engine import call_in_fresh_thread
 
-SMOKE = {"batch_sizes": "1,4", "prompt_tokens": 16, "max_new_tokens": 32, "repeats": 1}
+SMOKE = {"batch_sizes": "1,4", "prompt_tokens": 16, "max_new_tokens": 64, "repeats": 1}
 """Overrides of ``--smoke``."""
 
 
