@@ -22,7 +22,9 @@ class TextTokenizer:
     prompt length limits itself.
     """
 
-    def __init__(self, tokenizer: Tokenizer, add_bos_token: bool | None, bos_token_id: int | None):
+    def __init__(
+        self, tokenizer: Tokenizer, add_bos_token: bool | None, bos_token_id: int | None
+    ) -> None:
         """Use :meth:`from_json`; this constructor takes the already-parsed parts.
 
         Args:
