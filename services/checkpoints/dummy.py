@@ -137,6 +137,33 @@ def default_cache_dir() -> Path:
     return Path(base) / "zerolayer"
 
 
+def remove_abandoned_writes(target: Path) -> list[Path]:
+    """Removes temporary siblings of ``target`` left by writers that died mid-write.
+
+    A writer killed by a signal (SIGTERM, SIGKILL) never reaches its cleanup; its directory is
+    named ``.<target>-<pid>-<random>``, and is removed once no process ``<pid>`` exists. Returns
+    the removed directories.
+    """
+    removed = []
+    for path in target.parent.glob(f".{target.name}-*-*"):
+        pid_text = path.name[len(target.name) + 2 :].split("-", 1)[0]
+        if not pid_text.isdigit() or _process_exists(int(pid_text)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def ensure_dummy_model(
     preset_name: str = "tiny", seed: int = 0, cache_dir: Path | None = None
 ) -> Path:
@@ -154,7 +181,8 @@ def ensure_dummy_model(
     if (target / "model.safetensors").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    remove_abandoned_writes(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-{os.getpid()}-", dir=target.parent))
     try:
         write_dummy_model(tmp, preset, seed)
         os.rename(tmp, target)

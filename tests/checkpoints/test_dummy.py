@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from safetensors.torch import load_file
 
-from services.checkpoints.dummy import PRESETS, DummyPreset, ensure_dummy_model, write_dummy_model
+from services.checkpoints.dummy import (
+    PRESETS,
+    DummyPreset,
+    ensure_dummy_model,
+    remove_abandoned_writes,
+    write_dummy_model,
+)
 from services.common.model_config import ModelConfig
 
 
@@ -40,3 +51,50 @@ def test_tiny_preset_config_parses_with_byte_vocab(tmp_path: Path) -> None:
     assert (config.vocab_size, config.num_hidden_layers, config.hidden_size) == (259, 4, 128)
     assert (config.bos_token_id, config.eos_token_ids) == (1, (2,))
     assert PRESETS["small"].hidden_size == 768 and PRESETS["small"].dtype == "bfloat16"
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_writer_killed_by_sigterm_leaves_a_directory_the_next_call_removes(tmp_path: Path) -> None:
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; "
+            "from services.checkpoints.dummy import ensure_dummy_model; "
+            "ensure_dummy_model('small', cache_dir=Path(sys.argv[1]))",
+            str(tmp_path),
+        ],
+    )
+    models = tmp_path / "models"
+    deadline = time.monotonic() + 60
+    while not list(models.glob(".small-seed0-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    writer.send_signal(signal.SIGTERM)
+    assert writer.wait(timeout=30) == -signal.SIGTERM
+    (abandoned,) = models.glob(".small-seed0-*")
+    assert abandoned.name.startswith(f".small-seed0-v1-{writer.pid}-")
+
+    assert remove_abandoned_writes(models / "small-seed0-v1") == [abandoned]
+    assert not abandoned.exists()
+
+
+def test_ensure_removes_abandoned_writes_but_not_a_live_writers(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    abandoned = models / f".tiny-seed0-v1-{dead_pid()}-abc"
+    live = models / f".tiny-seed0-v1-{os.getpid()}-def"
+    other_model = models / f".small-seed0-v1-{dead_pid()}-ghi"
+    for path in (abandoned, live, other_model):
+        path.mkdir(parents=True)
+
+    ensure_dummy_model("tiny", cache_dir=tmp_path)
+
+    assert not abandoned.exists()
+    assert live.exists() and other_model.exists()
+    assert sorted(p.name for p in models.iterdir()) == sorted(
+        [live.name, other_model.name, "tiny-seed0-v1"]
+    )
