@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from bench.common import median, percentile, write_results
+from bench.cpu_time import CpuMeter
 from bench.inprocess import LocalEngineClient, build_local_engine
 from bench.plots import plot_bars
 from bench.scenario import (
@@ -76,15 +77,28 @@ def run_in_process(model_dir: Path, prompts: dict, args: argparse.Namespace) -> 
         engine.stop()
 
 
-def run_services(address: str, prompts: dict, args: argparse.Namespace) -> dict:
-    """Every batch size through the four layers, all requests of a batch sent at once."""
+def run_services(
+    address: str, pids: dict[str, int], prompts: dict, args: argparse.Namespace
+) -> dict:
+    """Every batch size through the four layers, all requests of a batch sent at once; with the
+    CPU milliseconds each layer process and the client spent per generated token."""
 
     def batch(ps: list[list[int]]) -> list[TokenTimes]:
         return run_streams(
             address, [generate_request(p, args.max_new_tokens) for p in ps], [0.0] * len(ps)
         )
 
-    return {str(b): summary([batch(p) for p in repeats]) for b, repeats in prompts.items()}
+    out = {}
+    for b, repeats in prompts.items():
+        meter = CpuMeter(pids)
+        runs = [batch(p) for p in repeats]
+        cpu_s = meter.read()
+        num_tokens = sum(len(r.arrivals_s) for runs_ in runs for r in runs_)
+        out[str(b)] = {
+            **summary(runs),
+            "cpu_ms_per_token": {name: s * 1e3 / num_tokens for name, s in cpu_s.items()},
+        }
+    return out
 
 
 def comparison(in_process: dict, services: dict) -> dict:
@@ -114,9 +128,10 @@ def main(args: argparse.Namespace) -> dict:
     set_torch_threads(threads)
     in_process = run_in_process(model_dir, prompts, args)
     config = stack_config(args, model_dir)
-    with Stack(config):
+    with Stack(config) as stack:
         warm_up(config.listen, vocab_size)
-        services = run_services(config.listen, prompts, args)
+        pids = {layer: process.pid for layer, process in stack.processes.items()}
+        services = run_services(config.listen, pids, prompts, args)
     results = {
         "model": str(model_dir),
         "workload": {
@@ -128,6 +143,8 @@ def main(args: argparse.Namespace) -> dict:
             "the last first token, up to the first last token) per second; median of repeats",
             "in_process_timing": "when the engine thread hands each token to the request's sink",
             "services_timing": "when the gRPC client receives each token from the frontend",
+            "cpu_ms_per_token": "CPU time (user + system, all threads) of each layer process "
+            "and of the benchmark client over the batch's repeats, per generated token",
         },
         "torch_threads": {"in_process_engine": threads, "zerolayer_scheduler": threads},
         "in_process": in_process,

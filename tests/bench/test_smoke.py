@@ -121,6 +121,11 @@ def test_split_smoke_writes_json_and_png(tmp_path: Path) -> None:
         assert set(results[side]) == {"1", "4"}
         assert all(r["decode_tok_s"] > 0 and r["itl_p50_s"] > 0 for r in results[side].values())
     assert set(results["comparison"]) == {"1", "4"}
+    for r in results["services"].values():
+        cpu = r["cpu_ms_per_token"]
+        assert set(cpu) == {"loader", "kvstore", "scheduler", "frontend", "client"}
+        assert cpu["scheduler"] > 0 and cpu["frontend"] > 0 and cpu["client"] > 0
+        assert all(v >= 0 for v in cpu.values())
 
 
 def test_roofline_smoke_writes_json_and_png(tmp_path: Path) -> None:
