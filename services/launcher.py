@@ -1,6 +1,7 @@
 """Starts the four layers as separate processes, waits until each is healthy, and stops them.
 
-The CLI's ``zerolayer up`` and the end-to-end tests use this same launcher.
+The CLI's ``zerolayer up`` and the end-to-end tests use this same launcher; its settings are a
+:class:`services.stack_config.StackConfig`.
 """
 
 from __future__ import annotations
@@ -14,85 +15,19 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
-from services.common.device import resolve_device
 from services.common.fd_keeper import FdKeeper
 from services.common.server import LAUNCHER_PID_ENV, instance_health_name
 from services.health_watch import HealthTarget, HealthWatch
 from services.kvstore.arena import sidecar_path
 from services.loader.checkpoint import read_checkpoint
+from services.stack_config import LAYERS, StackConfig
 
 log = logging.getLogger(__name__)
-
-LAYERS = ("loader", "kvstore", "scheduler", "frontend")
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    """How to run the four layers."""
-
-    model_dir: str
-    """Hugging Face model directory to serve."""
-    listen: str = DEFAULT_LISTEN
-    """Public address of the frontend."""
-    run_dir: str | None = None
-    """Directory for the internal unix sockets; None: a new private (0700) temporary directory."""
-    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
-    """Size of the KV arena in bytes."""
-    block_size: int = DEFAULT_BLOCK_SIZE
-    """Tokens per KV block."""
-    max_num_seqs: int = 64
-    """Running-set limit of the scheduler."""
-    max_num_batched_tokens: int = 512
-    """Token budget of one scheduler step."""
-    num_threads: int = 0
-    """torch threads of the scheduler; 0: one per core."""
-    log_dir: str | None = None
-    """Write each layer's stderr to ``<log_dir>/<layer>.log``; None: inherit this process's."""
-    startup_timeout_s: float = 180.0
-    """How long to wait for every layer to report SERVING."""
-    enable_prefix_caching: bool = True
-    """Passed to the kvstore (``--no-prefix-caching`` when False)."""
-    supervise: bool = True
-    """Restart a layer that exits or is killed (with backoff) while the others keep running."""
-    max_restart_backoff_s: float = 10.0
-    """Longest wait before restarting a layer that keeps dying."""
-    metrics_port_base: int = 0
-    """Prometheus ports: loader +0, kvstore +1, scheduler +2, frontend +3; 0: no endpoints."""
-    nvml_script: str = ""
-    """Test only: the scheduler's ``--nvml-script`` (GPU events and samples from a JSON-lines
-    file instead of NVML); empty: off."""
-    device: str = "cpu"
-    """``--device`` of the loader, kvstore and scheduler ("cpu", "cuda", "cuda:N", "auto")."""
-
-    def __post_init__(self) -> None:
-        """Checks the settings before any process starts.
-
-        Raises:
-            ValueError: a setting is out of range; the message names it.
-        """
-        host, _, port = self.listen.rpartition(":")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError(f"listen: {self.listen!r} is not HOST:PORT with a port in 1..65535")
-        for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name.replace('_', '-')}: must be > 0")
-        if self.num_threads < 0:
-            raise ValueError("num-threads: must be >= 0 (0: one per core)")
-        if self.metrics_port_base and not 1 <= self.metrics_port_base <= 65532:
-            raise ValueError("metrics-port-base: must be in 1..65532 (or 0: off)")
-        if self.device != "cpu":  # resolving a GPU imports torch: only when one is asked for
-            object.__setattr__(self, "device", str(resolve_device(self.device)))
-
-    def metrics_port(self, layer: str) -> int:
-        """The /metrics port of ``layer`` (0: off)."""
-        return self.metrics_port_base + LAYERS.index(layer) if self.metrics_port_base else 0
 
 
 class StackError(RuntimeError):
