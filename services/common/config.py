@@ -78,6 +78,9 @@ class SchedulerConfig:
     """Token budget of one step (prefill chunks plus decodes)."""
     num_threads: int = 0
     """torch intra-op threads; 0: one per available core (the engine is the only compute user)."""
+    kv_unavailable_timeout_s: float = 30.0
+    """Seconds requests that need KV blocks wait for an unusable kvstore before they end with
+    UNAVAILABLE."""
     attention_backend: str = "native"
     """"native" (the csrc kernel, built on first start; falls back to "reference" when it cannot
     be built) or "reference" (pure torch)."""

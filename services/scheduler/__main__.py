@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -48,6 +49,17 @@ WARM_UP_PROMPT_TOKENS = 32
 """Prompt length of the request the engine runs before the scheduler reports SERVING."""
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of seconds > 0")
+    return value
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """Flags of the scheduler."""
     parser = parser or argparse.ArgumentParser(prog="zerolayer scheduler", description=__doc__)
@@ -63,6 +75,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     parser.add_argument(
         "--num-threads", type=int, default=0, help="torch threads; 0: one per available core"
+    )
+    parser.add_argument(
+        "--kv-unavailable-timeout-s",
+        type=positive_seconds,
+        default=30.0,
+        help="how long requests that need KV blocks wait for an unusable kvstore (down, "
+        "restarting) before they end with UNAVAILABLE (default %(default)g)",
     )
     parser.add_argument(
         "--attention-backend",
@@ -139,7 +158,10 @@ def build_engine(
             model, kv_client.map(), layout.block_size, kernels=kernels, buffers=buffers
         )
     policy = SchedulingPolicy(
-        config.max_num_seqs, config.max_num_batched_tokens, model_config.max_position_embeddings
+        config.max_num_seqs,
+        config.max_num_batched_tokens,
+        model_config.max_position_embeddings,
+        kv_unavailable_timeout_s=config.kv_unavailable_timeout_s,
     )
     kv = KVCacheManager(kv_client, layout.block_size)
     scheduler = Scheduler(policy, kv, model_config.eos_token_ids)
@@ -221,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_threads=args.num_threads,
+        kv_unavailable_timeout_s=args.kv_unavailable_timeout_s,
         attention_backend=args.attention_backend,
         device=args.device,
         metrics_port=args.metrics_port,

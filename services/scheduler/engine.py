@@ -251,6 +251,10 @@ class Engine:
         if self.metrics is not None and self._last_step_end is not None:
             self.metrics.step_gap.observe((start - self._last_step_end) * 1e6)
         output = self.scheduler.schedule()
+        for request_id, error in output.failed.items():
+            sink = self._sinks.pop(request_id, None)
+            if sink is not None:
+                sink(error)
         if not output.scheduled:
             self._last_step_end = None
             time.sleep(0.001)

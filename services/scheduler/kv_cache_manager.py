@@ -4,7 +4,8 @@ with prefix reuse (lookup on admission, commit of blocks as they fill)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from services.kvstore.prefix_cache import CommitEntry
@@ -60,11 +61,28 @@ class KVCacheManager:
     reference counts and nothing is lost or handed out twice.
     """
 
-    def __init__(self, allocator: BlockAllocator, block_size: int) -> None:
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        block_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """
+        Args:
+            allocator: the kvstore (or an in-process pool).
+            block_size: tokens per block.
+            clock: seconds, monotonic; when the kvstore became unusable (tests inject one).
+        """
+        self.clock = clock
         self.allocator = allocator
         self.block_size = block_size
         self.num_blocks_held = 0
         self.needs_reconcile = False
+        self.unusable_since: float | None = None
+        """``clock()`` of the first failure since the kvstore was last usable; None
+        while it is usable."""
+        self.last_error = ""
+        """The latest failure, for messages (e.g. "UNAVAILABLE: failed to connect")."""
 
     def num_blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
@@ -74,6 +92,9 @@ class KVCacheManager:
         if not self.needs_reconcile:
             log.warning("kvstore unusable (%s: %s); will reconcile when it is back", what, exc)
         self.needs_reconcile = True
+        self.last_error = str(exc)
+        if self.unusable_since is None:
+            self.unusable_since = self.clock()
 
     def get_computed_blocks(self, request: Request) -> int:
         """Takes the cached prefix of a request that holds no blocks; returns its token count.
@@ -163,7 +184,8 @@ class KVCacheManager:
         held = [block_id for r in requests for block_id in r.block_ids]
         try:
             changed = self.allocator.reconcile(held)
-        except KVStoreUnavailable:
+        except KVStoreUnavailable as exc:
+            self.last_error = str(exc)
             return False
         log.info(
             "reconciled %d held block(s) with the kvstore (%d count(s) corrected)",
@@ -171,4 +193,5 @@ class KVCacheManager:
             changed,
         )
         self.needs_reconcile = False
+        self.unusable_since = None
         return True

@@ -15,7 +15,7 @@ from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.common.generation import EngineRequest, FinishReason, RequestOutput
 from services.scheduler.kv_cache_manager import KVCacheManager, KVStoreUnavailable
 from services.scheduler.request import Request, RequestStatus
@@ -31,6 +31,9 @@ class SchedulingPolicy:
     """Token budget per step."""
     max_model_len: int
     """Context length: prompt plus output never exceed it."""
+    kv_unavailable_timeout_s: float = 30.0
+    """How long requests that need the kvstore wait for it to come back (a supervised kvstore
+    restarts in seconds); after that they end with UNAVAILABLE."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,9 @@ class SchedulerOutput:
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)
+    failed: dict[str, Unavailable] = field(default_factory=dict)
+    """Requests ended this step because the kvstore stayed unusable, by request_id; they are
+    no longer in the scheduler (their blocks are released)."""
 
     @property
     def num_batched_tokens(self) -> int:
@@ -123,11 +129,13 @@ class Scheduler:
         """Plans the next step (taking cached prefixes and allocating KV blocks for it).
 
         While the kvstore is unusable, requests that fit in the blocks they hold keep running;
-        those that need a new block, and admissions, wait for it to come back.
+        those that need a new block, and admissions, wait for it to come back, for at most
+        ``policy.kv_unavailable_timeout_s``; then they are ended (``SchedulerOutput.failed``).
         """
         output = SchedulerOutput()
         kv_usable = not self.kv.needs_reconcile or self.kv.reconcile(self.running)
         budget = self.policy.max_num_batched_tokens
+        blocked: list[Request] = []
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -137,6 +145,7 @@ class Scheduler:
                     break  # the request itself was preempted; everything after it too
             except KVStoreUnavailable:
                 kv_usable = False
+                blocked.append(request)
                 index += 1
                 continue
             output.scheduled.append(self._scheduled(request, num_new))
@@ -161,7 +170,25 @@ class Scheduler:
             self.running.append(request)
             output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
+        if not kv_usable:
+            self._fail_if_kv_down_too_long(blocked, output)
         return output
+
+    def _fail_if_kv_down_too_long(self, blocked: list[Request], output: SchedulerOutput) -> None:
+        """Ends the requests waiting on the kvstore once it has been unusable for longer than
+        ``kv_unavailable_timeout_s``: the waiting ones and the running ones that need a block.
+        Running requests that fit in the blocks they hold go on."""
+        since = self.kv.unusable_since
+        timeout_s = self.policy.kv_unavailable_timeout_s
+        if since is None or self.kv.clock() - since < timeout_s:
+            return
+        error = Unavailable(
+            f"kvstore: unusable for more than {timeout_s:g} s ({self.kv.last_error}); "
+            "the request needs it for KV blocks"
+        )
+        for request in [*blocked, *self.waiting]:
+            self._finish(request, FinishReason.ABORT)
+            output.failed[request.request_id] = error
 
     @staticmethod
     def _scheduled(request: Request, num_new: int) -> ScheduledRequest:
