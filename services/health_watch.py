@@ -1,6 +1,8 @@
 """The supervisor's view of layers that are alive but stop serving (e.g. a scheduler whose GPU had
 a fatal error): it polls each layer's ``grpc.health.v1`` status and logs the change, with the
-reason the layer gives (the scheduler's ``GetStats.not_serving_reason``).
+reason the layer gives (the scheduler's ``GetStats.not_serving_reason``), and logs a live layer
+that stops answering at all (hung, or stopped with SIGSTOP). It only reports: restarting a layer
+that is merely slow would cut its requests off.
 """
 
 from __future__ import annotations
@@ -53,9 +55,27 @@ class HealthWatch:
     thread-safe: the supervisor thread calls :meth:`poll`.
     """
 
-    def __init__(self, targets: Mapping[str, HealthTarget], interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        targets: Mapping[str, HealthTarget],
+        interval_s: float = 0.5,
+        unresponsive_after_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """
+        Args:
+            targets: per layer, where it reports its health.
+            interval_s: least time between two polls, seconds.
+            unresponsive_after_s: a live process that answered before and has not answered
+                (no status within 0.5 s) for this long is logged as unresponsive, seconds.
+            clock: monotonic seconds (tests inject one).
+        """
         self._targets = dict(targets)
         self._interval_s = interval_s
+        self._unresponsive_after_s = unresponsive_after_s
+        self._clock = clock
+        self._unanswered: dict[str, tuple[int, float, bool]] = {}
+        """layer -> (pid, first unanswered check, logged) while a layer that answered does not."""
         self._channels: dict[str, grpc.Channel] = {}
         self._last: dict[str, tuple[int, int]] = {}
         """layer -> (pid, last status seen)."""
@@ -64,14 +84,18 @@ class HealthWatch:
     def poll(self, pids: Mapping[str, int]) -> None:
         """Checks each layer in ``pids`` (layer -> pid of its live process) if the interval has
         passed; logs changes."""
-        now = time.monotonic()
+        now = self._clock()
         if now < self._next_poll:
             return
         self._next_poll = now + self._interval_s
         for layer, pid in pids.items():
             status = self._check(layer)
             if status is None:
-                continue  # unreachable: starting, or about to be noticed dead
+                self._no_answer(layer, pid, now)
+                continue
+            unanswered = self._unanswered.pop(layer, None)
+            if unanswered is not None and unanswered[0] == pid and unanswered[2]:
+                log.warning("zerolayer: %s (pid %d) answers health checks again", layer, pid)
             previous = self._last.get(layer)
             self._last[layer] = (pid, status)
             if previous is None or previous[0] != pid or previous[1] == status:
@@ -86,6 +110,26 @@ class HealthWatch:
                     pid,
                     reason or "it gives no reason",
                 )
+
+    def _no_answer(self, layer: str, pid: int, now: float) -> None:
+        """A process still starting (never answered) or about to be noticed dead is not
+        reported; one that answered before and stays silent (hung, stopped) is, once."""
+        last = self._last.get(layer)
+        if last is None or last[0] != pid:
+            return
+        seen_pid, since, logged = self._unanswered.get(layer, (pid, now, False))
+        if seen_pid != pid:
+            since, logged = now, False
+        if not logged and now - since >= self._unresponsive_after_s:
+            log.error(
+                "zerolayer: %s (pid %d) has not answered health checks for %.0f s "
+                "(hung or stopped?); its process is alive",
+                layer,
+                pid,
+                now - since,
+            )
+            logged = True
+        self._unanswered[layer] = (pid, since, logged)
 
     def _channel(self, layer: str) -> grpc.Channel:
         if layer not in self._channels:

@@ -4,6 +4,10 @@ it gives; serving again is logged; a restarted process starts a new history."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
 from concurrent import futures
 from pathlib import Path
 
@@ -95,6 +99,81 @@ def test_unreachable_layers_are_skipped(tmp_path: Path, caplog) -> None:
     watch = HealthWatch({"loader": HealthTarget(f"unix:{tmp_path / 'none.sock'}")}, 0.0)
     try:
         watch.poll({"loader": 7})
+    finally:
+        watch.close()
+    assert messages(caplog) == []
+
+
+HEALTH_SERVER = """
+import sys, time
+from concurrent import futures
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+servicer = health.HealthServicer()
+health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+server.add_insecure_port(sys.argv[1])
+server.start()
+servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_stopped_layer_is_reported_once_and_again_when_it_answers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    address = f"unix:{tmp_path / 'layer.sock'}"
+    process = subprocess.Popen(
+        [sys.executable, "-c", HEALTH_SERVER, address],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout.readline() == "ready\n"
+    clock = [0.0]
+    watch = HealthWatch(
+        {"scheduler": HealthTarget(address)},
+        interval_s=0.0,
+        unresponsive_after_s=5.0,
+        clock=lambda: clock[0],
+    )
+    caplog.set_level(logging.INFO, logger="services.health_watch")
+    try:
+        watch.poll({"scheduler": process.pid})  # answers: SERVING
+        os.kill(process.pid, signal.SIGSTOP)
+        for t in (1.0, 5.9, 6.0, 9.0):  # silent from t=1; 5 s later it is reported, once
+            clock[0] = t
+            watch.poll({"scheduler": process.pid})
+            if t == 5.9:
+                assert messages(caplog) == []
+        os.kill(process.pid, signal.SIGCONT)
+        clock[0] = 10.0
+        watch.poll({"scheduler": process.pid})
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+        watch.close()
+        process.stdin.close()
+        process.wait(timeout=10)
+    pid = process.pid
+    assert messages(caplog) == [
+        (
+            logging.ERROR,
+            f"zerolayer: scheduler (pid {pid}) has not answered health checks for 5 s "
+            "(hung or stopped?); its process is alive",
+        ),
+        (logging.WARNING, f"zerolayer: scheduler (pid {pid}) answers health checks again"),
+    ]
+
+
+def test_a_layer_that_never_answered_is_not_reported(tmp_path: Path, caplog) -> None:
+    clock = [0.0]
+    target = HealthTarget(f"unix:{tmp_path / 'none.sock'}")
+    watch = HealthWatch({"loader": target}, 0.0, unresponsive_after_s=5.0, clock=lambda: clock[0])
+    try:
+        for t in (0.0, 10.0, 100.0):  # still starting (or dying): not "unresponsive"
+            clock[0] = t
+            watch.poll({"loader": 7})
     finally:
         watch.close()
     assert messages(caplog) == []
