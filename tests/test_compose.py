@@ -179,6 +179,21 @@ def test_shared_volume_is_a_declared_tmpfs(compose: dict, run_mount: Mount) -> N
     assert declared[run_mount.source]["driver_opts"]["type"] == "tmpfs"
 
 
+def test_the_shared_volume_holds_the_kv_arena_and_the_sockets(
+    compose: dict, args: dict[str, argparse.Namespace], run_mount: Mount
+) -> None:
+    # The kvstore reserves the whole arena at start and refuses to start when it does not fit;
+    # the arena is on this volume, not in /dev/shm, so the containers need no shm_size.
+    options = dict(
+        option.split("=", 1)
+        for option in compose["volumes"][run_mount.source]["driver_opts"]["o"].split(",")
+    )
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    size = int(options["size"][:-1]) * units[options["size"][-1].lower()]
+    assert size >= args["kvstore"].kv_cache_bytes + (1 << 20)
+    assert not args["kvstore"].shm_path.startswith("/dev/shm/")
+
+
 def test_model_is_mounted_read_only_at_the_same_path_in_loader_and_scheduler(
     compose: dict, args: dict[str, argparse.Namespace]
 ) -> None:

@@ -21,6 +21,7 @@ from services.common.server import (
     setup_logging,
 )
 from services.common.tracing import Tracing, TracingConfig
+from services.kvstore.arena import ArenaSizeError
 from services.kvstore.kv_store import KVStore
 from services.kvstore.metrics import KVStoreCollector
 from services.kvstore.server import KVStoreServicer
@@ -41,7 +42,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--kv-cache-bytes",
         type=int,
         default=DEFAULT_KV_CACHE_BYTES,
-        help="arena size in bytes (default %(default)s)",
+        help="arena size in bytes (default %(default)s); its pages are reserved at start, so it "
+        "must fit the free space of --shm-path's filesystem",
     )
     parser.add_argument(
         "--block-size",
@@ -101,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the kvstore with parsed flags."""
+    """Runs the kvstore with parsed flags; exit code 2, with a one-line message and no traceback,
+    when ``--kv-cache-bytes`` holds no block or does not fit the arena's filesystem."""
     exit_with_launcher(dict(os.environ))
     setup_logging("kvstore")
     config = KVStoreConfig(
@@ -117,7 +120,14 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )
-    asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "kvstore"))))
+    try:
+        asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "kvstore"))))
+    except ArenaSizeError as exc:
+        print(
+            f"zerolayer kvstore: error: --kv-cache-bytes {config.kv_cache_bytes}: {exc.reason}",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 

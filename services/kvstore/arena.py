@@ -84,19 +84,53 @@ def sidecar_path(path: str) -> str:
     return path + ".json"
 
 
+class ArenaSizeError(ValueError):
+    """The arena cannot be made: ``kv_cache_bytes`` holds no whole block, or the arena's
+    filesystem cannot hold it. ``reason`` says which, without the field name."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"kv_cache_bytes: {reason}")
+        self.reason = reason
+
+
+def free_bytes(path: str) -> int:
+    """Bytes an unprivileged process can still allocate on the filesystem holding ``path`` (a
+    file or a directory), from ``statvfs``."""
+    info = os.statvfs(path)
+    return info.f_bavail * info.f_frsize
+
+
+def check_arena_fits(path: str, size_bytes: int) -> None:
+    """Checks that an arena of ``size_bytes`` fits the free space of the filesystem holding
+    ``path`` (the arena file, or the directory it will be created in; e.g. Docker's default
+    64 MB ``/dev/shm``).
+
+    Raises:
+        ArenaSizeError: it does not fit; the message names the path and the free bytes.
+    """
+    free = free_bytes(path)
+    if size_bytes > free:
+        raise ArenaSizeError(
+            f"the KV arena needs {size_bytes} bytes at {path}, but only {free} bytes are free there"
+        )
+
+
 class Arena:
     """Owns the arena's shared-memory file.
 
-    A new file is created sparse (``ftruncate``): tmpfs only backs the pages that get written.
-    An existing file with a matching sidecar is reopened as it is (``reopened`` is True).
+    A new file has all its pages reserved up front (``posix_fallocate``): a sparse file on a
+    tmpfs smaller than the arena would let the scheduler's first write to a page beyond the free
+    space die of SIGBUS, and a restarted scheduler die again the same way. An existing file with
+    a matching sidecar is reopened as it is (``reopened`` is True, contents kept).
 
     Raises:
-        ValueError: the layout has no blocks.
+        ArenaSizeError: the layout has no blocks, or the filesystem cannot hold the arena (the
+            partly created file is removed again).
     """
 
     def __init__(self, path: str, layout: ArenaLayout) -> None:
         if layout.num_blocks <= 0:
-            raise ValueError("kv_cache_bytes: too small for a single KV block")
+            raise ArenaSizeError("too small for a single KV block")
         self.path = path
         self.layout = layout
         previous = self._read_sidecar()
@@ -111,13 +145,29 @@ class Arena:
             return
         self.arena_id = uuid.uuid4().hex
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.ftruncate(fd, layout.size_bytes)
+            self._create()
+        except ArenaSizeError:
+            self.unlink()
+            raise
+        with open(sidecar_path(path), "w") as f:
+            json.dump({"arena_id": self.arena_id, "layout": dataclasses.asdict(self.layout)}, f)
+
+    def _create(self) -> None:
+        """Creates the file (emptying an old one first) and reserves every page of it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            # NOTE: checked after O_TRUNC, which gives back the pages of an arena of another layout.
+            check_arena_fits(self.path, self.layout.size_bytes)
+            # Sets the size too; on tmpfs it fails with ENOSPC, giving back what it took.
+            os.posix_fallocate(fd, 0, self.layout.size_bytes)
+        except OSError as exc:
+            raise ArenaSizeError(
+                f"cannot reserve the {self.layout.size_bytes} bytes of the KV arena at {self.path}"
+                f" ({exc.strerror}); {free_bytes(self.path)} bytes are free there"
+            ) from None
         finally:
             os.close(fd)
-        with open(sidecar_path(path), "w") as f:
-            json.dump({"arena_id": self.arena_id, "layout": dataclasses.asdict(layout)}, f)
 
     def _read_sidecar(self) -> dict | None:
         try:

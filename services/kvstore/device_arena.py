@@ -20,7 +20,7 @@ import uuid
 from services.common import cuda_memory
 from services.common.device_export import ExportedMemory
 from services.common.manifest import HandleKind
-from services.kvstore.arena import ArenaLayout
+from services.kvstore.arena import ArenaLayout, ArenaSizeError
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ class DeviceArena:
     """Owns the arena's device memory (same attributes as :class:`services.kvstore.arena.Arena`).
 
     Raises:
-        ValueError: the layout has no blocks, or ``kind`` is not a device kind.
+        ArenaSizeError: the layout has no blocks.
+        ValueError: ``kind`` is not a device kind.
         RuntimeError: CUDA or cuda-bindings unusable, or the allocation failed.
     """
 
@@ -54,7 +55,7 @@ class DeviceArena:
         import torch
 
         if layout.num_blocks <= 0:
-            raise ValueError("kv_cache_bytes: too small for a single KV block")
+            raise ArenaSizeError("too small for a single KV block")
         self.layout = layout
         self.path = ""
         key = f"kv-arena-{cuda_memory.gpu_uuid(device_index)}-{layout.num_layers}x"

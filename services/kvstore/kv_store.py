@@ -44,16 +44,24 @@ class KVStats:
 
 def arena_layout(config: KVStoreConfig, manifest: WeightManifest) -> ArenaLayout:
     """The arena geometry for the manifest's model, sized to ``config.kv_cache_bytes``."""
+    return model_arena_layout(manifest, config.block_size, config.kv_cache_bytes)
+
+
+def model_arena_layout(
+    manifest: WeightManifest, block_size: int, kv_cache_bytes: int
+) -> ArenaLayout:
+    """The arena geometry for the manifest's model: whole blocks of ``block_size`` tokens in
+    ``kv_cache_bytes`` (``num_blocks`` is 0 when not even one fits). Builds nothing per block."""
     model = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
     shape = ArenaLayout(
         num_layers=model.num_hidden_layers,
         num_kv_heads=model.num_key_value_heads,
         head_dim=model.head_dim,
-        block_size=config.block_size,
+        block_size=block_size,
         dtype=model_dtype_name(manifest),
         num_blocks=0,
     )
-    return dataclasses.replace(shape, num_blocks=blocks_for_bytes(config.kv_cache_bytes, shape))
+    return dataclasses.replace(shape, num_blocks=blocks_for_bytes(kv_cache_bytes, shape))
 
 
 def open_arena(config: KVStoreConfig, layout: ArenaLayout) -> Arena | DeviceArena:
@@ -61,7 +69,9 @@ def open_arena(config: KVStoreConfig, layout: ArenaLayout) -> Arena | DeviceAren
     (the best handle kind the GPU supports) on CUDA.
 
     Raises:
-        ValueError: a bad ``--device`` or too small ``kv_cache_bytes``.
+        ArenaSizeError: ``kv_cache_bytes`` holds no block, or the arena's filesystem cannot hold
+            it (checked before anything per block is built).
+        ValueError: a bad ``--device``.
         RuntimeError: CUDA unusable.
     """
     if config.device == "cpu":  # resolve_device would import torch
@@ -88,7 +98,8 @@ class KVStore:
     block that a running sequence still uses.
 
     Raises:
-        ValueError: kv_cache_bytes is too small for one block.
+        ArenaSizeError: kv_cache_bytes is too small for one block, or the arena's filesystem
+            cannot hold it (raised before the block pool is built).
     """
 
     def __init__(

@@ -1,4 +1,5 @@
-"""Tests for the KV arena: layout byte math, the sparse 0600 file, and sharing across processes."""
+"""Tests for the KV arena: layout byte math, the reserved 0600 file, refusing an arena that does not
+fit, and sharing across processes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.kvstore.arena import Arena, ArenaLayout, blocks_for_bytes, map_arena
+from services.kvstore.arena import (
+    Arena,
+    ArenaLayout,
+    ArenaSizeError,
+    blocks_for_bytes,
+    free_bytes,
+    map_arena,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,16 +91,77 @@ def test_blocks_for_bytes_rounds_down() -> None:
     assert blocks_for_bytes(511, layout) == 0
 
 
-def test_arena_creates_sparse_private_file(tmp_path: Path) -> None:
+def test_arena_reserves_every_page_of_a_private_file(tmp_path: Path) -> None:
     layout = make_layout(num_blocks=4096)  # 2 MiB
     arena = make_arena(tmp_path, layout)
     info = os.stat(arena.path)
     assert arena.path == str(tmp_path / "kv" / "arena")
     assert info.st_size == layout.size_bytes == 2 * 1024 * 1024
     assert stat.S_IMODE(info.st_mode) == 0o600
-    assert info.st_blocks == 0  # sparse: nothing written, nothing backed
+    # Not sparse: a write to any page can never fail (SIGBUS on a full tmpfs).
+    assert info.st_blocks * 512 >= layout.size_bytes
     assert len(arena.arena_id) == 32
     assert arena.arena_id != make_arena(tmp_path / "other", layout).arena_id
+
+
+def test_arena_larger_than_the_free_space_is_refused_and_removed(tmp_path: Path) -> None:
+    layout = make_layout(num_blocks=2**41)  # 1 PiB of 512-byte blocks
+    path = tmp_path / "kv" / "arena"
+    path.parent.mkdir()
+    Path(str(path) + ".json").write_text("{}")  # a stale sidecar of an older arena
+    free = free_bytes(str(tmp_path))
+    assert free < 2**50
+    with pytest.raises(ArenaSizeError) as info:
+        Arena(str(path), layout)
+    assert info.value.reason.startswith(f"the KV arena needs {2**50} bytes at {path}, but only ")
+    assert info.value.reason.endswith(" bytes are free there")
+    free_said = int(info.value.reason.split("only ")[1].split()[0])
+    assert abs(free_said - free) < 2**30  # other writers on this filesystem move it a little
+    assert str(info.value).startswith("kv_cache_bytes: ")
+    assert sorted(path.parent.iterdir()) == []
+
+
+def test_arena_the_filesystem_refuses_to_reserve_is_refused_and_removed(tmp_path: Path) -> None:
+    # RLIMIT_FSIZE makes posix_fallocate beyond 1 MiB fail (EFBIG) as a full tmpfs does (ENOSPC),
+    # after the free-space check passed: the reservation itself must be checked.
+    result = run_python(
+        f"""
+        import resource
+        from services.kvstore.arena import Arena, ArenaLayout, ArenaSizeError
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        try:
+            Arena({str(tmp_path / "arena")!r}, {make_layout(num_blocks=4096)!r})
+        except ArenaSizeError as exc:
+            print(exc.reason)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(
+        f"cannot reserve the 2097152 bytes of the KV arena at {tmp_path / 'arena'} "
+        "(File too large); "
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reopened_arena_keeps_its_id_and_contents_without_reserving_again(
+    tmp_path: Path,
+) -> None:
+    layout = make_layout(num_blocks=4096)  # 2 MiB
+    arena = make_arena(tmp_path, layout)
+    map_arena(arena.path, layout)[1, 0, 7] = 2.5
+    # Below the arena's size: a new reservation would fail, reopening takes nothing new.
+    result = run_python(
+        f"""
+        import resource
+        from services.kvstore.arena import Arena, ArenaLayout, map_arena
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        arena = Arena({arena.path!r}, {layout!r})
+        kv = map_arena(arena.path, arena.layout)
+        print(arena.reopened, arena.arena_id, kv[1, 0, 7, 0, 0, 0].item())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", arena.arena_id, "2.5"]
 
 
 def test_arena_truncates_an_existing_file(tmp_path: Path) -> None:
@@ -103,7 +172,7 @@ def test_arena_truncates_an_existing_file(tmp_path: Path) -> None:
 
 
 def test_arena_with_no_blocks_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="kv_cache_bytes"):
+    with pytest.raises(ArenaSizeError, match="^kv_cache_bytes: too small for a single KV block$"):
         make_arena(tmp_path, make_layout(num_blocks=0))
     assert not (tmp_path / "kv" / "arena").exists()
 
