@@ -9,10 +9,14 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.cli_presets import PRESET_NAMES
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
 from services.common.device import add_device_argument
+
+if TYPE_CHECKING:
+    from services.stack_config import StackConfig
 
 
 def _add_up(sub: argparse._SubParsersAction) -> None:
@@ -141,10 +145,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stack_config(args: argparse.Namespace, model_dir: str) -> StackConfig:
+    """The stack's settings from ``up``'s flags, checked against this machine.
+
+    Raises:
+        ValueError: a setting is out of range or cannot work here; the message starts with its
+            flag.
+    """
+    from services.preflight import check_stack
+    from services.stack_config import StackConfig
+
+    config = StackConfig(
+        model_dir=model_dir,
+        listen=args.listen,
+        run_dir=args.run_dir,
+        kv_cache_bytes=args.kv_cache_bytes,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_threads=args.num_threads,
+        enable_prefix_caching=not args.no_prefix_caching,
+        supervise=not args.no_supervise,
+        metrics_port_base=args.metrics_port_base,
+        device=args.device,
+    )
+    check_stack(config)
+    return config
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    """``zerolayer up``: start the stack, print the endpoint, serve until SIGINT/SIGTERM."""
+    """``zerolayer up``: start the stack, print the endpoint, serve until SIGINT/SIGTERM.
+
+    Exit codes: 0; 2 for a setting that is out of range or cannot work on this machine (checked
+    before any process starts); 1 when a layer fails to start or the ``--generate`` call fails.
+    """
     from services.checkpoints.dummy import ensure_dummy_model
-    from services.launcher import Stack, StackConfig, StackError
+    from services.launcher import Stack, StackError
     from services.loader.checkpoint import CheckpointError
 
     logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
@@ -156,20 +192,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        config = StackConfig(
-            model_dir=model_dir,
-            listen=args.listen,
-            run_dir=args.run_dir,
-            kv_cache_bytes=args.kv_cache_bytes,
-            block_size=args.block_size,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            num_threads=args.num_threads,
-            enable_prefix_caching=not args.no_prefix_caching,
-            supervise=not args.no_supervise,
-            metrics_port_base=args.metrics_port_base,
-            device=args.device,
-        )
+        config = _stack_config(args, model_dir)
     except ValueError as exc:
         print(f"zerolayer up: error: {exc}", file=sys.stderr)
         return 2
@@ -187,16 +210,27 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"zerolayer: serving on {args.listen} (internal sockets in {stack.run_dir})", flush=True
         )
         if args.generate is not None:
-            from services.client import generate_text, printable
-
-            print(printable(generate_text(args.listen, args.generate)), flush=True)
-            return 0
+            return _generate_once(args.listen, args.generate)
         while not stop.wait(0.5):
             pass
         return 0
     finally:
         print("zerolayer: stopping", file=sys.stderr)
         stack.stop()
+
+
+def _generate_once(address: str, prompt: str) -> int:
+    """``up --generate``: prints the answer (0), or the call's error as one line (1)."""
+    import grpc
+
+    from services.client import generate_text, printable, rpc_error_line
+
+    try:
+        print(printable(generate_text(address, prompt)), flush=True)
+    except grpc.RpcError as exc:
+        print(rpc_error_line("up", exc), file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

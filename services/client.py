@@ -51,6 +51,11 @@ def printable(text: str) -> str:
     return text.translate(_CONTROL)
 
 
+def rpc_error_line(command: str, exc: grpc.RpcError) -> str:
+    """A failed call as one line for a terminal: ``zerolayer <command>: CODE: details``."""
+    return f"zerolayer {command}: {exc.code().name}: {exc.details()}"
+
+
 def run_generate(args: argparse.Namespace) -> int:
     """``zerolayer generate``: prints the text (streamed or whole); exit code 1 on a gRPC error,
     130 on Ctrl-C."""
@@ -74,7 +79,7 @@ def run_generate(args: argparse.Namespace) -> int:
             else:
                 print(printable(stub.Generate(request, timeout=args.timeout).text))
     except grpc.RpcError as exc:
-        print(f"zerolayer generate: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(rpc_error_line("generate", exc), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nzerolayer generate: cancelled", file=sys.stderr)

@@ -9,6 +9,9 @@ from services.common.device import resolve_device
 
 LAYERS = ("loader", "kvstore", "scheduler", "frontend")
 
+SHM_DIR = "/dev/shm"
+"""Where ``zerolayer up`` creates the KV arena file (``<SHM_DIR>/<run dir name>.kv``)."""
+
 
 @dataclass(frozen=True)
 class StackConfig:
@@ -52,18 +55,18 @@ class StackConfig:
         """Checks the settings before any process starts.
 
         Raises:
-            ValueError: a setting is out of range; the message names it.
+            ValueError: a setting is out of range; the message starts with its flag.
         """
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError(f"listen: {self.listen!r} is not HOST:PORT with a port in 1..65535")
+            raise ValueError(f"--listen: {self.listen!r} is not HOST:PORT with a port in 1..65535")
         for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name.replace('_', '-')}: must be > 0")
+                raise ValueError(f"--{name.replace('_', '-')}: must be > 0")
         if self.num_threads < 0:
-            raise ValueError("num-threads: must be >= 0 (0: one per core)")
+            raise ValueError("--num-threads: must be >= 0 (0: one per core)")
         if self.metrics_port_base and not 1 <= self.metrics_port_base <= 65532:
-            raise ValueError("metrics-port-base: must be in 1..65532 (or 0: off)")
+            raise ValueError("--metrics-port-base: must be in 1..65532 (or 0: off)")
         if self.device != "cpu":  # resolving a GPU imports torch: only when one is asked for
             object.__setattr__(self, "device", str(resolve_device(self.device)))
 

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -100,37 +101,61 @@ def test_generate_against_nothing_reports_unavailable() -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--max-num-seqs", "0"], "max-num-seqs: must be > 0"),
-        (["--listen", "127.0.0.1:99999"], "listen: '127.0.0.1:99999' is not HOST:PORT"),
-        (["--block-size", "0"], "block-size: must be > 0"),
-        (["--num-threads", "-3"], "num-threads: must be >= 0"),
-        (["--model", "/nonexistent"], "/nonexistent: not a directory"),
-        (["--device", "gpu"], "--device: 'gpu' is not one of cpu, auto, cuda, cuda:N"),
+        (["--max-num-seqs", "0"], "--max-num-seqs: must be > 0"),
+        (["--listen", "127.0.0.1:99999"], "--listen: '127.0.0.1:99999' is not HOST:PORT"),
+        (["--block-size", "0"], "--block-size: must be > 0"),
+        (["--num-threads", "-3"], "--num-threads: must be >= 0"),
+        (["--model", "/nonexistent"], "--model: /nonexistent: not a directory"),
+        (["--device", "gpu"], "argument --device: 'gpu' is not one of cpu, auto, cuda, cuda:N"),
+        (
+            ["--kv-cache-bytes", "100"],
+            # the embedded model: K and V x 4 layers x 16 tokens x 2 KV heads x 32 dims x 4 bytes
+            "--kv-cache-bytes: 100 is smaller than one KV block of this model (32768 bytes: ",
+        ),
+        (
+            ["--kv-cache-bytes", "99999999999999"],
+            "--kv-cache-bytes: 99999999999999: the KV arena needs 99999999983616 bytes at "
+            "/dev/shm, but only ",
+        ),
+        (["--run-dir", "/proc/foo"], "--run-dir: /proc/foo: cannot create it"),
     ],
 )
 def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_path) -> None:
+    started = time.monotonic()
     proc = zerolayer("up", *flags, env=isolated_env(tmp_path))
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode in (1, 2)
-    assert message in err
+    assert proc.returncode == 2, err
+    assert f"zerolayer up: error: {message}" in err
     assert "Traceback" not in err
+    assert "zerolayer: stopping" not in err and "listening on" not in err  # no layer started
+    assert time.monotonic() - started < 60
 
 
-def test_a_second_stack_on_a_taken_port_fails(tmp_path: Path) -> None:
-    port = free_port()
-    first = zerolayer("up", "--listen", f"127.0.0.1:{port}", env=isolated_env(tmp_path))
-    line = ""
-    while "serving on" not in line:
-        line = first.stdout.readline()
-        assert line or first.poll() is None, first.stderr.read()
-    try:
-        second = zerolayer("up", "--listen", f"127.0.0.1:{port}", env=isolated_env(tmp_path))
-        _, err = second.communicate(timeout=120)
-        assert second.returncode == 1
-        assert "frontend exited" in err and "cannot listen on 127.0.0.1" in err
-    finally:
-        first.send_signal(signal.SIGINT)
-        first.wait(timeout=60)
+@pytest.mark.parametrize("flag", ["--listen", "--metrics-port-base"])
+def test_up_on_a_taken_port_fails_before_starting_anything(flag: str, tmp_path: Path) -> None:
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        flags = [flag, f"127.0.0.1:{port}" if flag == "--listen" else str(port)]
+        proc = zerolayer("up", *flags, env=isolated_env(tmp_path))
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    where = f"127.0.0.1:{port}" if flag == "--listen" else f"port {port} (the loader's metrics) on"
+    assert f"zerolayer up: error: {flag}: {where}" in err
+    assert err.rstrip().endswith("the port is already in use")
+    assert "Traceback" not in err and "listening on" not in err
+
+
+def test_up_generate_with_an_empty_prompt_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = zerolayer(
+        "up", "--listen", f"127.0.0.1:{free_port()}", "--generate", "", env=isolated_env(tmp_path)
+    )
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 1, err
+    assert "zerolayer up: INVALID_ARGUMENT: prompt: empty" in err
+    assert "Traceback" not in err and "_InactiveRpcError" not in err
 
 
 def test_killing_up_takes_its_layers_down(tmp_path: Path) -> None:

@@ -27,9 +27,12 @@ LATENCY_BUCKETS_S = (
 )
 """Histogram buckets (seconds) of the latency metrics every layer uses (TTFT, ITL, e2e, queue)."""
 
+DEFAULT_METRICS_HOST = "127.0.0.1"
+"""Address a layer's /metrics endpoint binds unless ``--metrics-host`` says otherwise."""
+
 
 def serve_metrics(
-    port: int, collectors: Iterable[Collector], host: str = "127.0.0.1"
+    port: int, collectors: Iterable[Collector], host: str = DEFAULT_METRICS_HOST
 ) -> CollectorRegistry:
     """Registers ``collectors`` in a new registry and serves it on ``http://host:port/metrics``.
 
@@ -57,6 +60,6 @@ def add_metrics_port(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-host",
-        default="127.0.0.1",
+        default=DEFAULT_METRICS_HOST,
         help="address the /metrics endpoint binds (default %(default)s; 0.0.0.0 in containers)",
     )
