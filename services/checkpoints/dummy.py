@@ -23,6 +23,7 @@ from services.checkpoints.byte_tokenizer import (
     EOS_TOKEN_ID,
     write_byte_level_tokenizer,
 )
+from services.checkpoints.model_files import MODEL_DIR_MODE, make_model_dir, share_model_files
 
 FORMAT_VERSION = 1
 """Bumped when the generated files change, so cached copies are rewritten."""
@@ -112,12 +113,14 @@ def write_dummy_model(out_dir: Path, preset: DummyPreset, seed: int = 0) -> Path
     """Writes a complete Hugging Face model directory with seeded random weights.
 
     Files: config.json, generation_config.json, model.safetensors, tokenizer.json,
-    tokenizer_config.json. The same preset and seed always give the same weights.
+    tokenizer_config.json, all 0644; directories created for it are 0755
+    (:mod:`services.checkpoints.model_files`). The same preset and seed always give the same
+    weights.
 
     Returns:
         ``out_dir``.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_model_dir(out_dir)
     (out_dir / "config.json").write_text(json.dumps(_config(preset), indent=2))
     (out_dir / "generation_config.json").write_text(
         json.dumps({"bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID}, indent=2)
@@ -128,6 +131,7 @@ def write_dummy_model(out_dir: Path, preset: DummyPreset, seed: int = 0) -> Path
         metadata={"format": "pt", "zerolayer_dummy": json.dumps(asdict(preset))},
     )
     write_byte_level_tokenizer(out_dir, preset.max_position_embeddings)
+    share_model_files(out_dir)
     return out_dir
 
 
@@ -185,6 +189,7 @@ def ensure_dummy_model(
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-{os.getpid()}-", dir=target.parent))
     try:
         write_dummy_model(tmp, preset, seed)
+        os.chmod(tmp, MODEL_DIR_MODE)  # mkdtemp's 0700 would hide it from other users
         os.rename(tmp, target)
     except OSError:
         if not (target / "model.safetensors").exists():

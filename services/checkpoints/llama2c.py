@@ -22,6 +22,8 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
 
+from services.checkpoints.model_files import make_model_dir, share_model_files
+
 HEADER_FORMAT = "<7i"
 HEADER_BYTES = struct.calcsize(HEADER_FORMAT)
 VERSIONED_MAGIC = 0x616B3432  # "ak42": llama2.c's version 1/2 export formats, not supported here
@@ -324,7 +326,10 @@ def convert_llama2c(checkpoint: Path, tokenizer: Path, out_dir: Path) -> None:
 
     Writes into ``out_dir`` (created if missing, existing files overwritten): ``config.json``,
     ``generation_config.json``, ``model.safetensors`` (float32), ``tokenizer.json`` and
-    ``tokenizer_config.json``. Both inputs are fully validated before anything is written.
+    ``tokenizer_config.json``, all 0644; directories created for it are 0755
+    (:mod:`services.checkpoints.model_files`). Both inputs are fully validated before anything is
+    written.
+
     Raises:
         ValueError: a malformed or truncated checkpoint or tokenizer file.
     """
@@ -333,7 +338,7 @@ def convert_llama2c(checkpoint: Path, tokenizer: Path, out_dir: Path) -> None:
     hf_tokenizer = build_tokenizer(pieces, scores)
     tensors = to_hf_tensors(header, arrays)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_model_dir(out_dir)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     _write_json(out_dir / "config.json", hf_config(header))
     _write_json(
@@ -354,3 +359,4 @@ def convert_llama2c(checkpoint: Path, tokenizer: Path, out_dir: Path) -> None:
             "tokenizer_class": "PreTrainedTokenizerFast",
         },
     )
+    share_model_files(out_dir)

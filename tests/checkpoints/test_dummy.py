@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+from checkpoints.model_modes import MODEL_MODES, modes
 from safetensors.torch import load_file
 
 from services.checkpoints.dummy import (
@@ -41,6 +43,23 @@ def test_ensure_writes_once_and_reuses(tmp_path: Path) -> None:
     assert second == first == tmp_path / "models" / "tiny-seed0-v1"
     assert (second / "model.safetensors").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.joinpath("models").iterdir()] == ["tiny-seed0-v1"]
+
+
+@pytest.mark.usefixtures("strict_umask")
+def test_the_cached_model_is_readable_by_every_user(tmp_path: Path) -> None:
+    model_dir = ensure_dummy_model(cache_dir=tmp_path)
+    assert modes(model_dir) == MODEL_MODES
+
+
+@pytest.mark.usefixtures("strict_umask")
+def test_a_written_model_and_the_directories_made_for_it_are_readable_by_every_user(
+    tmp_path: Path,
+) -> None:
+    tmp_path.chmod(0o700)  # an existing directory keeps its mode
+    model_dir = write_dummy_model(tmp_path / "new" / "model", make_preset())
+    assert modes(model_dir) == MODEL_MODES
+    assert modes(tmp_path / "new")["."] == 0o755
+    assert modes(tmp_path)["."] == 0o700
 
 
 def test_tiny_preset_config_parses_with_byte_vocab(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from checkpoints.model_modes import MODEL_MODES, modes
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
@@ -85,6 +86,13 @@ def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out_dir = tmp_path_factory.mktemp("stories260K_hf") / "model"
     convert_llama2c(CHECKPOINT, TOKENIZER, out_dir)
     return out_dir
+
+
+@pytest.mark.usefixtures("strict_umask")
+def test_converted_model_is_readable_by_every_user(tmp_path: Path) -> None:
+    convert_llama2c(CHECKPOINT, TOKENIZER, tmp_path / "new" / "model")
+    assert modes(tmp_path / "new" / "model") == MODEL_MODES
+    assert modes(tmp_path / "new")["."] == 0o755
 
 
 @pytest.fixture(scope="module")
