@@ -8,10 +8,12 @@ headers and sizes (loader, kvstore on CPU) start without it.
 from __future__ import annotations
 
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     import torch
+
+T = TypeVar("T")
 
 ITEM_SIZES: dict[str, int] = {
     "F64": 8,
@@ -34,28 +36,39 @@ def itemsize(name: str) -> int:
     Raises:
         ValueError: the name is not a supported safetensors dtype.
     """
-    try:
-        return ITEM_SIZES[name]
-    except KeyError:
-        raise ValueError(f"unsupported safetensors dtype {name!r}") from None
+    return _look_up(ITEM_SIZES, name)
+
+
+TORCH_NAMES: dict[str, str] = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+"""The torch name (``torch.<name>``) of each supported safetensors dtype."""
+
+
+def torch_name(name: str) -> str:
+    """Returns the torch-style name (``"bfloat16"``) of a safetensors dtype name (``"BF16"``),
+    without importing torch.
+
+    Raises:
+        ValueError: the name is not a supported safetensors dtype.
+    """
+    return _look_up(TORCH_NAMES, name)
 
 
 @cache
 def _to_torch() -> dict[str, torch.dtype]:
     import torch
 
-    return {
-        "F64": torch.float64,
-        "F32": torch.float32,
-        "F16": torch.float16,
-        "BF16": torch.bfloat16,
-        "I64": torch.int64,
-        "I32": torch.int32,
-        "I16": torch.int16,
-        "I8": torch.int8,
-        "U8": torch.uint8,
-        "BOOL": torch.bool,
-    }
+    return {name: getattr(torch, attr) for name, attr in TORCH_NAMES.items()}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -64,8 +77,12 @@ def torch_dtype(name: str) -> torch.dtype:
     Raises:
         ValueError: the name is not a supported safetensors dtype.
     """
+    return _look_up(_to_torch(), name)
+
+
+def _look_up(table: dict[str, T], name: str) -> T:
     try:
-        return _to_torch()[name]
+        return table[name]
     except KeyError:
         raise ValueError(f"unsupported safetensors dtype {name!r}") from None
 

@@ -6,11 +6,14 @@ message names the offending field, so handlers never build statuses themselves.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,8 @@ def _wrap_unary(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[An
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await fn(request, context)
+        except grpc.aio.AbortError:
+            raise  # the status is already sent (e.g. a request that did not parse)
         except (ZerolayerError, grpc.aio.AioRpcError) as exc:
             await _abort(context, exc)
         except Exception as exc:  # noqa: BLE001 - the interceptor is the last line
@@ -91,6 +96,8 @@ def _wrap_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIt
         try:
             async for item in fn(request, context):
                 yield item
+        except grpc.aio.AbortError:
+            raise
         except (ZerolayerError, grpc.aio.AioRpcError) as exc:
             await _abort(context, exc)
         except Exception as exc:  # noqa: BLE001
@@ -130,3 +137,111 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer,
             )
         return handler
+
+
+class _Unparsable:
+    """Stands in for a request message whose bytes did not parse; no handler ever sees one."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _parsing(deserializer: Callable[[bytes], Any], method: str) -> Callable[[bytes], Any]:
+    descriptor = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    type_name = getattr(descriptor, "full_name", "the method's request message")
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            reason = str(exc).rsplit(": ", 1)[-1]
+            log.warning(
+                "%s: %d request bytes are not a %s (%s)", method, len(data), type_name, reason
+            )
+            return _Unparsable(f"request: could not be parsed as {type_name}: {reason}")
+
+    return deserialize
+
+
+async def _refuse_unparsable(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    if isinstance(request, _Unparsable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+    return request
+
+
+async def _refusing_unparsable(
+    requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield await _refuse_unparsable(request, context)
+
+
+def _checked(fn: Callable[..., Any], request_streaming: bool) -> Callable[..., Any] | None:
+    """``fn`` behind a check that refuses requests that did not parse; None for a kind of
+    handler it cannot wrap (synchronous ones)."""
+
+    async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request_streaming:
+            return _refusing_unparsable(request, context)
+        return await _refuse_unparsable(request, context)
+
+    if inspect.isasyncgenfunction(fn):
+
+        async def generator(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
+            async with aclosing(fn(await checked(request, context), context)) as items:
+                async for item in items:
+                    yield item
+
+        return generator
+    if inspect.iscoroutinefunction(fn):
+        # NOTE: also the reader-writer form of streaming handlers (health's Watch writes with
+        # context.write), which must stay a coroutine function.
+        async def coroutine(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await fn(await checked(request, context), context)
+
+        return coroutine
+    return None
+
+
+_HANDLER_KINDS = {
+    (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    (False, True): ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    (True, False): ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    (True, True): ("stream_stream", grpc.stream_stream_rpc_method_handler),
+}
+
+
+class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+    """Answers INVALID_ARGUMENT ("request: could not be parsed as zerolayer.v1.GenerateRequest:
+    ...") to a request message that is not valid protobuf of the method's type (bad wire format,
+    truncation, invalid UTF-8 in a string field), with one WARNING log line and no traceback.
+
+    gRPC parses requests before any handler or interceptor runs, and answers a parse error with
+    UNKNOWN and a logged traceback. This interceptor swaps in a deserializer that marks such a
+    request instead, and a handler that refuses it: placed innermost, the interceptors outside it
+    (request counting, tracing) see the refusal as a call that ended with ``context.abort``. In a
+    request stream, the first message that does not parse ends the call. Every method is covered.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        streaming = (handler.request_streaming, handler.response_streaming)
+        attribute, make_handler = _HANDLER_KINDS[streaming]
+        checked = _checked(getattr(handler, attribute), handler.request_streaming)
+        if checked is None:
+            return handler
+        return make_handler(
+            checked,
+            request_deserializer=_parsing(
+                handler.request_deserializer, handler_call_details.method
+            ),
+            response_serializer=handler.response_serializer,
+        )

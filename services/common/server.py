@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.common.errors import ErrorMappingInterceptor
+from services.common.errors import ErrorMappingInterceptor, MalformedRequestInterceptor
 from services.common.tracing import Tracing, TracingServerInterceptor
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,8 @@ class LayerServer:
             bindings: the services to serve.
             max_receive_bytes: largest request message accepted (RESOURCE_EXHAUSTED above).
             tracing: opens a SERVER span per call and is flushed on stop; None: no tracing.
-            interceptors: more interceptors, run inside error mapping (they see domain errors).
+            interceptors: more interceptors, run inside error mapping (they see domain errors) and
+                outside the refusal of requests that do not parse (they see it as an abort).
             instance_id: also report health under ``zerolayer.instance.<id>``, so a launcher can
                 tell its own process from another one answering on the same address.
         """
@@ -88,7 +89,11 @@ class LayerServer:
         self.address = address
         self._bindings = list(bindings)
         self.tracing = tracing
-        chain: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor(), *interceptors]
+        chain: list[grpc.aio.ServerInterceptor] = [
+            ErrorMappingInterceptor(),
+            *interceptors,
+            MalformedRequestInterceptor(),
+        ]
         if tracing is not None:
             chain.insert(0, TracingServerInterceptor(tracing))
         # NOTE: SO_REUSEPORT off, so a second stack on a taken port fails instead of silently

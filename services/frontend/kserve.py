@@ -5,10 +5,12 @@
 Tensors are named the way Triton's LLM backends name them (vLLM backend, TensorRT-LLM ensemble):
 ``text_input`` (BYTES, one element, shape [1] or [1, 1]) in, ``text_output`` (BYTES, same shape,
 sent in ``raw_output_contents``) out. Sampling settings come from, later overriding earlier:
-request ``parameters``, the ``sampling_parameters`` input (JSON, vLLM style; numbers may be given
-as strings), then the scalar inputs ``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
-``seed``/``random_seed``, ``stop``/``stop_words``, ``ignore_eos``. ``stream`` (BOOL) makes
-``ModelStreamInfer`` answer once per generated piece; the last answer carries the bool parameter
+the scalar request ``parameters``; ``sampling_parameters`` (a JSON object, vLLM style; numbers may
+be given as strings), first as a string request parameter, then as an input (both forms are
+validated alike); then the scalar inputs ``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
+``seed``/``random_seed``, ``stop``/``stop_words``, ``ignore_eos``. ``max_tokens`` and ``top_k``
+are at most 2^32 - 1, ``seed`` at most 2^64 - 1. ``stream`` (BOOL) makes ``ModelStreamInfer``
+answer once per generated piece; the last answer carries the bool parameter
 ``triton_final_response`` = true (and ``finish_reason``, ``num_input_tokens``,
 ``num_output_tokens``). The prompt is not echoed unless ``exclude_input_in_output`` is false.
 Spec: https://github.com/kserve/open-inference-protocol and Triton's grpc_service.proto.
@@ -165,6 +167,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             while (response := await responses.get()) is not None:
                 yield response
+            await reader  # NOTE: re-raises what ended the reading, e.g. an unparsable request
         finally:
             # The client left (or everything is answered): closing the generations aborts them.
             for task in [reader, *tasks]:

@@ -7,12 +7,14 @@ See :mod:`services.frontend.kserve` for the tensor names and precedence.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from services.common.errors import InvalidArgument
 from services.common.generation import GenerateParams
 from services.frontend.kserve_tensors import Tensor, check_dtype, read_tensors
+from services.frontend.validation import MAX_UINT32, MAX_UINT64, check_uint
 from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 
 SETTINGS = {
@@ -28,6 +30,8 @@ SETTINGS = {
 }
 """Settings a request may give, by kind; ``ALIASES`` maps TensorRT-LLM's names onto them."""
 ALIASES = {"random_seed": "seed", "stop_words": "stop"}
+MAX_VALUES = {"max_tokens": MAX_UINT32, "top_k": MAX_UINT32, "seed": MAX_UINT64}
+"""Largest value of each integer setting: what its GenerateRequest field holds."""
 METADATA_DTYPE = {"uint": "INT32", "float": "FP32", "bool": "BOOL", "strings": "BYTES"}
 """Datatype ModelMetadata lists per kind (any integer type is accepted; seeds are UINT64)."""
 ACCEPTED_INPUTS = frozenset(("text_input", "sampling_parameters", *SETTINGS, *ALIASES))
@@ -54,15 +58,12 @@ def read_text_request(request: pb.ModelInferRequest, model: str) -> TextRequest:
     for output in request.outputs:
         if output.name != "text_output":
             raise InvalidArgument("outputs", f"{output.name!r} unknown (only 'text_output')")
-    settings: dict[str, Any] = {}
-    for key, param in request.parameters.items():
-        value = getattr(param, param.WhichOneof("parameter_choice") or "string_param")
-        if ALIASES.get(key, key) in SETTINGS:  # others (priority, timeout...) are Triton's
-            _set(settings, key, value, f"parameters.{key}")
+    settings = _parameter_settings(request.parameters)
     tensors = read_tensors(request, ACCEPTED_INPUTS)
     if "sampling_parameters" in tensors:
-        for key, value in _json_settings(*tensors.pop("sampling_parameters")).items():
-            _set(settings, key, value, f"sampling_parameters.{key}")
+        tensor, values = tensors.pop("sampling_parameters")
+        check_dtype("sampling_parameters", tensor.datatype, "strings")
+        _set_json(settings, _one("sampling_parameters", values), "sampling_parameters")
     text_tensor = tensors.pop("text_input", None)
     if text_tensor is None:
         raise InvalidArgument("text_input", "missing (a BYTES input holding the prompt)")
@@ -106,18 +107,36 @@ def _prompt(tensor: Tensor, values: list[Any]) -> str:
     return text
 
 
-def _json_settings(tensor: Tensor, values: list[Any]) -> dict[str, Any]:
-    check_dtype("sampling_parameters", tensor.datatype, "strings")
-    try:
-        settings = json.loads(_one("sampling_parameters", values))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgument("sampling_parameters", f"not valid JSON: {exc}") from None
-    if not isinstance(settings, dict):
-        raise InvalidArgument("sampling_parameters", "must be a JSON object")
-    for key in settings:
-        if ALIASES.get(key, key) not in SETTINGS:
-            raise InvalidArgument(f"sampling_parameters.{key}", "not supported")
+def _parameter_settings(parameters: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    """Settings from request ``parameters``: the scalar ones, then (overriding them) the
+    ``sampling_parameters`` JSON string, as the input of that name would."""
+    settings: dict[str, Any] = {}
+    for key, param in parameters.items():
+        value = getattr(param, param.WhichOneof("parameter_choice") or "string_param")
+        if ALIASES.get(key, key) in SETTINGS:  # others (priority, timeout...) are Triton's
+            _set(settings, key, value, f"parameters.{key}")
+    if "sampling_parameters" in parameters:
+        field = "parameters.sampling_parameters"
+        param = parameters["sampling_parameters"]
+        if param.WhichOneof("parameter_choice") != "string_param":
+            raise InvalidArgument(field, "must be a string parameter holding a JSON object")
+        _set_json(settings, param.string_param, field)
     return settings
+
+
+def _set_json(settings: dict[str, Any], data: str | bytes, field: str) -> None:
+    """Stores the settings of the vLLM-style JSON object ``data``; errors name ``field``."""
+    try:
+        values = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(field, f"not valid JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise InvalidArgument(field, "must be a JSON object")
+    for key in values:
+        if ALIASES.get(key, key) not in SETTINGS:
+            raise InvalidArgument(f"{field}.{key}", "not supported")
+    for key, value in values.items():
+        _set(settings, key, value, f"{field}.{key}")
 
 
 def _set(settings: dict[str, Any], key: str, value: Any, field: str) -> None:
@@ -126,11 +145,14 @@ def _set(settings: dict[str, Any], key: str, value: Any, field: str) -> None:
     canonical = ALIASES.get(key, key)
     kind = SETTINGS[canonical]
     try:
-        settings[canonical] = _convert(kind, value)
+        converted = _convert(kind, value)
     except (TypeError, ValueError):
         expected = {"uint": "an integer >= 0", "float": "a number", "bool": "a boolean"}
         reason = expected.get(kind, "a string or a list of strings")
         raise InvalidArgument(field, f"must be {reason}, got {value!r}") from None
+    if canonical in MAX_VALUES:
+        check_uint(field, converted, MAX_VALUES[canonical])
+    settings[canonical] = converted
 
 
 def _convert(kind: str, value: Any) -> Any:

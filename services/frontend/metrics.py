@@ -3,6 +3,7 @@ sees (TTFT, inter-token latency, end to end) measured at the public endpoint."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -44,14 +45,21 @@ class FrontendMetrics:
         )
 
 
-def _code(exc: BaseException | None) -> str:
-    if exc is None:
-        return "OK"
+def _code(exc: BaseException, context: grpc.aio.ServicerContext) -> str:
+    """The status code of a call whose handler raised ``exc``."""
     if isinstance(exc, ZerolayerError):
         return exc.code.name
     if isinstance(exc, grpc.aio.AioRpcError):
         return exc.code().name
-    return "CANCELLED" if type(exc).__name__ == "CancelledError" else "UNKNOWN"
+    if isinstance(exc, grpc.aio.AbortError):  # the status was sent with context.abort
+        code = context.code()
+        return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+    # NOTE: gRPC cancels the handler's task both when the client cancels and when the deadline
+    # passes; a stream the client left between two messages is closed (GeneratorExit) instead.
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        remaining = context.time_remaining()
+        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+    return "UNKNOWN"
 
 
 class RequestCountingInterceptor(grpc.aio.ServerInterceptor):
@@ -79,7 +87,7 @@ class RequestCountingInterceptor(grpc.aio.ServerInterceptor):
                 try:
                     response = await inner(request, context)
                 except BaseException as exc:
-                    counter.labels(method, _code(exc)).inc()
+                    counter.labels(method, _code(exc, context)).inc()
                     raise
                 counter.labels(method, "OK").inc()
                 return response
@@ -95,7 +103,7 @@ class RequestCountingInterceptor(grpc.aio.ServerInterceptor):
                     async for item in inner_stream(request, context):
                         yield item
                 except BaseException as exc:
-                    counter.labels(method, _code(exc)).inc()
+                    counter.labels(method, _code(exc, context)).inc()
                     raise
                 counter.labels(method, "OK").inc()
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from services.common.convert import chunk_to_pb, generate_params_from_pb
+from services.common.dtypes import torch_name
 from services.frontend.generation import TextGenerator
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
@@ -61,7 +62,7 @@ class TextGenerationServicer(generation_pb2_grpc.TextGenerationServicer):
             max_model_len=cfg.max_position_embeddings,
             eos_token_ids=cfg.eos_token_ids,
             bos_token_id=cfg.bos_token_id,
-            dtype=embed.dtype,
+            dtype=torch_name(embed.dtype),
             num_parameters=g.manifest.num_parameters,
             block_size=await g.scheduler.block_size(),
             fingerprint=g.manifest.fingerprint,

@@ -164,6 +164,11 @@ def test_deadline_aborts_the_request(stack, stub) -> None:
         ({"prompt": "hi", "stop": [""]}, grpc.StatusCode.INVALID_ARGUMENT, "stop[0]"),
         ({"prompt": "hi", "cache_salt": "s" * 300}, grpc.StatusCode.INVALID_ARGUMENT, "cache_salt"),
         ({"prompt": "hi", "model": "gpt-9"}, grpc.StatusCode.NOT_FOUND, "model"),
+        (
+            {"prompt": "hi", "request_id": "a\nb\x00c"},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "request_id",
+        ),
     ],
 )
 def test_bad_requests_get_a_status_naming_the_field(stub, fields, code, field_name) -> None:
@@ -174,6 +179,46 @@ def test_bad_requests_get_a_status_naming_the_field(stub, fields, code, field_na
         assert info.value.details().startswith(field_name)
 
 
+def call_raw(address: str, method: str, raw: bytes, stream: bool) -> grpc.RpcError:
+    """The error a call of ``method`` with ``raw`` as its request bytes ends with."""
+    with grpc.insecure_channel(address) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            if stream:
+                list(channel.unary_stream(method)(raw, timeout=10))
+            else:
+                channel.unary_unary(method)(raw, timeout=10)
+    return info.value
+
+
+def test_requests_that_do_not_parse_are_invalid_argument_in_every_layer(stack) -> None:
+    bad_utf8 = bytes.fromhex("0a0341fffe")  # field 1 (a string) = b"A\xff\xfe"
+    cases = [  # layer, method, request bytes, streaming response, request type
+        ("frontend", "TextGeneration/Generate", b"\xff\xff\xff\xff", False, "GenerateRequest"),
+        ("frontend", "TextGeneration/Generate", bad_utf8, False, "GenerateRequest"),
+        ("frontend", "TextGeneration/GenerateStream", b"\x0a\x05ab", True, "GenerateRequest"),
+        ("frontend", "TextGeneration/Tokenize", bad_utf8, False, "TokenizeRequest"),
+        ("scheduler", "Scheduler/Generate", bad_utf8, True, "EngineRequest"),
+        ("kvstore", "KVStore/GetStats", b"\xff\xff", False, "GetStatsRequest"),
+    ]
+    logs = {layer: Path(stack.config.log_dir) / f"{layer}.log" for layer, *_ in cases}
+    before = {layer: len(path.read_bytes()) for layer, path in logs.items()}
+    for layer, method, raw, stream, message_type in cases:
+        address = stack.config.listen if layer == "frontend" else stack.address(layer)
+        error = call_raw(address, f"/zerolayer.v1.{method}", raw, stream)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, error.details())
+        assert error.details().startswith(
+            f"request: could not be parsed as zerolayer.v1.{message_type}: "
+        )
+    time.sleep(0.2)
+    for layer, path in logs.items():
+        new_lines = path.read_bytes()[before[layer] :].decode().splitlines()
+        assert not [line for line in new_lines if " ERROR " in line or "Traceback" in line]
+        warnings = [line for line in new_lines if " WARNING " in line]
+        assert len(warnings) == sum(case[0] == layer for case in cases), warnings
+    # Well-formed calls still work.
+    assert len(text_stub(stack).Generate(make_request(prompt="ok", ignore_eos=True)).token_ids) == 8
+
+
 def test_tokenize_and_model_info(stub, stack) -> None:
     tokens = stub.Tokenize(pb.TokenizeRequest(text="hi", add_special_tokens=True))
     assert list(tokens.token_ids) == [1, 107, 108]
@@ -181,6 +226,7 @@ def test_tokenize_and_model_info(stub, stack) -> None:
     assert info.architecture == "LlamaForCausalLM"
     assert (info.vocab_size, info.max_model_len, list(info.eos_token_ids)) == (259, 2048, [2])
     assert info.block_size == 16
+    assert info.dtype == "float32"  # torch's name, as the proto documents (not safetensors' F32)
     assert info.model == Path(stack.config.model_dir).name
 
 
@@ -213,6 +259,7 @@ def test_scheduler_stopped_is_unavailable_then_restarts_alone(stack, stub) -> No
         stub.Generate(make_request(prompt="anyone?"), timeout=10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert info.value.details().startswith("scheduler")
+    assert stub.GetModelInfo(pb.GetModelInfoRequest()).block_size == 0  # as documented
     stack.start_layer("scheduler")
     stack.wait_healthy("scheduler", time.monotonic() + 60)
     response = stub.Generate(make_request(prompt="back", ignore_eos=True), timeout=30)

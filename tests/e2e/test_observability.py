@@ -16,6 +16,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb2
+from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.e2e
@@ -256,3 +258,55 @@ def test_a_bad_request_is_counted_with_its_code(stack) -> None:
     with pytest.raises(grpc.RpcError):
         text_stub(stack).Generate(pb.GenerateRequest(prompt=""))
     assert scrape(stack, "frontend")[key] - before == 1
+
+
+def requests_counted(stack, before: dict[str, float]) -> dict[tuple[str, str], float]:
+    """Public calls counted since ``before`` (a scrape), by (method, code)."""
+    prefix = "zerolayer_frontend_requests_total{"
+    now = scrape(stack, "frontend")
+    counted = {}
+    for key, value in now.items():
+        if key.startswith(prefix) and value != before.get(key, 0):
+            labels = dict(part.split("=") for part in key[len(prefix) : -1].split(","))
+            counted[(labels["method"].strip('"'), labels["code"].strip('"'))] = value - before.get(
+                key, 0
+            )
+    return counted
+
+
+def wait_counted(stack, before: dict[str, float], expected: dict) -> dict:
+    """The counts since ``before`` once they equal ``expected`` (or after 10 s)."""
+    deadline = time.monotonic() + 10
+    while (counted := requests_counted(stack, before)) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return counted
+
+
+def test_deadlines_cancels_and_unparsable_requests_are_counted_with_their_code(stack) -> None:
+    stub = text_stub(stack)
+    slow = pb.GenerateRequest(prompt="slow", max_new_tokens=1500, ignore_eos=True)
+    before = scrape(stack, "frontend")
+    for call in (stub.Generate, lambda r, timeout: list(stub.GenerateStream(r, timeout=timeout))):
+        with pytest.raises(grpc.RpcError) as info:
+            call(slow, timeout=0.3)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    for _ in range(3):  # the client leaves after the first message
+        stream = stub.GenerateStream(slow)
+        next(stream)
+        stream.cancel()
+    with grpc.insecure_channel(stack.config.listen) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            channel.unary_unary("/zerolayer.v1.TextGeneration/Generate")(b"\xff\xff\xff\xff")
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            kserve.ModelInfer(kserve_pb2.ModelInferRequest(model_name="no-such-model"))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    expected = {
+        ("Generate", "DEADLINE_EXCEEDED"): 1,
+        ("GenerateStream", "DEADLINE_EXCEEDED"): 1,
+        ("GenerateStream", "CANCELLED"): 3,
+        ("Generate", "INVALID_ARGUMENT"): 1,
+        ("ModelInfer", "NOT_FOUND"): 1,  # aborted inside the KServe handler
+    }
+    assert wait_counted(stack, before, expected) == expected

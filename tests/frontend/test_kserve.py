@@ -261,6 +261,107 @@ def test_bad_inputs_are_invalid_argument_naming_the_input(stub, model, inputs, f
     assert err.value.details().startswith(f"{field}: ")
 
 
+def int64_input(name: str, value: int) -> Tensor:
+    return Tensor(name=name, datatype="INT64", shape=[1], contents={"int64_contents": [value]})
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "field"),
+    [
+        ("max_tokens", 2**40, "max_tokens"),
+        ("max_tokens", 2**32, "max_tokens"),
+        ("top_k", 2**40, "top_k"),
+        ("int64_param max_tokens", 2**40, "parameters.max_tokens"),
+        ("int64_param top_k", 2**32, "parameters.top_k"),
+        ("string_param seed", str(2**64), "parameters.seed"),
+        ("json max_tokens", 2**40, "sampling_parameters.max_tokens"),
+        ("json top_k", str(2**40), "sampling_parameters.top_k"),
+        ("json seed", 2**64, "sampling_parameters.seed"),
+        ("json max_tokens", 1e30, "sampling_parameters.max_tokens"),
+    ],
+)
+def test_integers_beyond_their_field_are_invalid_argument(
+    stub, model, setting, value, field
+) -> None:
+    request = make_infer_request(model, "x")
+    kind, _, name = setting.rpartition(" ")
+    if kind == "json":
+        request = make_infer_request(model, "x", sampling_parameters=json.dumps({name: value}))
+    elif kind:
+        setattr(request.parameters[name], kind, value)
+    else:
+        request.inputs.append(int64_input(name, value))
+        request.ClearField("raw_input_contents")
+        request.inputs[0].contents.bytes_contents.append(b"x")
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ModelInfer(request, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    maximum = 2**64 - 1 if name == "seed" else 2**32 - 1
+    assert err.value.details() == (
+        f"{field}: must be an integer from 0 to {maximum}, got {int(value)}"
+    )
+
+
+def test_sampling_parameters_as_a_request_parameter(stub, native, model) -> None:
+    sampling = json.dumps({"max_tokens": "4", "ignore_eos": True})
+    request = make_infer_request(model, "param json")
+    request.parameters["sampling_parameters"].string_param = sampling
+    request.parameters["max_tokens"].int64_param = 9  # the JSON overrides scalar parameters
+    response = stub.ModelInfer(request, timeout=30)
+    assert response.parameters["num_output_tokens"].int64_param == 4
+    assert text_output(response) == native_text(native, "param json", 4)
+    # the input form overrides the parameter form, and scalar inputs override both
+    request.inputs.append(Tensor(name="sampling_parameters", datatype="BYTES", shape=[1]))
+    request.raw_input_contents.append(pack_bytes(b'{"max_tokens": 6}'))
+    assert stub.ModelInfer(request, timeout=30).parameters["num_output_tokens"].int64_param == 6
+    request.inputs.append(Tensor(name="max_tokens", datatype="INT32", shape=[1]))
+    request.raw_input_contents.append(struct.pack("<i", 2))
+    assert stub.ModelInfer(request, timeout=30).parameters["num_output_tokens"].int64_param == 2
+    for value, message in [
+        ("{", "parameters.sampling_parameters: not valid JSON: "),
+        ("[1]", "parameters.sampling_parameters: must be a JSON object"),
+        ('{"n": 2}', "parameters.sampling_parameters.n: not supported"),
+        ('{"temperature": -1}', "temperature: must be a finite number >= 0, got -1.0"),
+        ('{"top_k": "many"}', "parameters.sampling_parameters.top_k: must be an integer >= 0"),
+        (7, "parameters.sampling_parameters: must be a string parameter holding a JSON object"),
+    ]:
+        request = make_infer_request(model, "x")
+        if isinstance(value, str):
+            request.parameters["sampling_parameters"].string_param = value
+        else:
+            request.parameters["sampling_parameters"].int64_param = value
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith(message)
+
+
+def test_requests_that_do_not_parse_are_invalid_argument(stack, stub, native, model) -> None:
+    bad_utf8 = bytes.fromhex("0a0341fffe")  # model_name = b"A\xff\xfe"
+    expected = "request: could not be parsed as inference.ModelInferRequest: "
+    with grpc.insecure_channel(stack.config.listen) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(bad_utf8, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == expected + "String field had bad UTF-8"
+        # In a request stream, the first message that does not parse ends the call.
+        good = make_infer_request(model, "ok", max_tokens=3, ignore_eos=True).SerializeToString()
+        stream_infer = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        with pytest.raises(grpc.RpcError) as err:
+            list(stream_infer(iter([good, b"\xff\xff\xff\xff"]), timeout=30))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == expected + "Wire format was corrupt"
+    log = (Path(stack.config.log_dir) / "frontend.log").read_text()
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+    deadline = time.monotonic() + 10  # the stream's generation was aborted
+    while kv_stats(stack).num_blocks_used and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert kv_stats(stack).num_blocks_used == 0
+    assert text_output(stub.ModelInfer(make_infer_request(model, "ok", max_tokens=3))) == (
+        native_text(native, "ok", 3)
+    )
+
+
 def test_malformed_raw_bytes_and_unknown_model(stub, model) -> None:
     request = make_infer_request(model, "x")
     request.raw_input_contents[0] = struct.pack("<I", 10) + b"short"

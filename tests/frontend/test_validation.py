@@ -73,6 +73,17 @@ def assert_invalid(params: GenerateParams, field: str) -> InvalidArgument:
         ({"cache_salt": "s" * 257}, "cache_salt"),
         ({"cache_salt": "é" * 129}, "cache_salt"),  # 258 UTF-8 bytes in 129 characters
         ({"request_id": "r" * 257}, "request_id"),
+        ({"request_id": "a\nb\x00c"}, "request_id"),
+        ({"request_id": "tab\there"}, "request_id"),
+        ({"request_id": "del\x7f"}, "request_id"),
+        ({"request_id": "c1\x85"}, "request_id"),  # NEXT LINE, a C1 control character
+        ({"max_new_tokens": 2**32}, "max_new_tokens"),
+        ({"max_new_tokens": 2**40}, "max_new_tokens"),
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+        ({"top_k": 2**32}, "top_k"),
+        ({"top_k": -1}, "top_k"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -1}, "seed"),
     ],
 )
 def test_invalid_field_is_named(fields: dict[str, object], field: str) -> None:
@@ -102,6 +113,11 @@ def test_prompt_too_long_message_names_lengths() -> None:
         {"stop": ("x" * 1024,)},
         {"cache_salt": "s" * 256},
         {"request_id": "r" * 256},
+        {"request_id": "tenant-é/日本 #7"},
+        {"max_new_tokens": 2**32 - 1},
+        {"top_k": 2**32 - 1},
+        {"seed": 2**64 - 1},
+        {"seed": 0},
         {"top_p": 1.0},
         {"top_p": 1e-9},
         {"temperature": 0.0},
@@ -111,6 +127,15 @@ def test_prompt_too_long_message_names_lengths() -> None:
 )
 def test_values_at_the_limits_are_accepted(fields: dict[str, object]) -> None:
     run(make_params(**fields))
+
+
+def test_out_of_range_and_control_character_messages() -> None:
+    error = assert_invalid(make_params(max_new_tokens=2**40), "max_new_tokens")
+    assert (
+        str(error) == "max_new_tokens: must be an integer from 0 to 4294967295, got 1099511627776"
+    )
+    error = assert_invalid(make_params(request_id="a\nb\x00c"), "request_id")
+    assert str(error) == "request_id: contains the control character '\\n' (none are allowed)"
 
 
 def test_unknown_model_is_not_found() -> None:

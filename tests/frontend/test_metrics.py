@@ -1,0 +1,123 @@
+"""The request counter of the frontend: each call counted once, with the status code it ended with
+(client cancellation, deadline, abort), read from the metrics' own registry."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from services.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
+
+METHOD = "/zerolayer.v1.TextGeneration/GenerateStream"
+
+
+class FakeContext:
+    """What the counter asks a servicer context: the deadline left and the status set."""
+
+    def __init__(self, time_remaining: float | None, code: grpc.StatusCode | None = None) -> None:
+        self._time_remaining = time_remaining
+        self._code = code
+
+    def time_remaining(self) -> float | None:
+        return self._time_remaining
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+
+class Details:
+    method = METHOD
+    invocation_metadata = ()
+
+
+def make_counted(handler: grpc.RpcMethodHandler) -> tuple[grpc.RpcMethodHandler, CollectorRegistry]:
+    """``handler`` behind a RequestCountingInterceptor, and the registry it counts in."""
+    registry = CollectorRegistry()
+    interceptor = RequestCountingInterceptor(FrontendMetrics(registry), ("/zerolayer.",))
+
+    async def continuation(details: Any) -> grpc.RpcMethodHandler:
+        return handler
+
+    return asyncio.run(interceptor.intercept_service(continuation, Details())), registry
+
+
+def counts(registry: CollectorRegistry) -> dict[str, float]:
+    """Non-zero counts of the GenerateStream method by code."""
+    return {
+        s.labels["code"]: s.value
+        for metric in registry.collect()
+        for s in metric.samples
+        if s.name == "zerolayer_frontend_requests_total" and s.value
+    }
+
+
+async def endless_stream(request: Any, context: Any) -> AsyncIterator[str]:
+    while True:
+        yield "piece"
+        await asyncio.sleep(0)
+
+
+async def endless_call(request: Any, context: Any) -> str:
+    await asyncio.sleep(3600)
+    return "never"
+
+
+@pytest.mark.parametrize(("time_remaining", "code"), [(None, "CANCELLED"), (5.0, "CANCELLED")])
+def test_a_stream_closed_after_one_message_is_cancelled(time_remaining, code) -> None:
+    handler, registry = make_counted(grpc.unary_stream_rpc_method_handler(endless_stream))
+
+    async def client_leaves() -> None:
+        stream = handler.unary_stream(object(), FakeContext(time_remaining))
+        assert await anext(stream) == "piece"
+        await stream.aclose()  # what gRPC does to the generator of a stream whose client left
+
+    asyncio.run(client_leaves())
+    assert counts(registry) == {code: 1}
+
+
+@pytest.mark.parametrize("kind", ["unary", "stream"])
+@pytest.mark.parametrize(
+    ("time_remaining", "code"),
+    [
+        (None, "CANCELLED"),
+        (2.5, "CANCELLED"),
+        (0.0, "DEADLINE_EXCEEDED"),
+        (-0.01, "DEADLINE_EXCEEDED"),
+    ],
+)
+def test_a_cancelled_handler_is_counted_by_what_cancelled_it(kind, time_remaining, code) -> None:
+    if kind == "unary":
+        handler, registry = make_counted(grpc.unary_unary_rpc_method_handler(endless_call))
+        call = handler.unary_unary
+    else:
+        handler, registry = make_counted(grpc.unary_stream_rpc_method_handler(endless_stream))
+
+        async def call(request: Any, context: Any) -> None:
+            async for _ in handler.unary_stream(request, context):
+                await asyncio.sleep(3600)
+
+    async def cancel_it() -> None:
+        task = asyncio.create_task(call(object(), FakeContext(time_remaining)))
+        await asyncio.sleep(0.01)
+        task.cancel()  # what gRPC does when the client cancels or the deadline passes
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())
+    assert counts(registry) == {code: 1}
+
+
+def test_an_aborted_call_is_counted_with_the_code_it_aborted_with() -> None:
+    async def aborting(request: Any, context: Any) -> None:
+        raise grpc.aio.AbortError("Locally aborted.")
+
+    handler, registry = make_counted(grpc.unary_unary_rpc_method_handler(aborting))
+    context = FakeContext(None, grpc.StatusCode.INVALID_ARGUMENT)
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run(handler.unary_unary(object(), context))
+    assert counts(registry) == {"INVALID_ARGUMENT": 1}
