@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.cli_presets import PRESET_NAMES
+from services.common.arg_types import positive_seconds
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
 from services.common.device import add_device_argument
 
@@ -59,6 +60,13 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
         p, "where the loader, kvstore and scheduler keep the weights and KV cache and run the model"
     )
     p.add_argument("--no-supervise", action="store_true", help="do not restart layers that exit")
+    p.add_argument(
+        "--kv-unavailable-timeout-s",
+        type=positive_seconds,
+        default=30.0,
+        help="scheduler: how long requests that need KV blocks wait for a kvstore that is down "
+        "or restarting before they end with UNAVAILABLE (default %(default)g)",
+    )
     p.add_argument(
         "--metrics-port-base",
         type=int,
@@ -166,6 +174,7 @@ def _stack_config(args: argparse.Namespace, model_dir: str) -> StackConfig:
         num_threads=args.num_threads,
         enable_prefix_caching=not args.no_prefix_caching,
         supervise=not args.no_supervise,
+        kv_unavailable_timeout_s=args.kv_unavailable_timeout_s,
         metrics_port_base=args.metrics_port_base,
         device=args.device,
     )

@@ -25,7 +25,7 @@ from services.common.server import LAUNCHER_PID_ENV, instance_health_name
 from services.health_watch import HealthTarget, HealthWatch
 from services.kvstore.arena import sidecar_path
 from services.loader.checkpoint import read_checkpoint
-from services.stack_config import LAYERS, StackConfig
+from services.stack_config import LAYERS, SHM_DIR, StackConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Stack:
         self.run_dir = Path(config.run_dir or tempfile.mkdtemp(prefix="zerolayer-"))
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.run_dir, 0o700)
-        self.shm_path = f"/dev/shm/{self.run_dir.name}.kv"
+        self.shm_path = f"{SHM_DIR}/{self.run_dir.name}.kv"
         self.device = config.device
         self._fd_keeper: FdKeeper | None = None
         """Resolved by StackConfig ("auto" -> "cpu" or "cuda:0"), so the three layers agree."""
@@ -94,6 +94,8 @@ class Stack:
                 str(c.max_num_batched_tokens),
                 "--num-threads",
                 str(c.num_threads),
+                "--kv-unavailable-timeout-s",
+                str(c.kv_unavailable_timeout_s),
             ],
             "frontend": [
                 "--instance-id",
@@ -139,11 +141,9 @@ class Stack:
         except BaseException:
             self.stop()
             raise
-        if self.config.supervise:
-            self._supervisor = threading.Thread(
-                target=self._supervise, name="supervisor", daemon=True
-            )
-            self._supervisor.start()
+        # Without --supervise the thread still watches: it logs exits instead of restarting.
+        self._supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
+        self._supervisor.start()
 
     def health_targets(self) -> dict[str, HealthTarget]:
         """Where each layer reports its health (the frontend under its instance name)."""
@@ -156,8 +156,9 @@ class Stack:
         }
 
     def _supervise(self) -> None:
-        """Restarts layers that exit unexpectedly, with exponential backoff per layer, and logs
-        layers that stop serving while alive (:class:`HealthWatch`)."""
+        """Restarts layers that exit unexpectedly, with exponential backoff per layer (only logs
+        the exit when ``supervise`` is off), and logs layers that stop serving or answering while
+        alive (:class:`HealthWatch`)."""
         watch = HealthWatch(self.health_targets())
         try:
             self._supervise_loop(watch)
@@ -171,6 +172,7 @@ class Stack:
     def _supervise_loop(self, watch: HealthWatch) -> None:
         failures = dict.fromkeys(LAYERS, 0)
         up_since = dict.fromkeys(LAYERS, time.monotonic())
+        reported_exits: set[int] = set()
         while not self._stopping.wait(0.1):
             with self._lock:
                 alive = {
@@ -187,7 +189,16 @@ class Stack:
                         and process is not None
                         and process.poll() is not None
                     )
-                if not dead:
+                if not dead or process.pid in reported_exits:
+                    continue
+                if not self.config.supervise:
+                    reported_exits.add(process.pid)
+                    log.error(
+                        "zerolayer: %s exited with code %s; not restarted (--no-supervise): "
+                        "requests that need it fail with UNAVAILABLE",
+                        layer,
+                        process.returncode,
+                    )
                     continue
                 if time.monotonic() - up_since[layer] > 30:
                     failures[layer] = 0

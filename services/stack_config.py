@@ -33,6 +33,9 @@ class StackConfig:
     """Token budget of one scheduler step."""
     num_threads: int = 0
     """torch threads of the scheduler; 0: one per core."""
+    kv_unavailable_timeout_s: float = 30.0
+    """How long the scheduler's requests that need KV blocks wait for an unusable kvstore
+    before they end with UNAVAILABLE (``--kv-unavailable-timeout-s``), seconds."""
     log_dir: str | None = None
     """Write each layer's stderr to ``<log_dir>/<layer>.log``; None: inherit this process's."""
     startup_timeout_s: float = 180.0
@@ -63,6 +66,8 @@ class StackConfig:
         for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')}: must be > 0")
+        if not self.kv_unavailable_timeout_s > 0:
+            raise ValueError("--kv-unavailable-timeout-s: must be > 0")
         if self.num_threads < 0:
             raise ValueError("--num-threads: must be >= 0 (0: one per core)")
         if self.metrics_port_base and not 1 <= self.metrics_port_base <= 65532:

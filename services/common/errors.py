@@ -58,9 +58,21 @@ class FailedPrecondition(ZerolayerError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+ANSWERED_METADATA = ("zerolayer-answered-by-handler", "1")
+"""Trailing metadata of a status a handler chose (a domain error), so that a caller can tell
+"the layer answered UNAVAILABLE" (e.g. the scheduler: its kvstore is down) from "the layer could
+not be reached" (worth retrying while it restarts)."""
+
+
+def answered_by_handler(exc: grpc.RpcError) -> bool:
+    """True when the status of ``exc`` came from a zerolayer handler (see ANSWERED_METADATA)."""
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return ANSWERED_METADATA in tuple(trailing or ())
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     if isinstance(exc, ZerolayerError):
-        await context.abort(exc.code, str(exc))
+        await context.abort(exc.code, str(exc), trailing_metadata=(ANSWERED_METADATA,))
     if isinstance(exc, grpc.aio.AioRpcError):
         # An upstream layer failed: pass UNAVAILABLE through, anything else is internal.
         code = exc.code()

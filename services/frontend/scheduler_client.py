@@ -10,7 +10,7 @@ from contextlib import nullcontext
 import grpc
 
 from services.common.convert import engine_request_to_pb, request_output_from_pb
-from services.common.errors import Unavailable
+from services.common.errors import Unavailable, answered_by_handler
 from services.common.generation import EngineRequest, RequestOutput
 from services.common.server import CHANNEL_OPTIONS
 from services.common.tracing import Tracing
@@ -78,7 +78,9 @@ class SchedulerClient:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
-                if received or time.monotonic() > give_up:
+                # NOTE: only an unreachable scheduler (restarting) is retried; one that answered
+                # UNAVAILABLE itself (its kvstore is down, its GPU failed) has said no.
+                if received or answered_by_handler(exc) or time.monotonic() > give_up:
                     raise Unavailable(f"scheduler: {exc.details()}") from None
             finally:
                 call.cancel()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from collections.abc import Sequence
 import torch
 from prometheus_client import CollectorRegistry
 
+from services.common.arg_types import positive_seconds
 from services.common.clients import fetch_layer_residency, fetch_manifest
 from services.common.config import SchedulerConfig
 from services.common.device import add_device_argument, resolve_device
@@ -47,17 +47,6 @@ log = logging.getLogger(__name__)
 
 WARM_UP_PROMPT_TOKENS = 32
 """Prompt length of the request the engine runs before the scheduler reports SERVING."""
-
-
-def positive_seconds(text: str) -> float:
-    """argparse type: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of seconds > 0")
-    return value
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
