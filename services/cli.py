@@ -50,7 +50,12 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-num-batched-tokens", type=int, default=512, help="scheduler token budget per step"
     )
-    p.add_argument("--num-threads", type=int, default=0, help="scheduler torch threads")
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        default=0,
+        help="scheduler torch threads (default 0: every core but one, left to the other layers)",
+    )
     p.add_argument(
         "--no-prefix-caching",
         action="store_true",

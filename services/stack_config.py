@@ -32,7 +32,7 @@ class StackConfig:
     max_num_batched_tokens: int = 512
     """Token budget of one scheduler step."""
     num_threads: int = 0
-    """torch threads of the scheduler; 0: one per core."""
+    """torch threads of the scheduler; 0: every core but one (see ``default_num_threads``)."""
     kv_unavailable_timeout_s: float = 30.0
     """How long the scheduler's requests that need KV blocks wait for an unusable kvstore
     before they end with UNAVAILABLE (``--kv-unavailable-timeout-s``), seconds."""
@@ -69,7 +69,7 @@ class StackConfig:
         if not self.kv_unavailable_timeout_s > 0:
             raise ValueError("--kv-unavailable-timeout-s: must be > 0")
         if self.num_threads < 0:
-            raise ValueError("--num-threads: must be >= 0 (0: one per core)")
+            raise ValueError("--num-threads: must be >= 0 (0: every core but one)")
         if self.metrics_port_base and not 1 <= self.metrics_port_base <= 65532:
             raise ValueError("--metrics-port-base: must be in 1..65532 (or 0: off)")
         if self.device != "cpu":  # resolving a GPU imports torch: only when one is asked for

@@ -77,7 +77,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     """Token budget of one step (prefill chunks plus decodes)."""
     num_threads: int = 0
-    """torch intra-op threads; 0: one per available core (the engine is the only compute user)."""
+    """torch intra-op threads; 0: :func:`default_num_threads` (one per available core but one)."""
     kv_unavailable_timeout_s: float = 30.0
     """Seconds requests that need KV blocks wait for an unusable kvstore before they end with
     UNAVAILABLE."""
@@ -118,3 +118,16 @@ class FrontendConfig:
     instance_id: str = ""
     """Extra health name ``zerolayer.instance.<id>`` (lets a launcher recognise its own frontend
     on a TCP port another process might hold)."""
+
+
+def default_num_threads(num_cores: int) -> int:
+    """The scheduler's torch threads when none are asked for: every core but one, at least 1.
+
+    The spare core is for the layers beside the engine (frontend, kvstore, gRPC, tokenization):
+    OpenMP's barriers wait for the slowest thread, so when any other busy process preempts one
+    of as many threads as cores, every parallel region of the forward waits a scheduler time
+    slice. Measured on 2 cores with one busy process beside the stack: batch-1 decode 1.9
+    tok/s with 2 threads, 55.6 with 1 (docs/benchmarks.md, "split"). vLLM's CPU backend
+    reserves a core for its frontend the same way (``VLLM_CPU_NUM_OF_RESERVED_CPU``).
+    """
+    return max(1, num_cores - 1)

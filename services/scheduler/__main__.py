@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from services.common.arg_types import positive_seconds
 from services.common.clients import fetch_layer_residency, fetch_manifest
-from services.common.config import SchedulerConfig
+from services.common.config import SchedulerConfig, default_num_threads
 from services.common.device import add_device_argument, resolve_device
 from services.common.handle_kinds import importer_kinds
 from services.common.metrics import add_metrics_port, serve_metrics
@@ -63,7 +63,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="token budget of one step (prefill chunk size)",
     )
     parser.add_argument(
-        "--num-threads", type=int, default=0, help="torch threads; 0: one per available core"
+        "--num-threads",
+        type=int,
+        default=0,
+        help="torch threads; 0: every available core but one (left to the other layers)",
     )
     parser.add_argument(
         "--kv-unavailable-timeout-s",
@@ -169,9 +172,7 @@ def build_engine(
 
 async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
     """Builds the engine, then serves until SIGTERM."""
-    # NOTE: the engine thread is the only heavy compute user of this process, so it gets every
-    # core it may run on; gRPC and asyncio threads mostly sleep.
-    torch.set_num_threads(config.num_threads or len(os.sched_getaffinity(0)))
+    torch.set_num_threads(config.num_threads or default_num_threads(len(os.sched_getaffinity(0))))
     registry = serve_metrics(config.metrics_port, host=config.metrics_host, collectors=[])
     holder: dict[str, object] = {}
     servicer = SchedulerServicer(tracing)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -325,3 +326,9 @@ def test_many_cancels_and_deadlines_leave_no_error_in_the_frontend_log(stack, st
     time.sleep(0.5)
     log = (Path(stack.config.log_dir) / "frontend.log").read_text()
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+
+
+def test_the_scheduler_leaves_one_core_to_the_other_layers(stack) -> None:
+    log = (Path(stack.config.log_dir) / "scheduler.log").read_text()
+    expected = max(1, len(os.sched_getaffinity(0)) - 1)
+    assert f"engine started with {expected} torch threads" in log
