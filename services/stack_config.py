@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from services.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
@@ -22,7 +23,9 @@ class StackConfig:
     listen: str = DEFAULT_LISTEN
     """Public address of the frontend."""
     run_dir: str | None = None
-    """Directory for the internal unix sockets; None: a new private (0700) temporary directory."""
+    """Directory for the internal unix sockets; None: a new private (0700) temporary directory.
+    A relative one is made absolute against the current directory at construction, so the
+    pre-flight check, the launcher and the layers (which run elsewhere) name the same one."""
     kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
     """Size of the KV arena in bytes."""
     block_size: int = DEFAULT_BLOCK_SIZE
@@ -72,6 +75,8 @@ class StackConfig:
             raise ValueError("--num-threads: must be >= 0 (0: every core but one)")
         if self.metrics_port_base and not 1 <= self.metrics_port_base <= 65532:
             raise ValueError("--metrics-port-base: must be in 1..65532 (or 0: off)")
+        if self.run_dir is not None:
+            object.__setattr__(self, "run_dir", os.path.abspath(self.run_dir))
         if self.device != "cpu":  # resolving a GPU imports torch: only when one is asked for
             object.__setattr__(self, "device", str(resolve_device(self.device)))
 

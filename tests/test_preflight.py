@@ -141,3 +141,16 @@ def test_a_refused_start_leaves_no_run_dir(
     config = make_config(model_dir, listen=f"127.0.0.1:{taken_port}", run_dir=str(tmp_path / "r"))
     refusal(config)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_relative_run_dir_is_the_one_under_the_current_directory_for_every_layer(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.launcher import Stack
+
+    monkeypatch.chdir(tmp_path)
+    config = make_config(model_dir, run_dir="rdx")
+    assert config.run_dir == str(tmp_path / "rdx")
+    check_stack(config)
+    monkeypatch.chdir("/")  # the layers run elsewhere: their socket addresses must not move
+    assert Stack(config).address("loader") == f"unix:{tmp_path / 'rdx' / 'loader.sock'}"
