@@ -48,10 +48,16 @@ def prepare_unix_socket(address: str) -> None:
     Args:
         address: gRPC address; only ``unix:PATH`` addresses are touched.
     """
-    if address.startswith("unix:"):
-        path = address.removeprefix("unix:").removeprefix("//")
-        if os.path.exists(path):
-            os.unlink(path)
+    path = _unix_socket_path(address)
+    if path and os.path.exists(path):
+        os.unlink(path)
+
+
+def _unix_socket_path(address: str) -> str:
+    """The socket file behind a ``unix:`` address ("" for any other address)."""
+    if not address.startswith("unix:"):
+        return ""
+    return address.removeprefix("unix:").removeprefix("//")
 
 
 def instance_health_name(instance_id: str) -> str:
@@ -129,13 +135,22 @@ class LayerServer:
         prepare_unix_socket(self.address)
         try:
             port = self.server.add_insecure_port(self.address)
-        except RuntimeError:
+        except RuntimeError:  # gRPC's "Failed to bind to address ..."
             port = 0
-        if port == 0 and not self.address.startswith("unix:"):
-            raise RuntimeError(f"cannot listen on {self.address} (in use, or not a local address)")
+        if port == 0:
+            raise RuntimeError(f"cannot listen on {self.address} ({self._bind_failure()})")
         await self.server.start()
+        socket_path = _unix_socket_path(self.address)
+        if socket_path and not os.path.exists(socket_path):
+            await self.server.stop(0)
+            raise RuntimeError(f"cannot listen on {self.address} ({self._bind_failure()})")
         await self.set_serving(False)
         log.info("listening on %s", self.address)
+
+    def _bind_failure(self) -> str:
+        if _unix_socket_path(self.address):
+            return "no socket file there: is its directory missing or not writable?"
+        return "in use, or not a local address"
 
     async def set_serving(self, serving: bool) -> None:
         """Sets overall health and that of each registered service (NOT_SERVING for good after

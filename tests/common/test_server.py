@@ -121,3 +121,13 @@ def test_valid_calls_of_every_kind_still_work(tmp_path: Path) -> None:
         assert "zerolayer.v1.TextGeneration" in names
 
     asyncio.run(serve_and_call(tmp_path / "s.sock", calls))
+
+
+def test_a_unix_socket_that_cannot_be_bound_is_refused_like_a_taken_port(tmp_path: Path) -> None:
+    address = f"unix:{tmp_path / 'missing' / 's.sock'}"  # its directory does not exist
+
+    async def start() -> None:
+        await LayerServer(address, []).start()
+
+    with pytest.raises(RuntimeError, match=f"^cannot listen on {address} \\(no socket file"):
+        asyncio.run(start())
