@@ -6,6 +6,7 @@ The CLI's ``zerolayer up`` and the end-to-end tests use this same launcher; its 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -34,6 +35,20 @@ class StackError(RuntimeError):
     """A layer failed to start or died."""
 
 
+def stack_instance_id(run_dir: Path, owned: bool) -> str:
+    """A name for the stack that uses ``run_dir``, unique per absolute run directory.
+
+    Args:
+        run_dir: the stack's run directory.
+        owned: ``run_dir`` is a new temporary directory (its name alone is unique); otherwise the
+            name gets a short hash of the absolute path, so ``/a/run`` and ``/b/run`` differ.
+    """
+    if owned:
+        return run_dir.name
+    digest = hashlib.sha256(os.fsencode(run_dir.absolute())).hexdigest()[:8]
+    return f"{run_dir.name}-{digest}"
+
+
 class Stack:
     """The four layer processes of one zerolayer deployment on this machine."""
 
@@ -43,7 +58,9 @@ class Stack:
         self.run_dir = Path(config.run_dir or tempfile.mkdtemp(prefix="zerolayer-"))
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.run_dir, 0o700)
-        self.shm_path = f"{SHM_DIR}/{self.run_dir.name}.kv"
+        self.instance_id = stack_instance_id(self.run_dir, self._owns_run_dir)
+        """The frontend's ``--instance-id`` and the arena file's name: one per run directory."""
+        self.shm_path = f"{SHM_DIR}/{self.instance_id}.kv"
         self.device = config.device
         self._fd_keeper: FdKeeper | None = None
         """Resolved by StackConfig ("auto" -> "cpu" or "cuda:0"), so the three layers agree."""
@@ -99,7 +116,7 @@ class Stack:
             ],
             "frontend": [
                 "--instance-id",
-                self.run_dir.name,
+                self.instance_id,
                 "--listen",
                 a("frontend"),
                 "--loader",
@@ -150,7 +167,7 @@ class Stack:
         return {
             layer: HealthTarget(
                 self.address(layer),
-                instance_health_name(self.run_dir.name) if layer == "frontend" else "",
+                instance_health_name(self.instance_id) if layer == "frontend" else "",
             )
             for layer in LAYERS
         }
@@ -269,7 +286,7 @@ class Stack:
                     # NOTE: the frontend is asked by instance name: on its TCP port another stack
                     # could answer (the other layers' unix sockets are private to this stack).
                     check = health_pb2.HealthCheckRequest(
-                        service=instance_health_name(self.run_dir.name)
+                        service=instance_health_name(self.instance_id)
                         if layer == "frontend"
                         else ""
                     )

@@ -2,9 +2,9 @@
 
 :class:`services.stack_config.StackConfig` checks what a setting is on its own (ranges, syntax);
 this module checks what it means here: the model can be read, the KV arena holds a block of that
-model and fits its filesystem, the TCP ports are free, the run directory can be made. Each failure
-is one :class:`PreflightError` naming the flag, so ``up`` fails with one line instead of a layer
-crashing after the others started.
+model and fits its filesystem, the TCP ports are free, the run directory can be made and no running
+stack uses it. Each failure is one :class:`PreflightError` naming the flag, so ``up`` fails with
+one line instead of a layer crashing after the others started.
 """
 
 from __future__ import annotations
@@ -147,9 +147,31 @@ def _make_run_dir(run_dir: str) -> None:
             f"{run_dir}: too long for a unix socket path ({longest} over "
             f"{MAX_UNIX_SOCKET_PATH} bytes)",
         )
+    for layer in LAYERS[:3]:  # the frontend listens on --listen
+        socket_path = path / f"{layer}.sock"
+        if _accepts_connections(socket_path):
+            raise PreflightError(
+                "--run-dir",
+                f"{run_dir}: in use by a running stack ({socket_path} accepts connections)",
+            )
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise PreflightError("--run-dir", f"{run_dir}: cannot create it ({exc.strerror})") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise PreflightError("--run-dir", f"{run_dir}: not writable")
+
+
+def _accepts_connections(socket_path: Path) -> bool:
+    """Whether a process listens on the unix socket ``socket_path`` (a stale file: no)."""
+    if not socket_path.is_socket():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(os.fspath(socket_path))
+        except TimeoutError:  # a full backlog: someone listens
+            return True
+        except OSError:  # ECONNREFUSED: a stale file
+            return False
+    return True

@@ -11,7 +11,8 @@ from services.common.device import resolve_device
 LAYERS = ("loader", "kvstore", "scheduler", "frontend")
 
 SHM_DIR = "/dev/shm"
-"""Where ``zerolayer up`` creates the KV arena file (``<SHM_DIR>/<run dir name>.kv``)."""
+"""Where ``zerolayer up`` creates the KV arena file (``<SHM_DIR>/<instance id>.kv``, see
+``services.launcher.stack_instance_id``)."""
 
 
 @dataclass(frozen=True)

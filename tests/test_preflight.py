@@ -154,3 +154,40 @@ def test_a_relative_run_dir_is_the_one_under_the_current_directory_for_every_lay
     check_stack(config)
     monkeypatch.chdir("/")  # the layers run elsewhere: their socket addresses must not move
     assert Stack(config).address("loader") == f"unix:{tmp_path / 'rdx' / 'loader.sock'}"
+
+
+def test_a_run_dir_whose_sockets_are_live_is_refused(model_dir: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(run_dir / "kvstore.sock"))
+        server.listen()
+        assert refusal(make_config(model_dir, run_dir=str(run_dir))) == (
+            f"--run-dir: {run_dir}: in use by a running stack "
+            f"({run_dir / 'kvstore.sock'} accepts connections)"
+        )
+    check_stack(make_config(model_dir, run_dir=str(run_dir)))  # the stale file left is no user
+    assert (run_dir / "kvstore.sock").exists()
+
+
+def test_stacks_in_run_dirs_of_the_same_name_get_their_own_arena_and_instance_id(
+    tmp_path: Path,
+) -> None:
+    from services.launcher import Stack
+
+    stacks = [
+        Stack(StackConfig(model_dir=str(tmp_path), run_dir=str(tmp_path / side / "run")))
+        for side in ("a", "b")
+    ]
+    assert stacks[0].shm_path != stacks[1].shm_path
+    assert stacks[0].instance_id != stacks[1].instance_id
+    for stack in stacks:
+        assert stack.instance_id.startswith("run-")
+        assert stack.shm_path == f"/dev/shm/{stack.instance_id}.kv"
+        command = stack.command("frontend")
+        assert command[command.index("--instance-id") + 1] == stack.instance_id
+    temporary = Stack(StackConfig(model_dir=str(tmp_path)))
+    try:
+        assert temporary.instance_id == temporary.run_dir.name  # mkdtemp's name: unique already
+    finally:
+        temporary.stop()
