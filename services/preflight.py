@@ -1,8 +1,8 @@
 """Checks of ``zerolayer up``'s settings against this machine, before any process starts.
 
 :class:`services.stack_config.StackConfig` checks what a setting is on its own (ranges, syntax);
-this module checks what it means here: the model can be read, the KV arena holds a block of that
-model and fits its filesystem, the TCP ports are free, the run directory can be made and no running
+this module checks what it means here: the model can be read, the KV arena holds the blocks of
+the scheduler's warm-up request and fits its filesystem, the TCP ports are free, the run directory can be made and no running
 stack uses it. Each failure is one :class:`PreflightError` naming the flag, so ``up`` fails with
 one line instead of a layer crashing after the others started.
 """
@@ -14,7 +14,9 @@ import os
 import socket
 from pathlib import Path
 
+from services.common.config import warm_up_num_blocks
 from services.common.metrics import DEFAULT_METRICS_HOST
+from services.common.model_config import ModelConfig
 from services.kvstore.arena import ArenaLayout, ArenaSizeError, check_arena_fits
 from services.kvstore.kv_store import model_arena_layout
 from services.loader.checkpoint import CheckpointError, read_checkpoint
@@ -46,27 +48,41 @@ def check_stack(config: StackConfig, shm_dir: str = SHM_DIR) -> None:
     Raises:
         PreflightError: the first setting that cannot work.
     """
-    _check_kv_cache_bytes(config, _arena_layout(config), shm_dir)
+    layout, max_model_len = _arena_layout(config)
+    _check_kv_cache_bytes(config, layout, max_model_len, shm_dir)
     _check_ports(config)
     if config.run_dir is not None:
         _make_run_dir(config.run_dir)
 
 
-def _arena_layout(config: StackConfig) -> ArenaLayout:
-    """The kvstore's arena layout for the model, read as the loader reads it."""
+def _arena_layout(config: StackConfig) -> tuple[ArenaLayout, int]:
+    """The kvstore's arena layout for the model, read as the loader reads it, and the model's
+    context length."""
     try:
         manifest = read_checkpoint(Path(config.model_dir))
-        return model_arena_layout(manifest, config.block_size, config.kv_cache_bytes)
+        model = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
+        layout = model_arena_layout(manifest, config.block_size, config.kv_cache_bytes)
+        return layout, model.max_position_embeddings
     except (CheckpointError, ValueError, OSError) as exc:  # ValueError: config.json, dtype
         raise PreflightError("--model", str(exc)) from None
 
 
-def _check_kv_cache_bytes(config: StackConfig, layout: ArenaLayout, shm_dir: str) -> None:
+def _check_kv_cache_bytes(
+    config: StackConfig, layout: ArenaLayout, max_model_len: int, shm_dir: str
+) -> None:
     if layout.num_blocks == 0:
         raise PreflightError(
             "--kv-cache-bytes",
             f"{config.kv_cache_bytes} is smaller than one KV block of this model "
             f"({_describe_block(layout)})",
+        )
+    min_num_blocks = warm_up_num_blocks(config.block_size, max_model_len)
+    if layout.num_blocks < min_num_blocks:
+        raise PreflightError(
+            "--kv-cache-bytes",
+            f"{config.kv_cache_bytes} holds {layout.num_blocks} KV block(s) of this model; the "
+            f"scheduler's warm-up needs {min_num_blocks}: at least "
+            f"{min_num_blocks * layout.block_bytes} bytes",
         )
     if config.device != "cpu":  # device memory: the kvstore's allocation reports it
         return

@@ -92,7 +92,17 @@ def test_kv_cache_bytes_below_one_block_is_refused(model_dir: Path) -> None:
         "--kv-cache-bytes: 4095 is smaller than one KV block of this model (4096 bytes: K and V "
         "x 2 layers x 16 tokens x 2 KV heads x 8 dims x 4 bytes)"
     )
-    check_stack(make_config(model_dir, kv_cache_bytes=4096))
+
+
+def test_kv_cache_bytes_below_the_blocks_of_the_schedulers_warm_up_is_refused(
+    model_dir: Path,
+) -> None:
+    # warm-up: 32 prompt tokens + 2 new, less the last: 33 tokens of KV = 3 blocks of 16
+    assert refusal(make_config(model_dir, kv_cache_bytes=3 * 4096 - 1)) == (
+        "--kv-cache-bytes: 12287 holds 2 KV block(s) of this model; the scheduler's warm-up "
+        "needs 3: at least 12288 bytes"
+    )
+    check_stack(make_config(model_dir, kv_cache_bytes=3 * 4096))
 
 
 def test_an_arena_larger_than_the_free_space_is_refused(model_dir: Path, tmp_path: Path) -> None:

@@ -8,6 +8,19 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
 
+WARM_UP_PROMPT_TOKENS = 32
+"""Prompt length of the request the scheduler runs before it reports SERVING."""
+WARM_UP_MAX_NEW_TOKENS = 2
+"""Tokens that warm-up request generates (one prefill step, one decode step)."""
+
+
+def warm_up_num_blocks(block_size: int, max_model_len: int) -> int:
+    """KV blocks the scheduler's warm-up request needs, by ``Scheduler.add_request``'s rule:
+    prompt plus new tokens, capped at the context length, less the last generated token (its KV
+    is never stored), in whole blocks. The smallest arena a stack can start with."""
+    num_kv_tokens = min(WARM_UP_PROMPT_TOKENS + WARM_UP_MAX_NEW_TOKENS, max_model_len) - 1
+    return -(-num_kv_tokens // block_size)
+
 
 @dataclass(frozen=True)
 class LoaderConfig:

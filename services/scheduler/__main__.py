@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from services.common.arg_types import positive_seconds
 from services.common.clients import fetch_layer_residency, fetch_manifest
-from services.common.config import SchedulerConfig, default_num_threads
+from services.common.config import WARM_UP_PROMPT_TOKENS, SchedulerConfig, default_num_threads
 from services.common.device import add_device_argument, resolve_device
 from services.common.handle_kinds import importer_kinds
 from services.common.metrics import add_metrics_port, serve_metrics
@@ -44,10 +44,6 @@ from services.scheduler.weights import MappedWeights
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-WARM_UP_PROMPT_TOKENS = 32
-"""Prompt length of the request the engine runs before the scheduler reports SERVING."""
-
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """Flags of the scheduler."""

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from services.common.config import WARM_UP_MAX_NEW_TOKENS, WARM_UP_PROMPT_TOKENS
 from services.common.errors import Unavailable, ZerolayerError
 from services.common.generation import EngineRequest, RequestOutput, SamplingParams
 from services.scheduler.kv_cache_manager import ArenaChanged
@@ -77,7 +78,7 @@ class Engine:
         self.fault: Unavailable | None = None
         """The error every request gets once the GPU failed (:meth:`fail`); None while serving."""
 
-    def warm_up(self, num_prompt_tokens: int = 32) -> float:
+    def warm_up(self, num_prompt_tokens: int = WARM_UP_PROMPT_TOKENS) -> float:
         """Runs one short request through prefill and decode before serving (first-call costs:
         kernel selection, allocator growth, page faults on the weights). Call before
         :meth:`start`. Its blocks are freed (its content cached under a private salt, which no
@@ -92,7 +93,7 @@ class Engine:
             EngineRequest(
                 "zerolayer-warm-up",
                 prompt,
-                2,
+                WARM_UP_MAX_NEW_TOKENS,
                 SamplingParams(),
                 ignore_eos=True,
                 cache_salt="\x00zerolayer-warm-up",
