@@ -2,9 +2,9 @@
 
 :class:`services.stack_config.StackConfig` checks what a setting is on its own (ranges, syntax);
 this module checks what it means here: the model can be read, the KV arena holds the blocks of
-the scheduler's warm-up request and fits its filesystem, the TCP ports are free, the run directory can be made and no running
-stack uses it. Each failure is one :class:`PreflightError` naming the flag, so ``up`` fails with
-one line instead of a layer crashing after the others started.
+the scheduler's warm-up request and fits its filesystem, the TCP ports are free, the run directory
+can be made and no running stack uses it. Each failure is one :class:`PreflightError` naming the
+flag, so ``up`` fails with one line instead of a layer crashing after the others started.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """Flags of the scheduler."""
     parser = parser or argparse.ArgumentParser(prog="zerolayer scheduler", description=__doc__)
