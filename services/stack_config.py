@@ -65,7 +65,8 @@ class StackConfig:
             ValueError: a setting is out of range; the message starts with its flag.
         """
         host, _, port = self.listen.rpartition(":")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        # NOTE: str.isdigit also accepts digits int() refuses ("²"); ports are ASCII digits.
+        if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
             raise ValueError(f"--listen: {self.listen!r} is not HOST:PORT with a port in 1..65535")
         for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:

@@ -201,3 +201,12 @@ def test_stacks_in_run_dirs_of_the_same_name_get_their_own_arena_and_instance_id
         assert temporary.instance_id == temporary.run_dir.name  # mkdtemp's name: unique already
     finally:
         temporary.stop()
+
+
+@pytest.mark.parametrize("port", ["²", "١٢٣", "8080²"])
+def test_a_listen_port_of_non_ascii_digits_is_refused_naming_the_flag(
+    model_dir: Path, port: str
+) -> None:
+    with pytest.raises(ValueError, match="^--listen: ") as info:
+        make_config(model_dir, listen=f"127.0.0.1:{port}")
+    assert "in 1..65535" in str(info.value)
