@@ -7,6 +7,7 @@ See :mod:`services.frontend.kserve` for the tensor names and precedence.
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -128,6 +129,8 @@ def _set_json(settings: dict[str, Any], data: str | bytes, field: str) -> None:
     """Stores the settings of the vLLM-style JSON object ``data``; errors name ``field``."""
     try:
         values = json.loads(data)
+    except RecursionError:
+        raise InvalidArgument(field, "not valid JSON: nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(field, f"not valid JSON: {exc}") from None
     if not isinstance(values, dict):
@@ -146,10 +149,12 @@ def _set(settings: dict[str, Any], key: str, value: Any, field: str) -> None:
     kind = SETTINGS[canonical]
     try:
         converted = _convert(kind, value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # NOTE: deeply nested JSON recurses
         expected = {"uint": "an integer >= 0", "float": "a number", "bool": "a boolean"}
         reason = expected.get(kind, "a string or a list of strings")
-        raise InvalidArgument(field, f"must be {reason}, got {value!r}") from None
+        # NOTE: reprlib bounds the message (a status travels in a size-limited trailer)
+        shown = reprlib.repr(value)
+        raise InvalidArgument(field, f"must be {reason}, got {shown}") from None
     if canonical in MAX_VALUES:
         check_uint(field, converted, MAX_VALUES[canonical])
     settings[canonical] = converted
@@ -159,7 +164,9 @@ def _convert(kind: str, value: Any) -> Any:
     if kind == "strings":
         if isinstance(value, str) and value.startswith("["):
             value = json.loads(value)
-        items = [value] if isinstance(value, (str, bytes)) else list(value)
+        if not isinstance(value, (str, bytes, list)):  # list() of a dict would take its keys
+            raise TypeError("not a string or a list")
+        items = [value] if isinstance(value, (str, bytes)) else value
         if not all(isinstance(s, (str, bytes)) for s in items):
             raise TypeError("not strings")
         return [s.decode() if isinstance(s, bytes) else s for s in items]

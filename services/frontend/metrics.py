@@ -79,35 +79,46 @@ class RequestCountingInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or not details.method.startswith(self._prefixes):
             return handler
         method = details.method.rsplit("/", 1)[-1]
-        counter = self._metrics.requests
-        if handler.unary_unary is not None:
-            inner = handler.unary_unary
-
-            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                try:
-                    response = await inner(request, context)
-                except BaseException as exc:
-                    counter.labels(method, _code(exc, context)).inc()
-                    raise
-                counter.labels(method, "OK").inc()
-                return response
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary, handler.request_deserializer, handler.response_serializer
-            )
-        if handler.unary_stream is not None:
-            inner_stream = handler.unary_stream
-
-            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
-                try:
-                    async for item in inner_stream(request, context):
-                        yield item
-                except BaseException as exc:
-                    counter.labels(method, _code(exc, context)).inc()
-                    raise
-                counter.labels(method, "OK").inc()
-
-            return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
-            )
+        # NOTE: the request (or request iterator) passes through untouched, so one wrapper serves
+        # both request kinds; the response kind decides whether the handler is awaited or iterated.
+        for kind, counted, wrap in (
+            ("unary_unary", _counted_call, grpc.unary_unary_rpc_method_handler),
+            ("stream_unary", _counted_call, grpc.stream_unary_rpc_method_handler),
+            ("unary_stream", _counted_stream, grpc.unary_stream_rpc_method_handler),
+            ("stream_stream", _counted_stream, grpc.stream_stream_rpc_method_handler),
+        ):
+            inner = getattr(handler, kind)
+            if inner is not None:
+                call = counted(inner, self._metrics.requests, method)
+                return wrap(call, handler.request_deserializer, handler.response_serializer)
         return handler
+
+
+def _counted_call(inner: Callable[..., Awaitable[Any]], counter: Counter, method: str) -> Callable:
+    """``inner`` (a handler with one response) counting its call once, by final status code."""
+
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            response = await inner(request, context)
+        except BaseException as exc:
+            counter.labels(method, _code(exc, context)).inc()
+            raise
+        counter.labels(method, "OK").inc()
+        return response
+
+    return call
+
+
+def _counted_stream(inner: Callable[..., AsyncIterator], counter: Counter, method: str) -> Callable:
+    """``inner`` (a handler with a response stream) counting its call once, by final status code."""
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
+        try:
+            async for item in inner(request, context):
+                yield item
+        except BaseException as exc:
+            counter.labels(method, _code(exc, context)).inc()
+            raise
+        counter.labels(method, "OK").inc()
+
+    return stream

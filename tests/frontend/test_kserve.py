@@ -362,6 +362,44 @@ def test_requests_that_do_not_parse_are_invalid_argument(stack, stub, native, mo
     )
 
 
+DEEP = "[" * 200_000
+"""JSON nested past Python's recursion limit."""
+
+
+@pytest.mark.parametrize(
+    ("form", "value", "message"),
+    [
+        ("input", DEEP, "sampling_parameters: not valid JSON: nested too deeply"),
+        ("parameter", DEEP, "parameters.sampling_parameters: not valid JSON: nested too deeply"),
+        ("stop", DEEP, "parameters.stop: must be a string or a list of strings, got '[[[["),
+        (
+            "input",
+            '{"stop": {"a": 1}}',
+            "sampling_parameters.stop: must be a string or a list of strings, got {'a': 1}",
+        ),
+        ("input", '{"stop": ["a", 1]}', "sampling_parameters.stop: must be a string or a list"),
+    ],
+)
+def test_deep_json_and_non_string_stops_are_invalid_argument(
+    stack, stub, model, form, value, message
+) -> None:
+    if form == "input":
+        request = make_infer_request(model, "x", sampling_parameters=value)
+    else:
+        request = make_infer_request(model, "x")
+        key = "sampling_parameters" if form == "parameter" else "stop"
+        request.parameters[key].string_param = value
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ModelInfer(request, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(message)
+    assert len(err.value.details()) < 200
+    (response,) = stub.ModelStreamInfer(iter([request]), timeout=30)
+    assert response.error_message.startswith(f"INVALID_ARGUMENT: {message}")
+    log = (Path(stack.config.log_dir) / "frontend.log").read_text()
+    assert "RecursionError" not in log and "Traceback" not in log, log[-3000:]
+
+
 def test_malformed_raw_bytes_and_unknown_model(stub, model) -> None:
     request = make_infer_request(model, "x")
     request.raw_input_contents[0] = struct.pack("<I", 10) + b"short"

@@ -11,6 +11,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from services.common.errors import InvalidArgument
 from services.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
 
 METHOD = "/zerolayer.v1.TextGeneration/GenerateStream"
@@ -121,3 +122,49 @@ def test_an_aborted_call_is_counted_with_the_code_it_aborted_with() -> None:
     with pytest.raises(grpc.aio.AbortError):
         asyncio.run(handler.unary_unary(object(), context))
     assert counts(registry) == {"INVALID_ARGUMENT": 1}
+
+
+async def two_pieces(request: Any, context: Any) -> AsyncIterator[str]:
+    if not isinstance(request, str):  # a request stream
+        request = "".join([r async for r in request])
+    if request == "bad":
+        raise InvalidArgument("text_input", "bad")
+    yield request
+    yield request
+
+
+async def one_answer(request: Any, context: Any) -> str:
+    return "".join([piece async for piece in two_pieces(request, context)])
+
+
+async def requests(*items: str) -> AsyncIterator[str]:
+    for item in items:
+        yield item
+
+
+HANDLERS = {
+    "unary_unary": grpc.unary_unary_rpc_method_handler(one_answer),
+    "unary_stream": grpc.unary_stream_rpc_method_handler(two_pieces),
+    "stream_unary": grpc.stream_unary_rpc_method_handler(one_answer),
+    "stream_stream": grpc.stream_stream_rpc_method_handler(two_pieces),
+}
+
+
+@pytest.mark.parametrize("kind", list(HANDLERS))
+@pytest.mark.parametrize(("text", "code"), [("ok", "OK"), ("bad", "INVALID_ARGUMENT")])
+def test_every_kind_of_call_is_counted_once_with_its_final_code(kind, text, code) -> None:
+    handler, registry = make_counted(HANDLERS[kind])
+    request = requests(*text) if kind.startswith("stream") else text
+
+    async def call() -> Any:
+        answer = getattr(handler, kind)(request, FakeContext(None))
+        if kind.endswith("unary"):
+            return await answer
+        return [piece async for piece in answer]
+
+    if code == "OK":
+        assert asyncio.run(call()) == ("okok" if kind.endswith("unary") else ["ok", "ok"])
+    else:
+        with pytest.raises(InvalidArgument):
+            asyncio.run(call())
+    assert counts(registry) == {code: 1}
