@@ -66,21 +66,29 @@ class KVCacheManager:
         allocator: BlockAllocator,
         block_size: int,
         clock: Callable[[], float] = time.monotonic,
+        reconcile_interval_s: float = 1.0,
     ) -> None:
         """
         Args:
             allocator: the kvstore (or an in-process pool).
             block_size: tokens per block.
             clock: seconds, monotonic; when the kvstore became unusable (tests inject one).
+            reconcile_interval_s: least time between two reconcile attempts while the kvstore
+                is unusable, seconds; a hung kvstore then costs the engine at most one probe
+                (the client's probe deadline) per interval.
         """
         self.clock = clock
+        self.reconcile_interval_s = reconcile_interval_s
+        self._next_reconcile = 0.0
+        self.num_reconcile_attempts = 0
+        """Reconcile calls made to the kvstore so far."""
         self.allocator = allocator
         self.block_size = block_size
         self.num_blocks_held = 0
         self.needs_reconcile = False
         self.unusable_since: float | None = None
-        """``clock()`` of the first failure since the kvstore was last usable; None
-        while it is usable."""
+        """``clock()`` when the first call that failed since the kvstore was last usable began;
+        None while it is usable."""
         self.last_error = ""
         """The latest failure, for messages (e.g. "UNAVAILABLE: failed to connect")."""
 
@@ -88,13 +96,21 @@ class KVCacheManager:
         """Blocks needed to hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.block_size)
 
-    def _failed(self, what: str, exc: Exception) -> None:
+    def _failed(self, what: str, exc: Exception, started: float) -> None:
         if not self.needs_reconcile:
             log.warning("kvstore unusable (%s: %s); will reconcile when it is back", what, exc)
+            self._next_reconcile = self.clock() + self.reconcile_interval_s
         self.needs_reconcile = True
         self.last_error = str(exc)
         if self.unusable_since is None:
-            self.unusable_since = self.clock()
+            self.unusable_since = started
+
+    def _check_usable(self) -> None:
+        # NOTE: until the kvstore has been told what this scheduler holds, only reconcile() talks
+        # to it: a restarted kvstore must not hand out blocks before it knows which are taken,
+        # and a hung one would block the engine for a deadline per call.
+        if self.needs_reconcile:
+            raise KVStoreUnavailable(f"not reconciled yet ({self.last_error})")
 
     def get_computed_blocks(self, request: Request) -> int:
         """Takes the cached prefix of a request that holds no blocks; returns its token count.
@@ -102,10 +118,12 @@ class KVCacheManager:
         Raises:
             KVStoreUnavailable: the lookup failed (nothing is held).
         """
+        self._check_usable()
+        started = self.clock()
         try:
             block_ids = self.allocator.lookup(request.all_token_ids, request.cache_salt)
         except KVStoreUnavailable as exc:
-            self._failed("lookup", exc)
+            self._failed("lookup", exc, started)
             raise
         request.block_ids = list(block_ids)
         request.num_committed_blocks = len(block_ids)
@@ -126,10 +144,12 @@ class KVCacheManager:
         missing = needed - len(request.block_ids)
         if missing <= 0:
             return True
+        self._check_usable()
+        started = self.clock()
         try:
             block_ids = self.allocator.allocate(missing)
         except KVStoreUnavailable as exc:
-            self._failed("allocate", exc)
+            self._failed("allocate", exc, started)
             raise
         if block_ids is None:
             return False
@@ -148,10 +168,13 @@ class KVCacheManager:
         block_ids, request.block_ids = request.block_ids, []
         request.num_committed_blocks = 0
         self.num_blocks_held -= len(block_ids)
+        if self.needs_reconcile:
+            return  # the next reconcile declares the blocks no longer held
+        started = self.clock()
         try:
             self.allocator.free(block_ids[::-1])
         except KVStoreUnavailable as exc:
-            self._failed("free", exc)
+            self._failed("free", exc, started)
 
     def commit_full_blocks(self, requests: Iterable[Request]) -> None:
         """Registers the blocks that became full (all their tokens computed) since last time.
@@ -172,20 +195,29 @@ class KVCacheManager:
                     (CommitEntry(request.block_ids[i], parent, block_tokens), request.cache_salt)
                 )
             request.num_committed_blocks = num_full
-        if not entries:
+        if not entries or self.needs_reconcile:
             return
+        started = self.clock()
         try:
             self.allocator.commit(entries)
         except KVStoreUnavailable as exc:
-            self._failed("commit", exc)
+            self._failed("commit", exc, started)
 
-    def reconcile(self, requests: Iterable[Request]) -> bool:
-        """Declares every block the requests hold; returns True once the kvstore accepted it."""
+    def reconcile(self, requests: Iterable[Request], force: bool = False) -> bool:
+        """Declares every block the requests hold; returns True once the kvstore accepted it.
+
+        Tries at most every ``reconcile_interval_s`` (False without a call in between) unless
+        ``force``.
+        """
+        if not force and self.clock() < self._next_reconcile:
+            return False
+        self.num_reconcile_attempts += 1
         held = [block_id for r in requests for block_id in r.block_ids]
         try:
             changed = self.allocator.reconcile(held)
         except KVStoreUnavailable as exc:
             self.last_error = str(exc)
+            self._next_reconcile = self.clock() + self.reconcile_interval_s
             return False
         log.info(
             "reconciled %d held block(s) with the kvstore (%d count(s) corrected)",

@@ -39,14 +39,18 @@ class KVStoreClient:
     def __init__(
         self,
         address: str,
-        timeout_s: float = 10.0,
+        timeout_s: float = 3.0,
         tracing: Tracing | None = None,
+        probe_timeout_s: float = 1.0,
         device: Device = CPU,
     ) -> None:
         """
         Args:
             address: the kvstore's gRPC address.
-            timeout_s: deadline of each block call.
+            timeout_s: deadline of each block call, seconds (a local kvstore answers in
+                milliseconds; the engine thread waits this long on a hung one).
+            probe_timeout_s: deadline of Reconcile and the GetArena after it, seconds: the
+                calls that probe a kvstore already found unusable.
             tracing: CLIENT spans for calls made inside a traced request.
             device: where the model computes; the arena must be mappable there (the kvstore's
                 shared-memory file on CPU, its device memory on the same GPU).
@@ -60,6 +64,7 @@ class KVStoreClient:
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
         self._timeout_s = timeout_s
+        self._probe_timeout_s = probe_timeout_s
         self._arena_allocation: object | None = None
         # NOTE: a GPU scheduler maps only device arenas: the KV cache in host memory would put
         # every attention read on the PCIe bus. (Probed once: the kinds need driver queries.)
@@ -119,11 +124,11 @@ class KVStoreClient:
         with self._tracing.client_span(f"/zerolayer.v1.KVStore/{method}") as metadata:
             yield metadata
 
-    def _call(self, method: str, request: object) -> T:
+    def _call(self, method: str, request: object, timeout_s: float | None = None) -> T:
         try:
             with self._traced(method) as metadata:
                 rpc: Callable[..., T] = getattr(self._stub, method)
-                return rpc(request, timeout=self._timeout_s, metadata=metadata)
+                return rpc(request, timeout=timeout_s or self._timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             if exc.code() in UNUSABLE_CODES:
                 raise KVStoreUnavailable(f"{exc.code().name}: {exc.details()}") from None
@@ -184,9 +189,11 @@ class KVStoreClient:
                 new one is mapped and carried by the exception.
         """
         response = self._call(
-            "Reconcile", kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids)
+            "Reconcile",
+            kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids),
+            self._probe_timeout_s,
         )
-        arena = self._call("GetArena", self._arena_request())
+        arena = self._call("GetArena", self._arena_request(), self._probe_timeout_s)
         if arena.arena_id != self.arena_info.arena_id:
             self.arena_info = arena
             raise ArenaChanged(self.map())

@@ -133,6 +133,7 @@ class Scheduler:
         ``policy.kv_unavailable_timeout_s``; then they are ended (``SchedulerOutput.failed``).
         """
         output = SchedulerOutput()
+        num_probes = self.kv.num_reconcile_attempts
         kv_usable = not self.kv.needs_reconcile or self.kv.reconcile(self.running)
         budget = self.policy.max_num_batched_tokens
         blocked: list[Request] = []
@@ -171,17 +172,24 @@ class Scheduler:
             output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
         if not kv_usable:
-            self._fail_if_kv_down_too_long(blocked, output)
+            probed = self.kv.num_reconcile_attempts > num_probes
+            self._fail_if_kv_down_too_long(blocked, output, probed)
         return output
 
-    def _fail_if_kv_down_too_long(self, blocked: list[Request], output: SchedulerOutput) -> None:
+    def _fail_if_kv_down_too_long(
+        self, blocked: list[Request], output: SchedulerOutput, probed: bool
+    ) -> None:
         """Ends the requests waiting on the kvstore once it has been unusable for longer than
         ``kv_unavailable_timeout_s``: the waiting ones and the running ones that need a block.
-        Running requests that fit in the blocks they hold go on."""
+        Running requests that fit in the blocks they hold go on. Unless this step already asked,
+        the kvstore is probed once more first (reconcile attempts are spaced out), so a request
+        is not failed for an outage that has just ended."""
         since = self.kv.unusable_since
         timeout_s = self.policy.kv_unavailable_timeout_s
         if since is None or self.kv.clock() - since < timeout_s:
             return
+        if not probed and self.kv.reconcile(self.running, force=True):
+            return  # back after all: they are scheduled next step
         error = Unavailable(
             f"kvstore: unusable for more than {timeout_s:g} s ({self.kv.last_error}); "
             "the request needs it for KV blocks"

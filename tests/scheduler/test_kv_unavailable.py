@@ -3,6 +3,7 @@ wait up to ``kv_unavailable_timeout_s`` and then end with UNAVAILABLE, and nothi
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from services.common.errors import Unavailable
@@ -16,17 +17,32 @@ BLOCK_SIZE = 4
 TIMEOUT_S = 30.0
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class DownableAllocator:
     """A local pool whose every call fails with KVStoreUnavailable while ``down``."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, clock: Clock | None = None) -> None:
         self.local = LocalBlockAllocator(num_blocks, BLOCK_SIZE, enable_prefix_caching=False)
         self.num_blocks_total = num_blocks
         self.down = False
+        self.hang_s = 0.0
+        """While down, each call first takes this long on ``clock`` (a hung kvstore)."""
+        self.clock = clock
         self.reconciled: list[list[int]] = []
+        self.calls: list[str] = []
 
     def _check(self) -> None:
+        self.calls.append(sys._getframe(1).f_code.co_name)
         if self.down:
+            if self.clock is not None:
+                self.clock.now += self.hang_s
             raise KVStoreUnavailable("UNAVAILABLE: failed to connect to all addresses")
 
     def allocate(self, num_blocks: int) -> list[int] | None:
@@ -51,14 +67,6 @@ class DownableAllocator:
         return self.local.reconcile(held_block_ids)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def make_request(request_id: str, num_prompt_tokens: int, max_new_tokens: int) -> EngineRequest:
     return EngineRequest(
         request_id=request_id,
@@ -70,7 +78,8 @@ def make_request(request_id: str, num_prompt_tokens: int, max_new_tokens: int) -
 
 
 def make_scheduler(num_blocks: int = 16) -> tuple[Scheduler, DownableAllocator, Clock]:
-    allocator, clock = DownableAllocator(num_blocks), Clock()
+    clock = Clock()
+    allocator = DownableAllocator(num_blocks, clock)
     policy = SchedulingPolicy(8, 64, 64, kv_unavailable_timeout_s=TIMEOUT_S)
     kv = KVCacheManager(allocator, BLOCK_SIZE, clock=clock)
     return Scheduler(policy, kv, eos_token_ids=(2,)), allocator, clock
@@ -113,6 +122,9 @@ def test_requests_that_need_the_kvstore_end_after_the_timeout_the_others_finish(
     # The kvstore comes back: the scheduler declares it holds nothing, so every block is free.
     allocator.down = False
     scheduler.add_request(make_request("after", 2, max_new_tokens=1))
+    # Reconcile is tried at most once a second; before failing "after" for the old outage, the
+    # scheduler probes once more and finds the kvstore back.
+    assert step(scheduler) == ([], {})
     assert step(scheduler) == (["after"], {})
     assert allocator.reconciled == [[]]
     assert scheduler.kv.unusable_since is None
@@ -158,3 +170,32 @@ def test_an_outage_shorter_than_the_timeout_loses_nothing_and_restarts_the_clock
     clock.now += 1
     assert sorted(step(scheduler)[1]) == ["a"]
     assert scheduler.requests == {}
+
+
+def test_a_hung_kvstore_is_probed_once_a_second_and_timed_from_the_first_call() -> None:
+    scheduler, allocator, clock = make_scheduler()
+    scheduler.add_request(make_request("fits", 2, max_new_tokens=8))  # positions 2, 3 fit
+    scheduler.add_request(make_request("grows", 4, max_new_tokens=8))
+    assert step(scheduler) == (["fits", "grows"], {})
+    allocator.down, allocator.hang_s = True, 3.0
+    allocator.calls.clear()
+
+    # grows needs a second block: its Allocate hangs for the client's deadline (3 s), fails.
+    assert step(scheduler) == (["fits"], {})
+    assert allocator.calls == ["allocate"]
+    assert scheduler.kv.unusable_since == 1000.0  # when the hung call began, not when it failed
+    # Until reconciled, nothing but Reconcile reaches the kvstore, at most once a second: fits
+    # decodes in its own block, then waits for a second one without asking.
+    assert step(scheduler) == (["fits"], {})
+    for _ in range(3):
+        assert step(scheduler) == ([], {})
+    assert allocator.calls == ["allocate"]
+    clock.now += 1.0
+    assert step(scheduler) == ([], {})
+    assert allocator.calls == ["allocate", "reconcile"]
+    # The timeout (30 s) counts from 1000.0: at 1030.0 both end, after one forced probe.
+    clock.now = 1030.0
+    allocator.hang_s = 0.0
+    scheduled, failed = step(scheduler)
+    assert (scheduled, sorted(failed)) == ([], ["fits", "grows"])
+    assert allocator.calls == ["allocate", "reconcile", "reconcile"]
