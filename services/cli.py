@@ -191,10 +191,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     """``zerolayer up``: start the stack, print the endpoint, serve until SIGINT/SIGTERM.
 
     Exit codes: 0; 2 for a setting that is out of range or cannot work on this machine (checked
-    before any process starts); 1 when a layer fails to start or the ``--generate`` call fails.
+    before any process starts); 1 when a layer fails to start or the ``--generate`` call fails;
+    130 when SIGINT/SIGTERM arrives during start-up (the started layers are stopped).
     """
     from services.checkpoints.dummy import ensure_dummy_model
-    from services.launcher import Stack, StackError
+    from services.launcher import Stack, StackError, StartupInterrupted
     from services.loader.checkpoint import CheckpointError
 
     logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
@@ -210,16 +211,26 @@ def cmd_up(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"zerolayer up: error: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     stack = Stack(config)
+    stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+        stack.interrupt()  # a start-up in progress ends at once
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     try:
         try:
             stack.start()
+        except StartupInterrupted:
+            print("zerolayer up: interrupted during start-up", file=sys.stderr)
+            return 130
         except (CheckpointError, StackError) as exc:
             print(f"zerolayer up: error: {exc}", file=sys.stderr)
             return 1
+        if stop.is_set():
+            return 130
         print(
             f"zerolayer: serving on {args.listen} (internal sockets in {stack.run_dir})", flush=True
         )

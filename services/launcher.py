@@ -35,6 +35,10 @@ class StackError(RuntimeError):
     """A layer failed to start or died."""
 
 
+class StartupInterrupted(StackError):
+    """:meth:`Stack.interrupt` was called while :meth:`Stack.start` waited for the layers."""
+
+
 def stack_instance_id(run_dir: Path, owned: bool) -> str:
     """A name for the stack that uses ``run_dir``, unique per absolute run directory.
 
@@ -69,6 +73,7 @@ class Stack:
         """Layers stopped on purpose (not restarted by the supervisor)."""
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._interrupted = threading.Event()
         self._layers_down = threading.Event()
         self._supervisor: threading.Thread | None = None
         self.num_restarts: dict[str, int] = dict.fromkeys(LAYERS, 0)
@@ -143,6 +148,7 @@ class Stack:
             CheckpointError: the model directory is not a loadable checkpoint.
             StackError: a layer exited or was not healthy within ``startup_timeout_s``; every
                 started layer is stopped again.
+            StartupInterrupted: :meth:`interrupt` was called; every started layer is stopped.
         """
         read_checkpoint(Path(self.config.model_dir))  # a bad --model fails here, not in a child
         try:
@@ -161,6 +167,11 @@ class Stack:
         # Without --supervise the thread still watches: it logs exits instead of restarting.
         self._supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
         self._supervisor.start()
+
+    def interrupt(self) -> None:
+        """Makes a :meth:`start` in progress stop the started layers and raise
+        :class:`StartupInterrupted` (safe to call from a signal handler)."""
+        self._interrupted.set()
 
     def health_targets(self) -> dict[str, HealthTarget]:
         """Where each layer reports its health (the frontend under its instance name)."""
@@ -277,6 +288,9 @@ class Stack:
         with grpc.insecure_channel(target) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
+                # start() only: a restart by the supervisor is not interrupted
+                if self._interrupted.is_set() and self._supervisor is None:
+                    raise StartupInterrupted(f"interrupted while waiting for the {layer}")
                 process = self.processes[layer]
                 if process.poll() is not None:
                     raise StackError(

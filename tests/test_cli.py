@@ -71,6 +71,34 @@ def test_up_stops_every_layer_on_sigint(tmp_path: Path) -> None:
     assert children == ""
 
 
+def test_sigint_during_start_up_stops_the_started_layers_at_once(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = zerolayer(
+        "up",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--run-dir",
+        str(run_dir),
+        "--generate",
+        "Hello",
+        env=isolated_env(tmp_path),
+    )
+    line = ""
+    while "listening on unix:" not in line:  # the first layer is up, the stack is not
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, proc.stdout.read()
+    proc.send_signal(signal.SIGINT)
+    interrupted = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - interrupted < 15, err
+    assert proc.returncode == 130, err
+    assert "zerolayer up: interrupted during start-up" in err
+    assert "serving on" not in out and out.strip() == ""  # --generate was not sent
+    assert not list(run_dir.glob("*.sock"))
+    children = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True)
+    assert children.stdout == ""
+
+
 def test_convert_llama2c_command_writes_a_hf_directory(stories_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "converted"
     proc = zerolayer(
