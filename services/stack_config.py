@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 
@@ -68,6 +69,7 @@ class StackConfig:
         # NOTE: str.isdigit also accepts digits int() refuses ("²"); ports are ASCII digits.
         if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
             raise ValueError(f"--listen: {self.listen!r} is not HOST:PORT with a port in 1..65535")
+        _check_listen_host(host, self.listen)
         for name in ("kv_cache_bytes", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')}: must be > 0")
@@ -85,3 +87,27 @@ class StackConfig:
     def metrics_port(self, layer: str) -> int:
         """The /metrics port of ``layer`` (0: off)."""
         return self.metrics_port_base + LAYERS.index(layer) if self.metrics_port_base else 0
+
+
+def _check_listen_host(host: str, listen: str) -> None:
+    """Refuses hosts gRPC cannot bind though a resolver might take them: an IPv6 address without
+    brackets, or an IPv4 address that is not a full dotted quad (``127.1``, ``[127.0.0.1]``).
+
+    Raises:
+        ValueError: naming ``--listen``.
+    """
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"--listen: {listen!r}: brackets hold an IPv6 address") from None
+        return
+    if ":" in host:
+        raise ValueError(f"--listen: {listen!r}: an IPv6 address goes in brackets, [{host}]:PORT")
+    if host.replace(".", "").isdigit():
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(
+                f"--listen: {listen!r}: an IPv4 address needs four dotted numbers"
+            ) from None

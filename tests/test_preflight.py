@@ -210,3 +210,26 @@ def test_a_listen_port_of_non_ascii_digits_is_refused_naming_the_flag(
     with pytest.raises(ValueError, match="^--listen: ") as info:
         make_config(model_dir, listen=f"127.0.0.1:{port}")
     assert "in 1..65535" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("listen", "reason"),
+    [
+        ("::1:52345", "an IPv6 address goes in brackets, [::1]:PORT"),
+        ("[127.0.0.1]:52345", "brackets hold an IPv6 address"),
+        ("[nonsense]:52345", "brackets hold an IPv6 address"),
+        ("127.1:52345", "an IPv4 address needs four dotted numbers"),
+        ("300.0.0.1:52345", "an IPv4 address needs four dotted numbers"),
+    ],
+)
+def test_listen_hosts_grpc_cannot_bind_are_refused(
+    model_dir: Path, listen: str, reason: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        make_config(model_dir, listen=listen)
+    assert str(info.value) == f"--listen: {listen!r}: {reason}"
+
+
+@pytest.mark.parametrize("listen", ["[::1]:52345", "[::]:52345", "0.0.0.0:52345", "localhost:1"])
+def test_bindable_listen_hosts_pass_the_host_check(model_dir: Path, listen: str) -> None:
+    assert make_config(model_dir, listen=listen).listen == listen
