@@ -33,6 +33,12 @@ UNUSABLE_CODES = (
 """Down, restarting, or restarted and not reconciled yet: all mean "try again later"."""
 
 
+class KVStoreError(RuntimeError):
+    """The kvstore refused a call for a reason retrying will not fix (e.g. it was restarted with
+    a smaller arena, so a held block id is out of range); the message names the method and the
+    status, without the gRPC exception's repr."""
+
+
 class KVStoreClient:
     """Blocking client used from the engine thread (implements ``BlockAllocator``)."""
 
@@ -132,7 +138,7 @@ class KVStoreClient:
         except grpc.RpcError as exc:
             if exc.code() in UNUSABLE_CODES:
                 raise KVStoreUnavailable(f"{exc.code().name}: {exc.details()}") from None
-            raise
+            raise KVStoreError(f"kvstore {method}: {exc.code().name}: {exc.details()}") from None
 
     def allocate(self, num_blocks: int) -> list[int] | None:
         """Takes blocks; None when the pool has too few free.
@@ -152,7 +158,7 @@ class KVStoreClient:
                 return None
             if exc.code() in UNUSABLE_CODES:
                 raise KVStoreUnavailable(f"{exc.code().name}: {exc.details()}") from None
-            raise
+            raise KVStoreError(f"kvstore Allocate: {exc.code().name}: {exc.details()}") from None
         return list(response.block_ids)
 
     def free(self, block_ids: list[int]) -> None:
