@@ -356,7 +356,9 @@ def test_requests_that_do_not_parse_are_invalid_argument(stack, stub, native, mo
     deadline = time.monotonic() + 10  # the stream's generation was aborted
     while kv_stats(stack).num_blocks_used and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert kv_stats(stack).num_blocks_used == 0
+    # NOTE: one CI run saw 1 block still used here after 10 s (not reproduced in 300 direct
+    # repetitions of this call); the message says who holds it if it happens again.
+    assert kv_stats(stack).num_blocks_used == 0, (kv_stats(stack), scheduler_stats(stack))
     assert text_output(stub.ModelInfer(make_infer_request(model, "ok", max_tokens=3))) == (
         native_text(native, "ok", 3)
     )
