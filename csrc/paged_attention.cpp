@@ -18,7 +18,7 @@
 // picked at load time (target_clones), so the build needs no -march flag and the cached library is
 // safe to run on another CPU.
 //
-// Python reference this is tested against: services/scheduler/attention.py.
+// Python reference this is tested against: zerolayer/scheduler/model/attention.py.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

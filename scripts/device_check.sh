@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, in one command on a machine with a CUDA device (the lent H200; see
-# docs/benchmarks.md "GPU"): runs the gpu-marked tests, then bench/device_check.py (a ~1B dummy
+# docs/benchmarks.md "GPU"): runs the gpu-marked tests, then zerolayer/bench/device_check.py (a ~1B dummy
 # model: batch-1 decode vs the HBM bound, 64-request throughput vs transformers on the same GPU,
 # device memory per layer, kill -9 of the loader mid-generation), then the NVML self-check of the
-# scheduler's GPU health wiring (services/scheduler/nvml_check.py: the supported event types are
+# scheduler's GPU health wiring (zerolayer/scheduler/gpu_health/nvml_check.py: the supported event types are
 # registered, a wait returns, polling reads sane values), and prints ONE JSON document.
 # Budget: under 8 minutes. Exit code 0 only when every gpu test passed and both checks ran.
 #
@@ -46,14 +46,14 @@ tests_rc=$?
 tests_s=$(( $(date +%s) - start ))
 
 start=$(date +%s)
-timeout 240 "$PY" -m bench.device_check --device "$DEVICE" --preset "$PRESET" --log-dir "$OUT_DIR/logs" \
+timeout 240 "$PY" -m zerolayer.bench.device_check --device "$DEVICE" --preset "$PRESET" --log-dir "$OUT_DIR/logs" \
   > "$OUT_DIR/device_check.json" 2> "$OUT_DIR/device_check.log"
 bench_rc=$?
 bench_s=$(( $(date +%s) - start ))
 
 if [[ "$DEVICE" == cuda* ]]; then
   index=${DEVICE#cuda}; index=${index#:}
-  timeout 60 "$PY" -m services.scheduler.nvml_check "${index:-0}" \
+  timeout 60 "$PY" -m zerolayer.scheduler.gpu_health.nvml_check "${index:-0}" \
     > "$OUT_DIR/nvml_check.json" 2> "$OUT_DIR/nvml_check.log"
   nvml_rc=$?
 else

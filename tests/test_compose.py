@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.cli import build_parser
-from services.launcher import LAYERS, Stack, StackConfig
+from zerolayer.cli.main import build_parser
+from zerolayer.stack.launcher import LAYERS, Stack, StackConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS_PORT_BASE = 9101

@@ -1,4 +1,4 @@
-"""CPU accounting of bench.cpu_time against processes that burn a known amount of CPU."""
+"""CPU accounting of zerolayer.bench.cpu_time against processes that burn a known amount of CPU."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.cpu_time import CpuMeter, own_cpu_s, process_cpu_s
+from zerolayer.bench.cpu_time import CpuMeter, own_cpu_s, process_cpu_s
 
 # Waits for a line on stdin, burns 0.5 CPU seconds, says "done", waits for stdin to close.
 BURNER = """

@@ -24,7 +24,7 @@ def run_smoke(tmp_path: Path, scenario: str) -> dict:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "zerolayer.cli.main",
             "bench",
             scenario,
             "--smoke",

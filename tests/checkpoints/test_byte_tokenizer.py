@@ -9,7 +9,7 @@ import pytest
 import transformers
 from tokenizers import Tokenizer, pre_tokenizers
 
-from services.checkpoints.byte_tokenizer import (
+from zerolayer.checkpoints.byte_tokenizer import (
     BYTE_VOCAB_SIZE,
     build_byte_level_tokenizer,
     bytes_to_unicode,

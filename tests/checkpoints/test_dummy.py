@@ -13,14 +13,14 @@ import pytest
 from checkpoints.model_modes import MODEL_MODES, modes
 from safetensors.torch import load_file
 
-from services.checkpoints.dummy import (
+from zerolayer.checkpoints.dummy import (
     PRESETS,
     DummyPreset,
     ensure_dummy_model,
     remove_abandoned_writes,
     write_dummy_model,
 )
-from services.common.model_config import ModelConfig
+from zerolayer.checkpoints.model_config import ModelConfig
 
 
 def make_preset() -> DummyPreset:
@@ -84,7 +84,7 @@ def test_writer_killed_by_sigterm_leaves_a_directory_the_next_call_removes(tmp_p
             sys.executable,
             "-c",
             "import sys; from pathlib import Path; "
-            "from services.checkpoints.dummy import ensure_dummy_model; "
+            "from zerolayer.checkpoints.dummy import ensure_dummy_model; "
             "ensure_dummy_model('small', cache_dir=Path(sys.argv[1]))",
             str(tmp_path),
         ],

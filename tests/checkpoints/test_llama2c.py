@@ -1,4 +1,4 @@
-"""Tests for services.checkpoints.llama2c against the stories260K llama2.c test data.
+"""Tests for zerolayer.checkpoints.llama2c against the stories260K llama2.c test data.
 
 The reference outputs come from outside this repo: ``shared/models/stories260K`` holds llama2.c's
 greedy output for the checkpoint (checked against llama2.c's own ``test_all.py``), and the
@@ -17,7 +17,7 @@ from checkpoints.model_modes import MODEL_MODES, modes
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from services.checkpoints.llama2c import convert_llama2c, permute_rope_rows
+from zerolayer.checkpoints.llama2c import convert_llama2c, permute_rope_rows
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "stories260K"
 CHECKPOINT = MODEL_DIR / "stories260K.bin"

@@ -1,10 +1,10 @@
-"""Derived settings of services.common.config."""
+"""Derived settings of zerolayer.common.config."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.common.config import default_num_threads
+from zerolayer.common.config import default_num_threads
 
 
 @pytest.mark.parametrize(("num_cores", "expected"), [(1, 1), (2, 1), (3, 2), (16, 15), (0, 1)])

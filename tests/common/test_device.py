@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.device import Device, fd_socket_path, parse_device, resolve_device
+from zerolayer.common.device import Device, fd_socket_path, parse_device, resolve_device
 
 
 @pytest.mark.parametrize(

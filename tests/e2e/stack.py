@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from services.launcher import Stack, StackConfig
+from zerolayer.stack.launcher import Stack, StackConfig
 from zerolayer.v1 import (
     generation_pb2_grpc,
     kvstore_pb2,

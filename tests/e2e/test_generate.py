@@ -14,7 +14,7 @@ from e2e.stack import kv_stats, running_stack, scheduler_stats, text_stub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
 
@@ -290,7 +290,7 @@ def test_scheduler_killed_mid_stream_is_restarted_without_leaking_blocks(stack, 
 
 
 def test_a_request_over_the_public_message_limit_is_resource_exhausted(stack) -> None:
-    from services.frontend.__main__ import PUBLIC_MAX_RECEIVE_BYTES
+    from zerolayer.frontend.__main__ import PUBLIC_MAX_RECEIVE_BYTES
 
     big = 1 << 30
     options = [("grpc.max_send_message_length", big), ("grpc.max_receive_message_length", big)]

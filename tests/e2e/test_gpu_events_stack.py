@@ -20,7 +20,7 @@ import pytest
 from e2e.stack import free_port, kv_stats, running_stack, scheduler_stats, text_stub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -101,7 +101,7 @@ def test_gpu_events_on_the_real_stack(
 ) -> None:
     script = tmp_path / "gpu.jsonl"
     script.write_text("")
-    caplog.set_level(logging.INFO, logger="services.health_watch")
+    caplog.set_level(logging.INFO, logger="zerolayer.stack.health_watch")
     with running_stack(
         model_dir, tmp_path / "logs", nvml_script=str(script), metrics_port_base=free_port()
     ) as stack:

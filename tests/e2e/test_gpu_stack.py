@@ -19,7 +19,7 @@ import grpc
 import pytest
 from e2e.stack import running_stack, text_stub
 
-from services.checkpoints.dummy import PRESETS, write_dummy_model
+from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]

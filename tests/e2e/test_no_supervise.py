@@ -14,7 +14,7 @@ import grpc
 import pytest
 from e2e.stack import running_stack, scheduler_stats, text_stub
 
-from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +25,7 @@ TIMEOUT_S = 2.0
 def test_requests_end_with_unavailable_once_the_unsupervised_kvstore_is_gone(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="services.launcher")
+    caplog.set_level(logging.INFO, logger="zerolayer.stack.launcher")
     model_dir = ensure_dummy_model(cache_dir=tmp_path / "cache")
     with running_stack(
         model_dir, tmp_path / "logs", supervise=False, kv_unavailable_timeout_s=TIMEOUT_S

@@ -15,7 +15,7 @@ from e2e.stack import free_port, running_stack, text_stub
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb2
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb

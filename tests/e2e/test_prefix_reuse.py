@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from e2e.stack import free_port, kv_stats, running_stack, text_stub
 
-from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.e2e
@@ -143,7 +143,7 @@ def run_streams(stub, prompts: list[list[int]], on_progress=None) -> dict[int, l
 
 
 def test_kill_9_of_the_kvstore_mid_stream_changes_nothing(stack, stub, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="services.launcher")
+    caplog.set_level(logging.WARNING, logger="zerolayer.stack.launcher")
     prompts = [[1, *[(i * 13 + j) % 250 + 3 for j in range(20 + 5 * i)]] for i in range(8)]
     undisturbed = run_streams(stub, prompts)
     assert kv_stats(stack).num_blocks_used == 0

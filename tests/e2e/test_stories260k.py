@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from e2e.stack import running_stack, text_stub
 
-from services.checkpoints.llama2c import convert_llama2c
+from zerolayer.checkpoints.llama2c import convert_llama2c
 from zerolayer.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.e2e

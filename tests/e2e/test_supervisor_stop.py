@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from e2e.stack import running_stack
 
-from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.checkpoints.dummy import ensure_dummy_model
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from e2e.stack import running_stack, text_stub
 
-from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.e2e

@@ -7,9 +7,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from services.checkpoints.byte_tokenizer import build_byte_level_tokenizer
-from services.frontend.detokenizer import IncrementalDetokenizer
-from services.frontend.tokenizer import TextTokenizer
+from zerolayer.checkpoints.byte_tokenizer import build_byte_level_tokenizer
+from zerolayer.frontend.detokenizer import IncrementalDetokenizer
+from zerolayer.frontend.tokenizer import TextTokenizer
 
 BOS = 1
 EOS = 2

@@ -16,7 +16,7 @@ import grpc
 import pytest
 from e2e.stack import kv_stats, running_stack, scheduler_stats, text_stub
 
-from services.checkpoints.dummy import ensure_dummy_model
+from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as pb_grpc
 from zerolayer.v1 import generation_pb2

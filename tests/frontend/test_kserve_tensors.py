@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from services.common.errors import InvalidArgument
-from services.frontend.kserve_tensors import check_dtype, pack_bytes, read_tensors
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.frontend.kserve_tensors import check_dtype, pack_bytes, read_tensors
 from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 
 ACCEPTED = frozenset({"text_input", "max_tokens", "temperature", "ignore_eos"})

@@ -11,8 +11,8 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.common.errors import InvalidArgument
-from services.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
 
 METHOD = "/zerolayer.v1.TextGeneration/GenerateStream"
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.frontend.stop_strings import StopStringMatcher
+from zerolayer.frontend.stop_strings import StopStringMatcher
 
 
 def make_matcher(*stop: str) -> StopStringMatcher:

@@ -7,8 +7,8 @@ import json
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from services.checkpoints.byte_tokenizer import build_byte_level_tokenizer
-from services.frontend.tokenizer import TextTokenizer
+from zerolayer.checkpoints.byte_tokenizer import build_byte_level_tokenizer
+from zerolayer.frontend.tokenizer import TextTokenizer
 
 WORDS = ["▁Hello", "▁world", "▁Hi", "!"]
 

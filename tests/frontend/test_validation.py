@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from services.checkpoints.byte_tokenizer import build_byte_level_tokenizer
-from services.common.config import FrontendConfig
-from services.common.errors import InvalidArgument, NotFound
-from services.common.generation import EngineRequest, GenerateParams, SamplingParams
-from services.frontend.tokenizer import TextTokenizer
-from services.frontend.validation import ServedModel, validate
+from zerolayer.checkpoints.byte_tokenizer import build_byte_level_tokenizer
+from zerolayer.common.config import FrontendConfig
+from zerolayer.common.errors import InvalidArgument, NotFound
+from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
+from zerolayer.frontend.tokenizer import TextTokenizer
+from zerolayer.frontend.validation import ServedModel, validate
 
 VOCAB_SIZE = 259
 MAX_MODEL_LEN = 16

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.kvstore.arena import (
+from zerolayer.kvstore.arena import (
     Arena,
     ArenaLayout,
     ArenaSizeError,
@@ -127,7 +127,7 @@ def test_arena_the_filesystem_refuses_to_reserve_is_refused_and_removed(tmp_path
     result = run_python(
         f"""
         import resource
-        from services.kvstore.arena import Arena, ArenaLayout, ArenaSizeError
+        from zerolayer.kvstore.arena import Arena, ArenaLayout, ArenaSizeError
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
         try:
             Arena({str(tmp_path / "arena")!r}, {make_layout(num_blocks=4096)!r})
@@ -153,7 +153,7 @@ def test_a_reopened_arena_keeps_its_id_and_contents_without_reserving_again(
     result = run_python(
         f"""
         import resource
-        from services.kvstore.arena import Arena, ArenaLayout, map_arena
+        from zerolayer.kvstore.arena import Arena, ArenaLayout, map_arena
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
         arena = Arena({arena.path!r}, {layout!r})
         kv = map_arena(arena.path, arena.layout)
@@ -193,7 +193,7 @@ def test_two_processes_share_the_arena_bytes(tmp_path: Path) -> None:
     result = run_python(
         f"""
         import json
-        from services.kvstore.arena import ArenaLayout, map_arena
+        from zerolayer.kvstore.arena import ArenaLayout, map_arena
         kv = map_arena({arena.path!r}, {arena.layout!r})
         print(json.dumps(kv[0, 1, 1].flatten().tolist()))
         kv[1, 0, 2] = 1.5   # layer 1, K, block 2

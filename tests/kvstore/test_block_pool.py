@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.errors import InvalidArgument, ResourceExhausted
-from services.kvstore.block_pool import BlockPool
+from zerolayer.common.errors import InvalidArgument, ResourceExhausted
+from zerolayer.kvstore.block_pool import BlockPool
 
 
 def make_block_pool(num_blocks: int = 8) -> BlockPool:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from services.checkpoints.dummy import DummyPreset, write_dummy_model
-from services.kvstore.arena import free_bytes
+from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
+from zerolayer.kvstore.arena import free_bytes
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +34,7 @@ def loader_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     address = f"unix:{base / 'loader.sock'}"
     model_dir = write_dummy_model(base / "model", make_preset())
     loader = subprocess.Popen(
-        [sys.executable, "-m", "services.loader", "--address", address, "--model", str(model_dir)],
+        [sys.executable, "-m", "zerolayer.loader", "--address", address, "--model", str(model_dir)],
         cwd=REPO_ROOT,
         stderr=subprocess.DEVNULL,
     )
@@ -47,7 +47,7 @@ def kvstore_command(loader: str, shm_path: Path, kv_cache_bytes: int) -> list[st
     return [
         sys.executable,
         "-m",
-        "services.kvstore",
+        "zerolayer.kvstore",
         "--address",
         f"unix:{shm_path.parent / 'kvstore.sock'}",
         "--loader",

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import xxhash
 
-from services.common.errors import InvalidArgument, ResourceExhausted
-from services.kvstore.block_pool import BlockPool
-from services.kvstore.prefix_cache import (
+from zerolayer.common.errors import InvalidArgument, ResourceExhausted
+from zerolayer.kvstore.block_pool import BlockPool
+from zerolayer.kvstore.prefix_cache import (
     ROOT_HASH,
     BlockKey,
     CommitEntry,

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from services.checkpoints.dummy import PRESETS, write_dummy_model
-from services.common.config import KVStoreConfig
-from services.common.convert import manifest_from_pb
-from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
-from services.common.manifest import DeviceMemoryHandle, HandleKind, WeightManifest
-from services.kvstore.kv_store import KVStore
-from services.kvstore.server import KVStoreServicer
-from services.loader.device_copy import plan_placement
-from services.loader.server import LoaderServicer
-from services.loader.weight_store import WeightStore
-from services.scheduler.device_import import wait_for_layers
+from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
+from zerolayer.common.config import KVStoreConfig
+from zerolayer.common.convert import manifest_from_pb
+from zerolayer.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from zerolayer.sharing.manifest import DeviceMemoryHandle, HandleKind, WeightManifest
+from zerolayer.kvstore.kv_store import KVStore
+from zerolayer.kvstore.server import KVStoreServicer
+from zerolayer.loader.device_copy import plan_placement
+from zerolayer.loader.server import LoaderServicer
+from zerolayer.loader.weight_store import WeightStore
+from zerolayer.scheduler.model.device_import import wait_for_layers
 from zerolayer.v1 import kvstore_pb2, loader_pb2
 
 NUM_LAYERS = PRESETS["tiny"].num_hidden_layers
@@ -43,7 +43,7 @@ class StandInDeviceWeights:
         self.error: BaseException | None = None
 
     def manifest_for(self, manifest: WeightManifest) -> WeightManifest:
-        from services.loader.device_weights import DeviceWeights
+        from zerolayer.loader.device_weights import DeviceWeights
 
         return DeviceWeights.manifest_for(self, manifest)  # type: ignore[arg-type]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.scheduler.kv_cache_manager import KVStoreUnavailable
-from services.scheduler.kv_client import KVStoreClient, KVStoreError
+from zerolayer.scheduler.core.kv_cache_manager import KVStoreUnavailable
+from zerolayer.scheduler.kv_client import KVStoreClient, KVStoreError
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 

@@ -1,0 +1,260 @@
+"""The ``zerolayer`` command as a user runs it: a real subprocess, real layers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from e2e.stack import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def zerolayer(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "zerolayer.cli.main", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def isolated_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+def leftovers(run_dir: str) -> list[str]:
+    shm = f"/dev/shm/{Path(run_dir).name}.kv"
+    return [p for p in (run_dir, shm) if os.path.exists(p)]
+
+
+def test_up_generate_serves_the_default_model_and_cleans_up(tmp_path: Path) -> None:
+    port = free_port()
+    proc = zerolayer(
+        "up", "--listen", f"127.0.0.1:{port}", "--generate", "Hello", env=isolated_env(tmp_path)
+    )
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    match = re.search(r"serving on 127\.0\.0\.1:(\d+) \(internal sockets in (\S+)\)", out)
+    assert match and int(match.group(1)) == port
+    assert "random weights" in err
+    answer = out.splitlines()[-1]
+    assert answer  # 32 generated tokens of the dummy model (meaningless text)
+    assert leftovers(match.group(2)) == []
+    assert (tmp_path / "cache/zerolayer/models/tiny-seed0-v1/model.safetensors").exists()
+
+
+def test_up_stops_every_layer_on_sigint(tmp_path: Path) -> None:
+    proc = zerolayer("up", "--listen", f"127.0.0.1:{free_port()}", env=isolated_env(tmp_path))
+    line = ""
+    while "serving on" not in line:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, proc.stderr.read()
+    run_dir = re.search(r"internal sockets in (\S+)\)", line).group(1)
+    assert sorted(os.listdir(run_dir)) == ["kvstore.sock", "loader.sock", "scheduler.sock"]
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert proc.returncode == 0
+    assert leftovers(run_dir) == []
+    children = subprocess.run(["pgrep", "-f", run_dir], capture_output=True, text=True).stdout
+    assert children == ""
+
+
+def test_sigint_during_start_up_stops_the_started_layers_at_once(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = zerolayer(
+        "up",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--run-dir",
+        str(run_dir),
+        "--generate",
+        "Hello",
+        env=isolated_env(tmp_path),
+    )
+    line = ""
+    while "listening on unix:" not in line:  # the first layer is up, the stack is not
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, proc.stdout.read()
+    proc.send_signal(signal.SIGINT)
+    interrupted = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - interrupted < 15, err
+    assert proc.returncode == 130, err
+    assert "zerolayer up: interrupted during start-up" in err
+    assert "serving on" not in out and out.strip() == ""  # --generate was not sent
+    assert not list(run_dir.glob("*.sock"))
+    children = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True)
+    assert children.stdout == ""
+
+
+def test_convert_llama2c_command_writes_a_hf_directory(stories_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "converted"
+    proc = zerolayer(
+        "convert-llama2c",
+        str(stories_dir / "stories260K.bin"),
+        str(stories_dir / "tok512.bin"),
+        str(out),
+    )
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 5
+
+
+def test_generate_against_nothing_reports_unavailable() -> None:
+    proc = zerolayer("generate", "hi", "--address", f"127.0.0.1:{free_port()}", "--timeout", "3")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "UNAVAILABLE" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-num-seqs", "0"], "--max-num-seqs: must be > 0"),
+        (["--listen", "127.0.0.1:99999"], "--listen: '127.0.0.1:99999' is not HOST:PORT"),
+        (["--block-size", "0"], "--block-size: must be > 0"),
+        (["--num-threads", "-3"], "--num-threads: must be >= 0"),
+        (["--model", "/nonexistent"], "--model: /nonexistent: not a directory"),
+        (["--device", "gpu"], "argument --device: 'gpu' is not one of cpu, auto, cuda, cuda:N"),
+        (
+            ["--kv-cache-bytes", "100"],
+            # the embedded model: K and V x 4 layers x 16 tokens x 2 KV heads x 32 dims x 4 bytes
+            "--kv-cache-bytes: 100 is smaller than one KV block of this model (32768 bytes: ",
+        ),
+        (
+            ["--kv-cache-bytes", "99999999999999"],
+            "--kv-cache-bytes: 99999999999999: the KV arena needs 99999999983616 bytes at "
+            "/dev/shm, but only ",
+        ),
+        (["--run-dir", "/proc/foo"], "--run-dir: /proc/foo: cannot create it"),
+    ],
+)
+def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_path) -> None:
+    started = time.monotonic()
+    proc = zerolayer("up", *flags, env=isolated_env(tmp_path))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert f"zerolayer up: error: {message}" in err
+    assert "Traceback" not in err
+    assert "zerolayer: stopping" not in err and "listening on" not in err  # no layer started
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--metrics-port-base"])
+def test_up_on_a_taken_port_fails_before_starting_anything(flag: str, tmp_path: Path) -> None:
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        flags = [flag, f"127.0.0.1:{port}" if flag == "--listen" else str(port)]
+        proc = zerolayer("up", *flags, env=isolated_env(tmp_path))
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    where = f"127.0.0.1:{port}" if flag == "--listen" else f"port {port} (the loader's metrics) on"
+    assert f"zerolayer up: error: {flag}: {where}" in err
+    assert err.rstrip().endswith("the port is already in use")
+    assert "Traceback" not in err and "listening on" not in err
+
+
+def test_up_generate_with_an_empty_prompt_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = zerolayer(
+        "up", "--listen", f"127.0.0.1:{free_port()}", "--generate", "", env=isolated_env(tmp_path)
+    )
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 1, err
+    assert "zerolayer up: INVALID_ARGUMENT: prompt: empty" in err
+    assert "Traceback" not in err and "_InactiveRpcError" not in err
+
+
+def test_killing_up_takes_its_layers_down(tmp_path: Path) -> None:
+    proc = zerolayer("up", "--listen", f"127.0.0.1:{free_port()}", env=isolated_env(tmp_path))
+    line = ""
+    while "serving on" not in line:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, proc.stderr.read()
+    run_dir = re.search(r"internal sockets in (\S+)\)", line).group(1)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        alive = subprocess.run(["pgrep", "-f", run_dir], capture_output=True, text=True).stdout
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert alive == ""
+    # The orphaned kvstore removed the arena (nobody else would).
+    assert not os.path.exists(f"/dev/shm/{Path(run_dir).name}.kv")
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the message on a machine without CUDA"
+)
+def test_up_on_a_gpu_the_machine_lacks_fails_at_once(tmp_path: Path) -> None:
+    proc = zerolayer("up", "--device", "cuda:0", env=isolated_env(tmp_path))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "'cuda:0' asked for, but this machine has no CUDA device" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("layer", ["loader", "kvstore", "scheduler"])
+def test_a_layer_started_alone_on_a_missing_gpu_is_a_usage_error(
+    layer: str, tmp_path: Path
+) -> None:
+    required = {
+        "loader": ["--model", str(tmp_path)],
+        "kvstore": ["--loader", "unix:/x", "--shm-path", str(tmp_path / "kv")],
+        "scheduler": ["--loader", "unix:/x", "--kvstore", "unix:/y"],
+    }[layer]
+    proc = zerolayer(layer, "--address", "unix:/z", *required, "--device", "cuda:3")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "argument --device" in err and "cuda:3" in err
+
+
+def test_stack_passes_one_resolved_device_to_loader_kvstore_and_scheduler(tmp_path: Path) -> None:
+    from zerolayer.stack.launcher import Stack, StackConfig
+
+    stack = Stack(StackConfig(model_dir=str(tmp_path), run_dir=str(tmp_path), device="auto"))
+    want = "cuda:0" if torch.cuda.is_available() else "cpu"
+    for layer in ("loader", "kvstore", "scheduler"):
+        command = stack.command(layer)
+        assert command[command.index("--device") + 1] == want
+    assert "--device" not in stack.command("frontend")
+
+
+def test_preset_names_of_the_command_line_are_the_generators() -> None:
+    from zerolayer.checkpoints.dummy import PRESETS
+    from zerolayer.cli.presets import PRESET_NAMES
+
+    assert list(PRESET_NAMES) == list(PRESETS)
+
+
+def test_an_unknown_preset_is_a_usage_error(tmp_path: Path) -> None:
+    for args in (
+        ["make-dummy", "--preset", "huge", str(tmp_path)],
+        ["bench", "throughput", "--preset", "1B"],
+    ):
+        proc = zerolayer(*args)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2 and "invalid choice" in err and "Traceback" not in err

@@ -1,0 +1,201 @@
+"""The scheduler while the kvstore is unusable: requests that fit their blocks go on, the others
+wait up to ``kv_unavailable_timeout_s`` and then end with UNAVAILABLE, and nothing leaks."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from zerolayer.common.errors import Unavailable
+from zerolayer.common.generation import EngineRequest, SamplingParams
+from zerolayer.kvstore.prefix_cache import CommitEntry
+from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager, KVStoreUnavailable
+from zerolayer.kvstore.in_process import LocalBlockAllocator
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+
+BLOCK_SIZE = 4
+TIMEOUT_S = 30.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class DownableAllocator:
+    """A local pool whose every call fails with KVStoreUnavailable while ``down``."""
+
+    def __init__(self, num_blocks: int, clock: Clock | None = None) -> None:
+        self.local = LocalBlockAllocator(num_blocks, BLOCK_SIZE, enable_prefix_caching=False)
+        self.num_blocks_total = num_blocks
+        self.down = False
+        self.hang_s = 0.0
+        """While down, each call first takes this long on ``clock`` (a hung kvstore)."""
+        self.clock = clock
+        self.reconciled: list[list[int]] = []
+        self.calls: list[str] = []
+
+    def _check(self) -> None:
+        self.calls.append(sys._getframe(1).f_code.co_name)
+        if self.down:
+            if self.clock is not None:
+                self.clock.now += self.hang_s
+            raise KVStoreUnavailable("UNAVAILABLE: failed to connect to all addresses")
+
+    def allocate(self, num_blocks: int) -> list[int] | None:
+        self._check()
+        return self.local.allocate(num_blocks)
+
+    def free(self, block_ids: list[int]) -> None:
+        self._check()
+        self.local.free(block_ids)
+
+    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+        self._check()
+        return self.local.lookup(token_ids, cache_salt)
+
+    def commit(self, entries: Sequence[tuple[CommitEntry, str]]) -> None:
+        self._check()
+        self.local.commit(entries)
+
+    def reconcile(self, held_block_ids: list[int]) -> int:
+        self._check()
+        self.reconciled.append(sorted(held_block_ids))
+        return self.local.reconcile(held_block_ids)
+
+
+def make_request(request_id: str, num_prompt_tokens: int, max_new_tokens: int) -> EngineRequest:
+    return EngineRequest(
+        request_id=request_id,
+        prompt_token_ids=tuple(range(10, 10 + num_prompt_tokens)),
+        max_new_tokens=max_new_tokens,
+        sampling=SamplingParams(),
+        ignore_eos=True,
+    )
+
+
+def make_scheduler(num_blocks: int = 16) -> tuple[Scheduler, DownableAllocator, Clock]:
+    clock = Clock()
+    allocator = DownableAllocator(num_blocks, clock)
+    policy = SchedulingPolicy(8, 64, 64, kv_unavailable_timeout_s=TIMEOUT_S)
+    kv = KVCacheManager(allocator, BLOCK_SIZE, clock=clock)
+    return Scheduler(policy, kv, eos_token_ids=(2,)), allocator, clock
+
+
+def step(scheduler: Scheduler) -> tuple[list[str], dict[str, Unavailable]]:
+    """One step with fake token 100 for each sampling request: (scheduled ids, failed)."""
+    output = scheduler.schedule()
+    scheduler.update(output, [100 for s in output.scheduled if s.samples])
+    return [s.request.request_id for s in output.scheduled], output.failed
+
+
+def test_requests_that_need_the_kvstore_end_after_the_timeout_the_others_finish() -> None:
+    scheduler, allocator, clock = make_scheduler()
+    # "fits": 2 prompt tokens + 2 new fit in its first block; "grows": 4 + 4 needs a second.
+    scheduler.add_request(make_request("fits", 2, max_new_tokens=3))
+    scheduler.add_request(make_request("grows", 4, max_new_tokens=4))
+    assert step(scheduler) == (["fits", "grows"], {})
+    allocator.down = True
+    scheduler.add_request(make_request("waits", 3, max_new_tokens=2))
+
+    # Before the timeout: "fits" decodes in its block; "grows" and "waits" wait.
+    assert step(scheduler) == (["fits"], {})
+    clock.now += TIMEOUT_S - 0.1
+    assert step(scheduler) == (["fits"], {})
+    # "fits" has its 3 tokens: finished, its block dropped here (the kvstore frees it on
+    # reconcile); the other two still wait.
+    assert set(scheduler.requests) == {"grows", "waits"}
+
+    clock.now += 0.2
+    scheduled, failed = step(scheduler)
+    assert scheduled == []
+    assert sorted(failed) == ["grows", "waits"]
+    message = str(failed["grows"])
+    assert message.startswith("kvstore: unusable for more than 30 s (UNAVAILABLE: failed")
+    assert failed["grows"].code.name == "UNAVAILABLE"
+    assert not scheduler.requests and not scheduler.running and not scheduler.waiting
+    assert scheduler.kv.num_blocks_held == 0
+
+    # The kvstore comes back: the scheduler declares it holds nothing, so every block is free.
+    allocator.down = False
+    scheduler.add_request(make_request("after", 2, max_new_tokens=1))
+    # Reconcile is tried at most once a second; before failing "after" for the old outage, the
+    # scheduler probes once more and finds the kvstore back.
+    assert step(scheduler) == ([], {})
+    assert step(scheduler) == (["after"], {})
+    assert allocator.reconciled == [[]]
+    assert scheduler.kv.unusable_since is None
+    pool = allocator.local.pool
+    assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_a_request_arriving_long_into_an_outage_ends_at_its_first_step() -> None:
+    scheduler, allocator, clock = make_scheduler()
+    scheduler.add_request(make_request("first", 2, max_new_tokens=1))
+    allocator.down = True
+    assert step(scheduler) == ([], {})
+    assert scheduler.kv.unusable_since == clock.now
+    # "first" waited out the timeout; a late arrival fails at once, not 30 s later.
+    clock.now += TIMEOUT_S
+    assert sorted(step(scheduler)[1]) == ["first"]
+    clock.now += 100
+    scheduler.add_request(make_request("late", 2, max_new_tokens=1))
+    assert sorted(step(scheduler)[1]) == ["late"]
+
+
+def test_an_outage_shorter_than_the_timeout_loses_nothing_and_restarts_the_clock() -> None:
+    scheduler, allocator, clock = make_scheduler()
+    scheduler.add_request(make_request("a", 4, max_new_tokens=8))
+    assert step(scheduler) == (["a"], {})  # block 0 full; a's next token needs block 1
+    allocator.down = True
+    assert step(scheduler) == ([], {})
+    clock.now += TIMEOUT_S - 1
+    allocator.down = False
+    assert step(scheduler) == (["a"], {})
+    assert scheduler.kv.unusable_since is None
+    assert allocator.reconciled == [[0]]
+
+    # A second outage is timed from the first call that fails in it: a decodes positions 5-7
+    # in block 1, the commit of the full block 1 fails, and position 8 needs block 2.
+    allocator.down = True
+    clock.now += 10
+    assert [step(scheduler)[0] for _ in range(3)] == [["a"], ["a"], ["a"]]
+    assert scheduler.kv.unusable_since == clock.now
+    assert step(scheduler) == ([], {})
+    clock.now += TIMEOUT_S - 1
+    assert step(scheduler) == ([], {})
+    clock.now += 1
+    assert sorted(step(scheduler)[1]) == ["a"]
+    assert scheduler.requests == {}
+
+
+def test_a_hung_kvstore_is_probed_once_a_second_and_timed_from_the_first_call() -> None:
+    scheduler, allocator, clock = make_scheduler()
+    scheduler.add_request(make_request("fits", 2, max_new_tokens=8))  # positions 2, 3 fit
+    scheduler.add_request(make_request("grows", 4, max_new_tokens=8))
+    assert step(scheduler) == (["fits", "grows"], {})
+    allocator.down, allocator.hang_s = True, 3.0
+    allocator.calls.clear()
+
+    # grows needs a second block: its Allocate hangs for the client's deadline (3 s), fails.
+    assert step(scheduler) == (["fits"], {})
+    assert allocator.calls == ["allocate"]
+    assert scheduler.kv.unusable_since == 1000.0  # when the hung call began, not when it failed
+    # Until reconciled, nothing but Reconcile reaches the kvstore, at most once a second: fits
+    # decodes in its own block, then waits for a second one without asking.
+    assert step(scheduler) == (["fits"], {})
+    for _ in range(3):
+        assert step(scheduler) == ([], {})
+    assert allocator.calls == ["allocate"]
+    clock.now += 1.0
+    assert step(scheduler) == ([], {})
+    assert allocator.calls == ["allocate", "reconcile"]
+    # The timeout (30 s) counts from 1000.0: at 1030.0 both end, after one forced probe.
+    clock.now = 1030.0
+    allocator.hang_s = 0.0
+    scheduled, failed = step(scheduler)
+    assert (scheduled, sorted(failed)) == ([], ["fits", "grows"])
+    assert allocator.calls == ["allocate", "reconcile", "reconcile"]

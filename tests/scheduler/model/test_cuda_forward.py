@@ -1,0 +1,214 @@
+"""The forward on CUDA (``gpu`` marker; run by scripts/device_check.sh): greedy ids equal to the
+CPU path and to transformers on the same seeded float32 dummy checkpoint, decode CUDA graphs
+replaying the same tokens as the eager CUDA path at several (padded) batch sizes, and sampling
+from device logits equal to sampling from the same logits on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
+from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
+from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.kvstore.arena import ArenaLayout
+from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.scheduler.core.engine import Engine
+from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
+from zerolayer.scheduler.model.llama import LlamaModel
+from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
+from zerolayer.scheduler.model.model_runner import ModelRunner
+from zerolayer.scheduler.model.sampler import Sampler
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+from zerolayer.scheduler.model.step_inputs import StepBuffers
+from zerolayer.scheduler.model.triton_attention import triton_available
+from zerolayer.scheduler.model.weights import MappedWeights
+
+PRESET = DummyPreset(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=259,
+    max_position_embeddings=256,
+    dtype="float32",
+)
+BLOCK_SIZE = 4
+NUM_BLOCKS = 128
+MAX_NUM_SEQS = 8
+MAX_NEW_TOKENS = 24
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_triton = pytest.mark.skipif(
+    not (torch.cuda.is_available() and triton_available()), reason="needs CUDA and Triton"
+)
+
+
+def make_prompts(num_prompts: int, seed: int = 7) -> list[list[int]]:
+    """Prompts of lengths 3, 5, 8, 11, ... so that decodes sit at different block offsets."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [3 + (5 * i) % 14 for i in range(num_prompts)]
+    return [torch.randint(3, PRESET.vocab_size, (n,), generator=g).tolist() for n in lengths]
+
+
+def make_engine(
+    model_dir: Path,
+    device: str,
+    graph_sizes: tuple[int, ...] | None = (),
+    max_num_batched_tokens: int = 64,
+) -> Engine:
+    """The engine over an in-process pool, with weights and arena on ``device``."""
+    manifest = read_checkpoint(model_dir)
+    config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
+    weights = {k: v.to(device) for k, v in MappedWeights(manifest).tensors.items()}
+    layout = ArenaLayout(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        block_size=BLOCK_SIZE,
+        dtype="F32",
+        num_blocks=NUM_BLOCKS,
+    )
+    buffers = StepBuffers(
+        BLOCK_SIZE,
+        max_tokens=max_num_batched_tokens,
+        max_seqs=MAX_NUM_SEQS,
+        max_blocks=config.max_position_embeddings // BLOCK_SIZE,
+    )
+    runner = ModelRunner(
+        LlamaModel(config, weights),
+        local_arena(layout, torch.float32).to(device),
+        BLOCK_SIZE,
+        buffers=buffers,
+        graph_sizes=graph_sizes,
+    )
+    policy = SchedulingPolicy(MAX_NUM_SEQS, max_num_batched_tokens, config.max_position_embeddings)
+    kv = KVCacheManager(LocalBlockAllocator(NUM_BLOCKS, BLOCK_SIZE), BLOCK_SIZE)
+    return Engine(Scheduler(policy, kv, config.eos_token_ids), runner, Sampler())
+
+
+def generate(engine: Engine, prompts: list[list[int]], tag: str = "") -> list[list[int]]:
+    """Greedy, ignore_eos generation of every prompt in one batch; the new token ids."""
+    outputs: dict[str, list[int]] = {f"{tag}{i}": [] for i in range(len(prompts))}
+    errors: list[Exception] = []
+
+    def sink_for(request_id: str):
+        def sink(result: RequestOutput | Exception) -> None:
+            if isinstance(result, Exception):
+                errors.append(result)
+            else:
+                outputs[request_id].extend(result.new_token_ids)
+
+        return sink
+
+    for i, prompt in enumerate(prompts):
+        request_id = f"{tag}{i}"
+        request = EngineRequest(
+            request_id, tuple(prompt), MAX_NEW_TOKENS, SamplingParams(), ignore_eos=True
+        )
+        engine.submit(request, sink_for(request_id))
+    engine._drain(block=False)
+    for _ in range(1000):
+        if not engine.scheduler.has_unfinished_requests:
+            break
+        engine.step()
+    assert errors == []
+    return [outputs[f"{tag}{i}"] for i in range(len(prompts))]
+
+
+def hf_generate(model_dir: Path, prompts: list[list[int]], device: str) -> list[list[int]]:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    hf.to(device).eval()
+    hf.generation_config.eos_token_id = None
+    references = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            input_ids = torch.tensor([prompt], device=device)
+            out = hf.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                max_new_tokens=MAX_NEW_TOKENS,
+                min_new_tokens=MAX_NEW_TOKENS,
+            )
+            references.append(out[0, len(prompt) :].tolist())
+    return references
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dummy")
+    write_dummy_model(out, PRESET, seed=3)
+    return out
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_greedy_ids_equal_cpu_and_transformers(model_dir: Path) -> None:
+    prompts = make_prompts(5)
+    cuda_ids = generate(make_engine(model_dir, "cuda"), prompts)
+    assert cuda_ids == generate(make_engine(model_dir, "cpu"), prompts)
+    assert cuda_ids == hf_generate(model_dir, prompts, "cuda")
+    assert all(len(ids) == MAX_NEW_TOKENS for ids in cuda_ids)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_chunked_prefill_matches_cpu(model_dir: Path) -> None:
+    prompts = make_prompts(4, seed=11)
+    cuda_ids = generate(make_engine(model_dir, "cuda", max_num_batched_tokens=6), prompts)
+    assert cuda_ids == generate(make_engine(model_dir, "cpu", max_num_batched_tokens=6), prompts)
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("num_prompts", [1, 2, 3, 5, 8])
+def test_cuda_graph_replay_gives_the_eager_tokens(model_dir: Path, num_prompts: int) -> None:
+    prompts = make_prompts(num_prompts, seed=num_prompts)
+    eager = generate(make_engine(model_dir, "cuda"), prompts)
+    engine = make_engine(model_dir, "cuda", graph_sizes=None)
+    engine.warm_up(8)
+    engine.capture_graphs()
+    graphs = engine.runner.graphs
+    assert graphs is not None and graphs.captured and graphs.batch_sizes == (1, 2, 4, 8)
+    assert generate(engine, prompts) == eager
+    # Decode steps replayed, padded ones (3 -> 4, 5 -> 8) included; a padded step where every
+    # token ends its block has no padding slot and runs eagerly.
+    assert graphs.num_replays >= MAX_NEW_TOKENS // 2
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_graphs_follow_a_new_arena(model_dir: Path) -> None:
+    prompts = make_prompts(3, seed=5)
+    eager = generate(make_engine(model_dir, "cuda"), prompts)
+    engine = make_engine(model_dir, "cuda", graph_sizes=None)
+    engine.capture_graphs()
+    runner = engine.runner
+    k_cache = runner.kv_caches[0][0]
+    runner.set_arena(torch.zeros((len(runner.kv_caches), 2, *k_cache.shape), device="cuda"))
+    assert runner.graphs is not None and runner.graphs.captured
+    assert generate(engine, prompts, tag="after") == eager
+    assert runner.graphs.num_replays > 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_sampling_device_logits_equals_cpu_logits() -> None:
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(0))
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0.8, top_k=20, seed=1),
+        SamplingParams(temperature=1.2, top_p=0.9, seed=2),
+        SamplingParams(),
+    ]
+
+    def generators() -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(seed) for seed in (10, 11, 12, 13)]
+
+    on_cpu = Sampler()(logits, params, generators())
+    assert Sampler()(logits.cuda(), params, generators()) == on_cpu

@@ -1,0 +1,239 @@
+"""Token-for-token parity of the whole engine (scheduler, paged KV, Llama forward, greedy sampler)
+with transformers' LlamaForCausalLM.generate on tiny seeded float32 dummy checkpoints.
+
+Four prompts of different lengths run together, with a token budget that forces chunked prefill,
+and in one variant an arena small enough to force recompute preemption.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
+from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.kvstore.arena import ArenaLayout
+from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.scheduler.core.engine import Engine
+from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
+from zerolayer.scheduler.model.llama import LlamaModel
+from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
+from zerolayer.scheduler.model.model_runner import ModelRunner
+from zerolayer.scheduler.model.sampler import Sampler
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+from zerolayer.scheduler.model.weights import MappedWeights
+
+PRESET = DummyPreset(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=259,
+    max_position_embeddings=256,
+    dtype="float32",
+)
+BLOCK_SIZE = 4
+MAX_NEW_TOKENS = 24
+PROMPT_LENGTHS = (5, 11, 17, 3)
+LLAMA3_ROPE_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    # Small, so that with head_dim 16 some frequencies are scaled, some smoothed, some kept.
+    "original_max_position_embeddings": 32,
+}
+
+
+def make_prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(3, PRESET.vocab_size, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+
+
+def make_model_dir(out_dir: Path, variant: str) -> Path:
+    """A dummy checkpoint: "default", "llama3" (rope scaling) or "tied" (no lm_head.weight)."""
+    write_dummy_model(out_dir, PRESET, seed=3)
+    config_path = out_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    if variant == "llama3":
+        config["rope_scaling"] = LLAMA3_ROPE_SCALING
+    elif variant == "tied":
+        config["tie_word_embeddings"] = True
+        weights_path = out_dir / "model.safetensors"
+        tensors = load_file(weights_path)
+        del tensors["lm_head.weight"]
+        save_file(tensors, str(weights_path), metadata={"format": "pt"})
+    config_path.write_text(json.dumps(config, indent=2))
+    return out_dir
+
+
+def make_engine(
+    model_dir: Path, num_blocks: int, max_num_batched_tokens: int
+) -> tuple[Engine, LocalBlockAllocator]:
+    """The engine as the scheduler process builds it, over an in-process pool and arena."""
+    manifest = read_checkpoint(model_dir)
+    config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
+    # NOTE: each mapped tensor keeps its file mapping alive, so MappedWeights may go out of scope.
+    model = LlamaModel(config, MappedWeights(manifest).tensors)
+    layout = ArenaLayout(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        block_size=BLOCK_SIZE,
+        dtype="F32",
+        num_blocks=num_blocks,
+    )
+    runner = ModelRunner(model, local_arena(layout, torch.float32), BLOCK_SIZE)
+    allocator = LocalBlockAllocator(num_blocks, BLOCK_SIZE)
+    policy = SchedulingPolicy(
+        max_num_seqs=4,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=config.max_position_embeddings,
+    )
+    kv = KVCacheManager(allocator, BLOCK_SIZE)
+    return Engine(Scheduler(policy, kv, config.eos_token_ids), runner, Sampler()), allocator
+
+
+def run_engine(engine: Engine, prompts: list[list[int]]) -> dict[str, list[RequestOutput]]:
+    """Submits every prompt (greedy, ignore_eos) and steps until all finish."""
+    outputs: dict[str, list[RequestOutput]] = {str(i): [] for i in range(len(prompts))}
+    errors: list[Exception] = []
+
+    def sink_for(request_id: str):
+        def sink(result: RequestOutput | Exception) -> None:
+            if isinstance(result, Exception):
+                errors.append(result)
+            else:
+                outputs[request_id].append(result)
+
+        return sink
+
+    for i, prompt in enumerate(prompts):
+        request = EngineRequest(
+            str(i), tuple(prompt), MAX_NEW_TOKENS, SamplingParams(), ignore_eos=True
+        )
+        engine.submit(request, sink_for(str(i)))
+    engine._drain(block=False)
+    for _ in range(500):
+        if not engine.scheduler.has_unfinished_requests:
+            break
+        engine.step()
+    assert errors == []
+    assert not engine.scheduler.has_unfinished_requests
+    return outputs
+
+
+def hf_generate(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    hf.eval()
+    # NOTE: no EOS on the reference side: with min_new_tokens transformers would suppress EOS,
+    # while the engine's ignore_eos keeps the argmax even when it is EOS.
+    hf.generation_config.eos_token_id = None
+    references = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            input_ids = torch.tensor([prompt])
+            out = hf.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                max_new_tokens=MAX_NEW_TOKENS,
+                min_new_tokens=MAX_NEW_TOKENS,
+            )
+            references.append(out[0, len(prompt) :].tolist())
+    return references
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return make_prompts()
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {
+        variant: make_model_dir(tmp_path_factory.mktemp(variant), variant)
+        for variant in ("default", "llama3", "tied")
+    }
+
+
+@pytest.fixture(scope="module")
+def references(model_dirs: dict[str, Path], prompts: list[list[int]]) -> dict[str, list[list[int]]]:
+    return {variant: hf_generate(path, prompts) for variant, path in model_dirs.items()}
+
+
+def assert_matches(
+    outputs: dict[str, list[RequestOutput]],
+    expected: list[list[int]],
+    prompts: list[list[int]],
+) -> None:
+    for i, reference in enumerate(expected):
+        results = outputs[str(i)]
+        assert len(reference) == MAX_NEW_TOKENS
+        assert [t for r in results for t in r.new_token_ids] == reference, f"request {i}"
+        assert [r.finish_reason for r in results] == [FinishReason.UNSPECIFIED] * (
+            MAX_NEW_TOKENS - 1
+        ) + [FinishReason.LENGTH]
+        assert {r.num_prompt_tokens for r in results} == {len(prompts[i])}
+
+
+def assert_all_free(engine: Engine, allocator: LocalBlockAllocator) -> None:
+    assert allocator.pool.num_free_blocks == allocator.num_blocks_total
+    assert engine.stats().num_blocks_held == 0
+    assert engine._sinks == {}
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "max_num_batched_tokens", "preempts"),
+    [
+        (64, 8, False),  # chunked prefill: the 11- and 17-token prompts take several steps
+        (14, 8, True),  # the four requests need 33 blocks at the end: recompute preemption
+        (64, 3, False),  # a budget below the running set: decodes wait their turn
+    ],
+    ids=["chunked", "preempting", "tiny-budget"],
+)
+def test_engine_matches_transformers_greedy(
+    model_dirs: dict[str, Path],
+    references: dict[str, list[list[int]]],
+    prompts: list[list[int]],
+    num_blocks: int,
+    max_num_batched_tokens: int,
+    preempts: bool,
+) -> None:
+    engine, allocator = make_engine(model_dirs["default"], num_blocks, max_num_batched_tokens)
+    outputs = run_engine(engine, prompts)
+    assert_matches(outputs, references["default"], prompts)
+    assert (engine.scheduler.num_preemptions > 0) is preempts
+    assert_all_free(engine, allocator)
+
+
+def test_llama3_rope_scaling_matches_transformers(
+    model_dirs: dict[str, Path], references: dict[str, list[list[int]]], prompts: list[list[int]]
+) -> None:
+    config = ModelConfig.from_json((model_dirs["llama3"] / "config.json").read_text())
+    assert config.rope.rope_type == "llama3"
+    assert references["llama3"] != references["default"]
+    engine, allocator = make_engine(model_dirs["llama3"], 14, 8)
+    outputs = run_engine(engine, prompts)
+    assert_matches(outputs, references["llama3"], prompts)
+    assert engine.scheduler.num_preemptions > 0
+    assert_all_free(engine, allocator)
+
+
+def test_tied_embeddings_match_transformers(
+    model_dirs: dict[str, Path], references: dict[str, list[list[int]]], prompts: list[list[int]]
+) -> None:
+    manifest = read_checkpoint(model_dirs["tied"])
+    assert "lm_head.weight" not in {t.name for t in manifest.tensors}
+    engine, allocator = make_engine(model_dirs["tied"], 64, 8)
+    assert engine.runner.model.lm_head is engine.runner.model.embed_tokens
+    outputs = run_engine(engine, prompts)
+    assert_matches(outputs, references["tied"], prompts)
+    assert_all_free(engine, allocator)

@@ -1,0 +1,66 @@
+"""``zerolayer bench SCENARIO``: run a benchmark against its baseline and write JSON + PNG."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shlex
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from zerolayer.cli.presets import PRESET_NAMES
+
+SCENARIOS = ("multiturn", "throughput", "latency", "coldstart", "split", "roofline")
+"""Each is a module of this package with ``add_arguments(p)`` and ``main(args) -> dict``."""
+
+MULTITURN_SMOKE = {"turns": 2, "repeats": 1, "message_tokens": 8, "answer_tokens": 4}
+"""What ``--smoke`` changes for multiturn; the other scenarios declare their own ``SMOKE``."""
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"bench.{name}")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Adds ``bench`` and its scenarios to the zerolayer command line."""
+    p = sub.add_parser("bench", help="run a benchmark scenario against its baseline")
+    scenarios = p.add_subparsers(dest="scenario", required=True)
+    for name in SCENARIOS:
+        module = _module(name)
+        s = scenarios.add_parser(name, help=module.__doc__.splitlines()[0])
+        s.add_argument(
+            "--preset",
+            default="small",
+            choices=PRESET_NAMES,
+            help="dummy model preset (tiny, small, medium, 1b); default small",
+        )
+        s.add_argument("--model", help="a model directory instead of a preset")
+        s.add_argument(
+            "--out",
+            type=Path,
+            default=Path("zerolayer/bench/results"),
+            help="where JSON, PNG and logs go (default zerolayer/bench/results)",
+        )
+        s.add_argument("--port", type=int, default=50071, help="frontend port of the stacks")
+        s.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
+        s.add_argument(
+            "--smoke",
+            action="store_true",
+            help="seconds-long run on the tiny model (CI checks it runs)",
+        )
+        module.add_arguments(s)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the chosen scenario and prints its results."""
+    args.command = "zerolayer " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    module = _module(args.scenario)
+    if args.smoke:
+        args.preset = "tiny"
+        for name, value in getattr(module, "SMOKE", MULTITURN_SMOKE).items():
+            setattr(args, name, value)
+    results = module.main(args)
+    print(json.dumps(results, indent=2))
+    return 0

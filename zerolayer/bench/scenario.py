@@ -1,0 +1,66 @@
+"""Plumbing every scenario shares: the model, the stack's settings, torch threads, warm-up."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from zerolayer.bench.streams import generate_request, num_cores, random_prompts, run_streams
+from zerolayer.checkpoints.dummy import ensure_dummy_model
+from zerolayer.stack.launcher import StackConfig
+
+WARMUP_SEED = 10_000
+"""Seed of warm-up prompts (never shared with measured ones, so no prefix-cache hit)."""
+
+
+def add_threads_argument(p: argparse.ArgumentParser) -> None:
+    """``--num-threads``: torch threads of whichever side is being measured."""
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        default=0,
+        help="torch threads of the measured side (zerolayer's scheduler, the in-process engine, "
+        "transformers); 0: one per core. Sides are measured one at a time.",
+    )
+
+
+def measured_threads(args: argparse.Namespace) -> int:
+    """The torch thread count every measured side runs with."""
+    return args.num_threads or num_cores()
+
+
+def set_torch_threads(num_threads: int) -> None:
+    """Sets this process's torch intra-op threads (before it measures its own compute)."""
+    import torch
+
+    torch.set_num_threads(num_threads)
+
+
+def model_dir_for(args: argparse.Namespace) -> Path:
+    """``--model`` or the cached dummy checkpoint of ``--preset`` (written once)."""
+    return Path(args.model) if args.model else ensure_dummy_model(args.preset)
+
+
+def vocab_size_of(model_dir: Path) -> int:
+    """``vocab_size`` from the checkpoint's config.json."""
+    return json.loads((model_dir / "config.json").read_text())["vocab_size"]
+
+
+def stack_config(args: argparse.Namespace, model_dir: Path, **overrides: object) -> StackConfig:
+    """The four layers on ``--port`` with the measured thread count, logs in ``<out>/logs``."""
+    settings: dict[str, object] = {
+        "model_dir": str(model_dir),
+        "listen": f"127.0.0.1:{args.port}",
+        "log_dir": str(args.out / "logs"),
+        "kv_cache_bytes": args.kv_cache_bytes,
+        "num_threads": measured_threads(args),
+        **overrides,
+    }
+    return StackConfig(**settings)  # type: ignore[arg-type]
+
+
+def warm_up(address: str, vocab_size: int, num_prompt_tokens: int = 32) -> None:
+    """Two short requests, so first-call costs (allocations, lazy imports) are not measured."""
+    prompts = random_prompts(2, num_prompt_tokens, vocab_size, WARMUP_SEED)
+    run_streams(address, [generate_request(p, 4) for p in prompts], [0.0, 0.0])

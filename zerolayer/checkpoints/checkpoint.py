@@ -1,0 +1,154 @@
+"""Reading a Hugging Face model directory: configs, tokenizer and safetensors headers.
+
+Safetensors layout (huggingface/safetensors, "Format" in its README): 8 bytes little-endian u64
+header size N, N bytes of UTF-8 JSON mapping tensor names to {dtype, shape, data_offsets: [begin,
+end]} (offsets relative to the byte after the header) plus an optional "__metadata__" entry, then
+the data. Only the header is read here; tensor bytes are mapped, never read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from zerolayer.checkpoints.dtypes import itemsize
+from zerolayer.sharing.manifest import HandleKind, TensorSpec, WeightManifest
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class CheckpointError(ValueError):
+    """The model directory is missing files or holds a malformed or refused checkpoint."""
+
+
+def read_safetensors_header(path: Path) -> tuple[dict, int]:
+    """Reads the JSON header of a safetensors file.
+
+    Returns:
+        (header without "__metadata__", byte offset of the data section).
+
+    Raises:
+        CheckpointError: truncated file, oversized or invalid header, or out-of-range offsets.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) != 8:
+            raise CheckpointError(f"{path}: too short for a safetensors file")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+            raise CheckpointError(f"{path}: header length {header_len} is invalid")
+        try:
+            header = json.loads(f.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{path}: header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: header is not a JSON object")
+    header.pop("__metadata__", None)
+    data_start = 8 + header_len
+    for name, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+        ):
+            raise CheckpointError(f"{path}: tensor {name!r} has no [begin, end] data_offsets")
+        begin, end = offsets
+        if not 0 <= begin <= end or data_start + end > size:
+            raise CheckpointError(f"{path}: tensor {name!r} has offsets outside the file")
+    return header, data_start
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a model directory, from its index when there is one.
+
+    Raises:
+        CheckpointError: no safetensors files; or only pickled ones (``*.bin``/``*.pt``), which are
+            refused because unpickling runs arbitrary code (no ``torch.load`` of untrusted files).
+    """
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if files:
+        return files
+    pickled = sorted(p.name for p in model_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise CheckpointError(
+            f"{model_dir}: only pickled checkpoints found ({', '.join(pickled)}); zerolayer "
+            "refuses them because loading a pickle runs arbitrary code. Convert the model to "
+            "safetensors (e.g. transformers' save_pretrained(..., safe_serialization=True)) "
+            "in a trusted environment."
+        )
+    raise CheckpointError(f"{model_dir}: no *.safetensors files")
+
+
+def _tensor_spec(
+    path: Path, name: str, entry: dict, file_index: int, data_start: int
+) -> TensorSpec:
+    try:
+        itemsize(entry["dtype"])
+        shape = tuple(int(d) for d in entry["shape"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path}: tensor {name!r} has an invalid or unsupported dtype/shape ({exc})"
+        ) from None
+    begin, end = entry["data_offsets"]
+    return TensorSpec(name, entry["dtype"], shape, file_index, data_start + begin, end - begin)
+
+
+def _read_optional(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
+    """Builds the manifest of a Hugging Face model directory without reading tensor data.
+
+    Args:
+        model_dir: directory with config.json, tokenizer.json and safetensors file(s).
+        model_name: name to serve the model under; default the directory's base name.
+
+    Raises:
+        CheckpointError: a required file is missing, or a safetensors header is invalid.
+    """
+    model_dir = model_dir.resolve()
+    if not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir}: not a directory")
+    for required in ("config.json", "tokenizer.json"):
+        if not (model_dir / required).exists():
+            raise CheckpointError(f"{model_dir}: missing {required}")
+    config_json = (model_dir / "config.json").read_text()
+    files = weight_files(model_dir)
+    digest = xxhash.xxh3_128(config_json.encode())
+    tensors: list[TensorSpec] = []
+    num_parameters = 0
+    for file_index, path in enumerate(files):
+        header, data_start = read_safetensors_header(path)
+        stat = os.stat(path)
+        digest.update(json.dumps(header, sort_keys=True).encode())
+        digest.update(struct.pack("<QQ", stat.st_size, stat.st_mtime_ns))
+        for name in sorted(header):
+            spec = _tensor_spec(path, name, header[name], file_index, data_start)
+            tensors.append(spec)
+            shape = spec.shape
+            num_parameters += int(np.prod(shape)) if shape else 1
+    return WeightManifest(
+        model=model_name or model_dir.name,
+        model_dir=str(model_dir),
+        config_json=config_json,
+        generation_config_json=_read_optional(model_dir / "generation_config.json"),
+        tokenizer_json=(model_dir / "tokenizer.json").read_text(),
+        tokenizer_config_json=_read_optional(model_dir / "tokenizer_config.json"),
+        fingerprint=digest.hexdigest(),
+        handle_kind=HandleKind.MMAP_FILE,
+        files=tuple(str(p) for p in files),
+        file_sizes=tuple(p.stat().st_size for p in files),
+        tensors=tuple(tensors),
+        num_parameters=num_parameters,
+    )

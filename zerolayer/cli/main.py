@@ -1,0 +1,291 @@
+"""The ``zerolayer`` command: run the stack, one layer, a client call, or a checkpoint tool."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from zerolayer.cli.presets import PRESET_NAMES
+from zerolayer.common.arg_types import positive_seconds
+from zerolayer.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
+from zerolayer.common.device import add_device_argument
+
+if TYPE_CHECKING:
+    from zerolayer.stack.config import StackConfig
+
+
+def _add_up(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="start the four layers and serve until Ctrl-C")
+    p.add_argument(
+        "--model",
+        help="Hugging Face model directory (default: the embedded "
+        "dummy model, random weights, meaningless text)",
+    )
+    p.add_argument(
+        "--listen", default=DEFAULT_LISTEN, help="public HOST:PORT (default %(default)s)"
+    )
+    p.add_argument(
+        "--run-dir",
+        help="directory for internal sockets (default: a new private temporary directory)",
+    )
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=DEFAULT_KV_CACHE_BYTES,
+        help="KV arena size in bytes (default %(default)s)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help="tokens per KV block (default %(default)s)",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=64, help="scheduler running-set limit")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=512, help="scheduler token budget per step"
+    )
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        default=0,
+        help="scheduler torch threads (default 0: every core but one, left to the other layers)",
+    )
+    p.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="kvstore: never reuse KV blocks across requests (for comparison)",
+    )
+    add_device_argument(
+        p, "where the loader, kvstore and scheduler keep the weights and KV cache and run the model"
+    )
+    p.add_argument("--no-supervise", action="store_true", help="do not restart layers that exit")
+    p.add_argument(
+        "--kv-unavailable-timeout-s",
+        type=positive_seconds,
+        default=30.0,
+        help="scheduler: how long requests that need KV blocks wait for a kvstore that is down "
+        "or restarting before they end with UNAVAILABLE (default %(default)g)",
+    )
+    p.add_argument(
+        "--metrics-port-base",
+        type=int,
+        default=0,
+        help="Prometheus ports: loader N, kvstore N+1, scheduler N+2, frontend N+3 (default off)",
+    )
+    p.add_argument(
+        "--generate",
+        metavar="TEXT",
+        help="once healthy, send one Generate call with TEXT, print the answer and shut down",
+    )
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="call Generate on a running zerolayer")
+    p.add_argument("prompt", help="prompt text")
+    p.add_argument("--address", default=DEFAULT_LISTEN, help="frontend HOST:PORT")
+    p.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+    p.add_argument(
+        "--max-new-tokens", type=_non_negative_int, default=0, help="0: the server's default (64)"
+    )
+    p.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=_non_negative_int, default=None)
+    p.add_argument("--seed", type=_non_negative_int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--timeout", type=_positive_float, default=300.0, help="deadline in seconds")
+
+
+def _add_tools(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "convert-llama2c", help="convert a llama2.c checkpoint to a Hugging Face directory"
+    )
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("tokenizer", type=Path)
+    p.add_argument("out_dir", type=Path)
+    p = sub.add_parser("make-dummy", help="write a seeded random-weight Llama directory")
+    p.add_argument("out_dir", type=Path)
+    p.add_argument(
+        "--preset",
+        default="tiny",
+        choices=PRESET_NAMES,
+        help="tiny (default), small (125M), medium (~0.5B) or 1b (1.1B)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``zerolayer`` command line."""
+    from zerolayer.frontend.__main__ import build_parser as frontend_parser
+    from zerolayer.kvstore.__main__ import build_parser as kvstore_parser
+    from zerolayer.loader.__main__ import build_parser as loader_parser
+    from zerolayer.scheduler.__main__ import build_parser as scheduler_parser
+
+    parser = argparse.ArgumentParser(prog="zerolayer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_up(sub)
+    _add_generate(sub)
+    _add_tools(sub)
+    from zerolayer.bench.cli import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
+    for name, build in (
+        ("loader", loader_parser),
+        ("kvstore", kvstore_parser),
+        ("scheduler", scheduler_parser),
+        ("frontend", frontend_parser),
+    ):
+        build(sub.add_parser(name, help=f"run the {name} layer alone"))
+    return parser
+
+
+def _stack_config(args: argparse.Namespace, model_dir: str) -> StackConfig:
+    """The stack's settings from ``up``'s flags, checked against this machine.
+
+    Raises:
+        ValueError: a setting is out of range or cannot work here; the message starts with its
+            flag.
+    """
+    from zerolayer.stack.preflight import check_stack
+    from zerolayer.stack.config import StackConfig
+
+    config = StackConfig(
+        model_dir=model_dir,
+        listen=args.listen,
+        run_dir=args.run_dir,
+        kv_cache_bytes=args.kv_cache_bytes,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_threads=args.num_threads,
+        enable_prefix_caching=not args.no_prefix_caching,
+        supervise=not args.no_supervise,
+        kv_unavailable_timeout_s=args.kv_unavailable_timeout_s,
+        metrics_port_base=args.metrics_port_base,
+        device=args.device,
+    )
+    check_stack(config)
+    return config
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """``zerolayer up``: start the stack, print the endpoint, serve until SIGINT/SIGTERM.
+
+    Exit codes: 0; 2 for a setting that is out of range or cannot work on this machine (checked
+    before any process starts); 1 when a layer fails to start or the ``--generate`` call fails;
+    130 when SIGINT/SIGTERM arrives during start-up (the started layers are stopped).
+    """
+    from zerolayer.checkpoints.dummy import ensure_dummy_model
+    from zerolayer.stack.launcher import Stack, StackError, StartupInterrupted
+    from zerolayer.checkpoints.checkpoint import CheckpointError
+
+    logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
+    model_dir = args.model or str(ensure_dummy_model())
+    if not args.model:
+        print(
+            f"zerolayer: no --model given, serving the embedded dummy model {model_dir} "
+            "(random weights: its text is meaningless)",
+            file=sys.stderr,
+        )
+    try:
+        config = _stack_config(args, model_dir)
+    except ValueError as exc:
+        print(f"zerolayer up: error: {exc}", file=sys.stderr)
+        return 2
+    stack = Stack(config)
+    stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+        stack.interrupt()  # a start-up in progress ends at once
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    try:
+        try:
+            stack.start()
+        except StartupInterrupted:
+            print("zerolayer up: interrupted during start-up", file=sys.stderr)
+            return 130
+        except (CheckpointError, StackError) as exc:
+            print(f"zerolayer up: error: {exc}", file=sys.stderr)
+            return 1
+        if stop.is_set():
+            return 130
+        print(
+            f"zerolayer: serving on {args.listen} (internal sockets in {stack.run_dir})", flush=True
+        )
+        if args.generate is not None:
+            return _generate_once(args.listen, args.generate)
+        while not stop.wait(0.5):
+            pass
+        return 0
+    finally:
+        print("zerolayer: stopping", file=sys.stderr)
+        stack.stop()
+
+
+def _generate_once(address: str, prompt: str) -> int:
+    """``up --generate``: prints the answer (0), or the call's error as one line (1)."""
+    import grpc
+
+    from zerolayer.cli.client import generate_text, printable, rpc_error_line
+
+    try:
+        print(printable(generate_text(address, prompt)), flush=True)
+    except grpc.RpcError as exc:
+        print(rpc_error_line("up", exc), file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``zerolayer`` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "up":
+        return cmd_up(args)
+    if args.command == "generate":
+        from zerolayer.cli.client import run_generate
+
+        return run_generate(args)
+    if args.command == "bench":
+        from zerolayer.bench.cli import run as run_bench
+
+        return run_bench(args)
+    if args.command == "convert-llama2c":
+        from zerolayer.checkpoints.llama2c import convert_llama2c
+
+        convert_llama2c(args.checkpoint, args.tokenizer, args.out_dir)
+        print(f"wrote {args.out_dir}")
+        return 0
+    if args.command == "make-dummy":
+        from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
+
+        write_dummy_model(args.out_dir, PRESETS[args.preset], args.seed)
+        print(f"wrote {args.out_dir}")
+        return 0
+    module = __import__(f"services.{args.command}.__main__", fromlist=["run"])
+    return module.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

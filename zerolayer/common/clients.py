@@ -1,0 +1,54 @@
+"""Client-side helpers for calls between layers."""
+
+from __future__ import annotations
+
+import grpc
+
+from zerolayer.common.convert import manifest_from_pb
+from zerolayer.sharing.manifest import HandleKind, WeightManifest
+from zerolayer.common.server import CHANNEL_OPTIONS
+from zerolayer.v1 import loader_pb2, loader_pb2_grpc
+
+
+def fetch_manifest(
+    loader_address: str,
+    timeout_s: float = 60.0,
+    accepted: tuple[HandleKind, ...] = (HandleKind.MMAP_FILE,),
+    metadata: list[tuple[str, str]] | None = None,
+) -> WeightManifest:
+    """Asks the loader for the model manifest, waiting up to ``timeout_s`` for it to come up.
+
+    Raises:
+        grpc.RpcError: the loader did not answer in time (UNAVAILABLE / DEADLINE_EXCEEDED) or
+            refused (NOT_FOUND, FAILED_PRECONDITION).
+    """
+    with grpc.insecure_channel(loader_address, options=CHANNEL_OPTIONS) as channel:
+        stub = loader_pb2_grpc.LoaderStub(channel)
+        pb = stub.GetManifest(
+            loader_pb2.GetManifestRequest(accepted_handle_kinds=[int(k) for k in accepted]),
+            timeout=timeout_s,
+            wait_for_ready=True,
+            metadata=metadata,
+        )
+    return manifest_from_pb(pb)
+
+
+def model_dtype_name(manifest: WeightManifest) -> str:
+    """The dtype the model computes and caches KV in: that of its embedding matrix."""
+    for tensor in manifest.tensors:
+        if tensor.name.endswith("embed_tokens.weight"):
+            return tensor.dtype
+    raise ValueError("checkpoint has no embed_tokens.weight")
+
+
+def fetch_layer_residency(loader_address: str, timeout_s: float = 10.0) -> tuple[int, int]:
+    """(num_layers_resident, num_layers) of the loader's weights on its device.
+
+    Raises:
+        grpc.RpcError: the loader did not answer, or its device copy failed (UNAVAILABLE).
+    """
+    with grpc.insecure_channel(loader_address, options=CHANNEL_OPTIONS) as channel:
+        pb = loader_pb2_grpc.LoaderStub(channel).GetResidency(
+            loader_pb2.GetResidencyRequest(), timeout=timeout_s, wait_for_ready=True
+        )
+    return pb.num_layers_resident, pb.num_layers

@@ -1,0 +1,250 @@
+"""The one server bootstrap every layer uses: aio gRPC server, health, reflection, error mapping,
+graceful shutdown on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from zerolayer.common.errors import ErrorMappingInterceptor, MalformedRequestInterceptor
+from zerolayer.common.tracing import Tracing, TracingServerInterceptor
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Largest gRPC message accepted or sent (manifests carry tokenizer.json: can be tens of MB)."""
+
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Layers restart independently: reconnect within a second, not gRPC's default of up to 2 min.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    """One servicer to register: ``add(servicer, server)`` and its full service name."""
+
+    add: Callable[[Any, grpc.aio.Server], None]
+    servicer: Any
+    service_name: str
+
+
+def prepare_unix_socket(address: str) -> None:
+    """Removes a stale socket file behind a ``unix:`` address so that bind succeeds.
+
+    Args:
+        address: gRPC address; only ``unix:PATH`` addresses are touched.
+    """
+    path = _unix_socket_path(address)
+    if path and os.path.exists(path):
+        os.unlink(path)
+
+
+def _unix_socket_path(address: str) -> str:
+    """The socket file behind a ``unix:`` address ("" for any other address)."""
+    if not address.startswith("unix:"):
+        return ""
+    return address.removeprefix("unix:").removeprefix("//")
+
+
+def instance_health_name(instance_id: str) -> str:
+    """The health service name under which a layer started with ``instance_id`` reports."""
+    return f"zerolayer.instance.{instance_id}"
+
+
+class LayerServer:
+    """An aio gRPC server with health and reflection; health starts NOT_SERVING.
+
+    Call :meth:`start`, do the layer's start-up work, then :meth:`set_serving`.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        bindings: Sequence[ServiceBinding],
+        max_receive_bytes: int = MAX_MESSAGE_BYTES,
+        tracing: Tracing | None = None,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        instance_id: str = "",
+    ) -> None:
+        """
+        Args:
+            address: ``HOST:PORT`` or ``unix:PATH``.
+            bindings: the services to serve.
+            max_receive_bytes: largest request message accepted (RESOURCE_EXHAUSTED above).
+            tracing: opens a SERVER span per call and is flushed on stop; None: no tracing.
+            interceptors: more interceptors, run inside error mapping (they see domain errors) and
+                outside the refusal of requests that do not parse (they see it as an abort).
+            instance_id: also report health under ``zerolayer.instance.<id>``, so a launcher can
+                tell its own process from another one answering on the same address.
+        """
+        self.instance_id = instance_id
+        self.address = address
+        self._bindings = list(bindings)
+        self.tracing = tracing
+        chain: list[grpc.aio.ServerInterceptor] = [
+            ErrorMappingInterceptor(),
+            *interceptors,
+            MalformedRequestInterceptor(),
+        ]
+        if tracing is not None:
+            chain.insert(0, TracingServerInterceptor(tracing))
+        # NOTE: SO_REUSEPORT off, so a second stack on a taken port fails instead of silently
+        # sharing it.
+        self.server = grpc.aio.server(
+            interceptors=chain,
+            # NOTE: gRPC takes the first of duplicate options, so the receive limit replaces
+            # CHANNEL_OPTIONS' instead of following it.
+            options=(
+                *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", max_receive_bytes),
+            ),
+        )
+        self.health = health.aio.HealthServicer()
+        self.not_serving_reason = ""
+        """Set by :meth:`stop_serving`: why the process, alive, must get no work."""
+
+    async def start(self) -> None:
+        """Binds and starts the server. Raises RuntimeError if the address cannot be bound."""
+        for binding in self._bindings:
+            binding.add(binding.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = [b.service_name for b in self._bindings]
+        reflection.enable_server_reflection(
+            [
+                *names,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            self.server,
+        )
+        prepare_unix_socket(self.address)
+        try:
+            port = self.server.add_insecure_port(self.address)
+        except RuntimeError:  # gRPC's "Failed to bind to address ..."
+            port = 0
+        if port == 0:
+            raise RuntimeError(f"cannot listen on {self.address} ({self._bind_failure()})")
+        await self.server.start()
+        socket_path = _unix_socket_path(self.address)
+        if socket_path and not os.path.exists(socket_path):
+            await self.server.stop(0)
+            raise RuntimeError(f"cannot listen on {self.address} ({self._bind_failure()})")
+        await self.set_serving(False)
+        log.info("listening on %s", self.address)
+
+    def _bind_failure(self) -> str:
+        if _unix_socket_path(self.address):
+            return "no socket file there: is its directory missing or not writable?"
+        return "in use, or not a local address"
+
+    async def set_serving(self, serving: bool) -> None:
+        """Sets overall health and that of each registered service (NOT_SERVING for good after
+        :meth:`stop_serving`)."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving and not self.not_serving_reason
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        names = ["", *(b.service_name for b in self._bindings)]
+        if self.instance_id:
+            names.append(instance_health_name(self.instance_id))
+        for name in names:
+            await self.health.set(name, status)
+
+    async def stop_serving(self, reason: str) -> None:
+        """Reports NOT_SERVING from now on, though the process keeps running (e.g. its GPU failed:
+        it answers, refuses work, and tells why through its own API).
+
+        Args:
+            reason: why; kept in :attr:`not_serving_reason`.
+        """
+        self.not_serving_reason = reason
+        await self.set_serving(False)
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Stops accepting calls and waits up to ``grace_s`` seconds for calls in flight."""
+        await self.set_serving(False)
+        await self.server.stop(grace_s)
+        if self.tracing is not None:
+            self.tracing.shutdown()
+
+
+async def wait_for_shutdown_signal() -> signal.Signals:
+    """Returns the first of SIGTERM, SIGINT or SIGHUP the process receives.
+
+    SIGHUP is what a layer gets when its launcher dies (see :func:`exit_with_launcher`).
+    """
+    loop = asyncio.get_running_loop()
+    received: asyncio.Future[signal.Signals] = loop.create_future()
+    for sig in LAYER_STOP_SIGNALS:
+        loop.add_signal_handler(sig, lambda s=sig: received.done() or received.set_result(s))
+    return await received
+
+
+async def run_layer(
+    server: LayerServer,
+    on_start: Callable[[], Awaitable[None]] | None = None,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> signal.Signals:
+    """Starts ``server``, runs ``on_start``, reports SERVING, and serves until SIGTERM, SIGINT or
+    SIGHUP; returns the signal that stopped it."""
+    await server.start()
+    if on_start is not None:
+        await on_start()
+    await server.set_serving(True)
+    log.info("serving")
+    received = await wait_for_shutdown_signal()
+    log.info("shutting down (%s)", received.name)
+    await server.stop()
+    if on_stop is not None:
+        await on_stop()
+    return received
+
+
+LAYER_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+LAUNCHER_PID_ENV = "ZEROLAYER_LAUNCHER_PID"
+"""Set by the launcher for its layers: a layer exits when that process dies."""
+
+
+def exit_with_launcher(environ: dict[str, str]) -> None:
+    """If started by ``zerolayer up``, asks the kernel for SIGHUP when the launcher dies
+    (``prctl(PR_SET_PDEATHSIG)``, Linux), so a killed launcher leaves no orphaned layers. The
+    distinct signal tells the layer that nobody else will clean up after it.
+
+    Args:
+        environ: the process environment (read at the process edge, passed in).
+    """
+    expected = environ.get(LAUNCHER_PID_ENV)
+    if not expected:
+        return
+    import ctypes
+    import ctypes.util
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGHUP, 0, 0, 0)
+    if os.getppid() != int(expected):  # the launcher died before the prctl took effect
+        os._exit(1)
+
+
+def setup_logging(layer: str, level: str = "INFO") -> None:
+    """Configures the root logger to write ``layer`` tagged lines to stderr."""
+    logging.basicConfig(
+        level=level, format=f"%(asctime)s {layer} %(levelname)s %(name)s: %(message)s"
+    )

@@ -1,0 +1,112 @@
+"""``python -m zerolayer.frontend --listen HOST:PORT --loader unix:PATH --scheduler unix:PATH``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+
+from zerolayer.common.clients import fetch_manifest
+from zerolayer.common.config import DEFAULT_LISTEN, FrontendConfig
+from zerolayer.common.metrics import add_metrics_port, serve_metrics
+from zerolayer.common.server import (
+    LayerServer,
+    ServiceBinding,
+    exit_with_launcher,
+    run_layer,
+    setup_logging,
+)
+from zerolayer.common.tracing import Tracing, TracingConfig
+from zerolayer.frontend.generation import TextGenerator
+from zerolayer.frontend.kserve import kserve_binding
+from zerolayer.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
+from zerolayer.frontend.scheduler_client import SchedulerClient
+from zerolayer.frontend.server import TextGenerationServicer
+from zerolayer.v1 import generation_pb2, generation_pb2_grpc
+
+PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
+"""Largest public request accepted; prompts are far smaller (see validation.check_text_length)."""
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Flags of the frontend."""
+    parser = parser or argparse.ArgumentParser(prog="zerolayer frontend", description=__doc__)
+    parser.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        help="public gRPC address HOST:PORT (default %(default)s)",
+    )
+    parser.add_argument("--loader", required=True, help="the loader's gRPC address")
+    parser.add_argument("--scheduler", required=True, help="the scheduler's gRPC address")
+    parser.add_argument(
+        "--default-max-new-tokens",
+        type=int,
+        default=64,
+        help="max_new_tokens when a request leaves it 0 (default %(default)s)",
+    )
+    add_metrics_port(parser)
+    parser.add_argument(
+        "--instance-id",
+        default="",
+        help="also report health as zerolayer.instance.<ID> (set by the launcher)",
+    )
+    return parser
+
+
+async def serve(config: FrontendConfig, tracing: Tracing) -> None:
+    """Loads the tokenizer from the loader, then serves until SIGTERM."""
+    manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
+    scheduler = SchedulerClient(config.scheduler_address, tracing=tracing)
+    metrics = FrontendMetrics(
+        serve_metrics(config.metrics_port, host=config.metrics_host, collectors=[])
+    )
+    generator = TextGenerator(config, manifest, scheduler, tracing.tracer, metrics)
+    name = generation_pb2.DESCRIPTOR.services_by_name["TextGeneration"].full_name
+    server = LayerServer(
+        config.listen,
+        [
+            ServiceBinding(
+                generation_pb2_grpc.add_TextGenerationServicer_to_server,
+                TextGenerationServicer(generator),
+                name,
+            ),
+            kserve_binding(generator),
+        ],
+        max_receive_bytes=PUBLIC_MAX_RECEIVE_BYTES,
+        tracing=tracing,
+        interceptors=[RequestCountingInterceptor(metrics, ("/zerolayer.", "/inference."))],
+        instance_id=config.instance_id,
+    )
+
+    async def on_stop() -> None:
+        await scheduler.close()
+
+    await run_layer(server, on_stop=on_stop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the frontend with parsed flags."""
+    exit_with_launcher(dict(os.environ))
+    setup_logging("frontend")
+    config = FrontendConfig(
+        listen=args.listen,
+        loader_address=args.loader,
+        scheduler_address=args.scheduler,
+        default_max_new_tokens=args.default_max_new_tokens,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        instance_id=args.instance_id,
+    )
+    asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "frontend"))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

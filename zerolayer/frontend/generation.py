@@ -1,0 +1,143 @@
+"""The frontend's domain object: text in, validated engine request out, text pieces back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from opentelemetry import trace
+
+from zerolayer.common.config import FrontendConfig
+from zerolayer.common.errors import Unavailable
+from zerolayer.common.generation import (
+    FinishReason,
+    GenerateParams,
+    GenerationChunk,
+    RequestOutput,
+    Usage,
+)
+from zerolayer.sharing.manifest import WeightManifest
+from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.frontend.detokenizer import IncrementalDetokenizer
+from zerolayer.frontend.metrics import FrontendMetrics
+from zerolayer.frontend.scheduler_client import SchedulerClient
+from zerolayer.frontend.stop_strings import StopStringMatcher
+from zerolayer.frontend.telemetry import GenerationTelemetry
+from zerolayer.frontend.tokenizer import TextTokenizer
+from zerolayer.frontend.validation import ServedModel, check_text_length, validate
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    """Token ids of a text and the vocab piece of each."""
+
+    token_ids: tuple[int, ...]
+    tokens: tuple[str, ...]
+
+
+class TextGenerator:
+    """Validates, tokenizes, forwards to the scheduler, detokenizes and applies stop strings."""
+
+    def __init__(
+        self,
+        config: FrontendConfig,
+        manifest: WeightManifest,
+        scheduler: SchedulerClient,
+        tracer: trace.Tracer | None = None,
+        metrics: FrontendMetrics | None = None,
+    ) -> None:
+        self.tracer = tracer or trace.NoOpTracer()
+        self.metrics = metrics
+        self.config = config
+        self.manifest = manifest
+        self.model_config = ModelConfig.from_json(
+            manifest.config_json, manifest.generation_config_json
+        )
+        self.tokenizer = TextTokenizer.from_json(
+            manifest.tokenizer_json, manifest.tokenizer_config_json
+        )
+        self.served = ServedModel(
+            manifest.model, self.model_config.vocab_size, self.model_config.max_position_embeddings
+        )
+        self.scheduler = scheduler
+
+    def tokenize(self, text: str, add_special_tokens: bool, model: str) -> TokenizeResult:
+        """Tokenizes ``text`` with the model's tokenizer.
+
+        Raises:
+            NotFound: ``model`` names another model.
+        """
+        validate(
+            GenerateParams(prompt_token_ids=(0,), model=model),
+            self.served,
+            self.tokenizer,
+            self.config,
+        )
+        check_text_length("text", text, self.served)
+        token_ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return TokenizeResult(tuple(token_ids), tuple(self.tokenizer.pieces(token_ids)))
+
+    async def generate(
+        self, params: GenerateParams, timeout_s: float | None, stream: bool = False
+    ) -> AsyncIterator[GenerationChunk]:
+        """Streams a generation: one chunk per engine step, the last with finish reason and usage.
+
+        Text never ends inside a UTF-8 character, and never contains a stop string (text stops
+        right before it; ``token_ids`` still include the tokens that completed it). Closing the
+        iterator early aborts the request in the scheduler.
+
+        Args:
+            stream: recorded in the trace (``gen_ai.request.stream``).
+
+        Raises:
+            InvalidArgument, NotFound: from validation.
+            Unavailable: the scheduler is down.
+        """
+        telemetry = GenerationTelemetry(self.tracer, self.metrics, self.served.name, stream)
+        with telemetry.tokenize_span():
+            # Tokenizing a long prompt takes a while: keep the event loop free for other calls.
+            request = await asyncio.to_thread(
+                validate, params, self.served, self.tokenizer, self.config
+            )
+        telemetry.validated(request)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+        stops = StopStringMatcher(params.stop)
+        last: RequestOutput | None = None
+        num_generated = 0
+        async with aclosing(self.scheduler.generate(request, timeout_s)) as outputs:
+            async for output in outputs:
+                last = output
+                num_generated += len(output.new_token_ids)
+                usage = Usage(
+                    len(request.prompt_token_ids), num_generated, output.num_cached_tokens
+                )
+                started = time.perf_counter()
+                chunk = self._chunk(request.request_id, output, usage, detokenizer, stops)
+                telemetry.detokenized(time.perf_counter() - started)
+                telemetry.sent(chunk)
+                yield chunk
+                if chunk.finish_reason != FinishReason.UNSPECIFIED:
+                    return  # closing the stream cancels the call: a stopped request is aborted
+        if last is None or not last.finished:
+            raise Unavailable("scheduler: stream ended without a finished output")
+
+    @staticmethod
+    def _chunk(
+        request_id: str,
+        output: RequestOutput,
+        usage: Usage,
+        detokenizer: IncrementalDetokenizer,
+        stops: StopStringMatcher,
+    ) -> GenerationChunk:
+        text, matched = stops.feed(detokenizer.step(output.new_token_ids))
+        reason = FinishReason.STOP if matched else output.finish_reason
+        if reason == FinishReason.UNSPECIFIED:
+            return GenerationChunk(request_id, text, output.new_token_ids)
+        if not matched:
+            tail, matched = stops.feed(detokenizer.flush())
+            text += tail if matched else tail + stops.flush()
+            reason = FinishReason.STOP if matched else reason
+        return GenerationChunk(request_id, text, output.new_token_ids, reason, usage)

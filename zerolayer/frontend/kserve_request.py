@@ -1,0 +1,190 @@
+"""A KServe v2 ``ModelInferRequest`` read into generation terms: the prompt from ``text_input`` and
+the sampling settings from request ``parameters``, the ``sampling_parameters`` JSON input and the
+scalar inputs (later overriding earlier), with the names Triton's LLM backends use.
+See :mod:`zerolayer.frontend.kserve` for the tensor names and precedence.
+"""
+
+from __future__ import annotations
+
+import json
+import reprlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.common.generation import GenerateParams
+from zerolayer.frontend.kserve_tensors import Tensor, check_dtype, read_tensors
+from zerolayer.frontend.validation import MAX_UINT32, MAX_UINT64, check_uint
+from zerolayer.kserve.v2 import grpc_service_pb2 as pb
+
+SETTINGS = {
+    "max_tokens": "uint",
+    "temperature": "float",
+    "top_p": "float",
+    "top_k": "uint",
+    "seed": "uint",
+    "stop": "strings",
+    "ignore_eos": "bool",
+    "stream": "bool",
+    "exclude_input_in_output": "bool",
+}
+"""Settings a request may give, by kind; ``ALIASES`` maps TensorRT-LLM's names onto them."""
+ALIASES = {"random_seed": "seed", "stop_words": "stop"}
+MAX_VALUES = {"max_tokens": MAX_UINT32, "top_k": MAX_UINT32, "seed": MAX_UINT64}
+"""Largest value of each integer setting: what its GenerateRequest field holds."""
+METADATA_DTYPE = {"uint": "INT32", "float": "FP32", "bool": "BOOL", "strings": "BYTES"}
+"""Datatype ModelMetadata lists per kind (any integer type is accepted; seeds are UINT64)."""
+ACCEPTED_INPUTS = frozenset(("text_input", "sampling_parameters", *SETTINGS, *ALIASES))
+"""Names an input tensor may have."""
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """A ModelInferRequest read into generation terms."""
+
+    params: GenerateParams
+    stream: bool
+    echo_prompt: bool
+    output_shape: tuple[int, ...]
+
+
+def read_text_request(request: pb.ModelInferRequest, model: str) -> TextRequest:
+    """Reads the tensors and settings of a request to ``model``; the caller checks the model name.
+
+    Raises:
+        InvalidArgument: a missing, unknown, mistyped or malformed input or setting; the
+            message starts with the input's (or ``parameters.KEY``'s) name.
+    """
+    for output in request.outputs:
+        if output.name != "text_output":
+            raise InvalidArgument("outputs", f"{output.name!r} unknown (only 'text_output')")
+    settings = _parameter_settings(request.parameters)
+    tensors = read_tensors(request, ACCEPTED_INPUTS)
+    if "sampling_parameters" in tensors:
+        tensor, values = tensors.pop("sampling_parameters")
+        check_dtype("sampling_parameters", tensor.datatype, "strings")
+        _set_json(settings, _one("sampling_parameters", values), "sampling_parameters")
+    text_tensor = tensors.pop("text_input", None)
+    if text_tensor is None:
+        raise InvalidArgument("text_input", "missing (a BYTES input holding the prompt)")
+    for name, (tensor, values) in tensors.items():
+        kind = SETTINGS[ALIASES.get(name, name)]
+        check_dtype(name, tensor.datatype, kind)
+        _set(settings, name, values if kind == "strings" else _one(name, values), name)
+    return TextRequest(
+        params=GenerateParams(
+            prompt=_prompt(*text_tensor),
+            max_new_tokens=settings.get("max_tokens", 0),
+            temperature=settings.get("temperature"),
+            top_p=settings.get("top_p"),
+            top_k=settings.get("top_k"),
+            seed=settings.get("seed"),
+            stop=tuple(s for s in settings.get("stop", ()) if s),
+            ignore_eos=settings.get("ignore_eos", False),
+            model=model,
+        ),
+        stream=settings.get("stream", False),
+        echo_prompt=not settings.get("exclude_input_in_output", True),
+        output_shape=tuple(text_tensor[0].shape) if len(text_tensor[0].shape) == 2 else (1,),
+    )
+
+
+def _one(name: str, values: list[Any]) -> Any:
+    if len(values) != 1:
+        raise InvalidArgument(name, f"expected one element (batch size 1), got {len(values)}")
+    return values[0]
+
+
+def _prompt(tensor: Tensor, values: list[Any]) -> str:
+    check_dtype("text_input", tensor.datatype, "strings")
+    data = _one("text_input", values)
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise InvalidArgument("text_input", "not valid UTF-8") from None
+    if not text:
+        raise InvalidArgument("text_input", "empty")
+    return text
+
+
+def _parameter_settings(parameters: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    """Settings from request ``parameters``: the scalar ones, then (overriding them) the
+    ``sampling_parameters`` JSON string, as the input of that name would."""
+    settings: dict[str, Any] = {}
+    for key, param in parameters.items():
+        value = getattr(param, param.WhichOneof("parameter_choice") or "string_param")
+        if ALIASES.get(key, key) in SETTINGS:  # others (priority, timeout...) are Triton's
+            _set(settings, key, value, f"parameters.{key}")
+    if "sampling_parameters" in parameters:
+        field = "parameters.sampling_parameters"
+        param = parameters["sampling_parameters"]
+        if param.WhichOneof("parameter_choice") != "string_param":
+            raise InvalidArgument(field, "must be a string parameter holding a JSON object")
+        _set_json(settings, param.string_param, field)
+    return settings
+
+
+def _set_json(settings: dict[str, Any], data: str | bytes, field: str) -> None:
+    """Stores the settings of the vLLM-style JSON object ``data``; errors name ``field``."""
+    try:
+        values = json.loads(data)
+    except RecursionError:
+        raise InvalidArgument(field, "not valid JSON: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(field, f"not valid JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise InvalidArgument(field, "must be a JSON object")
+    for key in values:
+        if ALIASES.get(key, key) not in SETTINGS:
+            raise InvalidArgument(f"{field}.{key}", "not supported")
+    for key, value in values.items():
+        _set(settings, key, value, f"{field}.{key}")
+
+
+def _set(settings: dict[str, Any], key: str, value: Any, field: str) -> None:
+    """Stores ``value`` under the canonical name of ``key``, converted to its kind (numbers and
+    booleans may arrive as strings, as vLLM backend clients send them)."""
+    canonical = ALIASES.get(key, key)
+    kind = SETTINGS[canonical]
+    try:
+        converted = _convert(kind, value)
+    except (TypeError, ValueError, RecursionError):  # NOTE: deeply nested JSON recurses
+        expected = {"uint": "an integer >= 0", "float": "a number", "bool": "a boolean"}
+        reason = expected.get(kind, "a string or a list of strings")
+        # NOTE: reprlib bounds the message (a status travels in a size-limited trailer)
+        shown = reprlib.repr(value)
+        raise InvalidArgument(field, f"must be {reason}, got {shown}") from None
+    if canonical in MAX_VALUES:
+        check_uint(field, converted, MAX_VALUES[canonical])
+    settings[canonical] = converted
+
+
+def _convert(kind: str, value: Any) -> Any:
+    if kind == "strings":
+        if isinstance(value, str) and value.startswith("["):
+            value = json.loads(value)
+        if not isinstance(value, (str, bytes, list)):  # list() of a dict would take its keys
+            raise TypeError("not a string or a list")
+        items = [value] if isinstance(value, (str, bytes)) else value
+        if not all(isinstance(s, (str, bytes)) for s in items):
+            raise TypeError("not strings")
+        return [s.decode() if isinstance(s, bytes) else s for s in items]
+    if isinstance(value, str):
+        value = value.strip()
+        if kind == "bool":
+            if value.lower() not in ("true", "false"):
+                raise ValueError(value)
+            return value.lower() == "true"
+        value = float(value) if kind == "float" else int(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise TypeError("not a boolean")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("not a number")
+    if kind == "float":
+        return float(value)
+    if isinstance(value, float) and not value.is_integer() or value < 0:
+        raise ValueError("not an integer >= 0")
+    return int(value)

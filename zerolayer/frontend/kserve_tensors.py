@@ -1,0 +1,120 @@
+"""The KServe v2 tensor codec: inputs of a ``ModelInferRequest`` read into Python values and
+``BYTES`` outputs packed, for the text-generation handlers in :mod:`zerolayer.frontend.kserve`.
+
+Contents come either typed (``contents.*_contents``) or raw (``raw_input_contents``: little-endian
+values; ``BYTES`` elements each prefixed by a uint32 length).
+Spec: https://github.com/kserve/open-inference-protocol (Tensor Data, Raw Input/Output Contents).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.kserve.v2 import grpc_service_pb2 as pb
+
+_INT_DTYPES = {
+    **{f"INT{b}": np.dtype(f"<i{b // 8}") for b in (8, 16, 32, 64)},
+    **{f"UINT{b}": np.dtype(f"<u{b // 8}") for b in (8, 16, 32, 64)},
+}
+_FLOAT_DTYPES = {f"FP{b}": np.dtype(f"<f{b // 8}") for b in (16, 32, 64)}
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "BYTES": "bytes_contents",
+    **dict.fromkeys(("INT8", "INT16", "INT32"), "int_contents"),
+    "INT64": "int64_contents",
+    **dict.fromkeys(("UINT8", "UINT16", "UINT32"), "uint_contents"),
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+_KIND_DTYPES = {
+    "uint": set(_INT_DTYPES),
+    "float": set(_FLOAT_DTYPES),
+    "bool": {"BOOL"},
+    "strings": {"BYTES"},
+}
+
+
+Tensor = pb.ModelInferRequest.InferInputTensor
+"""One input tensor of a ModelInferRequest."""
+
+
+def read_tensors(
+    request: pb.ModelInferRequest, accepted_names: frozenset[str]
+) -> dict[str, tuple[Tensor, list[Any]]]:
+    """Every input by name with its flat element list (raw contents decoded, counts checked).
+
+    Raises:
+        InvalidArgument: an input not in ``accepted_names``, given twice, of an unsupported
+            datatype, or whose element count does not match its shape; the message starts with
+            the input's name (or ``raw_input_contents``).
+    """
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidArgument(
+            "raw_input_contents", f"{len(raw)} entries for {len(request.inputs)} inputs"
+        )
+    tensors: dict[str, tuple[Tensor, list[Any]]] = {}
+    for i, tensor in enumerate(request.inputs):
+        name = tensor.name
+        if name not in accepted_names:
+            raise InvalidArgument(name, "unknown input (see ModelMetadata for the accepted ones)")
+        if name in tensors:
+            raise InvalidArgument(name, "given twice")
+        values = _decode(tensor, raw[i] if raw else None)
+        if len(values) != math.prod(tensor.shape):
+            raise InvalidArgument(name, f"{len(values)} elements for shape {list(tensor.shape)}")
+        tensors[name] = (tensor, values)
+    return tensors
+
+
+def _decode(tensor: Tensor, raw: bytes | None) -> list[Any]:
+    dtype, name = tensor.datatype, tensor.name
+    if raw is None:
+        if dtype not in _CONTENTS_FIELD:
+            raise InvalidArgument(name, f"datatype {dtype!r} needs raw_input_contents")
+        return list(getattr(tensor.contents, _CONTENTS_FIELD[dtype]))
+    if dtype == "BYTES":
+        return _unpack_bytes(raw, name)
+    if dtype == "BOOL":
+        return [b != 0 for b in raw]
+    np_dtype = _INT_DTYPES.get(dtype) or _FLOAT_DTYPES.get(dtype)
+    if np_dtype is None:
+        raise InvalidArgument(name, f"datatype {dtype!r} not supported")
+    if len(raw) % np_dtype.itemsize:
+        raise InvalidArgument(name, f"{len(raw)} raw bytes is not a whole number of {dtype}")
+    return np.frombuffer(raw, dtype=np_dtype).tolist()
+
+
+def _unpack_bytes(raw: bytes, name: str) -> list[bytes]:
+    """Splits raw BYTES contents: each element is a little-endian uint32 length, then the bytes."""
+    items, pos = [], 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise InvalidArgument(name, "raw BYTES contents end inside a length prefix")
+        (size,) = struct.unpack_from("<I", raw, pos)
+        pos += 4
+        if pos + size > len(raw):
+            raise InvalidArgument(name, f"raw BYTES element of {size} bytes overruns the contents")
+        items.append(raw[pos : pos + size])
+        pos += size
+    return items
+
+
+def pack_bytes(items: list[bytes]) -> bytes:
+    """Raw BYTES contents of ``items``: each a little-endian uint32 length, then the bytes."""
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def check_dtype(name: str, dtype: str, kind: str) -> None:
+    """Raises InvalidArgument (naming ``name``) unless ``dtype`` holds values of ``kind``
+    (``uint``, ``float``, ``bool`` or ``strings``)."""
+    if dtype not in _KIND_DTYPES[kind]:
+        raise InvalidArgument(
+            name, f"datatype {dtype}; expected one of {sorted(_KIND_DTYPES[kind])}"
+        )

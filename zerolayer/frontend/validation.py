@@ -1,0 +1,154 @@
+"""Validation of public Generate requests into engine requests.
+
+Every rejection is an :class:`InvalidArgument` (or NotFound for the model name) whose message
+starts with the offending field's name.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+import uuid
+from dataclasses import dataclass
+
+from zerolayer.common.config import FrontendConfig
+from zerolayer.common.errors import InvalidArgument, NotFound
+from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
+from zerolayer.frontend.tokenizer import TextTokenizer
+
+MAX_REQUEST_ID_CHARS = 256
+MAX_PROMPT_CHARS_PER_TOKEN = 64
+"""A text prompt longer than max_model_len * this many characters cannot fit the context with any
+usual tokenizer; it is refused before tokenizing (which would cost seconds and memory)."""
+MAX_STOP_STRING_CHARS = 1024
+MAX_UINT32 = 2**32 - 1
+"""Largest max_new_tokens and top_k (uint32 fields of GenerateRequest and EngineRequest)."""
+MAX_UINT64 = 2**64 - 1
+"""Largest seed (a uint64 field)."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What validation needs to know about the served model."""
+
+    name: str
+    vocab_size: int
+    max_model_len: int
+
+
+def validate(
+    params: GenerateParams, model: ServedModel, tokenizer: TextTokenizer, config: FrontendConfig
+) -> EngineRequest:
+    """Checks every field and tokenizes the prompt.
+
+    Returns:
+        The engine request: prompt token ids (text prompts tokenized with BOS per the model's
+        tokenizer config; token-id prompts exactly as given), sampling parameters with defaults
+        (temperature 0 = greedy, top_p 1, top_k off), max_new_tokens (0 -> the default).
+
+    Raises:
+        NotFound: ``model`` names another model.
+        InvalidArgument: any field out of range; the message names the field.
+    """
+    if params.model and params.model != model.name:
+        raise NotFound(f"model: {params.model!r} is not served (serving {model.name!r})")
+    prompt_token_ids = _prompt_token_ids(params, model, tokenizer)
+    if len(prompt_token_ids) >= model.max_model_len:
+        raise InvalidArgument(
+            "prompt",
+            f"{len(prompt_token_ids)} tokens; the model's context "
+            f"length is {model.max_model_len} (prompt must be shorter)",
+        )
+    check_uint("max_new_tokens", params.max_new_tokens, MAX_UINT32)
+    sampling = _sampling(params)
+    _check_strings(params, config)
+    return EngineRequest(
+        request_id=params.request_id or uuid.uuid4().hex,
+        prompt_token_ids=tuple(prompt_token_ids),
+        max_new_tokens=params.max_new_tokens or config.default_max_new_tokens,
+        sampling=sampling,
+        ignore_eos=params.ignore_eos,
+        cache_salt=params.cache_salt,
+    )
+
+
+def _prompt_token_ids(
+    params: GenerateParams, model: ServedModel, tokenizer: TextTokenizer
+) -> list[int]:
+    if params.prompt_token_ids is not None:
+        if not params.prompt_token_ids:
+            raise InvalidArgument("prompt_token_ids", "empty")
+        for i, token_id in enumerate(params.prompt_token_ids):
+            if token_id >= model.vocab_size:
+                raise InvalidArgument(
+                    "prompt_token_ids",
+                    f"id {token_id} at index {i} is not below vocab_size {model.vocab_size}",
+                )
+        return list(params.prompt_token_ids)
+    if not params.prompt:
+        raise InvalidArgument("prompt", "empty (set prompt or prompt_token_ids)")
+    check_text_length("prompt", params.prompt, model)
+    token_ids = tokenizer.encode(params.prompt, add_special_tokens=True)
+    if not token_ids:
+        raise InvalidArgument("prompt", "tokenizes to no tokens")
+    return token_ids
+
+
+def check_text_length(field: str, text: str, model: ServedModel) -> None:
+    """Refuses text far longer than the context could hold, before tokenizing it.
+
+    Raises:
+        InvalidArgument: more than max_model_len * MAX_PROMPT_CHARS_PER_TOKEN characters.
+    """
+    limit = model.max_model_len * MAX_PROMPT_CHARS_PER_TOKEN
+    if len(text) > limit:
+        raise InvalidArgument(
+            field,
+            f"{len(text)} characters; at most {limit} (the model's "
+            f"context is {model.max_model_len} tokens)",
+        )
+
+
+def check_uint(field: str, value: int | None, maximum: int) -> None:
+    """Refuses an integer outside 0..``maximum`` (None: unset, accepted).
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    if value is not None and not 0 <= value <= maximum:
+        raise InvalidArgument(field, f"must be an integer from 0 to {maximum}, got {value}")
+
+
+def _check_strings(params: GenerateParams, config: FrontendConfig) -> None:
+    if len(params.stop) > config.max_stop_strings:
+        raise InvalidArgument(
+            "stop", f"{len(params.stop)} strings; at most {config.max_stop_strings}"
+        )
+    for i, stop in enumerate(params.stop):
+        if not stop or len(stop) > MAX_STOP_STRING_CHARS:
+            raise InvalidArgument(f"stop[{i}]", f"must be 1 to {MAX_STOP_STRING_CHARS} characters")
+    if len(params.cache_salt.encode()) > config.max_cache_salt_bytes:
+        raise InvalidArgument("cache_salt", f"longer than {config.max_cache_salt_bytes} bytes")
+    if len(params.request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidArgument("request_id", f"longer than {MAX_REQUEST_ID_CHARS} characters")
+    # NOTE: the id is echoed and written to logs and traces, where a newline or NUL could forge
+    # or cut a line.
+    control = next((c for c in params.request_id if unicodedata.category(c) == "Cc"), None)
+    if control is not None:
+        raise InvalidArgument(
+            "request_id", f"contains the control character {control!r} (none are allowed)"
+        )
+
+
+def _sampling(params: GenerateParams) -> SamplingParams:
+    temperature = 0.0 if params.temperature is None else params.temperature
+    if not math.isfinite(temperature) or temperature < 0:
+        raise InvalidArgument("temperature", f"must be a finite number >= 0, got {temperature}")
+    top_p = 1.0 if params.top_p is None else params.top_p
+    if not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise InvalidArgument("top_p", f"must be in (0, 1], got {top_p}")
+    check_uint("top_k", params.top_k, MAX_UINT32)
+    check_uint("seed", params.seed, MAX_UINT64)
+    return SamplingParams(
+        temperature=temperature, top_p=top_p, top_k=params.top_k or 0, seed=params.seed
+    )

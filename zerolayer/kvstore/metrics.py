@@ -1,0 +1,49 @@
+"""Prometheus metrics of the kvstore, read from the store at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from zerolayer.kvstore.kv_store import KVStore
+
+
+class KVStoreCollector(Collector):
+    """Exports block counts and prefix-cache counters (names prefixed ``zerolayer_kv_``)."""
+
+    def __init__(self, store: KVStore) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._store.stats()
+        blocks = GaugeMetricFamily("zerolayer_kv_blocks", "KV blocks by state", labels=["state"])
+        blocks.add_metric(["used"], s.num_blocks_used)
+        blocks.add_metric(["free"], s.num_blocks_free)
+        blocks.add_metric(["cached"], s.num_blocks_cached)
+        yield blocks
+        yield GaugeMetricFamily(
+            "zerolayer_kv_blocks_total", "KV blocks in the arena", value=s.num_blocks_total
+        )
+        yield CounterMetricFamily(
+            "zerolayer_kv_prefix_queries", "Prefix-cache lookups", value=s.num_prefix_queries
+        )
+        yield CounterMetricFamily(
+            "zerolayer_kv_prefix_query_tokens",
+            "Tokens asked about in prefix-cache lookups",
+            value=s.num_prefix_query_tokens,
+        )
+        yield CounterMetricFamily(
+            "zerolayer_kv_prefix_hit_tokens",
+            "Tokens found in the prefix cache",
+            value=s.num_prefix_hit_tokens,
+        )
+        yield GaugeMetricFamily(
+            "zerolayer_kv_prefix_hit_ratio",
+            "Prefix-cache hit tokens / query tokens since start",
+            value=s.prefix_hit_ratio,
+        )
+        yield CounterMetricFamily(
+            "zerolayer_kv_evictions", "Cached blocks evicted for reuse", value=s.num_evictions
+        )

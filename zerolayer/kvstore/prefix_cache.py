@@ -1,0 +1,251 @@
+"""Content-addressed KV blocks: prefix reuse across requests, isolated per cache salt.
+
+Each full block of ``block_size`` tokens gets a hash chained to its parent's,
+``h_i = H(h_{i-1} || token ids of block i || extra keys)`` with ``H`` = xxh3-128 and extra keys =
+the model fingerprint and the request's cache salt (length-prefixed), the scheme of vLLM's
+automatic prefix caching (docs "Automatic Prefix Caching"; Kwon et al. 2023). Only full blocks are
+cached. Freed blocks keep their content and stay findable, in the free queue's LRU order, until
+allocation takes them (eviction).
+
+Collisions: a hit is only taken when the candidate block's stored key (parent hash, token ids,
+salt) equals the one being looked up, so two different blocks whose hashes collide never share
+KV. A key names its parent by hash, so a hash keeps the one content it first stood for as long as
+any known block has it as its own or its parent's hash; by induction over the chain the whole
+prefix then matches token for token. A colliding block is simply not cached, nor is any block
+after it. Different salts give different keys, so tenants never share blocks (closing the
+timing side channel of a shared cache); the empty salt is one shared namespace.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.kvstore.block_pool import BlockPool
+
+HashFn = Callable[[bytes], bytes]
+"""Maps bytes to a block hash; injectable so tests can force collisions."""
+
+ROOT_HASH = b"\x00" * 16
+"""Parent hash of a sequence's first block."""
+
+
+def xxh3_128(data: bytes) -> bytes:
+    """The 16-byte xxh3-128 digest of ``data``."""
+    return xxhash.xxh3_128_digest(data)
+
+
+@dataclass(frozen=True)
+class BlockKey:
+    """Everything a full block's KV depends on (besides the model, fixed per kvstore)."""
+
+    parent_hash: bytes
+    token_ids: tuple[int, ...]
+    cache_salt: str
+
+
+@dataclass(frozen=True)
+class CommitEntry:
+    """A block that became full: ``token_ids`` are its ``block_size`` tokens."""
+
+    block_id: int
+    parent_block_id: int | None
+    """The previous block of the sequence; None for the first block."""
+    token_ids: tuple[int, ...]
+
+
+@dataclass
+class PrefixCacheStats:
+    """Counters since start."""
+
+    num_queries: int = 0
+    num_query_tokens: int = 0
+    num_hit_tokens: int = 0
+    num_evictions: int = 0
+
+    @property
+    def hit_ratio(self) -> float:
+        """Hit tokens over queried tokens (0 before any query)."""
+        return self.num_hit_tokens / self.num_query_tokens if self.num_query_tokens else 0.0
+
+
+class PrefixCache:
+    """A :class:`BlockPool` whose full blocks can be found again by content.
+
+    Raises (from its methods):
+        InvalidArgument: malformed token lists or block ids.
+    """
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        fingerprint: str,
+        enabled: bool = True,
+        hash_fn: HashFn = xxh3_128,
+    ) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.enabled = enabled
+        self._fingerprint = fingerprint.encode()
+        self._hash_fn = hash_fn
+        self.cached_block_hash: dict[bytes, int] = {}
+        """Hash -> the block registered under it."""
+        self.block_keys: dict[int, tuple[bytes, BlockKey]] = {}
+        """Block id -> (hash, key) for every block whose content is known."""
+        self._hash_keys: dict[bytes, tuple[BlockKey, int]] = {}
+        """Hash -> (the key it stands for, how many known blocks have it as own or parent hash)."""
+        self.stats = PrefixCacheStats()
+
+    def hash_block(self, key: BlockKey) -> bytes:
+        """The chained hash of one full block."""
+        salt = key.cache_salt.encode()
+        data = b"".join(
+            (
+                key.parent_hash,
+                np.asarray(key.token_ids, dtype=np.uint32).tobytes(),
+                struct.pack("<I", len(self._fingerprint)),
+                self._fingerprint,
+                struct.pack("<I", len(salt)),
+                salt,
+            )
+        )
+        return self._hash_fn(data)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks findable by content (free or in use)."""
+        return len(self.cached_block_hash)
+
+    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+        """Finds the longest cached prefix and takes a reference on each of its blocks.
+
+        At most the full blocks within the first ``len(token_ids) - 1`` tokens are returned, so the
+        caller always computes at least the last token (it needs its logits).
+
+        Returns:
+            Block ids of the cached prefix, in order (``len * block_size`` tokens are cached).
+        """
+        self.stats.num_queries += 1
+        self.stats.num_query_tokens += len(token_ids)
+        if not self.enabled:
+            return []
+        num_full = max(len(token_ids) - 1, 0) // self.block_size
+        parent = ROOT_HASH
+        hits: list[int] = []
+        for i in range(num_full):
+            key = BlockKey(
+                parent,
+                tuple(token_ids[i * self.block_size : (i + 1) * self.block_size]),
+                cache_salt,
+            )
+            block_hash = self.hash_block(key)
+            block_id = self.cached_block_hash.get(block_hash)
+            if block_id is None or self.block_keys[block_id][1] != key:
+                break  # a miss, or a hash collision with different content
+            hits.append(block_id)
+            parent = block_hash
+        self.pool.incref(hits)
+        self.stats.num_hit_tokens += len(hits) * self.block_size
+        return hits
+
+    def commit(self, entries: Sequence[CommitEntry], cache_salt: str) -> int:
+        """Registers blocks that became full (their KV is computed), in sequence order.
+
+        A block whose parent's content is unknown (e.g. after a kvstore restart, or the parent
+        was not committed, or its hash collided) is not registered. A block whose content is already
+        registered under another block id stays unregistered (the first copy is kept), but blocks
+        after it are registered.
+
+        Returns:
+            How many blocks were newly registered.
+
+        Raises:
+            InvalidArgument: wrong token count, or a block that is not allocated.
+        """
+        if not self.enabled:
+            return 0
+        registered = 0
+        for entry in entries:
+            if len(entry.token_ids) != self.block_size:
+                raise InvalidArgument(
+                    "token_ids",
+                    f"{len(entry.token_ids)} tokens, a full block has {self.block_size}",
+                )
+            if not 0 <= entry.block_id < self.pool.num_blocks or (
+                self.pool.ref_cnt[entry.block_id] == 0
+            ):
+                raise InvalidArgument("block_id", f"block {entry.block_id} is not allocated")
+            self._unlink(entry.block_id)
+            if entry.parent_block_id is None:
+                parent_hash = ROOT_HASH
+            elif entry.parent_block_id in self.block_keys:
+                parent_hash = self.block_keys[entry.parent_block_id][0]
+            else:
+                continue
+            key = BlockKey(parent_hash, tuple(entry.token_ids), cache_salt)
+            block_hash = self.hash_block(key)
+            known = self._hash_keys.get(block_hash)
+            if known is not None and known[0] != key:
+                continue  # a collision: the content stays unknown, so blocks after it are skipped
+            self._link(entry.block_id, block_hash, key)
+            if block_hash not in self.cached_block_hash:
+                self.cached_block_hash[block_hash] = entry.block_id
+                registered += 1
+        return registered
+
+    def allocate(self, num_blocks: int) -> list[int]:
+        """Takes free blocks (least recently freed first), evicting their cached content.
+
+        Raises:
+            ResourceExhausted: fewer free blocks than asked.
+        """
+        block_ids = self.pool.allocate(num_blocks)
+        for block_id in block_ids:
+            self._forget(block_id)
+        return block_ids
+
+    def free(self, block_ids: list[int]) -> None:
+        """Drops one reference from each block; cached content stays findable until evicted."""
+        self.pool.free(block_ids)
+
+    def reconcile(self, held_block_ids: list[int]) -> int:
+        """Rebuilds reference counts (see :meth:`BlockPool.reconcile`); content stays cached."""
+        return self.pool.reconcile(held_block_ids)
+
+    def _forget(self, block_id: int) -> None:
+        if self._unlink(block_id):
+            self.stats.num_evictions += 1
+
+    def _link(self, block_id: int, block_hash: bytes, key: BlockKey) -> None:
+        self.block_keys[block_id] = (block_hash, key)
+        for used in _hashes_used(block_hash, key):
+            stored, num_users = self._hash_keys.get(used, (key, 0))
+            self._hash_keys[used] = (stored, num_users + 1)
+
+    def _unlink(self, block_id: int) -> bool:
+        """Forgets a block's content; returns True if it was the registered copy."""
+        entry = self.block_keys.pop(block_id, None)
+        if entry is None:
+            return False
+        block_hash, key = entry
+        for used in _hashes_used(block_hash, key):
+            stored, num_users = self._hash_keys[used]
+            if num_users == 1:
+                del self._hash_keys[used]
+            else:
+                self._hash_keys[used] = (stored, num_users - 1)
+        if self.cached_block_hash.get(block_hash) != block_id:
+            return False
+        del self.cached_block_hash[block_hash]
+        return True
+
+
+def _hashes_used(block_hash: bytes, key: BlockKey) -> tuple[bytes, ...]:
+    """The hashes whose meaning a known block relies on: its own and its parent's."""
+    return (block_hash,) if key.parent_hash == ROOT_HASH else (block_hash, key.parent_hash)

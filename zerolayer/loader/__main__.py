@@ -1,0 +1,117 @@
+"""``python -m zerolayer.loader --address unix:PATH --model DIR``: run the loader alone."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from zerolayer.common.config import LoaderConfig
+from zerolayer.common.device import add_device_argument, fd_socket_path, resolve_device
+from zerolayer.sharing.handle_kinds import offered_kinds
+from zerolayer.common.metrics import add_metrics_port, serve_metrics
+from zerolayer.common.server import (
+    LayerServer,
+    ServiceBinding,
+    exit_with_launcher,
+    run_layer,
+    setup_logging,
+)
+from zerolayer.common.tracing import Tracing, TracingConfig
+from zerolayer.loader.metrics import LoaderCollector
+from zerolayer.loader.server import LoaderServicer
+from zerolayer.loader.weight_store import WeightStore
+from zerolayer.v1 import loader_pb2, loader_pb2_grpc
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Flags of the loader."""
+    parser = parser or argparse.ArgumentParser(prog="zerolayer loader", description=__doc__)
+    parser.add_argument("--address", required=True, help="gRPC address, e.g. unix:/run/x.sock")
+    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument("--model-name", default="", help="name to serve the model under")
+    parser.add_argument("--no-prefetch", action="store_true", help="skip kernel read-ahead")
+    add_device_argument(parser, "where the weights are served from")
+    parser.add_argument(
+        "--fd-keeper",
+        default="",
+        help="unix socket of the launcher's descriptor keeper (zerolayer up sets it): on a GPU "
+        "the weights' device memory survives restarts of this layer",
+    )
+    add_metrics_port(parser)
+    return parser
+
+
+async def serve(config: LoaderConfig, tracing: Tracing) -> None:
+    """Maps the checkpoint, then serves until SIGTERM."""
+    store = WeightStore(Path(config.model_dir), config.model_name)
+    if config.prefetch:
+        store.prefetch()
+    device = resolve_device(config.device)
+    device_weights = None
+    if device.is_cuda:
+        from zerolayer.loader.device_weights import DeviceWeights  # torch: GPU only
+
+        # The device copy starts once the server is up; importers wait for its layers through
+        # GetResidency.
+        device_weights = DeviceWeights(
+            store.manifest,
+            store.files,
+            store.model_config.num_hidden_layers,
+            device.index,
+            offered_kinds(str(device))[0],
+            fd_socket_path(config.address, "loader", os.getpid()),
+            keeper=config.fd_keeper,
+        )
+    name = loader_pb2.DESCRIPTOR.services_by_name["Loader"].full_name
+    servicer = LoaderServicer(store, device_weights)
+    server = LayerServer(
+        config.address,
+        [ServiceBinding(loader_pb2_grpc.add_LoaderServicer_to_server, servicer, name)],
+        tracing=tracing,
+    )
+    serve_metrics(
+        config.metrics_port, host=config.metrics_host, collectors=[LoaderCollector(store)]
+    )
+
+    async def on_start() -> None:
+        if device_weights is not None:
+            device_weights.start_copy()
+
+    async def on_stop() -> None:
+        if device_weights is not None:
+            device_weights.close()
+        store.close()
+
+    await run_layer(server, on_start=on_start, on_stop=on_stop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the loader with parsed flags."""
+    exit_with_launcher(dict(os.environ))
+    setup_logging("loader")
+    config = LoaderConfig(
+        address=args.address,
+        model_dir=args.model,
+        model_name=args.model_name,
+        prefetch=not args.no_prefetch,
+        device=args.device,
+        fd_keeper=args.fd_keeper,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
+    asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "loader"))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

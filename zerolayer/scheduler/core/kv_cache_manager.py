@@ -1,0 +1,229 @@
+"""The scheduler's view of KV memory: block tables of its requests over the kvstore's block pool,
+with prefix reuse (lookup on admission, commit of blocks as they fill)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from zerolayer.kvstore.prefix_cache import CommitEntry
+from zerolayer.scheduler.core.request import Request
+
+log = logging.getLogger(__name__)
+
+
+class KVStoreUnavailable(Exception):
+    """The kvstore cannot be used right now (down, restarting, or not reconciled yet)."""
+
+
+class ArenaChanged(Exception):
+    """The kvstore came back with a new arena (its file was recreated): the KV of every running
+    sequence is gone. Carries the new arena mapping."""
+
+    def __init__(self, arena: object) -> None:
+        super().__init__("kvstore arena was recreated: the KV cache of running requests is gone")
+        self.arena = arena
+
+
+class BlockAllocator(Protocol):
+    """The operations the scheduler needs from the kvstore.
+
+    Every method may raise :class:`KVStoreUnavailable`.
+    """
+
+    num_blocks_total: int
+
+    def allocate(self, num_blocks: int) -> list[int] | None:
+        """Takes blocks with ref_cnt 1; None (nothing taken) when too few are free."""
+
+    def free(self, block_ids: list[int]) -> None:
+        """Drops one reference from each block."""
+
+    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+        """Blocks of the longest cached prefix (never covering the last token), referenced."""
+
+    def commit(self, entries: Sequence[tuple[CommitEntry, str]]) -> None:
+        """Registers full blocks (each with its sequence's cache salt)."""
+
+    def reconcile(self, held_block_ids: list[int]) -> int:
+        """Declares every block reference held; returns how many counts changed."""
+
+
+class KVCacheManager:
+    """Grows, fills and frees the block tables of requests.
+
+    A request's block table ``block_ids`` covers tokens ``[0, len(block_ids) * block_size)``;
+    token ``p`` lives in block ``block_ids[p // block_size]`` at offset ``p % block_size``.
+    When the kvstore fails, ``needs_reconcile`` is set: before allocating again, the manager
+    declares what its requests hold (:meth:`reconcile`), so a restarted kvstore rebuilds its
+    reference counts and nothing is lost or handed out twice.
+    """
+
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        block_size: int,
+        clock: Callable[[], float] = time.monotonic,
+        reconcile_interval_s: float = 1.0,
+    ) -> None:
+        """
+        Args:
+            allocator: the kvstore (or an in-process pool).
+            block_size: tokens per block.
+            clock: seconds, monotonic; when the kvstore became unusable (tests inject one).
+            reconcile_interval_s: least time between two reconcile attempts while the kvstore
+                is unusable, seconds; a hung kvstore then costs the engine at most one probe
+                (the client's probe deadline) per interval.
+        """
+        self.clock = clock
+        self.reconcile_interval_s = reconcile_interval_s
+        self._next_reconcile = 0.0
+        self.num_reconcile_attempts = 0
+        """Reconcile calls made to the kvstore so far."""
+        self.allocator = allocator
+        self.block_size = block_size
+        self.num_blocks_held = 0
+        self.needs_reconcile = False
+        self.unusable_since: float | None = None
+        """``clock()`` when the first call that failed since the kvstore was last usable began;
+        None while it is usable."""
+        self.last_error = ""
+        """The latest failure, for messages (e.g. "UNAVAILABLE: failed to connect")."""
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def _failed(self, what: str, exc: Exception, started: float) -> None:
+        if not self.needs_reconcile:
+            log.warning("kvstore unusable (%s: %s); will reconcile when it is back", what, exc)
+            self._next_reconcile = self.clock() + self.reconcile_interval_s
+        self.needs_reconcile = True
+        self.last_error = str(exc)
+        if self.unusable_since is None:
+            self.unusable_since = started
+
+    def _check_usable(self) -> None:
+        # NOTE: until the kvstore has been told what this scheduler holds, only reconcile() talks
+        # to it: a restarted kvstore must not hand out blocks before it knows which are taken,
+        # and a hung one would block the engine for a deadline per call.
+        if self.needs_reconcile:
+            raise KVStoreUnavailable(f"not reconciled yet ({self.last_error})")
+
+    def get_computed_blocks(self, request: Request) -> int:
+        """Takes the cached prefix of a request that holds no blocks; returns its token count.
+
+        Raises:
+            KVStoreUnavailable: the lookup failed (nothing is held).
+        """
+        self._check_usable()
+        started = self.clock()
+        try:
+            block_ids = self.allocator.lookup(request.all_token_ids, request.cache_salt)
+        except KVStoreUnavailable as exc:
+            self._failed("lookup", exc, started)
+            raise
+        request.block_ids = list(block_ids)
+        request.num_committed_blocks = len(block_ids)
+        request.num_computed_tokens = len(block_ids) * self.block_size
+        self.num_blocks_held += len(block_ids)
+        return request.num_computed_tokens
+
+    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
+        """Makes room for the request's next ``num_new_tokens`` tokens.
+
+        Returns:
+            False if the pool has too few free blocks; the request is then unchanged.
+
+        Raises:
+            KVStoreUnavailable: the kvstore could not be asked (the request is unchanged).
+        """
+        needed = self.num_blocks_for(request.num_computed_tokens + num_new_tokens)
+        missing = needed - len(request.block_ids)
+        if missing <= 0:
+            return True
+        self._check_usable()
+        started = self.clock()
+        try:
+            block_ids = self.allocator.allocate(missing)
+        except KVStoreUnavailable as exc:
+            self._failed("allocate", exc, started)
+            raise
+        if block_ids is None:
+            return False
+        request.block_ids.extend(block_ids)
+        self.num_blocks_held += len(block_ids)
+        return True
+
+    def free(self, request: Request) -> None:
+        """Releases every block of the request (tail first, so the prefix is evicted last).
+
+        Never raises: if the kvstore is down, the reference is dropped here and the next
+        reconcile releases it there.
+        """
+        if not request.block_ids:
+            return
+        block_ids, request.block_ids = request.block_ids, []
+        request.num_committed_blocks = 0
+        self.num_blocks_held -= len(block_ids)
+        if self.needs_reconcile:
+            return  # the next reconcile declares the blocks no longer held
+        started = self.clock()
+        try:
+            self.allocator.free(block_ids[::-1])
+        except KVStoreUnavailable as exc:
+            self._failed("free", exc, started)
+
+    def commit_full_blocks(self, requests: Iterable[Request]) -> None:
+        """Registers the blocks that became full (all their tokens computed) since last time.
+
+        Never raises: a failed commit only means those blocks are not findable later.
+        """
+        entries: list[tuple[CommitEntry, str]] = []
+        for request in requests:
+            num_full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
+            if num_full <= request.num_committed_blocks:
+                continue
+            for i in range(request.num_committed_blocks, num_full):
+                parent = request.block_ids[i - 1] if i else None
+                block_tokens = tuple(
+                    request.token_slice(i * self.block_size, (i + 1) * self.block_size)
+                )
+                entries.append(
+                    (CommitEntry(request.block_ids[i], parent, block_tokens), request.cache_salt)
+                )
+            request.num_committed_blocks = num_full
+        if not entries or self.needs_reconcile:
+            return
+        started = self.clock()
+        try:
+            self.allocator.commit(entries)
+        except KVStoreUnavailable as exc:
+            self._failed("commit", exc, started)
+
+    def reconcile(self, requests: Iterable[Request], force: bool = False) -> bool:
+        """Declares every block the requests hold; returns True once the kvstore accepted it.
+
+        Tries at most every ``reconcile_interval_s`` (False without a call in between) unless
+        ``force``.
+        """
+        if not force and self.clock() < self._next_reconcile:
+            return False
+        self.num_reconcile_attempts += 1
+        held = [block_id for r in requests for block_id in r.block_ids]
+        try:
+            changed = self.allocator.reconcile(held)
+        except KVStoreUnavailable as exc:
+            self.last_error = str(exc)
+            self._next_reconcile = self.clock() + self.reconcile_interval_s
+            return False
+        log.info(
+            "reconciled %d held block(s) with the kvstore (%d count(s) corrected)",
+            len(held),
+            changed,
+        )
+        self.needs_reconcile = False
+        self.unusable_since = None
+        return True

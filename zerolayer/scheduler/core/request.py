@@ -1,0 +1,91 @@
+"""Per-request state inside the scheduler."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from zerolayer.common.generation import EngineRequest, FinishReason
+
+
+class RequestStatus(enum.IntEnum):
+    """States of a request; WAITING -> RUNNING (-> PREEMPTED -> RUNNING)* -> FINISHED."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+
+
+class Request:
+    """A request's tokens, KV blocks and progress.
+
+    ``num_computed_tokens`` counts the tokens (prompt then output) whose KV is in the cache; the
+    next step feeds tokens ``[num_computed_tokens, num_tokens)``.
+    """
+
+    def __init__(self, engine_request: EngineRequest, arrival_index: int) -> None:
+        self.request_id = engine_request.request_id
+        self.prompt_token_ids = list(engine_request.prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.max_new_tokens = engine_request.max_new_tokens
+        self.sampling = engine_request.sampling
+        self.ignore_eos = engine_request.ignore_eos
+        self.cache_salt = engine_request.cache_salt
+        self.arrival_index = arrival_index
+        self.status = RequestStatus.WAITING
+        self.finish_reason = FinishReason.UNSPECIFIED
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.block_ids: list[int] = []
+        self.num_committed_blocks = 0
+        """Leading blocks of ``block_ids`` already registered in the prefix cache."""
+        self.arrival_time = time.monotonic()
+        self.admitted_time: float | None = None
+        self.last_token_time: float | None = None
+        self.trace: object | None = None
+        """A RequestTrace when tracing is on (duck-typed: the scheduler does not import OTel)."""
+        self.num_preemptions = 0
+        self.generator = torch.Generator()
+        if self.sampling.seed is not None:
+            self.generator.manual_seed(self.sampling.seed)
+        else:
+            self.generator.seed()
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt length."""
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt then output token ids (a new list)."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, index: int) -> int:
+        """Token id at position ``index`` of prompt + output (no list is built)."""
+        num_prompt = len(self.prompt_token_ids)
+        if index < num_prompt:
+            return self.prompt_token_ids[index]
+        return self.output_token_ids[index - num_prompt]
+
+    def token_slice(self, first: int, end: int) -> list[int]:
+        """Token ids at positions ``[first, end)`` of prompt + output."""
+        num_prompt = len(self.prompt_token_ids)
+        if end <= num_prompt:
+            return self.prompt_token_ids[first:end]
+        if first >= num_prompt:
+            return self.output_token_ids[first - num_prompt : end - num_prompt]
+        return self.prompt_token_ids[first:] + self.output_token_ids[: end - num_prompt]
+
+    @property
+    def is_finished(self) -> bool:
+        """True once a finish reason is set."""
+        return self.status == RequestStatus.FINISHED

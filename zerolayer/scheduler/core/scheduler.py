@@ -1,0 +1,320 @@
+"""Continuous (iteration-level) batching with chunked prefill and recompute preemption.
+
+Each step feeds every running request its next tokens (a decode token, or a chunk of prompt), then
+admits waiting requests while the token budget, ``max_num_seqs`` and free KV blocks allow. When a
+running request cannot get a block, the most recently admitted request is preempted: its blocks are
+freed and it is recomputed from scratch later. Sources: Yu et al. 2022, "Orca" (iteration-level
+scheduling); Kwon et al. 2023, "PagedAttention" (recompute preemption); Agrawal et al. 2023,
+"SARATHI" (chunked prefill).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+from zerolayer.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput
+from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager, KVStoreUnavailable
+from zerolayer.scheduler.core.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulingPolicy:
+    """Limits of one scheduling step."""
+
+    max_num_seqs: int
+    """Most requests in the running set."""
+    max_num_batched_tokens: int
+    """Token budget per step."""
+    max_model_len: int
+    """Context length: prompt plus output never exceed it."""
+    kv_unavailable_timeout_s: float = 30.0
+    """How long requests that need the kvstore wait for it to come back (a supervised kvstore
+    restarts in seconds); after that they end with UNAVAILABLE."""
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """A request fed tokens ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``."""
+
+    request: Request
+    num_computed_tokens: int
+    num_new_tokens: int
+    samples: bool
+    """True when this step reaches the request's last token, so a new token is sampled."""
+
+
+@dataclass
+class SchedulerOutput:
+    """The plan of one step."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
+    failed: dict[str, Unavailable] = field(default_factory=dict)
+    """Requests ended this step because the kvstore stayed unusable, by request_id; they are
+    no longer in the scheduler (their blocks are released)."""
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens fed to the model this step."""
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """Owns the waiting queue and running set; not thread-safe (the engine thread drives it)."""
+
+    def __init__(
+        self, policy: SchedulingPolicy, kv: KVCacheManager, eos_token_ids: tuple[int, ...]
+    ) -> None:
+        self.policy = policy
+        self.kv = kv
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._arrivals = 0
+
+    def add_request(self, engine_request: EngineRequest) -> Request:
+        """Queues a request.
+
+        Raises:
+            InvalidArgument: request_id already in flight; empty prompt; max_new_tokens 0; prompt
+                at or past the context length.
+            ResourceExhausted: the request could never fit in the whole KV arena.
+        """
+        if engine_request.request_id in self.requests:
+            raise InvalidArgument("request_id", f"{engine_request.request_id!r} is in flight")
+        num_prompt = len(engine_request.prompt_token_ids)
+        if num_prompt == 0:
+            raise InvalidArgument("prompt_token_ids", "empty")
+        if engine_request.max_new_tokens <= 0:
+            raise InvalidArgument("max_new_tokens", "must be > 0")
+        if num_prompt >= self.policy.max_model_len:
+            raise InvalidArgument(
+                "prompt", f"{num_prompt} tokens; the context length is {self.policy.max_model_len}"
+            )
+        # The last generated token is never fed back, so its KV is never stored.
+        max_kv = min(num_prompt + engine_request.max_new_tokens, self.policy.max_model_len) - 1
+        total = self.kv.allocator.num_blocks_total
+        if self.kv.num_blocks_for(max_kv) > total:
+            field = "prompt" if self.kv.num_blocks_for(num_prompt) > total else "max_new_tokens"
+            raise ResourceExhausted(
+                f"{field}: {max_kv} tokens of KV need {self.kv.num_blocks_for(max_kv)} blocks, "
+                f"the arena has {total}"
+            )
+        request = Request(engine_request, self._arrivals)
+        self._arrivals += 1
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        return request
+
+    def abort_request(self, request_id: str) -> bool:
+        """Removes a request and frees its blocks at once. Returns False if it is unknown."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        self._finish(request, FinishReason.ABORT)
+        return True
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self.requests)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plans the next step (taking cached prefixes and allocating KV blocks for it).
+
+        While the kvstore is unusable, requests that fit in the blocks they hold keep running;
+        those that need a new block, and admissions, wait for it to come back, for at most
+        ``policy.kv_unavailable_timeout_s``; then they are ended (``SchedulerOutput.failed``).
+        """
+        output = SchedulerOutput()
+        num_probes = self.kv.num_reconcile_attempts
+        kv_usable = not self.kv.needs_reconcile or self.kv.reconcile(self.running)
+        budget = self.policy.max_num_batched_tokens
+        blocked: list[Request] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            try:
+                if not self._allocate_or_preempt(request, num_new, output):
+                    break  # the request itself was preempted; everything after it too
+            except KVStoreUnavailable:
+                kv_usable = False
+                blocked.append(request)
+                index += 1
+                continue
+            output.scheduled.append(self._scheduled(request, num_new))
+            budget -= num_new
+            index += 1
+        while (
+            kv_usable
+            and self.waiting
+            and budget > 0
+            and not output.preempted_request_ids
+            and len(self.running) < self.policy.max_num_seqs
+        ):
+            request = self.waiting[0]
+            try:
+                num_new = self._admit(request, budget)
+            except KVStoreUnavailable:
+                break
+            if num_new is None:
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            output.scheduled.append(self._scheduled(request, num_new))
+            budget -= num_new
+        if not kv_usable:
+            probed = self.kv.num_reconcile_attempts > num_probes
+            self._fail_if_kv_down_too_long(blocked, output, probed)
+        return output
+
+    def _fail_if_kv_down_too_long(
+        self, blocked: list[Request], output: SchedulerOutput, probed: bool
+    ) -> None:
+        """Ends the requests waiting on the kvstore once it has been unusable for longer than
+        ``kv_unavailable_timeout_s``: the waiting ones and the running ones that need a block.
+        Running requests that fit in the blocks they hold go on. Unless this step already asked,
+        the kvstore is probed once more first (reconcile attempts are spaced out), so a request
+        is not failed for an outage that has just ended."""
+        since = self.kv.unusable_since
+        timeout_s = self.policy.kv_unavailable_timeout_s
+        if since is None or self.kv.clock() - since < timeout_s:
+            return
+        if not probed and self.kv.reconcile(self.running, force=True):
+            return  # back after all: they are scheduled next step
+        error = Unavailable(
+            f"kvstore: unusable for more than {timeout_s:g} s ({self.kv.last_error}); "
+            "the request needs it for KV blocks"
+        )
+        for request in [*blocked, *self.waiting]:
+            self._finish(request, FinishReason.ABORT)
+            output.failed[request.request_id] = error
+
+    @staticmethod
+    def _scheduled(request: Request, num_new: int) -> ScheduledRequest:
+        first = request.num_computed_tokens
+        return ScheduledRequest(request, first, num_new, first + num_new == request.num_tokens)
+
+    def _admit(self, request: Request, budget: int) -> int | None:
+        """Takes the request's cached prefix and blocks for its first chunk.
+
+        Returns:
+            Tokens to feed this step, or None when the pool is full (nothing is held then).
+        """
+        trace = request.trace
+        with trace.context_load() if trace is not None else nullcontext() as load:
+            num_cached = self.kv.get_computed_blocks(request)
+            if request.status == RequestStatus.WAITING:
+                # Only a first admission reports cached prompt tokens (a recompute after
+                # preemption, even one before the first output token, may hit its own blocks).
+                request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            try:
+                admitted = self.kv.allocate_slots(request, num_new)
+            except KVStoreUnavailable:
+                self._release(request)
+                raise
+            if trace is not None:
+                trace.set_context(load, request.num_prompt_tokens, request.num_cached_tokens)
+        if not admitted:
+            self._release(request)
+            return None
+        if trace is not None:
+            trace.admitted()
+        if request.admitted_time is None:
+            request.admitted_time = time.monotonic()
+        return num_new
+
+    def _release(self, request: Request) -> None:
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, output: SchedulerOutput) -> bool:
+        while not self.kv.allocate_slots(request, num_new):
+            victim = self.running.pop()
+            self._preempt(victim)
+            output.preempted_request_ids.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self._release(request)
+        request.num_preemptions += 1
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[RequestOutput]:
+        """Applies a step's results.
+
+        Args:
+            sampled_token_ids: one token per scheduled request whose ``samples`` is True, in the
+                order of ``output.scheduled``.
+
+        Returns:
+            One output per request that got a new token (finished ones carry their reason).
+        """
+        results: list[RequestOutput] = []
+        for item in output.scheduled:
+            item.request.num_computed_tokens = item.num_computed_tokens + item.num_new_tokens
+        # Register full blocks before any request finishes and frees them: a follow-up turn then
+        # reuses this answer's KV as well as its prompt's.
+        self.kv.commit_full_blocks(item.request for item in output.scheduled)
+        tokens = iter(sampled_token_ids)
+        for item in output.scheduled:
+            request = item.request
+            if not item.samples:
+                continue
+            token_id = next(tokens)
+            request.output_token_ids.append(token_id)
+            if request.trace is not None and len(request.output_token_ids) == 1:
+                request.trace.first_token()
+            reason = self._check_stop(request, token_id)
+            if reason != FinishReason.UNSPECIFIED:
+                self._finish(request, reason)
+            results.append(
+                RequestOutput(
+                    request.request_id,
+                    (token_id,),
+                    reason,
+                    request.num_prompt_tokens,
+                    request.num_cached_tokens,
+                )
+            )
+        return results
+
+    def _check_stop(self, request: Request, token_id: int) -> FinishReason:
+        if not request.ignore_eos and token_id in self.eos_token_ids:
+            return FinishReason.EOS
+        if len(request.output_token_ids) >= request.max_new_tokens:
+            return FinishReason.LENGTH
+        if request.num_tokens >= self.policy.max_model_len:
+            return FinishReason.LENGTH
+        return FinishReason.UNSPECIFIED
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        if request.trace is not None:
+            request.trace.finished(
+                reason,
+                request.num_prompt_tokens,
+                request.num_cached_tokens,
+                len(request.output_token_ids),
+                request.num_preemptions,
+            )
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        del self.requests[request.request_id]

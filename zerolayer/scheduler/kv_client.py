@@ -1,0 +1,210 @@
+"""The scheduler's client of the kvstore: block allocation, prefix reuse and the arena mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TypeVar
+
+import grpc
+import torch
+from opentelemetry import trace
+
+from zerolayer.common.convert import device_memory_from_pb
+from zerolayer.common.device import CPU, Device
+from zerolayer.checkpoints.dtypes import torch_dtype
+from zerolayer.sharing.handle_kinds import importer_kinds
+from zerolayer.sharing.manifest import HandleKind
+from zerolayer.common.server import CHANNEL_OPTIONS
+from zerolayer.common.tracing import Tracing
+from zerolayer.kvstore.arena import ArenaLayout, map_arena
+from zerolayer.kvstore.prefix_cache import CommitEntry
+from zerolayer.scheduler.core.kv_cache_manager import ArenaChanged, KVStoreUnavailable
+from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
+
+T = TypeVar("T")
+
+UNUSABLE_CODES = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.CANCELLED,
+)
+"""Down, restarting, or restarted and not reconciled yet: all mean "try again later"."""
+
+
+class KVStoreError(RuntimeError):
+    """The kvstore refused a call for a reason retrying will not fix (e.g. it was restarted with
+    a smaller arena, so a held block id is out of range); the message names the method and the
+    status, without the gRPC exception's repr."""
+
+
+class KVStoreClient:
+    """Blocking client used from the engine thread (implements ``BlockAllocator``)."""
+
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = 3.0,
+        tracing: Tracing | None = None,
+        probe_timeout_s: float = 1.0,
+        device: Device = CPU,
+    ) -> None:
+        """
+        Args:
+            address: the kvstore's gRPC address.
+            timeout_s: deadline of each block call, seconds (a local kvstore answers in
+                milliseconds; the engine thread waits this long on a hung one).
+            probe_timeout_s: deadline of Reconcile and the GetArena after it, seconds: the
+                calls that probe a kvstore already found unusable.
+            tracing: CLIENT spans for calls made inside a traced request.
+            device: where the model computes; the arena must be mappable there (the kvstore's
+                shared-memory file on CPU, its device memory on the same GPU).
+
+        Raises:
+            grpc.RpcError: the kvstore did not answer GetArena within 60 s, or offers no handle
+                kind this device can map (FAILED_PRECONDITION).
+        """
+        self._tracing = tracing
+        self._device = device
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
+        self._timeout_s = timeout_s
+        self._probe_timeout_s = probe_timeout_s
+        self._arena_allocation: object | None = None
+        # NOTE: a GPU scheduler maps only device arenas: the KV cache in host memory would put
+        # every attention read on the PCIe bus. (Probed once: the kinds need driver queries.)
+        self._accepted_kinds = (
+            [int(k) for k in importer_kinds(str(device)) if k != HandleKind.MMAP_FILE]
+            if device.is_cuda
+            else [int(HandleKind.MMAP_FILE)]
+        )
+        self.arena_info = self._get_arena()
+        self.num_blocks_total = self.arena_info.num_blocks
+
+    def _arena_request(self) -> kvstore_pb2.GetArenaRequest:
+        return kvstore_pb2.GetArenaRequest(accepted_handle_kinds=self._accepted_kinds)
+
+    def _get_arena(self) -> kvstore_pb2.ArenaInfo:
+        return self._stub.GetArena(self._arena_request(), timeout=60.0, wait_for_ready=True)
+
+    @property
+    def layout(self) -> ArenaLayout:
+        """Geometry of the arena."""
+        a = self.arena_info
+        return ArenaLayout(
+            num_layers=a.num_layers,
+            num_kv_heads=a.num_kv_heads,
+            head_dim=a.head_dim,
+            block_size=a.block_size,
+            dtype=a.dtype,
+            num_blocks=a.num_blocks,
+        )
+
+    def map(self) -> torch.Tensor:
+        """Maps the arena: [num_layers, 2, num_blocks, block_size, Hkv, D], on this client's
+        device (the shared-memory file on CPU; the kvstore's device memory on a GPU).
+
+        Raises:
+            ValueError / RuntimeError: the device memory cannot be imported (see
+                :func:`zerolayer.scheduler.model.device_import.import_device_memory`).
+        """
+        info = self.arena_info
+        if not info.HasField("device_memory"):
+            return map_arena(info.shm_path, self.layout)
+        from zerolayer.scheduler.model.device_import import import_device_memory
+
+        allocation = import_device_memory(device_memory_from_pb(info.device_memory), self._device)
+        # NOTE: the tensor holds the allocation; the previous arena's mapping is released when
+        # its tensors are gone (after an ArenaChanged).
+        self._arena_allocation = allocation
+        return allocation.as_tensor(torch_dtype(info.dtype), self.layout.shape)
+
+    @contextmanager
+    def _traced(self, method: str) -> Iterator[list[tuple[str, str]] | None]:
+        """A CLIENT span and its metadata when the call belongs to a traced request (a span is
+        current, e.g. a request's context load); per-step calls outside one are not traced."""
+        if self._tracing is None or not trace.get_current_span().get_span_context().is_valid:
+            yield None
+            return
+        with self._tracing.client_span(f"/zerolayer.v1.KVStore/{method}") as metadata:
+            yield metadata
+
+    def _call(self, method: str, request: object, timeout_s: float | None = None) -> T:
+        try:
+            with self._traced(method) as metadata:
+                rpc: Callable[..., T] = getattr(self._stub, method)
+                return rpc(request, timeout=timeout_s or self._timeout_s, metadata=metadata)
+        except grpc.RpcError as exc:
+            if exc.code() in UNUSABLE_CODES:
+                raise KVStoreUnavailable(f"{exc.code().name}: {exc.details()}") from None
+            raise KVStoreError(f"kvstore {method}: {exc.code().name}: {exc.details()}") from None
+
+    def allocate(self, num_blocks: int) -> list[int] | None:
+        """Takes blocks; None when the pool has too few free.
+
+        Raises:
+            KVStoreUnavailable: the kvstore is down, restarting or not reconciled.
+        """
+        try:
+            with self._traced("Allocate") as metadata:
+                response = self._stub.Allocate(
+                    kvstore_pb2.AllocateRequest(num_blocks=num_blocks),
+                    timeout=self._timeout_s,
+                    metadata=metadata,
+                )
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                return None
+            if exc.code() in UNUSABLE_CODES:
+                raise KVStoreUnavailable(f"{exc.code().name}: {exc.details()}") from None
+            raise KVStoreError(f"kvstore Allocate: {exc.code().name}: {exc.details()}") from None
+        return list(response.block_ids)
+
+    def free(self, block_ids: list[int]) -> None:
+        """Drops one reference from each block. Raises KVStoreUnavailable."""
+        self._call("Free", kvstore_pb2.FreeRequest(block_ids=block_ids))
+
+    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+        """Blocks of the longest cached prefix, referenced. Raises KVStoreUnavailable."""
+        response = self._call(
+            "LookupPrefix",
+            kvstore_pb2.LookupPrefixRequest(token_ids=token_ids, cache_salt=cache_salt),
+        )
+        return list(response.block_ids)
+
+    def commit(self, entries: Sequence[tuple[CommitEntry, str]]) -> None:
+        """Registers full blocks. Raises KVStoreUnavailable."""
+        blocks = [
+            kvstore_pb2.CommitBlock(
+                block_id=e.block_id,
+                parent_block_id=e.parent_block_id,
+                token_ids=e.token_ids,
+                cache_salt=salt,
+            )
+            for e, salt in entries
+        ]
+        self._call("CommitBlocks", kvstore_pb2.CommitBlocksRequest(blocks=blocks))
+
+    def reconcile(self, held_block_ids: list[int]) -> int:
+        """Declares every block reference this scheduler holds; returns how many changed.
+
+        Raises:
+            KVStoreUnavailable: the kvstore is down.
+            ArenaChanged: the kvstore now serves another arena (its file was recreated); the
+                new one is mapped and carried by the exception.
+        """
+        response = self._call(
+            "Reconcile",
+            kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids),
+            self._probe_timeout_s,
+        )
+        arena = self._call("GetArena", self._arena_request(), self._probe_timeout_s)
+        if arena.arena_id != self.arena_info.arena_id:
+            self.arena_info = arena
+            raise ArenaChanged(self.map())
+        return response.num_blocks_changed
+
+    def close(self) -> None:
+        """Closes the channel."""
+        self._channel.close()

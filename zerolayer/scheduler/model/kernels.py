@@ -1,0 +1,267 @@
+"""Native CPU kernels from ``csrc/``, compiled on first use, with the pure-torch path as fallback.
+
+A :class:`KernelLoader` builds ``csrc/paged_attention.cpp`` with torch's C++ extension tooling
+(ninja and the host C++ compiler) into a per-user cache, once per machine and torch version, and
+loads it. When the toolchain or the source is missing or the build fails it logs why, once, and
+answers None, so callers use the reference in :mod:`zerolayer.scheduler.model.attention`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CSRC_DIR = Path(__file__).resolve().parents[2] / "csrc"
+PAGED_ATTENTION_SOURCE = CSRC_DIR / "paged_attention.cpp"
+SKINNY_LINEAR_SOURCE = CSRC_DIR / "skinny_linear.cpp"
+EXTENSION_NAME = "zerolayer_paged_attention"
+# NOTE: no -march: the source multiversions its hot functions (target_clones), so a cached build
+# stays valid if the cache moves to another CPU. -ffp-contract=fast lets vector a * b + c be an FMA.
+# -fopenmp: at::parallel_for is inline and runs serially unless compiled with OpenMP; the library
+# then shares torch's libgomp (same soname, already loaded) and its thread count.
+EXTRA_CFLAGS = ("-O3", "-ffp-contract=fast", "-fopenmp")
+EXTRA_LDFLAGS = ("-fopenmp",)
+NATIVE_DTYPES = frozenset({torch.float32, torch.bfloat16})
+"""Dtypes of q and the caches the native kernel handles."""
+
+
+def default_build_dir() -> Path:
+    """``$ZEROLAYER_KERNEL_CACHE`` or ``~/.cache/zerolayer/torch_extensions``, then
+    ``<torch>-<python>`` (read when called, not at import).
+
+    Not under ``$XDG_CACHE_HOME``: tests and benchmarks give each stack its own model cache, and
+    should not rebuild the kernel (about 30 s) for each. The torch and Python versions are part
+    of the path since the library links against both.
+    """
+    override = os.environ.get("ZEROLAYER_KERNEL_CACHE")
+    tag = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+    if override:
+        return Path(override) / tag
+    cache = str(Path.home() / ".cache")
+    return Path(cache) / "zerolayer" / "torch_extensions" / tag
+
+
+class KernelLoader:
+    """Builds and loads the native kernels on first use; one per model runner.
+
+    Thread-safe: concurrent first calls build once. Across processes, an flock on the build
+    directory serialises builds (a cached build only loads, in well under a second).
+    """
+
+    def __init__(
+        self,
+        build_dir: Path | None = None,
+        *,
+        enabled: bool = True,
+        which: Callable[[str], str | None] = shutil.which,
+    ) -> None:
+        """
+        Args:
+            build_dir: where the extension is compiled and cached; default
+                :func:`default_build_dir` (resolved on first use).
+            enabled: False: never build, always answer None (the reference path).
+            which: looks a program up on PATH (``shutil.which``); tests pass one that finds
+                nothing to act out a machine without a toolchain.
+        """
+        self._build_dir = build_dir
+        self._enabled = enabled
+        self._which = which
+        self._lock = threading.Lock()
+        self._loaded = False
+        self._module: ModuleType | None = None
+        self.unavailable_reason: str | None = None
+        """Why :meth:`load` answered None (after it did); None while the kernels are usable."""
+
+    def load(self) -> ModuleType | None:
+        """The compiled extension, building it the first time (tens of seconds); None if unusable.
+
+        Never raises: a failure is logged once and remembered.
+        """
+        if self._loaded:
+            return self._module
+        with self._lock:
+            if not self._loaded:
+                self._module, self.unavailable_reason = self._build()
+                self._loaded = True
+                if self._module is None:
+                    log.warning(
+                        "native attention kernel unavailable (%s); using the pure-torch path",
+                        self.unavailable_reason,
+                    )
+        return self._module
+
+    def native_available(self) -> bool:
+        """Whether the native kernels are usable (builds them on the first call)."""
+        return self.load() is not None
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, weight)``, through the native bfloat16 GEMV when it applies.
+
+        The native path (``csrc/skinny_linear.cpp``) takes bfloat16 ``x`` [M, K] with M at most
+        the module's ``max_skinny_rows`` (batch-1 and small-batch decode, where a step is bound by
+        reading the weights), K a multiple of 16 and a contiguous ``weight`` [N, K]; it
+        accumulates in float32 like torch's kernel. Anything else, or no native module, goes to
+        ``F.linear``.
+
+        Returns:
+            [M, N] in the dtype of ``x``.
+        """
+        module = self._module if self._loaded else self.load()
+        if (
+            module is not None
+            and not x.is_cuda
+            and not weight.is_cuda
+            and x.dtype == torch.bfloat16
+            and weight.dtype == torch.bfloat16
+            and x.dim() == 2
+            and x.shape[0] <= module.max_skinny_rows
+            and x.shape[1] % 16 == 0
+            and weight.is_contiguous()
+        ):
+            return module.skinny_linear(x, weight)
+        return torch.nn.functional.linear(x, weight)
+
+    def paged_attention_native(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Causal grouped-query attention over the paged cache, in ``csrc/paged_attention.cpp``.
+
+        Reads K/V in place through the block tables (K/V of this step already written); does not
+        modify the caches. Accumulates in float32 for bfloat16 inputs.
+
+        Args:
+            q: [T, Hq, D] float32 or bfloat16, Hq a multiple of Hkv.
+            k_cache, v_cache: [num_blocks, block_size, Hkv, D], same dtype as ``q``.
+            query_start_loc: int32/int64 [B + 1]: sequence b owns query rows
+                ``[query_start_loc[b], query_start_loc[b + 1])``.
+            seq_lens: int32/int64 [B]: context length of each sequence after this step; query
+                i of sequence b sits at position ``seq_lens[b] - num_queries_b + i`` and sees the
+                keys at positions up to its own.
+            block_tables: int32/int64 [B, max_blocks], padded rows; the first
+                ``ceil(seq_lens[b] / block_size)`` entries of row b are read.
+            scale: softmax scale.
+
+        Returns:
+            [T, Hq, D] in the dtype of ``q``.
+
+        Raises:
+            RuntimeError: the kernels are unavailable, or the inputs are inconsistent (shapes,
+                dtypes, a block id outside the cache, a block table too short).
+        """
+        module = self.load()
+        if module is None:
+            raise RuntimeError(f"native attention kernel unavailable: {self.unavailable_reason}")
+        return module.paged_attention(
+            q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale
+        )
+
+    def _build(self) -> tuple[ModuleType | None, str | None]:
+        if not self._enabled:
+            return None, "disabled"
+        for source in (PAGED_ATTENTION_SOURCE, SKINNY_LINEAR_SOURCE):
+            if not source.is_file():
+                return None, f"{source} not found"
+        compiler = os.environ.get("CXX", "c++")
+        if self._which(compiler) is None:
+            return None, f"no C++ compiler ({compiler!r}) on PATH"
+        ninja_dir = self._ninja_dir()
+        if ninja_dir is None:
+            return None, "ninja not found (pip install ninja)"
+        build_dir = self._build_dir or default_build_dir()
+        log.info("loading native attention kernel from %s (first build takes ~30 s)", build_dir)
+        try:
+            from torch.utils import cpp_extension
+
+            build_dir.mkdir(parents=True, exist_ok=True)
+            with _build_lock(build_dir), _path_with(ninja_dir):
+                module = cpp_extension.load(
+                    name=EXTENSION_NAME,
+                    sources=[str(PAGED_ATTENTION_SOURCE), str(SKINNY_LINEAR_SOURCE)],
+                    extra_include_paths=[str(CSRC_DIR)],
+                    build_directory=str(build_dir),
+                    extra_cflags=list(EXTRA_CFLAGS),
+                    extra_ldflags=list(EXTRA_LDFLAGS),
+                    verbose=False,
+                )
+        except Exception as e:  # any build failure means the fallback
+            return None, f"build failed: {type(e).__name__}: {str(e).strip()[-2000:]}"
+        return module, None
+
+    def _ninja_dir(self) -> Path | None:
+        """Directory of ``ninja``: on PATH, else beside this interpreter (a venv not activated)."""
+        found = self._which("ninja")
+        if found is not None:
+            return Path(found).parent
+        beside = Path(sys.executable).parent
+        if self._which(str(beside / "ninja")) is not None:
+            return beside
+        return None
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """Holds an flock on ``build_dir`` for one build or load across processes.
+
+    torch's own lock is a plain file that a build killed midway leaves behind, and every later
+    build then waits on it forever. An flock dies with its process, so while holding it any
+    torch lock file left in ``build_dir`` is stale and is removed.
+    """
+    with open(build_dir / "zerolayer.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            stale = build_dir / "lock"
+            if stale.exists():
+                log.warning("removing stale build lock %s", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _path_with(directory: Path) -> Iterator[None]:
+    """Puts ``directory`` first on PATH while building (cpp_extension runs ``ninja`` by name)."""
+    old = os.environ.get("PATH", "")
+    if str(directory) in old.split(os.pathsep):
+        yield
+        return
+    os.environ["PATH"] = os.pathsep.join([str(directory), old])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
+def main() -> None:
+    """``python -m zerolayer.scheduler.model.kernels``: builds the kernels ahead of time (CI, images).
+
+    Exits 1, with the reason, when they cannot be built.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    loader = KernelLoader()
+    if not loader.native_available():
+        raise SystemExit(f"native kernels unavailable: {loader.unavailable_reason}")
+    print(f"native kernels ready in {default_build_dir()}")
+
+
+if __name__ == "__main__":
+    main()

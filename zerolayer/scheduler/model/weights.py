@@ -1,0 +1,36 @@
+"""Mapping the loader's weight handles into this process without copying."""
+
+from __future__ import annotations
+
+import torch
+
+from zerolayer.checkpoints.dtypes import torch_dtype
+from zerolayer.sharing.manifest import HandleKind, WeightManifest
+from zerolayer.sharing.mapped_file import MappedFile
+
+
+class MappedWeights:
+    """The model's tensors as views of read-only file mappings (HANDLE_KIND_MMAP_FILE).
+
+    Raises:
+        ValueError: the manifest uses a handle kind this importer cannot map, or a tensor range is
+            invalid.
+        OSError: a weight file cannot be mapped.
+    """
+
+    def __init__(self, manifest: WeightManifest) -> None:
+        if manifest.handle_kind != HandleKind.MMAP_FILE:
+            raise ValueError(f"handle kind {manifest.handle_kind.name} cannot be mapped on CPU")
+        self.files = [MappedFile(path) for path in manifest.files]
+        self.tensors: dict[str, torch.Tensor] = {
+            t.name: self.files[t.file_index].tensor(
+                torch_dtype(t.dtype), t.shape, t.offset_bytes, t.nbytes
+            )
+            for t in manifest.tensors
+        }
+
+    def contains(self, tensor: torch.Tensor) -> bool:
+        """True if ``tensor``'s memory lies inside one of the file mappings."""
+        start = tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()
+        return any(f.address <= start and end <= f.address + f.size_bytes for f in self.files)

@@ -1,0 +1,79 @@
+"""Thin gRPC handlers of the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+from opentelemetry import context as otel_context
+
+from zerolayer.common.convert import engine_request_from_pb, request_output_to_pb
+from zerolayer.common.errors import Unavailable
+from zerolayer.common.generation import RequestOutput
+from zerolayer.common.tracing import Tracing
+from zerolayer.scheduler.core.engine import Engine
+from zerolayer.scheduler.request_trace import RequestTrace
+from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    """zerolayer.v1.Scheduler over an :class:`Engine`."""
+
+    def __init__(self, tracing: Tracing | None = None) -> None:
+        self._engine: Engine | None = None
+        self._tracing = tracing
+
+    def attach(self, engine: Engine) -> None:
+        """Starts serving requests with ``engine`` (until then calls get UNAVAILABLE)."""
+        self._engine = engine
+
+    def _require_engine(self) -> Engine:
+        if self._engine is None:
+            raise Unavailable("scheduler: the engine is still starting")
+        return self._engine
+
+    async def Generate(
+        self, request: scheduler_pb2.EngineRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[scheduler_pb2.EngineOutput]:
+        engine = self._require_engine()
+        engine_request = engine_request_from_pb(request)
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        trace = (
+            RequestTrace(self._tracing, otel_context.get_current())
+            if self._tracing is not None and self._tracing.enabled
+            else None
+        )
+        engine.submit(
+            engine_request,
+            lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item),
+            trace,
+        )
+        finished = False
+        try:
+            while not finished:
+                item = await outputs.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield request_output_to_pb(item)
+        finally:
+            if not finished:
+                # Cancelled by the caller (or its deadline): free the blocks now.
+                engine.abort(engine_request.request_id)
+
+    async def GetStats(
+        self, request: scheduler_pb2.SchedulerStatsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.SchedulerStats:
+        s = self._require_engine().stats()
+        return scheduler_pb2.SchedulerStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            num_blocks_held=s.num_blocks_held,
+            num_preemptions=s.num_preemptions,
+            num_steps=s.num_steps,
+            block_size=self._require_engine().runner.block_size,
+            not_serving_reason=self._require_engine().not_serving_reason,
+        )

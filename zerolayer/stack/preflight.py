@@ -1,0 +1,193 @@
+"""Checks of ``zerolayer up``'s settings against this machine, before any process starts.
+
+:class:`zerolayer.stack.config.StackConfig` checks what a setting is on its own (ranges, syntax);
+this module checks what it means here: the model can be read, the KV arena holds the blocks of
+the scheduler's warm-up request and fits its filesystem, the TCP ports are free, the run directory
+can be made and no running stack uses it. Each failure is one :class:`PreflightError` naming the
+flag, so ``up`` fails with one line instead of a layer crashing after the others started.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+from zerolayer.common.config import warm_up_num_blocks
+from zerolayer.common.metrics import DEFAULT_METRICS_HOST
+from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.kvstore.arena import ArenaLayout, ArenaSizeError, check_arena_fits
+from zerolayer.kvstore.kv_store import model_arena_layout
+from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
+from zerolayer.stack.config import LAYERS, SHM_DIR, StackConfig
+
+MAX_UNIX_SOCKET_PATH = 107
+"""Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with the NUL)."""
+
+
+class PreflightError(ValueError):
+    """A setting of ``zerolayer up`` cannot work on this machine; the message starts with the
+    flag (``--listen: ...``)."""
+
+    def __init__(self, flag: str, reason: str) -> None:
+        super().__init__(f"{flag}: {reason}")
+        self.flag = flag
+
+
+def check_stack(config: StackConfig, shm_dir: str = SHM_DIR) -> None:
+    """Checks every setting that would otherwise fail in a started layer.
+
+    Creates ``config.run_dir`` (mode 0700) when it is given and missing, as the launcher would;
+    that check runs last, so a refused start leaves nothing behind.
+
+    Args:
+        config: the stack's settings.
+        shm_dir: where the launcher creates the KV arena file (``device`` "cpu" only).
+
+    Raises:
+        PreflightError: the first setting that cannot work.
+    """
+    layout, max_model_len = _arena_layout(config)
+    _check_kv_cache_bytes(config, layout, max_model_len, shm_dir)
+    _check_ports(config)
+    if config.run_dir is not None:
+        _make_run_dir(config.run_dir)
+
+
+def _arena_layout(config: StackConfig) -> tuple[ArenaLayout, int]:
+    """The kvstore's arena layout for the model, read as the loader reads it, and the model's
+    context length."""
+    try:
+        manifest = read_checkpoint(Path(config.model_dir))
+        model = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
+        layout = model_arena_layout(manifest, config.block_size, config.kv_cache_bytes)
+        return layout, model.max_position_embeddings
+    except (CheckpointError, ValueError, OSError) as exc:  # ValueError: config.json, dtype
+        raise PreflightError("--model", str(exc)) from None
+
+
+def _check_kv_cache_bytes(
+    config: StackConfig, layout: ArenaLayout, max_model_len: int, shm_dir: str
+) -> None:
+    if layout.num_blocks == 0:
+        raise PreflightError(
+            "--kv-cache-bytes",
+            f"{config.kv_cache_bytes} is smaller than one KV block of this model "
+            f"({_describe_block(layout)})",
+        )
+    min_num_blocks = warm_up_num_blocks(config.block_size, max_model_len)
+    if layout.num_blocks < min_num_blocks:
+        raise PreflightError(
+            "--kv-cache-bytes",
+            f"{config.kv_cache_bytes} holds {layout.num_blocks} KV block(s) of this model; the "
+            f"scheduler's warm-up needs {min_num_blocks}: at least "
+            f"{min_num_blocks * layout.block_bytes} bytes",
+        )
+    if config.device != "cpu":  # device memory: the kvstore's allocation reports it
+        return
+    try:
+        check_arena_fits(shm_dir, layout.size_bytes)
+    except ArenaSizeError as exc:
+        raise PreflightError("--kv-cache-bytes", f"{config.kv_cache_bytes}: {exc.reason}") from None
+
+
+def _describe_block(layout: ArenaLayout) -> str:
+    return (
+        f"{layout.block_bytes} bytes: K and V x {layout.num_layers} layers x "
+        f"{layout.block_size} tokens x {layout.num_kv_heads} KV heads x {layout.head_dim} dims "
+        f"x {layout.itemsize} bytes"
+    )
+
+
+def _check_ports(config: StackConfig) -> None:
+    host, _, port_text = config.listen.rpartition(":")
+    listen_port = int(port_text)
+    reason = bind_error(host, listen_port)
+    if reason:
+        raise PreflightError("--listen", f"{config.listen}: {reason}")
+    if not config.metrics_port_base:
+        return
+    for layer in LAYERS:
+        port = config.metrics_port(layer)
+        if port == listen_port:
+            raise PreflightError(
+                "--metrics-port-base", f"port {port} (the {layer}'s metrics) is the --listen port"
+            )
+        reason = bind_error(DEFAULT_METRICS_HOST, port)
+        if reason:
+            raise PreflightError(
+                "--metrics-port-base",
+                f"port {port} (the {layer}'s metrics) on {DEFAULT_METRICS_HOST}: {reason}",
+            )
+
+
+def bind_error(host: str, port: int) -> str:
+    """Why a TCP server could not listen on ``host:port`` now ("" if it could).
+
+    Binds every address ``host`` resolves to with ``SO_REUSEADDR``, as gRPC and Python's
+    ``http.server`` do (so a port held only by connections in TIME_WAIT counts as free), and
+    closes the sockets again. A port in use on any of them is an error; an address that cannot be
+    bound only when none can (e.g. ``localhost`` without IPv6 still listens on 127.0.0.1).
+    """
+    try:
+        infos = socket.getaddrinfo(
+            host.removeprefix("[").removesuffix("]") or None,
+            port,
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
+        )
+    except socket.gaierror as exc:
+        return f"cannot resolve {host!r} ({exc.strerror})"
+    errors: list[OSError] = []
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                errors.append(exc)
+    if any(exc.errno == errno.EADDRINUSE for exc in errors):
+        return "the port is already in use"
+    if errors and len(errors) == len(infos):
+        return f"cannot listen there ({errors[0].strerror})"
+    return ""
+
+
+def _make_run_dir(run_dir: str) -> None:
+    path = Path(run_dir)
+    longest = path / "scheduler.sock"
+    if len(os.fsencode(longest.absolute())) > MAX_UNIX_SOCKET_PATH:
+        raise PreflightError(
+            "--run-dir",
+            f"{run_dir}: too long for a unix socket path ({longest} over "
+            f"{MAX_UNIX_SOCKET_PATH} bytes)",
+        )
+    for layer in LAYERS[:3]:  # the frontend listens on --listen
+        socket_path = path / f"{layer}.sock"
+        if _accepts_connections(socket_path):
+            raise PreflightError(
+                "--run-dir",
+                f"{run_dir}: in use by a running stack ({socket_path} accepts connections)",
+            )
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PreflightError("--run-dir", f"{run_dir}: cannot create it ({exc.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PreflightError("--run-dir", f"{run_dir}: not writable")
+
+
+def _accepts_connections(socket_path: Path) -> bool:
+    """Whether a process listens on the unix socket ``socket_path`` (a stale file: no)."""
+    if not socket_path.is_socket():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(os.fspath(socket_path))
+        except TimeoutError:  # a full backlog: someone listens
+            return True
+        except OSError:  # ECONNREFUSED: a stale file
+            return False
+    return True
