@@ -16,12 +16,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 
 # Only what the package build needs: setup.py generates the gRPC code from protos/ (grpcio-tools
-# in the isolated build environment); the CLI imports zerolayer/bench/ for `zerolayer bench`.
+# in the isolated build environment) into the one installed package, zerolayer/.
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY protos/ protos/
 COPY zerolayer/ zerolayer/
-COPY zerolayer/bench/ zerolayer/bench/
 RUN pip install . && rm -rf /src
 
 RUN useradd --create-home --uid 10001 zerolayer

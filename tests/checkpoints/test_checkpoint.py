@@ -12,8 +12,12 @@ import torch
 from safetensors.torch import save_file
 
 from zerolayer.checkpoints.byte_tokenizer import write_byte_level_tokenizer
+from zerolayer.checkpoints.checkpoint import (
+    CheckpointError,
+    read_checkpoint,
+    read_safetensors_header,
+)
 from zerolayer.sharing.manifest import HandleKind, TensorSpec
-from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint, read_safetensors_header
 
 TINY_LLAMA_CONFIG = {
     "architectures": ["LlamaForCausalLM"],

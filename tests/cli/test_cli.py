@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
 
 def zerolayer(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "zerolayer.cli.main", *args],
+        [sys.executable, "-m", "zerolayer", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

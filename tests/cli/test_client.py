@@ -21,7 +21,7 @@ def test_build_request_sets_only_given_optionals() -> None:
 
 def test_generate_rejects_negative_numbers_before_calling() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "zerolayer.cli.main", "generate", "hi", "--max-new-tokens", "-5"],
+        [sys.executable, "-m", "zerolayer", "generate", "hi", "--max-new-tokens", "-5"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -15,14 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerolayer.kvstore.arena import (
-    Arena,
-    ArenaLayout,
-    ArenaSizeError,
-    blocks_for_bytes,
-    free_bytes,
-    map_arena,
-)
+from zerolayer.kv.arena_file import ArenaSizeError, free_bytes, map_arena
+from zerolayer.kv.arena_layout import ArenaLayout, blocks_for_bytes
+from zerolayer.kvstore.arena import Arena
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,7 +122,9 @@ def test_arena_the_filesystem_refuses_to_reserve_is_refused_and_removed(tmp_path
     result = run_python(
         f"""
         import resource
-        from zerolayer.kvstore.arena import Arena, ArenaLayout, ArenaSizeError
+        from zerolayer.kv.arena_file import ArenaSizeError
+        from zerolayer.kv.arena_layout import ArenaLayout
+        from zerolayer.kvstore.arena import Arena
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
         try:
             Arena({str(tmp_path / "arena")!r}, {make_layout(num_blocks=4096)!r})
@@ -153,7 +150,9 @@ def test_a_reopened_arena_keeps_its_id_and_contents_without_reserving_again(
     result = run_python(
         f"""
         import resource
-        from zerolayer.kvstore.arena import Arena, ArenaLayout, map_arena
+        from zerolayer.kv.arena_file import map_arena
+        from zerolayer.kv.arena_layout import ArenaLayout
+        from zerolayer.kvstore.arena import Arena
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
         arena = Arena({arena.path!r}, {layout!r})
         kv = map_arena(arena.path, arena.layout)
@@ -193,7 +192,8 @@ def test_two_processes_share_the_arena_bytes(tmp_path: Path) -> None:
     result = run_python(
         f"""
         import json
-        from zerolayer.kvstore.arena import ArenaLayout, map_arena
+        from zerolayer.kv.arena_file import map_arena
+        from zerolayer.kv.arena_layout import ArenaLayout
         kv = map_arena({arena.path!r}, {arena.layout!r})
         print(json.dumps(kv[0, 1, 1].flatten().tolist()))
         kv[1, 0, 2] = 1.5   # layer 1, K, block 2

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
-from zerolayer.kvstore.arena import free_bytes
+from zerolayer.kv.arena_file import free_bytes
 
 pytestmark = pytest.mark.e2e
 

@@ -11,11 +11,11 @@ import pytest
 import xxhash
 
 from zerolayer.common.errors import InvalidArgument, ResourceExhausted
+from zerolayer.kv.commit import CommitEntry
 from zerolayer.kvstore.block_pool import BlockPool
 from zerolayer.kvstore.prefix_cache import (
     ROOT_HASH,
     BlockKey,
-    CommitEntry,
     HashFn,
     PrefixCache,
     PrefixCacheStats,
@@ -38,20 +38,23 @@ def make_cache(
     return PrefixCache(BlockPool(num_blocks), BLOCK_SIZE, fingerprint, enabled, hash_fn)
 
 
-def make_entries(block_ids: Sequence[int], token_ids: Sequence[int]) -> list[CommitEntry]:
+def make_entries(
+    block_ids: Sequence[int], token_ids: Sequence[int], salt: str = ""
+) -> list[CommitEntry]:
     """One entry per full block of ``token_ids``, chained in order through ``block_ids``."""
     return [
         CommitEntry(
             block_id,
             block_ids[i - 1] if i else None,
             tuple(token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]),
+            salt,
         )
         for i, block_id in enumerate(block_ids)
     ]
 
 
 def commit(cache: PrefixCache, block_ids: Sequence[int], token_ids: Sequence[int], salt="") -> int:
-    return cache.commit(make_entries(block_ids, token_ids), salt)
+    return cache.commit(make_entries(block_ids, token_ids, salt))
 
 
 def free_queue(cache: PrefixCache) -> list[int]:
@@ -92,7 +95,7 @@ def test_only_full_blocks_below_the_last_token_are_returned() -> None:
     # 10 tokens fill two blocks; the third holds 2 tokens and cannot be committed.
     assert commit(cache, [0, 1], A[:8]) == 2
     with pytest.raises(InvalidArgument, match=r"^token_ids: 2 tokens, a full block has 4$"):
-        cache.commit([CommitEntry(2, 1, tuple(A[8:10]))], "")
+        cache.commit([CommitEntry(2, 1, tuple(A[8:10]))])
     assert cache.num_cached_blocks == 2
     # The last token is always computed, so an exactly cached prompt leaves its last block out.
     assert cache.lookup(A[:8], "") == [0]
@@ -331,7 +334,7 @@ def test_a_block_after_a_duplicate_is_cached_and_found_through_the_first_copy() 
 def test_commit_after_an_unknown_parent_registers_nothing() -> None:
     cache = make_cache()
     assert cache.allocate(3) == [0, 1, 2]
-    assert cache.commit([CommitEntry(1, 0, tuple(A[4:8]))], "") == 0
+    assert cache.commit([CommitEntry(1, 0, tuple(A[4:8]))]) == 0
     assert cache.num_cached_blocks == 0
     assert commit(cache, [0], A[:4]) == 1
     assert cache.lookup(A[:9], "") == [0]
@@ -351,7 +354,7 @@ def test_malformed_commits_are_invalid(entry: CommitEntry, message: str) -> None
     cache = make_cache()
     assert cache.allocate(2) == [0, 1]
     with pytest.raises(InvalidArgument, match=message):
-        cache.commit([entry], "")
+        cache.commit([entry])
     assert cache.num_cached_blocks == 0
 
 

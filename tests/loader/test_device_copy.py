@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
-from zerolayer.sharing.mapped_file import MappedFile
 from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
 from zerolayer.loader.device_copy import ALIGNMENT, GroupCopier, layer_of, plan_placement
+from zerolayer.sharing.mapped_file import MappedFile
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,13 @@ from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
 from zerolayer.common.config import KVStoreConfig
 from zerolayer.common.convert import manifest_from_pb
 from zerolayer.common.errors import FailedPrecondition, InvalidArgument, Unavailable
-from zerolayer.sharing.manifest import DeviceMemoryHandle, HandleKind, WeightManifest
 from zerolayer.kvstore.kv_store import KVStore
 from zerolayer.kvstore.server import KVStoreServicer
 from zerolayer.loader.device_copy import plan_placement
 from zerolayer.loader.server import LoaderServicer
 from zerolayer.loader.weight_store import WeightStore
 from zerolayer.scheduler.model.device_import import wait_for_layers
+from zerolayer.sharing.manifest import DeviceMemoryHandle, HandleKind, WeightManifest
 from zerolayer.v1 import kvstore_pb2, loader_pb2
 
 NUM_LAYERS = PRESETS["tiny"].num_hidden_layers

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerolayer.common import cuda_driver, cuda_memory
-from zerolayer.sharing.cuda_memory import DeviceAllocation
 from zerolayer.common.errors import NotFound
+from zerolayer.sharing import cuda_driver, cuda_memory
+from zerolayer.sharing.cuda_memory import DeviceAllocation
 from zerolayer.sharing.fd_passing import FdServer, receive_fd
 from zerolayer.sharing.manifest import HandleKind
 
@@ -198,7 +198,7 @@ def test_dropping_an_unclosed_allocation_frees_it() -> None:
 VMM_IMPORTER = """
 import os, sys
 import torch
-from zerolayer.common import cuda_memory
+from zerolayer.sharing import cuda_memory
 from zerolayer.sharing.fd_passing import receive_fd
 
 path, size_bytes, uuid, offset_bytes, numel = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(
@@ -220,7 +220,7 @@ print("written", allocation.released)
 VMM_EXPORTER = """
 import os, sys
 import torch
-from zerolayer.common import cuda_memory
+from zerolayer.sharing import cuda_memory
 from zerolayer.sharing.fd_passing import FdServer
 
 numel = int(sys.argv[2])
@@ -239,7 +239,7 @@ os._exit(0)  # no cleanup at all, as if the loader crashed
 IPC_IMPORTER = """
 import sys
 import torch
-from zerolayer.common import cuda_memory
+from zerolayer.sharing import cuda_memory
 
 handle, size_bytes, uuid, numel = bytes.fromhex(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(
     sys.argv[4])

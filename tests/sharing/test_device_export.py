@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from zerolayer.common import cuda_memory
+from zerolayer.sharing import cuda_memory
 from zerolayer.sharing.device_export import ExportedMemory
 from zerolayer.sharing.fd_keeper import FdKeeper
 from zerolayer.sharing.fd_passing import receive_fd

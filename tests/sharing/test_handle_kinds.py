@@ -9,11 +9,11 @@ import pytest
 from safetensors.torch import save_file
 
 from zerolayer.checkpoints.byte_tokenizer import write_byte_level_tokenizer
-from zerolayer.common import cuda_driver
 from zerolayer.common.errors import FailedPrecondition
+from zerolayer.loader.weight_store import WeightStore
+from zerolayer.sharing import cuda_driver
 from zerolayer.sharing.handle_kinds import importer_kinds, negotiate, offered_kinds
 from zerolayer.sharing.manifest import HandleKind
-from zerolayer.loader.weight_store import WeightStore
 
 MMAP = HandleKind.MMAP_FILE
 IPC = HandleKind.CUDA_IPC

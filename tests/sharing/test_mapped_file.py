@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import save_file
 
 from zerolayer.checkpoints.byte_tokenizer import write_byte_level_tokenizer
-from zerolayer.sharing.manifest import HandleKind, WeightManifest
-from zerolayer.sharing.mapped_file import PAGE_SIZE, MappedFile
 from zerolayer.checkpoints.checkpoint import read_checkpoint, read_safetensors_header
 from zerolayer.scheduler.model.weights import MappedWeights
+from zerolayer.sharing.manifest import HandleKind, WeightManifest
+from zerolayer.sharing.mapped_file import PAGE_SIZE, MappedFile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIG_TENSOR_NUMEL = 4 * 1024 * 1024  # 16 MiB of F32; four of them make the ~64 MiB file

@@ -48,7 +48,9 @@ def layer(tmp_path: Path):
 
 def messages(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
     return [
-        (r.levelno, r.getMessage()) for r in caplog.records if r.name == "zerolayer.stack.health_watch"
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name == "zerolayer.stack.health_watch"
     ]
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
-from zerolayer.kvstore.arena import free_bytes
-from zerolayer.stack.preflight import PreflightError, bind_error, check_stack
+from zerolayer.kv.arena_file import free_bytes
 from zerolayer.stack.config import StackConfig
+from zerolayer.stack.preflight import PreflightError, bind_error, check_stack
 
 
 def make_preset() -> DummyPreset:

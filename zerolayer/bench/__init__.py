@@ -1,0 +1,1 @@
+"""Benchmarks (``zerolayer bench SCENARIO``): each scenario against its baseline in one run."""

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from zerolayer.common.generation import EngineRequest, SamplingParams
+from zerolayer.scheduler.core.request import Request
+from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.attention import AttentionMetadata, paged_attention_reference
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.model_runner import build_metadata
-from zerolayer.scheduler.core.request import Request
-from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
 
 NUM_Q_HEADS = 12
 NUM_KV_HEADS = 4

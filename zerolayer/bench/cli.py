@@ -1,4 +1,9 @@
-"""``zerolayer bench SCENARIO``: run a benchmark against its baseline and write JSON + PNG."""
+"""``zerolayer bench SCENARIO``: run a benchmark against its baseline and write JSON + PNG.
+
+A command plugin of the ``zerolayer`` CLI: pyproject.toml registers this module under the
+``zerolayer.commands`` entry point group (``add_parser`` and ``run``), so the product never
+imports the benchmarks.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ MULTITURN_SMOKE = {"turns": 2, "repeats": 1, "message_tokens": 8, "answer_tokens
 
 
 def _module(name: str) -> ModuleType:
-    return importlib.import_module(f"bench.{name}")
+    return importlib.import_module(f"zerolayer.bench.{name}")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,8 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         s.add_argument(
             "--out",
             type=Path,
-            default=Path("zerolayer/bench/results"),
-            help="where JSON, PNG and logs go (default zerolayer/bench/results)",
+            default=Path("bench-results"),
+            help="where JSON, PNG and logs go (default ./bench-results)",
         )
         s.add_argument("--port", type=int, default=50071, help="frontend port of the stacks")
         s.add_argument("--kv-cache-bytes", type=int, default=1 << 30)

@@ -53,7 +53,7 @@ def up_to_first_token(args: argparse.Namespace, model_dir: Path, prompt: list[in
     """Starts ``zerolayer up`` and polls the public port until a token streams back; stops it."""
     log_dir = args.out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "zerolayer.cli.main", "up", "--model", str(model_dir)]
+    command = [sys.executable, "-m", "zerolayer", "up", "--model", str(model_dir)]
     command += ["--listen", f"127.0.0.1:{args.port}", "--num-threads", str(measured_threads(args))]
     with open(log_dir / "coldstart-up.log", "ab") as log:
         start = time.perf_counter()

@@ -37,9 +37,9 @@ import torch
 from zerolayer.bench.hf_baseline import hf_generate_batch, load_hf
 from zerolayer.bench.roofline import weight_traffic
 from zerolayer.bench.streams import decode_tok_s, generate_request, random_prompts, run_streams
+from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.stack.launcher import Stack, StackConfig
-from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.v1 import generation_pb2_grpc
 
 

@@ -17,22 +17,22 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from zerolayer.bench.streams import TokenTimes
+from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.checkpoints.dtypes import torch_dtype
+from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.clients import model_dtype_name
 from zerolayer.common.config import DEFAULT_BLOCK_SIZE
-from zerolayer.checkpoints.dtypes import torch_dtype
 from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
-from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.kvstore.arena import ArenaLayout, blocks_for_bytes
-from zerolayer.checkpoints.checkpoint import read_checkpoint
-from zerolayer.scheduler.core.engine import Engine, Sink
-from zerolayer.scheduler.model.kernels import KernelLoader
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
-from zerolayer.scheduler.model.llama import LlamaModel
+from zerolayer.kv.arena_layout import ArenaLayout, blocks_for_bytes
 from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
+from zerolayer.scheduler.core.engine import Engine, Sink
+from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 from zerolayer.scheduler.metrics import SchedulerMetrics
+from zerolayer.scheduler.model.kernels import KernelLoader
+from zerolayer.scheduler.model.llama import LlamaModel
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 from zerolayer.scheduler.model.weights import MappedWeights
 
 

@@ -28,9 +28,9 @@ from zerolayer.bench.scenario import (
     warm_up,
 )
 from zerolayer.bench.streams import decode_tok_s, generate_request, random_prompts, run_streams
-from zerolayer.stack.launcher import Stack
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.scheduler.model.kernels import KernelLoader
+from zerolayer.stack.launcher import Stack
 
 SMOKE = {
     "prompt_tokens": 16,

@@ -32,8 +32,8 @@ from zerolayer.bench.streams import (
     random_prompts,
     run_streams,
 )
-from zerolayer.stack.launcher import Stack
 from zerolayer.scheduler.core.engine import call_in_fresh_thread
+from zerolayer.stack.launcher import Stack
 
 SMOKE = {"batch_sizes": "1,4", "prompt_tokens": 16, "max_new_tokens": 64, "repeats": 1}
 """Overrides of ``--smoke``."""

@@ -1,1 +1,1 @@
-"""Model checkpoints and tokenizers: converters and builders for Hugging Face model directories."""
+"""Model directories: reading checkpoints and their configs, converters, the dummy model."""

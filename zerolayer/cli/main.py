@@ -8,7 +8,9 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from zerolayer.cli.presets import PRESET_NAMES
@@ -133,6 +135,12 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def _command_plugins() -> dict[str, ModuleType]:
+    """Subcommands registered under the ``zerolayer.commands`` entry point group (e.g. ``bench``):
+    modules with ``add_parser(subparsers)`` and ``run(args) -> int``."""
+    return {ep.name: ep.load() for ep in entry_points(group="zerolayer.commands")}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``zerolayer`` command line."""
     from zerolayer.frontend.__main__ import build_parser as frontend_parser
@@ -145,9 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_up(sub)
     _add_generate(sub)
     _add_tools(sub)
-    from zerolayer.bench.cli import add_parser as add_bench_parser
-
-    add_bench_parser(sub)
+    for plugin in _command_plugins().values():
+        plugin.add_parser(sub)
     for name, build in (
         ("loader", loader_parser),
         ("kvstore", kvstore_parser),
@@ -165,8 +172,8 @@ def _stack_config(args: argparse.Namespace, model_dir: str) -> StackConfig:
         ValueError: a setting is out of range or cannot work here; the message starts with its
             flag.
     """
-    from zerolayer.stack.preflight import check_stack
     from zerolayer.stack.config import StackConfig
+    from zerolayer.stack.preflight import check_stack
 
     config = StackConfig(
         model_dir=model_dir,
@@ -194,9 +201,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     before any process starts); 1 when a layer fails to start or the ``--generate`` call fails;
     130 when SIGINT/SIGTERM arrives during start-up (the started layers are stopped).
     """
+    from zerolayer.checkpoints.checkpoint import CheckpointError
     from zerolayer.checkpoints.dummy import ensure_dummy_model
     from zerolayer.stack.launcher import Stack, StackError, StartupInterrupted
-    from zerolayer.checkpoints.checkpoint import CheckpointError
 
     logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
     model_dir = args.model or str(ensure_dummy_model())
@@ -267,10 +274,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from zerolayer.cli.client import run_generate
 
         return run_generate(args)
-    if args.command == "bench":
-        from zerolayer.bench.cli import run as run_bench
-
-        return run_bench(args)
+    plugins = _command_plugins()
+    if args.command in plugins:
+        return plugins[args.command].run(args)
     if args.command == "convert-llama2c":
         from zerolayer.checkpoints.llama2c import convert_llama2c
 
@@ -283,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_dummy_model(args.out_dir, PRESETS[args.preset], args.seed)
         print(f"wrote {args.out_dir}")
         return 0
-    module = __import__(f"services.{args.command}.__main__", fromlist=["run"])
+    module = __import__(f"zerolayer.{args.command}.__main__", fromlist=["run"])
     return module.run(args)
 
 

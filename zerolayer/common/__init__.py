@@ -1,1 +1,1 @@
-"""Pieces shared by every layer: configs, errors, the gRPC server bootstrap, protobuf conversion."""
+"""Process plumbing every layer shares: settings, errors, server bootstrap, tracing, conversion."""

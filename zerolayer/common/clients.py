@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 
 from zerolayer.common.convert import manifest_from_pb
-from zerolayer.sharing.manifest import HandleKind, WeightManifest
 from zerolayer.common.server import CHANNEL_OPTIONS
+from zerolayer.sharing.manifest import HandleKind, WeightManifest
 from zerolayer.v1 import loader_pb2, loader_pb2_grpc
 
 

@@ -1,1 +1,1 @@
-"""Frontend layer: tokenization, incremental detokenization and stop strings."""
+"""The frontend layer: the public API (gRPC, KServe v2), tokenization, detokenization, stops."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
+from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import (
@@ -19,8 +20,6 @@ from zerolayer.common.generation import (
     RequestOutput,
     Usage,
 )
-from zerolayer.sharing.manifest import WeightManifest
-from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.frontend.detokenizer import IncrementalDetokenizer
 from zerolayer.frontend.metrics import FrontendMetrics
 from zerolayer.frontend.scheduler_client import SchedulerClient
@@ -28,6 +27,7 @@ from zerolayer.frontend.stop_strings import StopStringMatcher
 from zerolayer.frontend.telemetry import GenerationTelemetry
 from zerolayer.frontend.tokenizer import TextTokenizer
 from zerolayer.frontend.validation import ServedModel, check_text_length, validate
+from zerolayer.sharing.manifest import WeightManifest
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from zerolayer.common.convert import chunk_to_pb, generate_params_from_pb
 from zerolayer.checkpoints.dtypes import torch_name
+from zerolayer.common.convert import chunk_to_pb, generate_params_from_pb
 from zerolayer.frontend.generation import TextGenerator
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 

@@ -21,7 +21,7 @@ from zerolayer.common.server import (
     setup_logging,
 )
 from zerolayer.common.tracing import Tracing, TracingConfig
-from zerolayer.kvstore.arena import ArenaSizeError
+from zerolayer.kv.arena_file import ArenaSizeError
 from zerolayer.kvstore.kv_store import KVStore
 from zerolayer.kvstore.metrics import KVStoreCollector
 from zerolayer.kvstore.server import KVStoreServicer

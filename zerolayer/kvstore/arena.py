@@ -1,9 +1,6 @@
 """The KV arena: one shared-memory file holding every layer's K and V blocks.
 
-Layout (C-contiguous): ``[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]``
-of ``dtype``, so that the K (or V) cache of one layer is a contiguous
-``[num_blocks, block_size, num_kv_heads, head_dim]`` array, the paged layout of vLLM
-(Kwon et al. 2023, "Efficient Memory Management for LLM Serving with PagedAttention").
+Its layout is :class:`zerolayer.kv.arena_layout.ArenaLayout`.
 
 The arena outlives the kvstore process: a restarted kvstore reopens the same file (same inode,
 so the scheduler's mapping stays valid) when a sidecar ``<path>.json`` records the same layout.
@@ -15,104 +12,10 @@ import dataclasses
 import json
 import os
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from zerolayer.checkpoints.dtypes import itemsize, torch_dtype
-
-if TYPE_CHECKING:
-    import torch
-
-
-@dataclass(frozen=True)
-class ArenaLayout:
-    """Geometry of a KV arena."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-    """Tokens per block."""
-    dtype: str
-    """Safetensors dtype name of the elements."""
-    num_blocks: int
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element."""
-        return itemsize(self.dtype)
-
-    @property
-    def block_bytes(self) -> int:
-        """Bytes of one block across all layers, K and V."""
-        return (
-            2
-            * self.num_layers
-            * self.block_size
-            * self.num_kv_heads
-            * self.head_dim
-            * self.itemsize
-        )
-
-    @property
-    def size_bytes(self) -> int:
-        """Bytes of the whole arena."""
-        return self.block_bytes * self.num_blocks
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Shape of the arena as one tensor."""
-        return (
-            self.num_layers,
-            2,
-            self.num_blocks,
-            self.block_size,
-            self.num_kv_heads,
-            self.head_dim,
-        )
-
-
-def blocks_for_bytes(kv_cache_bytes: int, layout_without_blocks: ArenaLayout) -> int:
-    """Number of whole blocks that fit in ``kv_cache_bytes``."""
-    per_block = layout_without_blocks.block_bytes
-    return kv_cache_bytes // per_block
-
-
-def sidecar_path(path: str) -> str:
-    """Where an arena's layout and id are recorded."""
-    return path + ".json"
-
-
-class ArenaSizeError(ValueError):
-    """The arena cannot be made: ``kv_cache_bytes`` holds no whole block, or the arena's
-    filesystem cannot hold it. ``reason`` says which, without the field name."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"kv_cache_bytes: {reason}")
-        self.reason = reason
-
-
-def free_bytes(path: str) -> int:
-    """Bytes an unprivileged process can still allocate on the filesystem holding ``path`` (a
-    file or a directory), from ``statvfs``."""
-    info = os.statvfs(path)
-    return info.f_bavail * info.f_frsize
-
-
-def check_arena_fits(path: str, size_bytes: int) -> None:
-    """Checks that an arena of ``size_bytes`` fits the free space of the filesystem holding
-    ``path`` (the arena file, or the directory it will be created in; e.g. Docker's default
-    64 MB ``/dev/shm``).
-
-    Raises:
-        ArenaSizeError: it does not fit; the message names the path and the free bytes.
-    """
-    free = free_bytes(path)
-    if size_bytes > free:
-        raise ArenaSizeError(
-            f"the KV arena needs {size_bytes} bytes at {path}, but only {free} bytes are free there"
-        )
+from zerolayer.kv.arena_file import ArenaSizeError, check_arena_fits, free_bytes, sidecar_path
+from zerolayer.kv.arena_layout import ArenaLayout
 
 
 class Arena:
@@ -183,23 +86,3 @@ class Arena:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
-
-
-def map_arena(path: str, layout: ArenaLayout) -> torch.Tensor:
-    """Maps an arena file read-write and shared; returns it as a tensor of ``layout.shape``.
-
-    Writes through the tensor land in the shared file (MAP_SHARED), visible to every process
-    mapping it.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: the file's size does not match the layout.
-    """
-    size = os.path.getsize(path)
-    if size != layout.size_bytes:
-        raise ValueError(f"{path}: {size} bytes, layout needs {layout.size_bytes}")
-    numel = layout.size_bytes // layout.itemsize
-    import torch
-
-    flat = torch.from_file(path, shared=True, size=numel, dtype=torch_dtype(layout.dtype))
-    return flat.view(layout.shape)

@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import uuid
 
-from zerolayer.common import cuda_memory
+from zerolayer.kv.arena_file import ArenaSizeError
+from zerolayer.kv.arena_layout import ArenaLayout
+from zerolayer.sharing import cuda_memory
 from zerolayer.sharing.device_export import ExportedMemory
 from zerolayer.sharing.manifest import HandleKind
-from zerolayer.kvstore.arena import ArenaLayout, ArenaSizeError
 
 log = logging.getLogger(__name__)
 

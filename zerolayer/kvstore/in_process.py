@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from zerolayer.common.errors import ResourceExhausted
-from zerolayer.kvstore.arena import ArenaLayout
+from zerolayer.kv.arena_layout import ArenaLayout
+from zerolayer.kv.commit import CommitEntry
 from zerolayer.kvstore.block_pool import BlockPool
-from zerolayer.kvstore.prefix_cache import CommitEntry, HashFn, PrefixCache, xxh3_128
+from zerolayer.kvstore.prefix_cache import HashFn, PrefixCache, xxh3_128
 
 
 class LocalBlockAllocator:
@@ -48,10 +49,9 @@ class LocalBlockAllocator:
         """The cached prefix's blocks, referenced."""
         return self.cache.lookup(token_ids, cache_salt)
 
-    def commit(self, entries: Sequence[tuple[CommitEntry, str]]) -> None:
+    def commit(self, entries: Sequence[CommitEntry]) -> None:
         """Registers full blocks."""
-        for entry, salt in entries:
-            self.cache.commit([entry], salt)
+        self.cache.commit(entries)
 
     def reconcile(self, held_block_ids: list[int]) -> int:
         """Rebuilds reference counts."""

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zerolayer.common.clients import model_dtype_name
 from zerolayer.common.config import KVStoreConfig
 from zerolayer.common.device import fd_socket_path, resolve_device
 from zerolayer.common.errors import FailedPrecondition
+from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
+from zerolayer.kv.commit import CommitEntry
+from zerolayer.kvstore.arena import Arena
+from zerolayer.kvstore.block_pool import BlockPool
+from zerolayer.kvstore.prefix_cache import HashFn, PrefixCache, xxh3_128
 from zerolayer.sharing.handle_kinds import offered_kinds
 from zerolayer.sharing.manifest import WeightManifest
-from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.kvstore.arena import Arena, ArenaLayout, blocks_for_bytes
-from zerolayer.kvstore.block_pool import BlockPool
-from zerolayer.kvstore.prefix_cache import CommitEntry, HashFn, PrefixCache, xxh3_128
 
 if TYPE_CHECKING:
     from zerolayer.kvstore.device_arena import DeviceArena
@@ -45,23 +44,6 @@ class KVStats:
 def arena_layout(config: KVStoreConfig, manifest: WeightManifest) -> ArenaLayout:
     """The arena geometry for the manifest's model, sized to ``config.kv_cache_bytes``."""
     return model_arena_layout(manifest, config.block_size, config.kv_cache_bytes)
-
-
-def model_arena_layout(
-    manifest: WeightManifest, block_size: int, kv_cache_bytes: int
-) -> ArenaLayout:
-    """The arena geometry for the manifest's model: whole blocks of ``block_size`` tokens in
-    ``kv_cache_bytes`` (``num_blocks`` is 0 when not even one fits). Builds nothing per block."""
-    model = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
-    shape = ArenaLayout(
-        num_layers=model.num_hidden_layers,
-        num_kv_heads=model.num_key_value_heads,
-        head_dim=model.head_dim,
-        block_size=block_size,
-        dtype=model_dtype_name(manifest),
-        num_blocks=0,
-    )
-    return dataclasses.replace(shape, num_blocks=blocks_for_bytes(kv_cache_bytes, shape))
 
 
 def open_arena(config: KVStoreConfig, layout: ArenaLayout) -> Arena | DeviceArena:
@@ -146,10 +128,10 @@ class KVStore:
         self._require_reconciled()
         return self.cache.lookup(token_ids, cache_salt)
 
-    def commit(self, entries: Sequence[tuple[CommitEntry, str]]) -> int:
+    def commit(self, entries: Sequence[CommitEntry]) -> int:
         """Registers full blocks; each entry carries its sequence's cache salt."""
         self._require_reconciled()
-        return sum(self.cache.commit([entry], salt) for entry, salt in entries)
+        return self.cache.commit(entries)
 
     def reconcile(self, held_block_ids: list[int]) -> int:
         """Rebuilds reference counts from the scheduler's declaration and opens the store."""

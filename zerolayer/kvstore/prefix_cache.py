@@ -26,6 +26,7 @@ import numpy as np
 import xxhash
 
 from zerolayer.common.errors import InvalidArgument
+from zerolayer.kv.commit import CommitEntry
 from zerolayer.kvstore.block_pool import BlockPool
 
 HashFn = Callable[[bytes], bytes]
@@ -47,16 +48,6 @@ class BlockKey:
     parent_hash: bytes
     token_ids: tuple[int, ...]
     cache_salt: str
-
-
-@dataclass(frozen=True)
-class CommitEntry:
-    """A block that became full: ``token_ids`` are its ``block_size`` tokens."""
-
-    block_id: int
-    parent_block_id: int | None
-    """The previous block of the sequence; None for the first block."""
-    token_ids: tuple[int, ...]
 
 
 @dataclass
@@ -154,8 +145,9 @@ class PrefixCache:
         self.stats.num_hit_tokens += len(hits) * self.block_size
         return hits
 
-    def commit(self, entries: Sequence[CommitEntry], cache_salt: str) -> int:
-        """Registers blocks that became full (their KV is computed), in sequence order.
+    def commit(self, entries: Sequence[CommitEntry]) -> int:
+        """Registers blocks that became full (their KV is computed), in sequence order; each
+        entry carries its sequence's cache salt.
 
         A block whose parent's content is unknown (e.g. after a kvstore restart, or the parent
         was not committed, or its hash collided) is not registered. A block whose content is already
@@ -188,7 +180,7 @@ class PrefixCache:
                 parent_hash = self.block_keys[entry.parent_block_id][0]
             else:
                 continue
-            key = BlockKey(parent_hash, tuple(entry.token_ids), cache_salt)
+            key = BlockKey(parent_hash, tuple(entry.token_ids), entry.cache_salt)
             block_hash = self.hash_block(key)
             known = self._hash_keys.get(block_hash)
             if known is not None and known[0] != key:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import grpc
 
 from zerolayer.common.convert import device_memory_to_pb
+from zerolayer.kv.commit import CommitEntry
+from zerolayer.kvstore.kv_store import KVStore
 from zerolayer.sharing.handle_kinds import negotiate
 from zerolayer.sharing.manifest import HandleKind
-from zerolayer.kvstore.kv_store import KVStore
-from zerolayer.kvstore.prefix_cache import CommitEntry
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 _KNOWN_KINDS = frozenset(int(k) for k in HandleKind)
@@ -72,12 +72,10 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         self, request: kvstore_pb2.CommitBlocksRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.CommitBlocksResponse:
         entries = [
-            (
-                CommitEntry(
-                    b.block_id,
-                    b.parent_block_id if b.HasField("parent_block_id") else None,
-                    tuple(b.token_ids),
-                ),
+            CommitEntry(
+                b.block_id,
+                b.parent_block_id if b.HasField("parent_block_id") else None,
+                tuple(b.token_ids),
                 b.cache_salt,
             )
             for b in request.blocks

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from zerolayer.common.config import LoaderConfig
 from zerolayer.common.device import add_device_argument, fd_socket_path, resolve_device
-from zerolayer.sharing.handle_kinds import offered_kinds
 from zerolayer.common.metrics import add_metrics_port, serve_metrics
 from zerolayer.common.server import (
     LayerServer,
@@ -24,6 +23,7 @@ from zerolayer.common.tracing import Tracing, TracingConfig
 from zerolayer.loader.metrics import LoaderCollector
 from zerolayer.loader.server import LoaderServicer
 from zerolayer.loader.weight_store import WeightStore
+from zerolayer.sharing.handle_kinds import offered_kinds
 from zerolayer.v1 import loader_pb2, loader_pb2_grpc
 
 

@@ -24,11 +24,11 @@ import threading
 import time
 from collections.abc import Sequence
 
-from zerolayer.common import cuda_memory
+from zerolayer.loader.device_copy import GroupCopier, Placement, plan_placement
+from zerolayer.sharing import cuda_memory
 from zerolayer.sharing.device_export import ExportedMemory
 from zerolayer.sharing.manifest import HandleKind, WeightManifest
 from zerolayer.sharing.mapped_file import MappedFile
-from zerolayer.loader.device_copy import GroupCopier, Placement, plan_placement
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ class DeviceWeights:
             files: its mapped files.
             num_layers: decoder layers (config.num_hidden_layers).
             device_index: CUDA ordinal.
-            kind: CUDA_VMM_FD or CUDA_IPC (see :func:`zerolayer.sharing.handle_kinds.offered_kinds`).
+            kind: CUDA_VMM_FD or CUDA_IPC (see
+                :func:`zerolayer.sharing.handle_kinds.offered_kinds`).
             fd_socket: unix socket path to serve the VMM descriptor on (unused for CUDA_IPC).
             keeper: the launcher's :class:`zerolayer.sharing.fd_keeper.FdKeeper` socket ("" when
                 none). With CUDA_VMM_FD, a copy a previous loader deposited there is mapped

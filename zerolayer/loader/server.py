@@ -8,9 +8,9 @@ import grpc
 
 from zerolayer.common.convert import manifest_to_pb
 from zerolayer.common.errors import InvalidArgument, Unavailable
+from zerolayer.loader.weight_store import WeightStore
 from zerolayer.sharing.handle_kinds import negotiate
 from zerolayer.sharing.manifest import HandleKind
-from zerolayer.loader.weight_store import WeightStore
 from zerolayer.v1 import loader_pb2, loader_pb2_grpc
 
 if TYPE_CHECKING:

@@ -6,12 +6,12 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.errors import NotFound
 from zerolayer.sharing.handle_kinds import negotiate
 from zerolayer.sharing.manifest import HandleKind, WeightManifest
 from zerolayer.sharing.mapped_file import MappedFile
-from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.checkpoints.checkpoint import read_checkpoint
 
 log = logging.getLogger(__name__)
 

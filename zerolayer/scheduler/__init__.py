@@ -1,1 +1,1 @@
-"""The scheduler layer: the engine (continuous batching, model forward, sampling)."""
+"""The scheduler layer (the engine process): its scheduling core, its model, its GPU health."""

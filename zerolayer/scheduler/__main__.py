@@ -12,13 +12,12 @@ from collections.abc import Sequence
 import torch
 from prometheus_client import CollectorRegistry
 
+from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.arg_types import positive_seconds
 from zerolayer.common.clients import fetch_layer_residency, fetch_manifest
 from zerolayer.common.config import WARM_UP_PROMPT_TOKENS, SchedulerConfig, default_num_threads
 from zerolayer.common.device import add_device_argument, resolve_device
-from zerolayer.sharing.handle_kinds import importer_kinds
 from zerolayer.common.metrics import add_metrics_port, serve_metrics
-from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.server import (
     LayerServer,
     ServiceBinding,
@@ -27,20 +26,21 @@ from zerolayer.common.server import (
     setup_logging,
 )
 from zerolayer.common.tracing import GEN_AI_REQUEST_MODEL, Tracing, TracingConfig
-from zerolayer.scheduler.model.device_import import DeviceWeightsView, wait_for_layers
 from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
-from zerolayer.scheduler.gpu_health.watch import watch_gpu
-from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+from zerolayer.scheduler.gpu_health.watch import watch_gpu
 from zerolayer.scheduler.kv_client import KVStoreClient
-from zerolayer.scheduler.model.llama import LlamaModel
 from zerolayer.scheduler.metrics import SchedulerMetrics
+from zerolayer.scheduler.model.device_import import DeviceWeightsView, wait_for_layers
+from zerolayer.scheduler.model.kernels import KernelLoader
+from zerolayer.scheduler.model.llama import LlamaModel
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
-from zerolayer.scheduler.server import SchedulerServicer
 from zerolayer.scheduler.model.step_inputs import StepBuffers
 from zerolayer.scheduler.model.weights import MappedWeights
+from zerolayer.scheduler.server import SchedulerServicer
+from zerolayer.sharing.handle_kinds import importer_kinds
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     add_device_argument(parser, "where the model runs (the loader and kvstore must be on it)")
     add_metrics_port(parser)
-    # Test only: GPU events and samples from a JSON-lines file (zerolayer.scheduler.gpu_health.script).
+    # Test only: GPU events and samples from a JSON-lines file
+    # (zerolayer.scheduler.gpu_health.script).
     parser.add_argument("--nvml-script", default="", help=argparse.SUPPRESS)
     return parser
 
@@ -182,7 +183,8 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
 
     async def on_start() -> None:
         # The build runs on a thread that exits and the warm-up on the engine thread, so the
-        # engine thread is the only one left with an OpenMP pool (see zerolayer.scheduler.core.engine).
+        # engine thread is the only one left with an OpenMP pool (see
+        # zerolayer.scheduler.core.engine).
         engine, kv_client = await asyncio.to_thread(
             call_in_fresh_thread, build_engine, config, tracing, registry
         )

@@ -10,16 +10,17 @@ import grpc
 import torch
 from opentelemetry import trace
 
+from zerolayer.checkpoints.dtypes import torch_dtype
 from zerolayer.common.convert import device_memory_from_pb
 from zerolayer.common.device import CPU, Device
-from zerolayer.checkpoints.dtypes import torch_dtype
-from zerolayer.sharing.handle_kinds import importer_kinds
-from zerolayer.sharing.manifest import HandleKind
 from zerolayer.common.server import CHANNEL_OPTIONS
 from zerolayer.common.tracing import Tracing
-from zerolayer.kvstore.arena import ArenaLayout, map_arena
-from zerolayer.kvstore.prefix_cache import CommitEntry
+from zerolayer.kv.arena_file import map_arena
+from zerolayer.kv.arena_layout import ArenaLayout
+from zerolayer.kv.commit import CommitEntry
 from zerolayer.scheduler.core.kv_cache_manager import ArenaChanged, KVStoreUnavailable
+from zerolayer.sharing.handle_kinds import importer_kinds
+from zerolayer.sharing.manifest import HandleKind
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 T = TypeVar("T")
@@ -173,16 +174,16 @@ class KVStoreClient:
         )
         return list(response.block_ids)
 
-    def commit(self, entries: Sequence[tuple[CommitEntry, str]]) -> None:
+    def commit(self, entries: Sequence[CommitEntry]) -> None:
         """Registers full blocks. Raises KVStoreUnavailable."""
         blocks = [
             kvstore_pb2.CommitBlock(
                 block_id=e.block_id,
                 parent_block_id=e.parent_block_id,
                 token_ids=e.token_ids,
-                cache_salt=salt,
+                cache_salt=e.cache_salt,
             )
-            for e, salt in entries
+            for e in entries
         ]
         self._call("CommitBlocks", kvstore_pb2.CommitBlocksRequest(blocks=blocks))
 

@@ -18,7 +18,7 @@ import logging
 import os
 import uuid
 
-from zerolayer.common import cuda_memory
+from zerolayer.sharing import cuda_memory
 from zerolayer.sharing.fd_keeper import fetch_kept_fd, keep_fd
 from zerolayer.sharing.fd_passing import FdServer
 from zerolayer.sharing.manifest import DeviceMemoryHandle, HandleKind

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from zerolayer.common import cuda_driver
 from zerolayer.common.errors import FailedPrecondition
+from zerolayer.sharing import cuda_driver
 from zerolayer.sharing.manifest import HandleKind
 
 DEFAULT_ACCEPTED: tuple[HandleKind, ...] = (HandleKind.MMAP_FILE,)

@@ -21,12 +21,12 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from zerolayer.sharing.fd_keeper import FdKeeper
-from zerolayer.common.server import LAUNCHER_PID_ENV, instance_health_name
-from zerolayer.stack.health_watch import HealthTarget, HealthWatch
-from zerolayer.kvstore.arena import sidecar_path
 from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.common.server import LAUNCHER_PID_ENV, instance_health_name
+from zerolayer.kv.arena_file import sidecar_path
+from zerolayer.sharing.fd_keeper import FdKeeper
 from zerolayer.stack.config import LAYERS, SHM_DIR, StackConfig
+from zerolayer.stack.health_watch import HealthTarget, HealthWatch
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Stack:
             args += ["--metrics-port", str(c.metrics_port(layer))]
         if layer == "scheduler" and c.nvml_script:
             args += ["--nvml-script", c.nvml_script]
-        return [sys.executable, "-m", f"services.{layer}", *args]
+        return [sys.executable, "-m", f"zerolayer.{layer}", *args]
 
     def start(self) -> None:
         """Starts all layers at once (each waits for the ones it needs) and waits until all are
@@ -269,7 +269,7 @@ class Stack:
             self.command(layer),
             stdin=subprocess.DEVNULL,
             stderr=stderr,
-            cwd=Path(__file__).resolve().parents[1],
+            cwd=Path(__file__).resolve().parents[2],
             start_new_session=True,
             env={**os.environ, LAUNCHER_PID_ENV: str(os.getpid())},
         )

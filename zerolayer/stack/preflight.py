@@ -14,12 +14,12 @@ import os
 import socket
 from pathlib import Path
 
+from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
+from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.config import warm_up_num_blocks
 from zerolayer.common.metrics import DEFAULT_METRICS_HOST
-from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.kvstore.arena import ArenaLayout, ArenaSizeError, check_arena_fits
-from zerolayer.kvstore.kv_store import model_arena_layout
-from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
+from zerolayer.kv.arena_file import ArenaSizeError, check_arena_fits
+from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.stack.config import LAYERS, SHM_DIR, StackConfig
 
 MAX_UNIX_SOCKET_PATH = 107

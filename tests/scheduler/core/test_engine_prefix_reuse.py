@@ -16,18 +16,18 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
-from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
-from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.kvstore.arena import ArenaLayout
 from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
+from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.kv.arena_layout import ArenaLayout
+from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
 from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 from zerolayer.scheduler.model.llama import LlamaModel
-from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 from zerolayer.scheduler.model.weights import MappedWeights
 
 PRESET = DummyPreset(64, 128, 2, 4, 2, 259, max_position_embeddings=512)

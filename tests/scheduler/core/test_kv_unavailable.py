@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import EngineRequest, SamplingParams
-from zerolayer.kvstore.prefix_cache import CommitEntry
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager, KVStoreUnavailable
+from zerolayer.kv.commit import CommitEntry
 from zerolayer.kvstore.in_process import LocalBlockAllocator
+from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager, KVStoreUnavailable
 from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 
 BLOCK_SIZE = 4
@@ -57,7 +57,7 @@ class DownableAllocator:
         self._check()
         return self.local.lookup(token_ids, cache_salt)
 
-    def commit(self, entries: Sequence[tuple[CommitEntry, str]]) -> None:
+    def commit(self, entries: Sequence[CommitEntry]) -> None:
         self._check()
         self.local.commit(entries)
 

@@ -12,8 +12,8 @@ import pytest
 
 from zerolayer.common.errors import InvalidArgument, ResourceExhausted
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
 from zerolayer.kvstore.in_process import LocalBlockAllocator
+from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
 from zerolayer.scheduler.core.request import RequestStatus
 from zerolayer.scheduler.core.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
 

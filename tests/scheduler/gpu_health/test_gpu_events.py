@@ -228,8 +228,8 @@ def test_nvml_events_and_sampling_on_the_real_gpu() -> None:
 
     from prometheus_client import CollectorRegistry
 
-    from zerolayer.scheduler.gpu_health.watch import GpuEventMonitor, cuda_uuid
     from zerolayer.scheduler.gpu_health.monitor import open_nvml
+    from zerolayer.scheduler.gpu_health.watch import GpuEventMonitor, cuda_uuid
 
     uuid = cuda_uuid(0)
     report = nvml_self_check(0, num_samples=3, uuid=uuid)

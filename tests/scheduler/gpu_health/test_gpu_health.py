@@ -20,15 +20,20 @@ from prometheus_client import CollectorRegistry
 
 from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.engine import Engine
+from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
 from zerolayer.scheduler.gpu_health.events import EventKind, GpuEvent, classify_event
-from zerolayer.scheduler.gpu_health.watch import GpuEventMonitor, GpuFault, span_attributes, watch_gpu
 from zerolayer.scheduler.gpu_health.monitor import GpuPoller
 from zerolayer.scheduler.gpu_health.script import ScriptedGpu
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
-from zerolayer.kvstore.in_process import LocalBlockAllocator
+from zerolayer.scheduler.gpu_health.watch import (
+    GpuEventMonitor,
+    GpuFault,
+    span_attributes,
+    watch_gpu,
+)
 from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
 
 VOCAB = 64
 BLOCK_SIZE = 4

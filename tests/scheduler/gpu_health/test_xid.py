@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from zerolayer.scheduler.gpu_health.events import EventKind, GpuEvent, Verdict, classify_event
-from zerolayer.scheduler.gpu_health.xid import XIDS, Severity, classify_recovery_action, classify_xid
+from zerolayer.scheduler.gpu_health.xid import (
+    XIDS,
+    Severity,
+    classify_recovery_action,
+    classify_xid,
+)
 
 
 @pytest.mark.parametrize("code", [32, 48, 62, 64, 74, 79, 95, 119, 120, 140, 143])

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from zerolayer.common.generation import EngineRequest, SamplingParams
-from zerolayer.scheduler.model.attention import paged_attention, write_kv
-from zerolayer.scheduler.model.model_runner import build_metadata
 from zerolayer.scheduler.core.request import Request
 from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
+from zerolayer.scheduler.model.attention import paged_attention, write_kv
+from zerolayer.scheduler.model.model_runner import build_metadata
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40

@@ -11,18 +11,18 @@ import pytest
 import torch
 import transformers
 
-from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
-from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
-from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.kvstore.arena import ArenaLayout
 from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
+from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
+from zerolayer.kv.arena_layout import ArenaLayout
+from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
 from zerolayer.scheduler.core.engine import Engine
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 from zerolayer.scheduler.model.llama import LlamaModel
-from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 from zerolayer.scheduler.model.step_inputs import StepBuffers
 from zerolayer.scheduler.model.triton_attention import triton_available
 from zerolayer.scheduler.model.weights import MappedWeights

@@ -8,8 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.common.generation import EngineRequest, SamplingParams
+from zerolayer.scheduler.core.request import Request
+from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.decode_padding import (
     DecodeStaging,
     bucket_for,
@@ -20,8 +22,6 @@ from zerolayer.scheduler.model.decode_padding import (
 from zerolayer.scheduler.model.device_inputs import DeviceInputs
 from zerolayer.scheduler.model.llama import LlamaModel
 from zerolayer.scheduler.model.model_runner import ModelRunner
-from zerolayer.scheduler.core.request import Request
-from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.step_inputs import StepBuffers, StepInputs
 
 BLOCK_SIZE = 4

@@ -16,11 +16,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
-from zerolayer.common.generation import EngineRequest, SamplingParams
-from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.kvstore.arena import ArenaLayout
 from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
+from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.common.generation import EngineRequest, SamplingParams
+from zerolayer.kv.arena_layout import ArenaLayout
+from zerolayer.kvstore.in_process import local_arena
+from zerolayer.scheduler.core.request import Request
+from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.attention import (
     AttentionMetadata,
     paged_attention,
@@ -29,10 +32,7 @@ from zerolayer.scheduler.model.attention import (
 )
 from zerolayer.scheduler.model.kernels import KernelLoader, _build_lock
 from zerolayer.scheduler.model.llama import LlamaModel
-from zerolayer.kvstore.in_process import local_arena
 from zerolayer.scheduler.model.model_runner import ModelRunner, build_metadata
-from zerolayer.scheduler.core.request import Request
-from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.weights import MappedWeights
 
 SPARE_BLOCKS = 16

@@ -1,5 +1,5 @@
-"""The Triton paged-attention kernel (zerolayer/scheduler/model/triton_attention.py) against the pure-torch
-reference.
+"""The Triton paged-attention kernel (zerolayer/scheduler/model/triton_attention.py) against the
+pure-torch reference.
 
 Without a GPU the kernel runs under Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors:
 the same program, executed block by block in numpy, so these tests check its indexing, masking and
@@ -20,7 +20,9 @@ import pytest
 import torch
 
 from zerolayer.common.generation import EngineRequest, SamplingParams
-from zerolayer.scheduler import triton_attention
+from zerolayer.scheduler.core.request import Request
+from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
+from zerolayer.scheduler.model import triton_attention
 from zerolayer.scheduler.model.attention import (
     AttentionMetadata,
     paged_attention,
@@ -28,8 +30,6 @@ from zerolayer.scheduler.model.attention import (
     write_kv,
 )
 from zerolayer.scheduler.model.model_runner import build_metadata
-from zerolayer.scheduler.core.request import Request
-from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.triton_attention import (
     launch_config,
     paged_attention_triton,
@@ -168,7 +168,7 @@ def test_interpreter_cases_in_their_own_process() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "triton_interpreter"]
         + [str(Path(__file__))],
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
         env=dict(os.environ, TRITON_INTERPRET="1"),
         capture_output=True,
         text=True,
@@ -346,12 +346,13 @@ def test_unavailable_without_cuda() -> None:
 
 def test_importing_attention_does_not_import_triton() -> None:
     code = (
-        "import sys, zerolayer.scheduler.model.attention, zerolayer.scheduler.model.triton_attention; "
+        "import sys, zerolayer.scheduler.model.attention, "
+        "zerolayer.scheduler.model.triton_attention; "
         "print('triton' in sys.modules)"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
         capture_output=True,
         text=True,
         check=True,

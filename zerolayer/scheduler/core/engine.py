@@ -26,10 +26,10 @@ from zerolayer.common.config import WARM_UP_MAX_NEW_TOKENS, WARM_UP_PROMPT_TOKEN
 from zerolayer.common.errors import Unavailable, ZerolayerError
 from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
 from zerolayer.scheduler.core.kv_cache_manager import ArenaChanged
+from zerolayer.scheduler.core.scheduler import Scheduler
 from zerolayer.scheduler.metrics import SchedulerMetrics
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.core.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from zerolayer.kvstore.prefix_cache import CommitEntry
+from zerolayer.kv.commit import CommitEntry
 from zerolayer.scheduler.core.request import Request
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class BlockAllocator(Protocol):
     def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
         """Blocks of the longest cached prefix (never covering the last token), referenced."""
 
-    def commit(self, entries: Sequence[tuple[CommitEntry, str]]) -> None:
+    def commit(self, entries: Sequence[CommitEntry]) -> None:
         """Registers full blocks (each with its sequence's cache salt)."""
 
     def reconcile(self, held_block_ids: list[int]) -> int:
@@ -181,7 +181,7 @@ class KVCacheManager:
 
         Never raises: a failed commit only means those blocks are not findable later.
         """
-        entries: list[tuple[CommitEntry, str]] = []
+        entries: list[CommitEntry] = []
         for request in requests:
             num_full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
             if num_full <= request.num_committed_blocks:
@@ -192,7 +192,7 @@ class KVCacheManager:
                     request.token_slice(i * self.block_size, (i + 1) * self.block_size)
                 )
                 entries.append(
-                    (CommitEntry(request.block_ids[i], parent, block_tokens), request.cache_salt)
+                    CommitEntry(request.block_ids[i], parent, block_tokens, request.cache_salt)
                 )
             request.num_committed_blocks = num_full
         if not entries or self.needs_reconcile:

@@ -7,8 +7,8 @@ NVML delivers events through an *event set*: ``nvmlEventSetCreate``, then
 only with newer drivers), then ``nvmlEventSetWait_v2(set, timeout_ms)``, which blocks (outside the
 GIL: ctypes releases it) until an event arrives or raises NVML_ERROR_TIMEOUT. The source is
 injectable (:class:`EventSource`), so the same monitor runs with a scripted source in tests and
-on hosts without a GPU (``zerolayer.scheduler.gpu_health.script``). Source: NVML API reference, "Event
-Handling Methods" and "Event Types".
+on hosts without a GPU (``zerolayer.scheduler.gpu_health.script``). Source: NVML API reference,
+"Event Handling Methods" and "Event Types".
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ class Verdict:
 
 
 def classify_event(event: GpuEvent) -> Verdict:
-    """The severity and description of ``event`` (Xids per :mod:`zerolayer.scheduler.gpu_health.xid`).
+    """The severity and description of ``event`` (Xids per
+    :mod:`zerolayer.scheduler.gpu_health.xid`).
 
     ECC: a double-bit (uncorrectable) error means data on the GPU is wrong, so it is FATAL, like
     Xid 48; a single-bit one was corrected (RECOVERABLE). GPU unavailable and GPU lost are FATAL.

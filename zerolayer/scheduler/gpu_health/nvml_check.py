@@ -1,6 +1,6 @@
 """A self-check of the scheduler's NVML wiring on a real GPU, for the device check script:
-``python -m zerolayer.scheduler.gpu_health.nvml_check [CUDA_INDEX]`` prints a JSON report and exits 1 when a
-check fails.
+``python -m zerolayer.scheduler.gpu_health.nvml_check [CUDA_INDEX]`` prints a JSON report and
+exits 1 when a check fails.
 
 It checks what CPU-only tests cannot: that the event types the device reports as supported are
 registered (:class:`NvmlEventSource`), that a wait returns (an event or the timeout), that polling
@@ -16,8 +16,17 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from zerolayer.scheduler.gpu_health.events import NVML_EVENT_TYPES, NvmlEventSource, wanted_event_mask
-from zerolayer.scheduler.gpu_health.monitor import THROTTLE_REASONS, GpuPoller, NvmlSource, open_nvml
+from zerolayer.scheduler.gpu_health.events import (
+    NVML_EVENT_TYPES,
+    NvmlEventSource,
+    wanted_event_mask,
+)
+from zerolayer.scheduler.gpu_health.monitor import (
+    THROTTLE_REASONS,
+    GpuPoller,
+    NvmlSource,
+    open_nvml,
+)
 
 
 def nvml_self_check(

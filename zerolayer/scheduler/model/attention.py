@@ -4,8 +4,8 @@ K and V of every token are written into their cache slots (``slot_mapping``), th
 queries attend over its blocks through its block table (Kwon et al. 2023, "PagedAttention").
 
 The native kernel (``csrc/paged_attention.cpp`` via :class:`KernelLoader`) on the CPU, and the
-Triton kernel (:mod:`zerolayer.scheduler.model.triton_attention`) on CUDA, handle every sequence of the
-step in one call over ``query_start_loc``/``seq_lens``/``block_tables``. The reference
+Triton kernel (:mod:`zerolayer.scheduler.model.triton_attention`) on CUDA, handle every sequence
+of the step in one call over ``query_start_loc``/``seq_lens``/``block_tables``. The reference
 gathers blocks: decodes (one query each) run as one padded batch; prefill chunks run one
 ``scaled_dot_product_attention`` each with a causal mask offset by the tokens already cached.
 """

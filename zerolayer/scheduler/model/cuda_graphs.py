@@ -3,12 +3,13 @@
 A decode step launches a few hundred small kernels whose launch cost, at small batches, exceeds
 their run time; a CUDA graph replays the whole forward (every layer, the final norm and the LM
 head) with one launch. Each graph reads its inputs from static device tensors; a replay copies
-the step's inputs (padded to the graph's batch size, see :mod:`zerolayer.scheduler.model.decode_padding`)
-into them, then replays. The attention kernel sizes its grid from the batch size alone and reads
-``seq_lens`` and block tables from device memory (:mod:`zerolayer.scheduler.model.triton_attention`), so
-one graph serves every context length. Graphs are captured largest first into one memory pool
-(only one replays at a time, so they share their intermediate buffers), with plain allocations
-from torch's caching allocator, never managed memory.
+the step's inputs (padded to the graph's batch size, see
+:mod:`zerolayer.scheduler.model.decode_padding`) into them, then replays. The attention kernel
+sizes its grid from the batch size alone and reads ``seq_lens`` and block tables from device
+memory (:mod:`zerolayer.scheduler.model.triton_attention`), so one graph serves every context
+length. Graphs are captured largest first into one memory pool (only one replays at a time, so
+they share their intermediate buffers), with plain allocations from torch's caching allocator,
+never managed memory.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ A captured graph replays fixed shapes, so a decode step of ``n`` sequences runs 
 smallest captured batch size ``b >= n`` (its bucket) with ``b - n`` padding rows. A padding row
 belongs to no sequence: it has no queries (``query_start_loc`` stays at ``n``) and ``seq_len`` 0,
 so attention reads nothing for it and returns zeros for its row (see
-:func:`zerolayer.scheduler.model.triton_attention.paged_attention_triton`). Its token (id 0 at position
-0) still runs through every layer, and the layers still write its K and V into the cache at its
-slot, so that slot must be one no sequence reads before writing it again:
+:func:`zerolayer.scheduler.model.triton_attention.paged_attention_triton`). Its token (id 0
+at position 0) still runs through every layer, and the layers still write its K and V into the
+cache at its slot, so that slot must be one no sequence reads before writing it again:
 
 NOTE: the padding slot is the slot right after the token of a sequence in this very step, in the
 same block (:func:`padding_slot`). The block holding a sequence's newest token is its own: prefix

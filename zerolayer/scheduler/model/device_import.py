@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import torch
 
-from zerolayer.common import cuda_memory
-from zerolayer.common.device import Device
 from zerolayer.checkpoints.dtypes import torch_dtype
+from zerolayer.common.device import Device
 from zerolayer.common.errors import Unavailable
+from zerolayer.sharing import cuda_memory
 from zerolayer.sharing.fd_passing import receive_fd
 from zerolayer.sharing.manifest import DeviceMemoryHandle, HandleKind, WeightManifest
 from zerolayer.sharing.mapped_file import MappedFile

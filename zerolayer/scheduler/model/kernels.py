@@ -23,7 +23,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-CSRC_DIR = Path(__file__).resolve().parents[2] / "csrc"
+CSRC_DIR = Path(__file__).resolve().parents[3] / "csrc"
 PAGED_ATTENTION_SOURCE = CSRC_DIR / "paged_attention.cpp"
 SKINNY_LINEAR_SOURCE = CSRC_DIR / "skinny_linear.cpp"
 EXTENSION_NAME = "zerolayer_paged_attention"
@@ -252,7 +252,8 @@ def _path_with(directory: Path) -> Iterator[None]:
 
 
 def main() -> None:
-    """``python -m zerolayer.scheduler.model.kernels``: builds the kernels ahead of time (CI, images).
+    """``python -m zerolayer.scheduler.model.kernels``: builds the kernels ahead of time (CI,
+    images).
 
     Exits 1, with the reason, when they cannot be built.
     """

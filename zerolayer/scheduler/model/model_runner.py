@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 import torch
 
+from zerolayer.scheduler.core.scheduler import SchedulerOutput
 from zerolayer.scheduler.model.attention import AttentionMetadata
 from zerolayer.scheduler.model.cuda_graphs import DecodeGraphs
 from zerolayer.scheduler.model.decode_padding import graph_batch_sizes
 from zerolayer.scheduler.model.device_inputs import DeviceInputs
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.llama import LlamaModel
-from zerolayer.scheduler.core.scheduler import SchedulerOutput
 from zerolayer.scheduler.model.step_inputs import StepBuffers, StepInputs
 from zerolayer.scheduler.model.triton_attention import TRITON_DTYPES, triton_available
 

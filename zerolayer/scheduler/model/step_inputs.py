@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from zerolayer.scheduler.model.attention import AttentionMetadata, PrefillSpan
 from zerolayer.scheduler.core.scheduler import SchedulerOutput
+from zerolayer.scheduler.model.attention import AttentionMetadata, PrefillSpan
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""The Triton program behind :func:`zerolayer.scheduler.model.triton_attention.paged_attention_triton`.
+"""The Triton program behind :func:`.triton_attention.paged_attention_triton`.
 
-Imports Triton at module level, so only :mod:`zerolayer.scheduler.model.triton_attention` imports this
-module, and only once Triton is known to import. The function is left undecorated: the caller
+Imports Triton at module level, so only :mod:`zerolayer.scheduler.model.triton_attention` imports
+this module, and only once Triton is known to import. The function is left undecorated: the caller
 applies ``triton.jit`` itself, once for the compiled CUDA kernel and once for Triton's CPU
 interpreter (``TRITON_INTERPRET=1``, which tests use), since ``triton.jit`` picks between the two
 when it decorates.

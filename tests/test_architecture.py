@@ -1,0 +1,84 @@
+"""The import picture of the house (docs/architecture.md): the four layers side by side, above the
+shared rooms, with no arrow from one layer into another, and no product module importing the
+benchmarks. Checked on the source's import statements, so a new arrow fails here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "zerolayer"
+LAYERS = ("loader", "kvstore", "scheduler", "frontend")
+ROOMS = ("common", "kv", "sharing", "checkpoints")
+"""Shared rooms: used by the layers, never using them."""
+GENERATED = ("v1", "kserve")
+
+
+def room_of(module: str) -> str:
+    """The top-level room of a ``zerolayer.*`` module name ("" for the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def imports() -> list[tuple[str, str]]:
+    """(importing module, imported module) for every ``zerolayer.*`` import in the package."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE.parent).with_suffix("")
+        if relative.parts[1] in GENERATED:
+            continue
+        module = ".".join(relative.parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found += [(module, name) for name in names[:1] if name.startswith("zerolayer.")]
+    return found
+
+
+IMPORTS = imports()
+
+
+def test_the_package_holds_only_known_rooms() -> None:
+    rooms = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert rooms - set(GENERATED) == {*LAYERS, *ROOMS, "stack", "cli", "bench"}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_layer_imports_another_layer(layer: str) -> None:
+    arrows = {
+        (src, dst)
+        for src, dst in IMPORTS
+        if room_of(src) == layer and room_of(dst) in LAYERS and room_of(dst) != layer
+    }
+    assert arrows == set()
+
+
+def test_shared_rooms_import_no_layer_and_nothing_above_them() -> None:
+    above = {*LAYERS, "stack", "cli", "bench"}
+    arrows = {(s, d) for s, d in IMPORTS if room_of(s) in ROOMS and room_of(d) in above}
+    assert arrows == set()
+
+
+def test_the_stack_imports_no_layer() -> None:
+    """The launcher starts the layers as programs (by module name), never from inside."""
+    arrows = {(s, d) for s, d in IMPORTS if room_of(s) == "stack" and room_of(d) in LAYERS}
+    assert arrows == set()
+
+
+def test_the_product_never_imports_the_benchmarks() -> None:
+    arrows = {(s, d) for s, d in IMPORTS if room_of(s) != "bench" and room_of(d) == "bench"}
+    assert arrows == set()
+
+
+def test_every_folder_says_in_one_line_what_lives_there() -> None:
+    for init in PACKAGE.rglob("__init__.py"):
+        if init.relative_to(PACKAGE).parts[0] in GENERATED:
+            continue
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert docstring, init

@@ -1,0 +1,1 @@
+"""The ``zerolayer`` command line: run the stack, one layer, a client call or a tool."""

@@ -1,0 +1,1 @@
+"""The KV cache contract between kvstore and schedulers: arena layout, mapping, commits."""

@@ -1,0 +1,1 @@
+"""The scheduling core: requests, continuous batching, block tables and the engine loop."""

@@ -1,0 +1,1 @@
+"""The model: forward, attention, kernels, weights, step inputs and sampling."""

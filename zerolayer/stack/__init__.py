@@ -1,0 +1,1 @@
+"""Running the four layers of one deployment on this machine: settings, pre-flight, launcher."""
