@@ -99,14 +99,22 @@ def record_bench(summary: dict, step: dict, report: dict) -> None:
     serving = report.get("serving") or {}
     summary["attention"] = serving.get("attention_backend")
     summary["num_cuda_graphs"] = serving.get("num_cuda_graphs")
-    summary["figures"] = {
-        f"{phase}.{key}": value
-        for phase in report.get("phases_done", ())
-        for key, value in (report.get(phase) or {}).items()
-        if isinstance(value, int | float | bool | str) and key != "note"
-    }
+    summary["figures"] = {}
+    for phase in report.get("phases_done", ()):
+        summary["figures"].update(_flatten(report.get(phase) or {}, phase))
     keep = ("ok", "phases_done", "problems", "error", "interrupted", "gpu", "logs")
     step["bench"] = {key: report.get(key) for key in keep if key in report}
+
+
+def _flatten(values: dict, prefix: str) -> dict:
+    """The scalar leaves of ``values`` (nested dicts too) by dotted key; notes left out."""
+    flat: dict = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}.{key}"))
+        elif isinstance(value, int | float | bool | str | None) and key != "note":
+            flat[f"{prefix}.{key}"] = value
+    return flat
 
 
 def problems(summary: dict) -> list[str]:

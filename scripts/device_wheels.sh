@@ -4,7 +4,7 @@
 # scripts/device_check.sh can install them there without a package registry.
 # Run here (where pip works), then carry .whl and the generated zerolayer/ package to the device:
 #   bash scripts/device_wheels.sh
-#   run(command="bash scripts/device_check.sh", carry=[".whl", "zerolayer"])
+#   run(command="bash scripts/device_check.sh", carry=[".whl", "zerolayer"], timeout_s=480)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

@@ -39,7 +39,7 @@ tests/e2e/test_gpu_stack.py::test_killing_the_loader SKIPPED (why) [ 50%]
 
 PARTIAL_BENCH = {
     "device": "cuda:0",
-    "phases_done": ["model", "bandwidth", "serving", "batch1"],
+    "phases_done": ["model", "bandwidth", "serving", "batch1", "memory"],
     "problems": [],
     "model": {"write_s": 9.5, "weight_bytes": 2200000000, "weight_bytes_per_token": 1935000000},
     "bandwidth": {"copy_bytes_per_s": 4.3e12, "batch1_bound_tok_s": 2222.0},
@@ -50,6 +50,11 @@ PARTIAL_BENCH = {
         "weights_handle_kind": "CUDA_VMM_FD",
     },
     "batch1": {"decode_tok_s": 900.0, "vs_bandwidth_bound": 0.405},
+    "memory": {
+        "per_process_bytes": {"loader": 2202009600, "scheduler": None},
+        "device_used_bytes": 9e9,
+        "note": "NVML charges VMM memory to the process that created it (cuMemCreate)",
+    },
     "throughput": {"requests": 64},  # not in phases_done: never finished
     "interrupted": "SIGTERM during phase throughput",
     "ok": False,
@@ -118,6 +123,9 @@ def test_each_step_rewrites_the_summary_with_what_is_known_so_far(run) -> None: 
         "serving.weights_handle_kind": "CUDA_VMM_FD",
         "batch1.decode_tok_s": 900.0,
         "batch1.vs_bandwidth_bound": 0.405,
+        "memory.per_process_bytes.loader": 2202009600,
+        "memory.per_process_bytes.scheduler": None,
+        "memory.device_used_bytes": 9e9,
     }
     assert summary["steps"]["bench"] == {
         "exit_code": 124,
@@ -126,7 +134,7 @@ def test_each_step_rewrites_the_summary_with_what_is_known_so_far(run) -> None: 
         "status": "timed_out",
         "bench": {
             "ok": False,
-            "phases_done": ["model", "bandwidth", "serving", "batch1"],
+            "phases_done": ["model", "bandwidth", "serving", "batch1", "memory"],
             "problems": [],
             "interrupted": "SIGTERM during phase throughput",
         },
