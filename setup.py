@@ -43,5 +43,6 @@ def generate_protos() -> None:
             package = package.parent
 
 
-generate_protos()
-setup()
+if __name__ == "__main__":  # setuptools runs this file as __main__; device_wheels.sh imports it
+    generate_protos()
+    setup()

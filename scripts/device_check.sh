@@ -1,98 +1,159 @@
 #!/usr/bin/env bash
-# The GPU check, in one command on a machine with a CUDA device (the lent H200; see
-# docs/benchmarks.md "GPU"): runs the gpu-marked tests, then zerolayer/bench/device_check.py (a ~1B dummy
-# model: batch-1 decode vs the HBM bound, 64-request throughput vs transformers on the same GPU,
-# device memory per layer, kill -9 of the loader mid-generation), then the NVML self-check of the
-# scheduler's GPU health wiring (zerolayer/scheduler/gpu_health/nvml_check.py: the supported event types are
-# registered, a wait returns, polling reads sane values), and prints ONE JSON document.
-# Budget: under 8 minutes. Exit code 0 only when every gpu test passed and both checks ran.
+# The GPU device check, in one command on a machine with a CUDA device (the lent H200; see
+# docs/gpu.md "The device check" and docs/benchmarks.md "GPU"). It has NOT run on a GPU yet.
 #
-# Packages the GPU image lacks travel as wheels in .whl (bash scripts/device_wheels.sh, here), and
-# the generated protobuf package zerolayer/ travels with the tree (it is git-ignored):
-#   run(command="bash scripts/device_check.sh", carry=[".whl", "zerolayer"], timeout_s=540)
-# Logs and the JSON land in $OUT (the device tool's folder) or /tmp/zerolayer-device-check.
-# A dry run of the plumbing on a CPU machine (the gpu tests are then deselected):
-#   SKIP_WHEELS=1 DEVICE=cpu PRESET=tiny PYTHON=.venv/bin/python bash scripts/device_check.sh
+# Steps, each with its own bound (seconds):
+#   setup       30  the generated zerolayer/ package is there; the carried wheels (.whl: our
+#                   gRPC, protobuf, OpenTelemetry and pytest-timeout pins) go into /tmp
+#   versions    25  torch, Triton, cuda-bindings, nvidia-ml-py, driver, uname -r, the GPU, and
+#                   whether Triton and cuda-bindings import
+#   nvml        20  python -m zerolayer.scheduler.gpu_health.nvml_check (event types registered, a wait, the
+#                   recovery action field, polling)
+#   gpu_unit   110  pytest -m gpu --gpu-strict on the files with gpu-marked tests outside
+#                   tests/e2e (pytest-xdist, 4 workers, when it imports); 60 s per test
+#   gpu_stack   95  the same on tests/e2e (one GPU stack); 80 s per test
+#   bench      120  zerolayer/bench/device_check.py on the 1.1B dummy model: copy bandwidth, batch-1 decode
+#                   against the HBM bound, 64-request throughput, device memory per layer, kill -9
+#                   of the loader, transformers on the same GPU
+# The whole run ends within 420 s (7 minutes): each bound is also cut to what is left of that
+# budget, less 15 s for the summary, and `timeout` sends SIGTERM at the bound and SIGKILL 5 s later.
+# A gpu-marked test that skips, or a module skipped at collection, fails (--gpu-strict).
+#
+# After every step it rewrites two files in $OUT, the only two it leaves there (the device tool
+# brings back at most 8): summary.json (versions, each step's exit code, seconds and bound, the
+# attention path and CUDA graphs of the served stack, test counts, every figure the bench measured
+# so far, problems; zerolayer/bench/device_summary.py) and logs.tar.gz (every log, each cut to its last
+# 256 KiB). Its output is one line per step and then the summary, at most 8000 characters, so it
+# is within the last 12,000 the tool returns. Exit code 0 only when every step passed, no gpu
+# test failed or skipped, and the bench served on Triton with decode CUDA graphs.
+#
+# On the GPU machine (no package registry), with the wheels made here first:
+#   bash scripts/device_wheels.sh
+#   run(command="bash scripts/device_check.sh", carry=[".whl", "zerolayer"], timeout_s=480)
+# A dry run on a CPU machine (CI runs one: tests/bench/test_device_check_script.py): every step
+# runs its plumbing and writes the summary; the pytest steps only collect, the bench runs on the
+# CPU with the tiny model, and a missing GPU or NVML is not a failure:
+#   PYTHON=.venv/bin/python OUT=/tmp/out bash scripts/device_check.sh --dry-run
+# DEVICE_CHECK_STEPS=nvml,bench runs only those steps (the others count as not run);
+# DEVICE_CHECK_BOUNDS=bench=60,nvml=10 changes bounds (the 420 s budget still holds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR=${OUT:-/tmp/zerolayer-device-check}
-mkdir -p "$OUT_DIR"
-rm -rf "$OUT_DIR"/gpu-tests.xml "$OUT_DIR"/gpu-tests.log "$OUT_DIR"/device_check.json \
-  "$OUT_DIR"/device_check.log "$OUT_DIR"/nvml_check.json "$OUT_DIR"/nvml_check.log \
-  "$OUT_DIR"/logs  # never report an earlier run's results as this one's
+START=$(date +%s)
+BUDGET_S=420
+RESERVE_S=15
+GRACE_S=5
+MIN_STEP_S=5
+STEPS=(setup versions nvml gpu_unit gpu_stack bench)
+declare -A BOUND=([setup]=30 [versions]=25 [nvml]=20 [gpu_unit]=110 [gpu_stack]=95 [bench]=120)
+IFS=, read -r -a overrides <<< "${DEVICE_CHECK_BOUNDS:-}"
+for setting in "${overrides[@]}"; do BOUND[${setting%%=*}]=${setting#*=}; done
+SELECTED=",${DEVICE_CHECK_STEPS:-$(IFS=,; echo "${STEPS[*]}")},"
+
+DRY_RUN=""
+if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; fi
 PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1
+OUT_DIR=${OUT:-/tmp/zerolayer-device-check}
+WORK=$(mktemp -d /tmp/zerolayer-device-check-work.XXXXXX)
 DEVICE=${DEVICE:-cuda:0}
 PRESET=${PRESET:-1b}
-if [ -z "${SKIP_WHEELS:-}" ] && compgen -G ".whl/*.whl" > /dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/zerolayer-site .whl/*.whl > "$OUT_DIR/pip.log" 2>&1 || {
-      echo '{"error": "installing the carried wheels failed", "log": "pip.log"}'; exit 1; }
-  export PYTHONPATH="/tmp/zerolayer-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-else
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -n $DRY_RUN ]]; then DEVICE=cpu PRESET=tiny; fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+summary() { "$PY" -m zerolayer.bench.device_summary "$@" --out "$OUT_DIR" --work "$WORK"; }
+
+# step_bound NAME: the step's bound, cut to what is left of the budget (0: none left).
+step_bound() {
+  local left=$(( START + BUDGET_S - RESERVE_S - GRACE_S - $(date +%s) ))
+  local bound=${BOUND[$1]}
+  (( bound > left )) && bound=$left
+  (( bound < MIN_STEP_S )) && bound=0
+  echo "$bound"
+}
+
+# run_step NAME BOUND [summary options] -- COMMAND...: runs COMMAND within BOUND seconds, its
+# stdout in $WORK/NAME.out and stderr in $WORK/NAME.log, then records the step in the summary.
+run_step() {
+  local name=$1 bound=$2 options=()
+  shift 2
+  while [[ $1 != -- ]]; do options+=("$1"); shift; done
+  shift
+  if [[ $SELECTED != *",$name,"* ]]; then
+    summary step "$name" --not-run "not selected (DEVICE_CHECK_STEPS)"
+    return
+  fi
+  if (( bound == 0 )); then
+    summary step "$name" --not-run "no time left of the ${BUDGET_S} s budget"
+    return
+  fi
+  local began rc
+  began=$(date +%s)
+  timeout -k "$GRACE_S" "$bound" "$@" > "$WORK/$name.out" 2> "$WORK/$name.log"
+  rc=$?
+  summary step "$name" --exit-code "$rc" --seconds $(( $(date +%s) - began )) \
+    --bound-s "$bound" "${options[@]}"
+}
+
+# pytest_step NAME BOUND PER_TEST_S FILES...: the gpu-marked tests of FILES.
+pytest_step() {
+  local name=$1 bound=$2 per_test=$3 args
+  shift 3
+  args=(-m gpu --gpu-strict -p no:cacheprovider -o addopts= --continue-on-collection-errors)
+  if [[ -n $DRY_RUN ]]; then
+    run_step "$name" "$bound" --collect-only --log "$WORK/$name.out" -- \
+      "$PY" -m pytest "${args[@]}" --collect-only -q "$@"
+    return
+  fi
+  args+=(-v --timeout "$per_test" --junitxml "$WORK/$name.xml" --basetemp "$WORK/$name-tmp")
+  if [[ $name == gpu_unit ]] && "$PY" -c "import xdist" 2> /dev/null; then
+    args+=(-n 4 --dist loadfile)
+  fi
+  run_step "$name" "$bound" --junit "$WORK/$name.xml" --log "$WORK/$name.out" -- \
+    "$PY" -m pytest "${args[@]}" "$@"
+}
+
+summary start --budget-s "$BUDGET_S" --steps "$(IFS=,; echo "${STEPS[*]}")" ${DRY_RUN:+--dry-run} \
+  || { echo "device check: cannot write the summary in $OUT_DIR"; exit 1; }
+echo "device check: work folder $WORK, summary in $OUT_DIR (budget ${BUDGET_S} s)"
+
+SITE=$(mktemp -d /tmp/zerolayer-site.XXXXXX)
+run_step setup "$(step_bound setup)" -- bash -c '
+  test -f zerolayer/v1/generation_pb2.py \
+    || { echo "zerolayer/ (generated protobuf code) missing: carry it" >&2; exit 3; }
+  if [ -n "$2" ] || ! compgen -G ".whl/*.whl" > /dev/null; then
+    echo "no wheels to install"; exit 0
+  fi
+  "$0" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$1" .whl/*.whl' "$PY" "$SITE" "${SKIP_WHEELS:-$DRY_RUN}"
+if [[ -n $(ls -A "$SITE") ]]; then export PYTHONPATH="$SITE:$PYTHONPATH"; fi
+
+run_step versions "$(step_bound versions)" --json "$WORK/versions.out" -- \
+  "$PY" -m zerolayer.bench.device_summary versions
+
+index=${DEVICE#cuda}
+index=${index#:}
+[[ $index =~ ^[0-9]+$ ]] || index=0
+run_step nvml "$(step_bound nvml)" --json "$WORK/nvml.out" -- \
+  "$PY" -m zerolayer.scheduler.gpu_health.nvml_check "$index"
+
+mapfile -t gpu_files < <(grep -rlE 'pytest\.mark\.gpu' tests --include='test_*.py' | sort)
+unit_files=() stack_files=()
+for file in "${gpu_files[@]}"; do
+  if [[ $file == tests/e2e/* ]]; then stack_files+=("$file"); else unit_files+=("$file"); fi
+done
+pytest_step gpu_unit "$(step_bound gpu_unit)" 60 "${unit_files[@]}"
+pytest_step gpu_stack "$(step_bound gpu_stack)" 80 "${stack_files[@]}"
+
+bench_args=(--device "$DEVICE" --preset "$PRESET")
+if [[ -n $DRY_RUN ]]; then
+  bench_args+=(--requests 4 --prompt-tokens 16 --max-new-tokens 8 --copy-bytes $((16 << 20))
+    --kv-cache-bytes $((16 << 20)))
 fi
-if [ ! -f zerolayer/v1/generation_pb2.py ]; then
-  echo '{"error": "zerolayer/ (generated protobuf code) missing: carry it (see the header)"}'
-  exit 1
-fi
-# Not the launcher's pdeathsig of a dead session, not a stale torch extension build: fresh state.
-export ZEROLAYER_KERNEL_CACHE="${ZEROLAYER_KERNEL_CACHE:-/tmp/zerolayer-kernels}"
+port=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+bound=$(step_bound bench)
+# The bench's own budget ends 15 s before the step's bound: time to stop its stack and write.
+run_step bench "$bound" --json "$WORK/bench.json" -- \
+  "$PY" -m zerolayer.bench.device_check "${bench_args[@]}" --port "$port" --budget-s $(( bound > 20 ? bound - 15 : 5 )) \
+  --report "$WORK/bench.json" --log-dir "$WORK/bench-logs"
 
-start=$(date +%s)
-timeout 270 "$PY" -m pytest -m gpu -q -p no:cacheprovider -o addopts="" --timeout 240 \
-  --junitxml="$OUT_DIR/gpu-tests.xml" tests > "$OUT_DIR/gpu-tests.log" 2>&1
-tests_rc=$?
-tests_s=$(( $(date +%s) - start ))
-
-start=$(date +%s)
-timeout 240 "$PY" -m zerolayer.bench.device_check --device "$DEVICE" --preset "$PRESET" --log-dir "$OUT_DIR/logs" \
-  > "$OUT_DIR/device_check.json" 2> "$OUT_DIR/device_check.log"
-bench_rc=$?
-bench_s=$(( $(date +%s) - start ))
-
-if [[ "$DEVICE" == cuda* ]]; then
-  index=${DEVICE#cuda}; index=${index#:}
-  timeout 60 "$PY" -m zerolayer.scheduler.gpu_health.nvml_check "${index:-0}" \
-    > "$OUT_DIR/nvml_check.json" 2> "$OUT_DIR/nvml_check.log"
-  nvml_rc=$?
-else
-  echo '{"skipped": "DEVICE is not a CUDA device"}' > "$OUT_DIR/nvml_check.json"
-  nvml_rc=0
-fi
-
-"$PY" - "$OUT_DIR" "$tests_rc" "$tests_s" "$bench_rc" "$bench_s" "$nvml_rc" <<'PY'
-import json, sys, xml.etree.ElementTree as ET
-from pathlib import Path
-out, tests_rc, tests_s, bench_rc, bench_s, nvml_rc = Path(sys.argv[1]), *map(int, sys.argv[2:])
-doc = {"gpu_tests": {"exit_code": tests_rc, "seconds": tests_s}, "bench": None,
-       "bench_exit_code": bench_rc, "bench_seconds": bench_s, "nvml": None,
-       "nvml_exit_code": nvml_rc}
-if tests_rc == 5:
-    doc["gpu_tests"]["note"] = "no test ran: without a CUDA device the gpu tests are deselected"
-try:
-    suite = ET.parse(out / "gpu-tests.xml").getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    cases = suite.findall("testcase")
-    doc["gpu_tests"].update({k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")})
-    doc["gpu_tests"]["not_passed"] = [
-        f"{c.get('classname')}::{c.get('name')}: {(c[0].get('message') or '')[:300]}"
-        for c in cases if len(c)
-    ]
-except Exception as exc:  # noqa: BLE001
-    doc["gpu_tests"]["error"] = f"{type(exc).__name__}: {exc}"
-    doc["gpu_tests"]["log_tail"] = (out / "gpu-tests.log").read_text(errors="replace")[-3000:]
-try:
-    doc["bench"] = json.loads((out / "device_check.json").read_text())
-except Exception as exc:  # noqa: BLE001
-    doc["bench_error"] = f"{type(exc).__name__}: {exc}"
-    doc["bench_log_tail"] = (out / "device_check.log").read_text(errors="replace")[-3000:]
-try:
-    doc["nvml"] = json.loads((out / "nvml_check.json").read_text())
-except Exception as exc:  # noqa: BLE001
-    doc["nvml_error"] = f"{type(exc).__name__}: {exc}"
-    doc["nvml_log_tail"] = (out / "nvml_check.log").read_text(errors="replace")[-3000:]
-print(json.dumps(doc, indent=2, default=str))
-ok = tests_rc == 0 and bench_rc == 0 and nvml_rc == 0 and doc["bench"] is not None
-sys.exit(0 if ok else 1)
-PY
+summary finish

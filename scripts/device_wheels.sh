@@ -2,9 +2,10 @@
 # Downloads, into .whl/, the Python 3.12 x86-64 wheels the lent GPU machine lacks (it has torch,
 # triton, transformers, cuda-bindings, nvidia-ml-py, but not our gRPC/protobuf/OTel pins), so that
 # scripts/device_check.sh can install them there without a package registry.
-# Run here (where pip works), then carry .whl and the generated zerolayer/ package to the device:
+# It also generates zerolayer/ (the protobuf code, git-ignored) from protos/ again, so the copy
+# carried matches the protos. Run here (where pip works), then carry .whl and zerolayer/:
 #   bash scripts/device_wheels.sh
-#   run(command="bash scripts/device_check.sh", carry=[".whl", "zerolayer"])
+#   run(command="bash scripts/device_check.sh", carry=[".whl", "zerolayer"], timeout_s=480)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -21,3 +22,5 @@ mkdir -p .whl
   opentelemetry-exporter-otlp-common==0.66b2 googleapis-common-protos==1.76.0 pytest-timeout==2.4.0
 ls -la .whl
 du -sh .whl
+"$PY" -c "import setup; setup.generate_protos()"
+echo "zerolayer/ generated from protos/"

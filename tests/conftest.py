@@ -1,8 +1,15 @@
-"""Shared test helpers: where the shared test data lives."""
+"""Shared test helpers: where the shared test data lives, and how ``gpu``-marked tests run.
+
+Without a CUDA device ``gpu``-marked tests are deselected. ``--gpu-strict`` (what
+``scripts/device_check.sh`` passes) runs every one of them wherever it is, and fails each that
+skips or xfails, and every module skipped at collection: on the GPU run, a test that skips (Triton
+or cuda-bindings does not import, no NVML) is a failure, not a pass.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,8 +32,18 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--gpu-strict",
+        action="store_true",
+        help="run every gpu-marked test even without a CUDA device, and fail each one that skips "
+        "or xfails and each module skipped at collection (scripts/device_check.sh)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselects ``gpu``-marked tests on a machine without a CUDA device.
+    """Deselects ``gpu``-marked tests on a machine without a CUDA device (unless
+    ``--gpu-strict``).
 
     They are not skipped (a skip reads like a run): the summary line counts them as deselected
     and the terminal says why. ``scripts/device_check.sh`` runs them with ``-m gpu`` on a GPU.
@@ -39,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.stash[_DESELECTED_INTERPRETER] = len(interpreted)
             items[:] = [i for i in items if i.get_closest_marker("triton_interpreter") is None]
     gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
-    if not gpu or _cuda_device_count() > 0:
+    if not gpu or config.getoption("--gpu-strict") or _cuda_device_count() > 0:
         return
     config.hook.pytest_deselected(items=gpu)
     items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
@@ -48,6 +65,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 _DESELECTED_GPU = pytest.StashKey[int]()
 _DESELECTED_INTERPRETER = pytest.StashKey[int]()
+
+
+# NOTE: old-style hook wrappers: the GPU machine's pytest is not ours (any pytest >= 7 works).
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Under ``--gpu-strict``, a gpu-marked test that skips or xfails fails, with the reason."""
+    report = (yield).get_result()
+    if (
+        report.skipped
+        and item.config.getoption("--gpu-strict")
+        and item.get_closest_marker("gpu") is not None
+    ):
+        _fail_skipped(report, "gpu-marked test")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """Under ``--gpu-strict``, a module skipped at collection (``pytest.importorskip``, a
+    module-level skip) is a collection error: its gpu tests would not run."""
+    report = (yield).get_result()
+    if report.skipped and collector.config.getoption("--gpu-strict"):
+        _fail_skipped(report, "module")
+
+
+def _fail_skipped(report: pytest.TestReport | pytest.CollectReport, what: str) -> None:
+    """Turns a skipped (or xfailed) report into a failure whose message gives the reason."""
+    reason = getattr(report, "wasxfail", "") or ""
+    if isinstance(report.longrepr, tuple):  # a skip: (path, line number, "Skipped: reason")
+        reason = report.longrepr[2]
+    if hasattr(report, "wasxfail"):
+        del report.wasxfail  # else reporters count it as an xfail again
+    report.outcome = "failed"
+    report.longrepr = f"{what} skipped under --gpu-strict: {reason}"
 
 
 def pytest_report_header(config: pytest.Config) -> str:

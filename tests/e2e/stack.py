@@ -11,6 +11,7 @@ import grpc
 
 from zerolayer.stack.launcher import Stack, StackConfig
 from zerolayer.v1 import (
+    generation_pb2,
     generation_pb2_grpc,
     kvstore_pb2,
     kvstore_pb2_grpc,
@@ -28,14 +29,15 @@ def free_port() -> int:
 
 @contextmanager
 def running_stack(model_dir: Path, log_dir: Path, **overrides: object) -> Iterator[Stack]:
-    """Starts the four layers with the same launcher the CLI uses; stops them afterwards."""
-    config = StackConfig(
-        model_dir=str(model_dir),
-        listen=f"127.0.0.1:{free_port()}",
-        log_dir=str(log_dir),
-        kv_cache_bytes=16 * 1024 * 1024,
+    """Starts the four layers with the same launcher the CLI uses; stops them afterwards.
+
+    ``overrides`` are StackConfig fields, ``kv_cache_bytes`` (16 MiB here) among them."""
+    settings: dict[str, object] = {
+        "listen": f"127.0.0.1:{free_port()}",
+        "kv_cache_bytes": 16 * 1024 * 1024,
         **overrides,
-    )
+    }
+    config = StackConfig(model_dir=str(model_dir), log_dir=str(log_dir), **settings)
     with Stack(config) as stack:
         yield stack
 
@@ -43,6 +45,21 @@ def running_stack(model_dir: Path, log_dir: Path, **overrides: object) -> Iterat
 def text_stub(stack: Stack) -> generation_pb2_grpc.TextGenerationStub:
     """A stub of the public API on the stack's frontend (the channel lives with the stub)."""
     return generation_pb2_grpc.TextGenerationStub(grpc.insecure_channel(stack.config.listen))
+
+
+def generate_ids(
+    stub: generation_pb2_grpc.TextGenerationStub, ids: list[int], max_new_tokens: int, salt: str
+) -> generation_pb2.GenerateResponse:
+    """One greedy, ignore_eos Generate of the token ids ``ids`` under cache salt ``salt``."""
+    return stub.Generate(
+        generation_pb2.GenerateRequest(
+            prompt_token_ids=generation_pb2.TokenIds(ids=ids),
+            max_new_tokens=max_new_tokens,
+            ignore_eos=True,
+            cache_salt=salt,
+        ),
+        timeout=60,
+    )
 
 
 def kv_stats(stack: Stack) -> kvstore_pb2.KVStats:

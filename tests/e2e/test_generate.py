@@ -142,6 +142,7 @@ def test_cancelled_stream_frees_its_blocks(stack, stub) -> None:
     assert wait_all_blocks_free(stack).num_blocks_used == 0
     stats = scheduler_stats(stack)
     assert (stats.num_running, stats.num_waiting, stats.num_blocks_held) == (0, 0, 0)
+    assert (stats.attention_backend, stats.num_cuda_graphs) == ("native", 0)
 
 
 def test_deadline_aborts_the_request(stack, stub) -> None:

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from e2e.stack import free_port, kv_stats, running_stack, text_stub
+from e2e.stack import free_port, generate_ids, kv_stats, running_stack, text_stub
 
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
@@ -40,15 +40,7 @@ def stub(stack):
 
 
 def generate(stub, ids: list[int], salt: str = "", max_new_tokens: int = 16) -> pb.GenerateResponse:
-    return stub.Generate(
-        pb.GenerateRequest(
-            prompt_token_ids=pb.TokenIds(ids=ids),
-            max_new_tokens=max_new_tokens,
-            ignore_eos=True,
-            cache_salt=salt,
-        ),
-        timeout=60,
-    )
+    return generate_ids(stub, ids, max_new_tokens, salt)
 
 
 def chat(stub, salt: str) -> list[pb.GenerateResponse]:

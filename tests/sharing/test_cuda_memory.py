@@ -1,8 +1,10 @@
 """Tests for cuda_memory: exportable device memory, mapped by a second process.
 
-Without CUDA: the module imports, every CUDA function names the missing cuda-bindings, and the
-allocation's bookkeeping (range checks, array interface, deferred release) is exact. The ``gpu``
-tests move real VMM and IPC memory between processes.
+Without CUDA: the module imports, every CUDA function names the missing cuda-bindings, the
+allocation's bookkeeping (range checks, array interface, deferred release) is exact, and against
+the installed cuda-bindings' own structs with its driver calls faked (``sharing.fake_cuda``) the IPC
+handle's bytes travel and every primary-context retain is released. The ``gpu`` tests move real
+VMM and IPC memory between processes.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from sharing import fake_cuda
 
 from zerolayer.common.errors import NotFound
 from zerolayer.sharing import cuda_driver, cuda_memory
+from zerolayer.sharing.cuda_ipc import ipc_handle_bytes, ipc_handle_from_bytes
 from zerolayer.sharing.cuda_memory import DeviceAllocation
 from zerolayer.sharing.fd_passing import FdServer, receive_fd
 from zerolayer.sharing.manifest import HandleKind
@@ -45,16 +49,20 @@ def cuda_usable() -> bool:
 requires_cuda = pytest.mark.skipif(not cuda_usable(), reason="needs CUDA and cuda-bindings")
 
 
-def make_fake_allocation(size_bytes: int = 1024) -> tuple[DeviceAllocation, list[str]]:
-    """An allocation whose free() is recorded instead of calling CUDA."""
+def make_fake_allocation(
+    size_bytes: int = 1024, error: str = ""
+) -> tuple[DeviceAllocation, list[str]]:
+    """An allocation whose free() is recorded instead of calling CUDA (and raises RuntimeError
+    with ``error`` when that is set)."""
     calls: list[str] = []
+
+    def free() -> None:
+        calls.append("free")
+        if error:
+            raise RuntimeError(error)
+
     allocation = DeviceAllocation(
-        FAKE_PTR,
-        size_bytes,
-        0,
-        HandleKind.CUDA_VMM_FD,
-        owner=True,
-        free=lambda: calls.append("free"),
+        FAKE_PTR, size_bytes, 0, HandleKind.CUDA_VMM_FD, owner=True, free=free
     )
     return allocation, calls
 
@@ -191,6 +199,86 @@ def test_dropping_an_unclosed_allocation_frees_it() -> None:
     del allocation
     gc.collect()
     assert calls == ["free"]
+
+
+def test_a_failed_free_leaves_the_memory_unreleased_and_is_not_retried() -> None:
+    allocation, calls = make_fake_allocation(error="cuMemUnmap failed: CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(RuntimeError, match="cuMemUnmap failed"):
+        allocation.close()
+    assert (allocation.closed, allocation.released) == (True, False)
+    allocation.close()
+    del allocation
+    gc.collect()
+    assert calls == ["free"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_failed_free_after_the_last_view_leaves_the_memory_unreleased() -> None:
+    allocation, calls = make_fake_allocation(error="cudaFree failed: cudaErrorInvalidValue")
+    view = allocation._view(0, 16)
+    allocation.close()
+    assert calls == []
+    del view  # the finalizer's exception is printed, not raised
+    gc.collect()
+    assert (calls, allocation.released) == (["free"], False)
+
+
+# --- the installed cuda-bindings, its driver calls faked ---------------------------------------
+
+
+def test_ipc_handle_bytes_round_trip_through_the_installed_cuda_bindings() -> None:
+    from cuda.bindings import runtime
+
+    data = bytes(range(7, 71))
+    handle = ipc_handle_from_bytes(runtime, data)
+    assert isinstance(handle, runtime.cudaIpcMemHandle_t)
+    assert ipc_handle_bytes(handle) == data
+    with pytest.raises(ValueError, match="ipc_handle: 65 bytes, expected 64"):
+        ipc_handle_from_bytes(runtime, data + b"!")
+
+
+def test_ipc_handles_carry_the_runtimes_bytes_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+    driver, runtime = fake_cuda.install(monkeypatch)
+    allocation, handle = cuda_memory.allocate_ipc(0, 4096)
+    assert handle == fake_cuda.ipc_bytes_for(allocation.ptr)
+    imported = cuda_memory.import_ipc(handle, 4096, 0)
+    assert runtime.opened == [handle]
+    assert (imported.ptr, imported.owner, imported.kind) == (
+        allocation.ptr,
+        False,
+        HandleKind.CUDA_IPC,
+    )
+    assert driver.retained == 2
+    imported.close()
+    allocation.close()
+    assert (imported.released, allocation.released, driver.retained) == (True, True, 0)
+    assert [c for c in runtime.calls if c.startswith(("cudaFree", "cudaIpcClose"))] == [
+        "cudaIpcCloseMemHandle",
+        "cudaFree",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("allocate", "failing_call"),
+    [
+        (lambda: cuda_memory.allocate_vmm(0, 4096), "cuMemUnmap"),
+        (lambda: cuda_memory.allocate_vmm(0, 4096), "cuCtxSynchronize"),
+        (lambda: cuda_memory.allocate_ipc(0, 4096), "cudaFree"),
+    ],
+)
+def test_a_failed_free_still_releases_the_primary_context(
+    monkeypatch: pytest.MonkeyPatch, allocate: Callable[[], tuple], failing_call: str
+) -> None:
+    driver, _ = fake_cuda.install(monkeypatch)
+    allocation, handle = allocate()
+    if isinstance(handle, int):
+        os.close(handle)  # the VMM descriptor
+    assert driver.retained == 1
+    status = "cudaErrorInvalidValue" if failing_call == "cudaFree" else "CUDA_ERROR_INVALID_VALUE"
+    driver.fail[failing_call] = status  # one table for the driver and the runtime
+    with pytest.raises(RuntimeError, match=f"{failing_call} failed: {status}"):
+        allocation.close()
+    assert (driver.retained, allocation.released) == (0, False)
 
 
 # --- on a GPU -------------------------------------------------------------------------------

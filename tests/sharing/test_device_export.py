@@ -1,5 +1,7 @@
 """ExportedMemory's handle, fd serving and keeper hand-over, with memfds standing in for CUDA VMM
-allocations (the CUDA calls are replaced; the fd server and keeper are the real ones)."""
+allocations (the CUDA calls are replaced; the fd server and keeper are the real ones), and its
+fallback to CUDA_IPC when the driver refuses VMM memory (the installed cuda-bindings with its
+driver calls faked)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
+from sharing.fake_cuda import install as install_fake_bindings
+from sharing.fake_cuda import ipc_bytes_for
 
 from zerolayer.sharing import cuda_memory
 from zerolayer.sharing.device_export import ExportedMemory
@@ -102,3 +106,42 @@ def test_without_a_keeper_nothing_is_kept_and_other_kinds_are_refused(
     memory.close()
     with pytest.raises(ValueError, match="not a device handle kind"):
         ExportedMemory(HandleKind.MMAP_FILE, 0, 64, str(tmp_path / "b.fds"), "x")
+
+
+@pytest.mark.parametrize("refused", ["cuMemCreate", "cuMemExportToShareableHandle"])
+def test_vmm_refused_by_the_driver_falls_back_to_ipc(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    refused: str,
+) -> None:
+    """The real cuda_vmm and cuda_ipc code over the installed cuda-bindings, whose driver refuses
+    VMM memory (as some sandboxes do) while cudaMalloc and IPC handles work."""
+    driver, runtime = install_fake_bindings(monkeypatch, {refused: "CUDA_ERROR_NOT_PERMITTED"})
+    keeper = FdKeeper(tmp_path / "keep.sock")
+    try:
+        memory = ExportedMemory(
+            HandleKind.CUDA_VMM_FD,
+            0,
+            1000,
+            str(tmp_path / "w.fds"),
+            "weights",
+            keeper=keeper.path,
+            keeper_key="w-1",
+        )
+        assert memory.handle.kind == HandleKind.CUDA_IPC and not memory.adopted
+        assert memory.handle.ipc_handle == ipc_bytes_for(memory.allocation.ptr)
+        assert (memory.handle.size_bytes, memory.handle.fd_socket) == (1000, "")
+        assert not (tmp_path / "w.fds").exists()
+        assert (driver.created, driver.retained) == ([], 1)  # the VMM attempt left nothing
+        assert runtime.calls.count("cudaMalloc") == 1
+        assert (
+            f"weights: CUDA_VMM_FD refused here ({refused} failed: CUDA_ERROR_NOT_PERMITTED); "
+            "falling back to CUDA_IPC" in caplog.text
+        )
+        memory.deposit({})  # IPC memory dies with its process: nothing to keep
+        assert keeper.keys == []
+        memory.close()
+        assert (memory.allocation.released, driver.retained) == (True, 0)
+    finally:
+        keeper.close()

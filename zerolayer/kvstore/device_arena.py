@@ -47,7 +47,7 @@ class DeviceArena:
         Args:
             layout: the arena's geometry.
             device_index: CUDA ordinal.
-            kind: CUDA_VMM_FD or CUDA_IPC.
+            kind: CUDA_VMM_FD or CUDA_IPC (CUDA_IPC if the driver refuses CUDA_VMM_FD).
             fd_socket: where to serve the VMM descriptor.
             keeper: the launcher's fd keeper socket ("" when none): with CUDA_VMM_FD, an arena
                 of the same layout a previous kvstore deposited there is reopened (``reopened``
@@ -82,7 +82,7 @@ class DeviceArena:
             "arena on cuda:%d: %.1f MB exported as %s",
             device_index,
             layout.size_bytes / 1e6,
-            kind.name,
+            self.handle.kind.name,
         )
 
     @property

@@ -58,7 +58,8 @@ class DeviceWeights:
             num_layers: decoder layers (config.num_hidden_layers).
             device_index: CUDA ordinal.
             kind: CUDA_VMM_FD or CUDA_IPC (see
-                :func:`zerolayer.sharing.handle_kinds.offered_kinds`).
+                :func:`zerolayer.sharing.handle_kinds.offered_kinds`);
+                CUDA_IPC is used if the driver refuses CUDA_VMM_FD (``handle.kind`` says).
             fd_socket: unix socket path to serve the VMM descriptor on (unused for CUDA_IPC).
             keeper: the launcher's :class:`zerolayer.sharing.fd_keeper.FdKeeper` socket ("" when
                 none). With CUDA_VMM_FD, a copy a previous loader deposited there is mapped
@@ -90,7 +91,7 @@ class DeviceWeights:
             "weights: %.1f MB of device memory on cuda:%d exported as %s",
             self.placement.size_bytes / 1e6,
             device_index,
-            kind.name,
+            self.handle.kind.name,
         )
 
     @property

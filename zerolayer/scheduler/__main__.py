@@ -192,7 +192,13 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
         warm_up_s = await asyncio.to_thread(engine.start, WARM_UP_PROMPT_TOKENS)
         log.info("warm-up took %.0f ms", warm_up_s * 1e3)
         servicer.attach(engine)
-        log.info("engine started with %d torch threads", torch.get_num_threads())
+        stats = engine.stats()
+        log.info(
+            "engine started with %d torch threads; attention: %s, %d decode CUDA graphs",
+            torch.get_num_threads(),
+            stats.attention_backend,
+            stats.num_cuda_graphs,
+        )
         # NOTE: GPU signals and events exist only where the engine runs on a CUDA device with
         # NVML (or with --nvml-script); a fatal GPU event fails the engine and reports
         # NOT_SERVING for good (zerolayer.scheduler.gpu_health.watch).

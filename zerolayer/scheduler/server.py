@@ -76,4 +76,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             num_steps=s.num_steps,
             block_size=self._require_engine().runner.block_size,
             not_serving_reason=self._require_engine().not_serving_reason,
+            attention_backend=s.attention_backend,
+            num_cuda_graphs=s.num_cuda_graphs,
         )

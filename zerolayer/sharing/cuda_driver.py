@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from zerolayer.common.errors import NotFound
@@ -96,6 +96,20 @@ class PrimaryContext:
     def release(self) -> None:
         """Drops the retain; memory allocated in the context must be freed first."""
         check(self._driver.cuDevicePrimaryCtxRelease(self.device), "cuDevicePrimaryCtxRelease")
+
+    def run_then_release(self, free: Callable[[], None]) -> None:
+        """Runs ``free`` (which frees or unmaps this context's memory) with the context current,
+        then drops the retain, also when ``free`` raised: a failed free is not retried, and the
+        retain would otherwise leak (the memory itself may be lost then).
+
+        Raises:
+            RuntimeError: whatever ``free`` raised, or the release failed.
+        """
+        try:
+            with self.current():
+                free()
+        finally:
+            self.release()
 
 
 def bindings() -> tuple[Any, Any]:

@@ -1,7 +1,9 @@
 """``CUDA_IPC`` device memory: ``cudaMalloc`` memory shared by a legacy IPC handle.
 
 :func:`allocate_ipc` returns the memory and its 64-byte ``cudaIpcMemHandle_t``;
-:func:`import_ipc` opens it with ``cudaIpcOpenMemHandle``. The memory dies with the exporting
+:func:`import_ipc` opens it with ``cudaIpcOpenMemHandle``. The handle's bytes are read and written
+at the struct's address (``getPtr``): cuda-bindings 12.9.11 and 13.4.1 removed its ``reserved``
+member, and ``getPtr`` is what every release has. The memory dies with the exporting
 process: importers' pointers dangle once it exits, so the exporter (e.g. the loader) must not be
 restarted under live importers. A handle cannot be opened in the process that exported it.
 
@@ -11,15 +13,35 @@ Source: CUDA Runtime API, "Interprocess Communication".
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import Any
 
-from zerolayer.sharing.cuda_driver import PrimaryContext, as_bytes, bindings, check
+from zerolayer.sharing.cuda_driver import PrimaryContext, bindings, check
 from zerolayer.sharing.device_allocation import DeviceAllocation, check_size
 from zerolayer.sharing.manifest import HandleKind
 
 IPC_HANDLE_BYTES = 64
 """Size of a ``cudaIpcMemHandle_t``."""
+
+
+def ipc_handle_bytes(handle: Any) -> bytes:
+    """The 64 bytes of a cuda-bindings ``cudaIpcMemHandle_t`` (copied from its C struct)."""
+    return ctypes.string_at(int(handle.getPtr()), IPC_HANDLE_BYTES)
+
+
+def ipc_handle_from_bytes(runtime: Any, handle: bytes) -> Any:
+    """A new ``runtime.cudaIpcMemHandle_t`` holding ``handle`` (64 bytes from
+    :func:`ipc_handle_bytes`, possibly of another process).
+
+    Raises:
+        ValueError: ``handle`` is not 64 bytes.
+    """
+    if len(handle) != IPC_HANDLE_BYTES:
+        raise ValueError(f"ipc_handle: {len(handle)} bytes, expected {IPC_HANDLE_BYTES}")
+    ipc_handle = runtime.cudaIpcMemHandle_t()
+    ctypes.memmove(int(ipc_handle.getPtr()), bytes(handle), IPC_HANDLE_BYTES)
+    return ipc_handle
 
 
 def allocate_ipc(device_index: int, size_bytes: int) -> tuple[DeviceAllocation, bytes]:
@@ -43,7 +65,7 @@ def allocate_ipc(device_index: int, size_bytes: int) -> tuple[DeviceAllocation, 
             ptr = int(check(runtime.cudaMalloc(size_bytes), "cudaMalloc"))
             try:
                 handle = check(runtime.cudaIpcGetMemHandle(ptr), "cudaIpcGetMemHandle")
-                handle_bytes = as_bytes(handle.reserved)
+                handle_bytes = ipc_handle_bytes(handle)
             except BaseException:
                 runtime.cudaFree(ptr)
                 raise
@@ -77,8 +99,7 @@ def import_ipc(handle: bytes, size_bytes: int, device_index: int) -> DeviceAlloc
     try:
         with context.current():
             check(runtime.cudaSetDevice(device_index), "cudaSetDevice")
-            ipc_handle = runtime.cudaIpcMemHandle_t()
-            ipc_handle.reserved = bytes(handle)
+            ipc_handle = ipc_handle_from_bytes(runtime, handle)
             flags = getattr(runtime, "cudaIpcMemLazyEnablePeerAccess", 1)
             ptr = int(
                 check(runtime.cudaIpcOpenMemHandle(ipc_handle, flags), "cudaIpcOpenMemHandle")
@@ -99,7 +120,8 @@ def import_ipc(handle: bytes, size_bytes: int, device_index: int) -> DeviceAlloc
 
 
 def _free_ipc(driver: Any, runtime: Any, context: PrimaryContext, ptr: int, call: str) -> None:
-    with context.current():
+    def free() -> None:
         check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
         check(getattr(runtime, call)(ptr), call)
-    context.release()
+
+    context.run_then_release(free)

@@ -157,9 +157,10 @@ def _map(driver: Any, handle: Any, size: int, alignment: int, device_index: int)
 
 
 def _unmap_vmm(driver: Any, context: PrimaryContext, ptr: int, size: int) -> None:
-    with context.current():
+    def unmap() -> None:
         # Work queued by torch on this range must finish before the range disappears.
         check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
         check(driver.cuMemUnmap(ptr, size), "cuMemUnmap")
         check(driver.cuMemAddressFree(ptr, size), "cuMemAddressFree")
-    context.release()
+
+    context.run_then_release(unmap)

@@ -57,6 +57,7 @@ class DeviceAllocation:
         self._lock = threading.RLock()  # a tensor may be collected inside a locked block
         self._num_tensors = 0
         self._closed = False
+        self._freeing = False  # free() was called (once: a failed free is not retried)
         self._released = False
 
     @property
@@ -66,7 +67,8 @@ class DeviceAllocation:
 
     @property
     def released(self) -> bool:
-        """Whether the memory is unmapped (or freed) in this process."""
+        """Whether the memory is unmapped (or freed) in this process: the free call returned. It
+        stays False when that call failed (the memory is then lost to this process)."""
         return self._released
 
     def as_tensor(
@@ -108,16 +110,27 @@ class DeviceAllocation:
         is collected; no new tensor can be made either way.
 
         Raises:
-            RuntimeError: a CUDA call failed (the message names it).
+            RuntimeError: a CUDA call failed (the message names it); the free is not tried again
+                (:attr:`released` stays False).
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            if self._num_tensors or self._released:
+            if self._num_tensors:
                 return
-            self._released = True
+        self._release()
+
+    def _release(self) -> None:
+        """Calls ``free`` once, outside the lock (it synchronizes the device); marks the memory
+        released only when it returned."""
+        with self._lock:
+            if self._freeing:
+                return
+            self._freeing = True
         self._free()
+        with self._lock:
+            self._released = True
 
     def _view(self, offset_bytes: int, nbytes: int) -> _CudaBytes | None:
         """The array-interface object a tensor is built from (None for zero bytes)."""
@@ -132,13 +145,12 @@ class DeviceAllocation:
     def _tensor_released(self) -> None:
         with self._lock:
             self._num_tensors -= 1
-            release = self._closed and not self._num_tensors and not self._released
-            self._released = self._released or release
+            release = self._closed and not self._num_tensors
         if release:
-            self._free()
+            self._release()
 
     def __del__(self) -> None:
-        if not self._released:
+        if not self._freeing:
             with contextlib.suppress(Exception):  # interpreter shutdown may have unloaded CUDA
                 self.close()
 

@@ -10,6 +10,10 @@ device handle kind and describes it as a :class:`DeviceMemoryHandle`:
   once it holds what a successor may reuse.
 - ``CUDA_IPC``: ``cudaMalloc`` memory and its ``cudaIpcMemHandle_t``; it dies with this process,
   so nothing is kept.
+
+A device that reports VMM with POSIX descriptors may still refuse to create or export such memory
+at run time (some sandboxes and VMs do); the memory is then made as ``CUDA_IPC`` instead (logged),
+and :attr:`ExportedMemory.handle` says which kind it is.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ log = logging.getLogger(__name__)
 
 class ExportedMemory:
     """An exported device allocation of at least ``size_bytes`` bytes on ``cuda:device_index``.
+
+    ``handle.kind`` is the kind made: CUDA_IPC where CUDA_VMM_FD was asked for but the driver
+    refused to create or export it.
 
     Raises:
         ValueError: ``kind`` is not a device handle kind.
@@ -64,11 +71,8 @@ class ExportedMemory:
         self.adopted_meta: dict | None = None
         """The metadata deposited with a kept allocation this one took over (None: new)."""
         if kind == HandleKind.CUDA_VMM_FD:
-            kept = self._adopt(device_index, size_bytes) if self._keeper else None
-            if kept is not None:
-                self.allocation, self._fd, self.adopted_meta = kept
-            else:
-                self.allocation, self._fd = cuda_memory.allocate_vmm(device_index, size_bytes)
+            kind = self._make_vmm(device_index, size_bytes)
+        if kind == HandleKind.CUDA_VMM_FD:
             handle_id = f"{name}-{uuid.uuid4().hex}"
             self._fd_server = FdServer(fd_socket)
             self._fd_server.register(handle_id, self._fd)
@@ -123,6 +127,26 @@ class ExportedMemory:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def _make_vmm(self, device_index: int, size_bytes: int) -> HandleKind:
+        """Takes over the kept allocation or makes a new VMM one; returns CUDA_VMM_FD, or
+        CUDA_IPC when the driver refused the VMM allocation or its export (nothing is kept)."""
+        kept = self._adopt(device_index, size_bytes) if self._keeper else None
+        if kept is not None:
+            self.allocation, self._fd, self.adopted_meta = kept
+            return HandleKind.CUDA_VMM_FD
+        try:
+            self.allocation, self._fd = cuda_memory.allocate_vmm(device_index, size_bytes)
+        except RuntimeError as exc:
+            log.warning(
+                "%s: CUDA_VMM_FD refused here (%s); falling back to CUDA_IPC, whose memory dies "
+                "with this process",
+                self._name,
+                exc,
+            )
+            self._keeper = ""
+            return HandleKind.CUDA_IPC
+        return HandleKind.CUDA_VMM_FD
 
     def _adopt(
         self, device_index: int, size_bytes: int

@@ -1,6 +1,7 @@
 """The NVML event source against a fake pynvml: registration of the supported mask, waiting,
-timeouts, a lost GPU, and pynvml versions without the newer event types; and the on-GPU
-self-check (zerolayer.scheduler.gpu_health.nvml_check) against the same fake."""
+timeouts, a lost GPU, a new event set after NVML_ERROR_UNKNOWN, the recovery action read from its
+field value, and pynvml versions without the newer event types; and the on-GPU self-check
+(zerolayer.scheduler.gpu_health.nvml_check) against the same fake."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from types import SimpleNamespace
 import pytest
 
 from zerolayer.scheduler.gpu_health.events import (
+    RECOVERY_ACTION_UNREADABLE,
     EventKind,
     GpuEvent,
     NvmlEventSource,
+    classify_event,
     wanted_event_mask,
 )
 from zerolayer.scheduler.gpu_health.nvml_check import nvml_self_check
+from zerolayer.scheduler.gpu_health.xid import Severity
 
 HANDLE = object()
 EVENT_SET = object()
@@ -31,9 +35,12 @@ class FakeNvml:
     """The pynvml calls the source makes; constants as nvidia-ml-py defines them."""
 
     NVMLError = NVMLError
+    NVML_SUCCESS = 0
     NVML_ERROR_TIMEOUT = 10
     NVML_ERROR_GPU_IS_LOST = 15
     NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_UNKNOWN = 999
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
     nvmlEventTypeSingleBitEccError = 0x1
     nvmlEventTypeDoubleBitEccError = 0x2
     nvmlEventTypePState = 0x4
@@ -47,7 +54,10 @@ class FakeNvml:
         self.refuse = refuse
         """Event bits whose registration fails with NOT_SUPPORTED."""
         self.registered: list[int] = []
+        self.created = 0
         self.freed: list[object] = []
+        self.recovery_action: tuple[int, int, str, int] = (0, 1, "uiVal", 2)
+        """The recovery action field as (nvmlReturn, valueType, union member, value)."""
         self.waits: deque[object] = deque()
         """What each wait returns (event data) or raises (an NVMLError value)."""
 
@@ -56,6 +66,7 @@ class FakeNvml:
         return self.supported
 
     def nvmlEventSetCreate(self) -> object:  # noqa: N802
+        self.created += 1
         return EVENT_SET
 
     def nvmlDeviceRegisterEvents(self, handle: object, mask: int, event_set: object) -> None:  # noqa: N802
@@ -73,6 +84,18 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, event_set: object) -> None:  # noqa: N802
         self.freed.append(event_set)
+
+    def nvmlDeviceGetFieldValues(self, handle: object, field_ids: list) -> list:  # noqa: N802
+        assert (handle, field_ids) == (HANDLE, [230])
+        status, value_type, member, value = self.recovery_action
+        return [
+            SimpleNamespace(
+                fieldId=230,
+                nvmlReturn=status,
+                valueType=value_type,
+                value=SimpleNamespace(**{member: value}),
+            )
+        ]
 
     # Sampling (the poller's NvmlSource) and device lookup, for the self-check.
     memory_used = 2 << 30
@@ -149,7 +172,7 @@ def test_wait_returns_events_and_none_on_timeout() -> None:
             nvml.NVML_ERROR_TIMEOUT,
             event_data(0x2),
             event_data(0x4, 8),
-            event_data(0x8000, 1),
+            event_data(0x8000, 1),  # eventData is not the action: the field value (2) is
             event_data(0x10),  # a type the source did not ask for
             nvml.NVML_ERROR_GPU_IS_LOST,
         ]
@@ -160,7 +183,7 @@ def test_wait_returns_events_and_none_on_timeout() -> None:
         None,
         GpuEvent(EventKind.DOUBLE_BIT_ECC, 0),
         GpuEvent(EventKind.PSTATE, 8),
-        GpuEvent(EventKind.RECOVERY_ACTION, 1),
+        GpuEvent(EventKind.RECOVERY_ACTION, 2),
         None,
         GpuEvent(EventKind.GPU_LOST, 0),
     ]
@@ -171,9 +194,75 @@ def test_wait_returns_events_and_none_on_timeout() -> None:
 def test_other_nvml_errors_propagate() -> None:
     nvml = FakeNvml(supported=0x8)
     source = NvmlEventSource.open(nvml, HANDLE)
-    nvml.waits.append(999)
+    nvml.waits.append(2)  # NVML_ERROR_INVALID_ARGUMENT
     with pytest.raises(NVMLError):
         source.wait(100)
+    assert (nvml.created, nvml.freed) == (1, [])  # the set stays
+
+
+def test_an_unknown_error_frees_the_set_and_the_next_wait_registers_a_new_one() -> None:
+    nvml = FakeNvml(supported=0x800F, refuse=0x1)
+    source = NvmlEventSource.open(nvml, HANDLE)
+    assert nvml.registered == [0x2, 0x4, 0x8, 0x8000]
+    nvml.waits.extend([nvml.NVML_ERROR_UNKNOWN, event_data(0x8, 48)])
+    with pytest.raises(NVMLError, match="NVML error 999"):
+        source.wait(100)
+    assert (nvml.created, nvml.freed) == (1, [EVENT_SET])
+    assert source.wait(100) == GpuEvent(EventKind.XID, 48)
+    assert nvml.created == 2
+    assert nvml.registered[4:] == [0x800E]  # the types registered before, at once
+    assert source.registered_mask == 0x800E
+    source.close()
+    source.close()
+    assert nvml.freed == [EVENT_SET, EVENT_SET]
+
+
+def test_a_failed_new_registration_frees_that_set_and_is_tried_again() -> None:
+    nvml = FakeNvml(supported=0x8)
+    source = NvmlEventSource.open(nvml, HANDLE)
+    nvml.waits.append(nvml.NVML_ERROR_UNKNOWN)
+    with pytest.raises(NVMLError):
+        source.wait(100)
+    nvml.refuse = 0x8
+    with pytest.raises(NVMLError, match="NVML error 3"):
+        source.wait(100)
+    assert (nvml.created, nvml.freed) == (2, [EVENT_SET, EVENT_SET])
+    nvml.refuse = 0
+    assert source.wait(100) is None
+    assert (nvml.created, nvml.registered) == (3, [0x8, 0x8])
+
+
+@pytest.mark.parametrize(
+    ("field", "event", "severity"),
+    [
+        ((0, 1, "uiVal", 0), GpuEvent(EventKind.RECOVERY_ACTION, 0), Severity.INFO),
+        ((0, 1, "uiVal", 1), GpuEvent(EventKind.RECOVERY_ACTION, 1), Severity.FATAL),
+        ((0, 3, "ullVal", 3), GpuEvent(EventKind.RECOVERY_ACTION, 3), Severity.RECOVERABLE),
+        (
+            (3, 1, "uiVal", 0),  # this field NOT_SUPPORTED
+            GpuEvent(EventKind.RECOVERY_ACTION, RECOVERY_ACTION_UNREADABLE),
+            Severity.FATAL,
+        ),
+    ],
+)
+def test_the_recovery_action_comes_from_its_field_value(
+    field: tuple[int, int, str, int], event: GpuEvent, severity: Severity
+) -> None:
+    nvml = FakeNvml(supported=0x8000)
+    nvml.recovery_action = field
+    source = NvmlEventSource.open(nvml, HANDLE)
+    nvml.waits.append(event_data(0x8000, 4))  # eventData would say "drain and reset": ignored
+    got = source.wait(100)
+    assert got == event
+    assert classify_event(got).severity is severity
+
+
+def test_an_unreadable_recovery_action_is_described_as_such() -> None:
+    verdict = classify_event(GpuEvent(EventKind.RECOVERY_ACTION, RECOVERY_ACTION_UNREADABLE))
+    assert (verdict.severity, verdict.description) == (
+        Severity.FATAL,
+        "GPU recovery action changed (its value could not be read)",
+    )
 
 
 def test_self_check_passes_on_a_sane_device() -> None:
@@ -195,6 +284,7 @@ def test_self_check_passes_on_a_sane_device() -> None:
         "nvmlEventTypeGpuRecoveryAction",
     ]
     assert report["wait"] == "pstate 0"
+    assert (report["recovery_action"], report["notes"]) == (2, [])
     assert (
         report["samples"]
         == [
@@ -217,6 +307,29 @@ def test_self_check_reports_insane_values() -> None:
         f"memory used 0 not in (0, {80 << 30}]",
     ]
     assert report["notes"] == ["unknown clock event bits 0x10000"]
+
+
+def test_self_check_notes_event_types_the_driver_refuses() -> None:
+    nvml = FakeNvml(supported=0xC00F, refuse=0x1 | 0x4000)
+    report = nvml_self_check(num_samples=1, uuid="GPU-1234", opened=(nvml, HANDLE))
+    assert (report["ok"], report["problems"]) == (True, [])
+    assert report["registered_mask"] == 0x800E
+    assert report["notes"] == [
+        "the driver refused nvmlEventTypeSingleBitEccError, nvmlEventTypeGpuUnavailableError "
+        "(0x4001); the scheduler runs without them"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("supported", "where"), [(0x800F, "problems"), (0x000F, "notes")], ids=["registered", "not"]
+)
+def test_self_check_reads_the_recovery_action_field(supported: int, where: str) -> None:
+    nvml = FakeNvml(supported=supported)
+    nvml.recovery_action = (3, 1, "uiVal", 0)
+    report = nvml_self_check(num_samples=1, uuid="GPU-1234", opened=(nvml, HANDLE))
+    assert report["recovery_action"] == "NVMLError: NVML error 3"
+    assert report[where] == ["reading the recovery action field failed: NVMLError: NVML error 3"]
+    assert report["ok"] is (where == "notes")
 
 
 @pytest.mark.gpu

@@ -46,6 +46,8 @@ class StubRunner:
     """Logits whose argmax is ``3 + num_tokens % 50`` for each sampling request; ~5 ms a step."""
 
     block_size = BLOCK_SIZE
+    attention_backend = "reference"
+    num_cuda_graphs = 0
 
     def execute(self, output: SchedulerOutput) -> torch.Tensor:
         time.sleep(STEP_S)

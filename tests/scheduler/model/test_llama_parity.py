@@ -212,6 +212,8 @@ def test_engine_matches_transformers_greedy(
     assert_matches(outputs, references["default"], prompts)
     assert (engine.scheduler.num_preemptions > 0) is preempts
     assert_all_free(engine, allocator)
+    stats = engine.stats()  # no kernels given: the pure-torch path, and no graphs on the CPU
+    assert (stats.attention_backend, stats.num_cuda_graphs) == ("reference", 0)
 
 
 def test_llama3_rope_scaling_matches_transformers(

@@ -398,15 +398,26 @@ def test_max_query_len_of_the_metadata() -> None:
 
 # --- CUDA ---
 
+STEPS_ON_CUDA = ("decode", "mixed", "long")
 GPU_HEADS = [(8, 8), (8, 4), (16, 4)]  # GQA ratios 1, 2, 4
+# NOTE: each distinct set of tile sizes, dtype and head dim is one Triton compile (about a second
+# or two), and the device check has minutes for everything: bfloat16, the serving dtype, gets
+# every GQA ratio and step kind at head dim 128; head dim 64 and float32 get two cases each. The
+# interpreter cases above cover the wider matrix in CI.
+CUDA_CASES = [
+    *[(step, hq, hkv, 128, torch.bfloat16) for step in STEPS_ON_CUDA for hq, hkv in GPU_HEADS],
+    ("mixed", 8, 4, 64, torch.bfloat16),
+    ("long", 16, 4, 64, torch.bfloat16),
+    ("decode", 8, 4, 64, torch.float32),
+    ("long", 8, 4, 64, torch.float32),
+]
 
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), GPU_HEADS)
-@pytest.mark.parametrize("step_name", ["decode", "mixed", "long"])
+@pytest.mark.parametrize(
+    ("step_name", "num_q_heads", "num_kv_heads", "head_dim", "dtype"), CUDA_CASES
+)
 def test_cuda_matches_reference(
     step_name: str, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> None:
@@ -419,8 +430,9 @@ def test_cuda_matches_reference(
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("block_size", [1, 4, 32])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("block_size", "dtype"), [(1, torch.bfloat16), (4, torch.float16), (32, torch.bfloat16)]
+)
 def test_cuda_block_sizes_and_float16(block_size: int, dtype: torch.dtype) -> None:
     step = make_step(
         STEPS["chunk_mid_block"], 12, 4, 128, block_size=block_size, dtype=dtype, seed=8

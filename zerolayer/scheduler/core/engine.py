@@ -48,6 +48,9 @@ class EngineStats:
     num_blocks_held: int
     num_preemptions: int
     num_steps: int
+    attention_backend: str
+    """"triton", "native" or "reference" (:attr:`ModelRunner.attention_backend`)."""
+    num_cuda_graphs: int
 
 
 class Engine:
@@ -191,7 +194,13 @@ class Engine:
         """A snapshot of the counters (approximate while the loop runs)."""
         s = self.scheduler
         return EngineStats(
-            len(s.running), len(s.waiting), s.kv.num_blocks_held, s.num_preemptions, self.num_steps
+            len(s.running),
+            len(s.waiting),
+            s.kv.num_blocks_held,
+            s.num_preemptions,
+            self.num_steps,
+            self.runner.attention_backend,
+            self.runner.num_cuda_graphs,
         )
 
     def _drain(self, block: bool) -> None:

@@ -102,6 +102,11 @@ class KernelLoader:
                     )
         return self._module
 
+    @property
+    def loaded(self) -> bool:
+        """Whether :meth:`load` ran and gave the kernels (asking builds nothing)."""
+        return self._loaded and self._module is not None
+
     def native_available(self) -> bool:
         """Whether the native kernels are usable (builds them on the first call)."""
         return self.load() is not None

@@ -12,7 +12,7 @@ from zerolayer.scheduler.model.attention import AttentionMetadata
 from zerolayer.scheduler.model.cuda_graphs import DecodeGraphs
 from zerolayer.scheduler.model.decode_padding import graph_batch_sizes
 from zerolayer.scheduler.model.device_inputs import DeviceInputs
-from zerolayer.scheduler.model.kernels import KernelLoader
+from zerolayer.scheduler.model.kernels import NATIVE_DTYPES, KernelLoader
 from zerolayer.scheduler.model.llama import LlamaModel
 from zerolayer.scheduler.model.step_inputs import StepBuffers, StepInputs
 from zerolayer.scheduler.model.triton_attention import TRITON_DTYPES, triton_available
@@ -87,12 +87,34 @@ class ModelRunner:
             b = StepBuffers(self.block_size, b.max_tokens, b.max_seqs, b.max_blocks, True)
             self.buffers = b
         triton = self.model.dtype in TRITON_DTYPES and triton_available()
+        if not triton:
+            log.warning(
+                "the Triton attention kernel cannot run here (Triton does not import, or dtype "
+                "%s): attention runs the pure-torch reference and decode steps without CUDA "
+                "graphs, far slower than the Triton path",
+                self.model.dtype,
+            )
         self.device_inputs = DeviceInputs(
             self.device, b.max_tokens, b.max_seqs, b.max_blocks, reference_attention=not triton
         )
         sizes = graph_batch_sizes(b.max_seqs) if graph_sizes is None else tuple(graph_sizes)
         if triton and sizes:
             self.graphs = DecodeGraphs(self.model, self.block_size, sizes, b.max_blocks)
+
+    @property
+    def attention_backend(self) -> str:
+        """Where paged attention runs: "triton" (CUDA), "native" (the csrc kernel, once loaded by
+        the first step) or "reference" (pure torch)."""
+        if self.device_inputs is not None:
+            return "reference" if self.device_inputs.reference_attention else "triton"
+        native = self.kernels is not None and self.kernels.loaded
+        return "native" if native and self.model.dtype in NATIVE_DTYPES else "reference"
+
+    @property
+    def num_cuda_graphs(self) -> int:
+        """Decode CUDA graphs captured now (0 before :meth:`capture_graphs` or without any)."""
+        graphs = self.graphs
+        return len(graphs.batch_sizes) if graphs is not None and graphs.captured else 0
 
     def set_arena(self, arena: torch.Tensor) -> None:
         """Uses a (new) arena mapping for the KV caches. Graphs captured over the previous arena
