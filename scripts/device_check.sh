@@ -29,7 +29,7 @@
 #
 # On the GPU machine (no package registry), with the wheels made here first:
 #   bash scripts/device_wheels.sh
-#   run(command="bash scripts/device_check.sh", carry=[".whl", "zerolayer"], timeout_s=480)
+#   run(command="bash scripts/device_check.sh", carry=[".whl", "zerolayer/v1", "zerolayer/kserve"], timeout_s=480)
 # A dry run on a CPU machine (CI runs one: tests/bench/test_device_check_script.py): every step
 # runs its plumbing and writes the summary; the pytest steps only collect, the bench runs on the
 # CPU with the tiny model, and a missing GPU or NVML is not a failure:
@@ -119,7 +119,7 @@ echo "device check: work folder $WORK, summary in $OUT_DIR (budget ${BUDGET_S} s
 SITE=$(mktemp -d /tmp/zerolayer-site.XXXXXX)
 run_step setup "$(step_bound setup)" -- bash -c '
   test -f zerolayer/v1/generation_pb2.py \
-    || { echo "zerolayer/ (generated protobuf code) missing: carry it" >&2; exit 3; }
+    || { echo "zerolayer/v1 (generated protobuf code) missing: carry zerolayer/v1 and zerolayer/kserve" >&2; exit 3; }
   if [ -n "$2" ] || ! compgen -G ".whl/*.whl" > /dev/null; then
     echo "no wheels to install"; exit 0
   fi

@@ -2,10 +2,10 @@
 # Downloads, into .whl/, the Python 3.12 x86-64 wheels the lent GPU machine lacks (it has torch,
 # triton, transformers, cuda-bindings, nvidia-ml-py, but not our gRPC/protobuf/OTel pins), so that
 # scripts/device_check.sh can install them there without a package registry.
-# It also generates zerolayer/ (the protobuf code, git-ignored) from protos/ again, so the copy
-# carried matches the protos. Run here (where pip works), then carry .whl and zerolayer/:
+# It also generates zerolayer/v1 and zerolayer/kserve (the protobuf code, git-ignored) from protos/ again, so the copy
+# carried matches the protos. Run here (where pip works), then carry .whl, zerolayer/v1, zerolayer/kserve:
 #   bash scripts/device_wheels.sh
-#   run(command="bash scripts/device_check.sh", carry=[".whl", "zerolayer"], timeout_s=480)
+#   run(command="bash scripts/device_check.sh", carry=[".whl", "zerolayer/v1", "zerolayer/kserve"], timeout_s=480)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
