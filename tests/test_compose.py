@@ -50,8 +50,12 @@ GAUGES = {
 }
 """The metric names the layers export (a histogram as its base name)."""
 
-DEPENDENCY_FLAGS = {"loader": "loader", "kvstore": "kvstore", "scheduler": "scheduler"}
-"""Flag (attribute) naming another layer's address -> that layer."""
+DEPENDENCY_SETTINGS = {
+    "loader_address": "loader",
+    "kvstore_address": "kvstore",
+    "scheduler_address": "scheduler",
+}
+"""Setting (attribute) naming another layer's address -> that layer."""
 
 
 @dataclass(frozen=True)
@@ -155,10 +159,13 @@ def test_internal_addresses_agree_and_live_on_the_shared_volume(
     addresses = {layer: args[layer].address for layer in LAYERS[:3]}
     for layer, address in addresses.items():
         assert address == f"unix:{run_mount.target}/{layer}.sock"
+    checked = []
     for layer in LAYERS:
-        for flag, target in DEPENDENCY_FLAGS.items():
-            if flag in vars(args[layer]) and target != layer:
-                assert getattr(args[layer], flag) == addresses[target], (layer, flag)
+        for name, target in DEPENDENCY_SETTINGS.items():
+            if name in vars(args[layer]) and target != layer:
+                assert getattr(args[layer], name) == addresses[target], (layer, name)
+                checked.append((layer, target))
+    assert len(checked) == 5  # kvstore, scheduler and frontend -> loader; -> kvstore; -> scheduler
     assert Path(args["kvstore"].shm_path).parent == Path(run_mount.target)
 
 
@@ -166,7 +173,8 @@ def test_layers_start_after_the_layers_they_call(
     compose: dict, args: dict[str, argparse.Namespace]
 ) -> None:
     for layer in LAYERS:
-        needed = {t for f, t in DEPENDENCY_FLAGS.items() if f in vars(args[layer]) and t != layer}
+        given = vars(args[layer])
+        needed = {t for name, t in DEPENDENCY_SETTINGS.items() if name in given and t != layer}
         assert needed <= depends_on(compose["services"][layer]), layer
 
 
@@ -197,7 +205,7 @@ def test_the_shared_volume_holds_the_kv_arena_and_the_sockets(
 def test_model_is_mounted_read_only_at_the_same_path_in_loader_and_scheduler(
     compose: dict, args: dict[str, argparse.Namespace]
 ) -> None:
-    model_path = args["loader"].model
+    model_path = args["loader"].model_dir
     found = {}
     for layer in ("loader", "scheduler"):
         [mount] = [m for m in mounts(compose["services"][layer]) if m.target == model_path]

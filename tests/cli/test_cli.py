@@ -233,13 +233,14 @@ def test_a_layer_started_alone_on_a_missing_gpu_is_a_usage_error(
 
 
 def test_stack_passes_one_resolved_device_to_loader_kvstore_and_scheduler(tmp_path: Path) -> None:
+    from zerolayer.cli.main import build_parser
     from zerolayer.stack.launcher import Stack, StackConfig
 
     stack = Stack(StackConfig(model_dir=str(tmp_path), run_dir=str(tmp_path), device="auto"))
     want = "cuda:0" if torch.cuda.is_available() else "cpu"
     for layer in ("loader", "kvstore", "scheduler"):
-        command = stack.command(layer)
-        assert command[command.index("--device") + 1] == want
+        args = build_parser().parse_args([layer, *stack.command(layer)[3:]])
+        assert args.device == want
     assert "--device" not in stack.command("frontend")
 
 

@@ -59,6 +59,7 @@ from zerolayer.bench.streams import (
 )
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.dummy import ensure_dummy_model
+from zerolayer.common.settings import MAX_NUM_SEQS
 from zerolayer.stack.launcher import Stack, StackConfig
 from zerolayer.v1 import generation_pb2_grpc
 
@@ -136,7 +137,7 @@ def run_phases(args: argparse.Namespace, budget: Budget, report: Report) -> None
         listen=address,
         device=args.device,
         kv_cache_bytes=args.kv_cache_bytes,
-        max_num_seqs=max(64, args.requests),
+        max_num_seqs=max(MAX_NUM_SEQS.default, args.requests),
         log_dir=log_dir,
         startup_timeout_s=budget.left("serving"),
     )

@@ -21,8 +21,8 @@ from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.dtypes import torch_dtype
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.clients import model_dtype_name
-from zerolayer.common.config import DEFAULT_BLOCK_SIZE
 from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
+from zerolayer.common.settings import BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from zerolayer.kv.arena_layout import ArenaLayout, blocks_for_bytes
 from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
 from zerolayer.scheduler.core.engine import Engine, Sink
@@ -39,9 +39,9 @@ from zerolayer.scheduler.model.weights import MappedWeights
 def build_local_engine(
     model_dir: Path,
     kv_cache_bytes: int,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    max_num_seqs: int = 64,
-    max_num_batched_tokens: int = 512,
+    block_size: int = BLOCK_SIZE.default,
+    max_num_seqs: int = MAX_NUM_SEQS.default,
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS.default,
 ) -> Engine:
     """Assembles the engine as ``zerolayer.scheduler`` does, sized like the kvstore's arena
     (whole blocks of ``kv_cache_bytes``), with the scheduler's default limits. Not started."""

@@ -29,6 +29,7 @@ from zerolayer.bench.scenario import (
 )
 from zerolayer.bench.streams import decode_tok_s, generate_request, random_prompts, run_streams
 from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.common.settings import MAX_NUM_SEQS
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.stack.launcher import Stack
 
@@ -165,7 +166,7 @@ def main(args: argparse.Namespace) -> dict:
     best_bf16 = max(v for name, v in bandwidth.items() if name.startswith("bfloat16"))
     bw_bound = best_bf16 / traffic["weight_bytes_per_token"]
     compute_bound = flops / (2 * traffic["params_per_token"])
-    config = stack_config(args, model_dir, max_num_seqs=max(64, args.batch_size))
+    config = stack_config(args, model_dir, max_num_seqs=max(MAX_NUM_SEQS.default, args.batch_size))
     with Stack(config):
         warm_up(config.listen, vocab_size)
         zerolayer = run_zerolayer(config.listen, vocab_size, args)

@@ -27,6 +27,7 @@ from zerolayer.bench.scenario import (
     warm_up,
 )
 from zerolayer.bench.streams import generate_request, random_prompts
+from zerolayer.common.settings import MAX_NUM_SEQS
 from zerolayer.stack.launcher import Stack
 from zerolayer.v1 import generation_pb2_grpc
 
@@ -98,7 +99,9 @@ def main(args: argparse.Namespace) -> dict:
     model_dir = model_dir_for(args)
     vocab_size = vocab_size_of(model_dir)
     prompts = random_prompts(args.num_requests, args.prompt_tokens, vocab_size, seed=0)
-    config = stack_config(args, model_dir, max_num_seqs=max(64, args.num_requests))
+    config = stack_config(
+        args, model_dir, max_num_seqs=max(MAX_NUM_SEQS.default, args.num_requests)
+    )
     with Stack(config):
         warm_up(config.listen, vocab_size)
         zerolayer = run_zerolayer(config.listen, prompts, args.max_new_tokens)

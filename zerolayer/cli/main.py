@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import signal
 import sys
@@ -14,9 +15,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from zerolayer.cli.presets import PRESET_NAMES
-from zerolayer.common.arg_types import positive_seconds
-from zerolayer.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, DEFAULT_LISTEN
-from zerolayer.common.device import add_device_argument
+from zerolayer.common.setting import add_arguments, config_from_args
+from zerolayer.common.settings import LAYERS, LISTEN, layer_settings, up_settings
 
 if TYPE_CHECKING:
     from zerolayer.stack.config import StackConfig
@@ -24,62 +24,7 @@ if TYPE_CHECKING:
 
 def _add_up(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start the four layers and serve until Ctrl-C")
-    p.add_argument(
-        "--model",
-        help="Hugging Face model directory (default: the embedded "
-        "dummy model, random weights, meaningless text)",
-    )
-    p.add_argument(
-        "--listen", default=DEFAULT_LISTEN, help="public HOST:PORT (default %(default)s)"
-    )
-    p.add_argument(
-        "--run-dir",
-        help="directory for internal sockets (default: a new private temporary directory)",
-    )
-    p.add_argument(
-        "--kv-cache-bytes",
-        type=int,
-        default=DEFAULT_KV_CACHE_BYTES,
-        help="KV arena size in bytes (default %(default)s)",
-    )
-    p.add_argument(
-        "--block-size",
-        type=int,
-        default=DEFAULT_BLOCK_SIZE,
-        help="tokens per KV block (default %(default)s)",
-    )
-    p.add_argument("--max-num-seqs", type=int, default=64, help="scheduler running-set limit")
-    p.add_argument(
-        "--max-num-batched-tokens", type=int, default=512, help="scheduler token budget per step"
-    )
-    p.add_argument(
-        "--num-threads",
-        type=int,
-        default=0,
-        help="scheduler torch threads (default 0: every core but one, left to the other layers)",
-    )
-    p.add_argument(
-        "--no-prefix-caching",
-        action="store_true",
-        help="kvstore: never reuse KV blocks across requests (for comparison)",
-    )
-    add_device_argument(
-        p, "where the loader, kvstore and scheduler keep the weights and KV cache and run the model"
-    )
-    p.add_argument("--no-supervise", action="store_true", help="do not restart layers that exit")
-    p.add_argument(
-        "--kv-unavailable-timeout-s",
-        type=positive_seconds,
-        default=30.0,
-        help="scheduler: how long requests that need KV blocks wait for a kvstore that is down "
-        "or restarting before they end with UNAVAILABLE (default %(default)g)",
-    )
-    p.add_argument(
-        "--metrics-port-base",
-        type=int,
-        default=0,
-        help="Prometheus ports: loader N, kvstore N+1, scheduler N+2, frontend N+3 (default off)",
-    )
+    add_arguments(p, up_settings(), for_up=True)
     p.add_argument(
         "--generate",
         metavar="TEXT",
@@ -104,7 +49,7 @@ def _positive_float(text: str) -> float:
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="call Generate on a running zerolayer")
     p.add_argument("prompt", help="prompt text")
-    p.add_argument("--address", default=DEFAULT_LISTEN, help="frontend HOST:PORT")
+    p.add_argument("--address", default=LISTEN.default, help="frontend HOST:PORT")
     p.add_argument("--stream", action="store_true", help="print tokens as they arrive")
     p.add_argument(
         "--max-new-tokens", type=_non_negative_int, default=0, help="0: the server's default (64)"
@@ -143,11 +88,6 @@ def _command_plugins() -> dict[str, ModuleType]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``zerolayer`` command line."""
-    from zerolayer.frontend.__main__ import build_parser as frontend_parser
-    from zerolayer.kvstore.__main__ import build_parser as kvstore_parser
-    from zerolayer.loader.__main__ import build_parser as loader_parser
-    from zerolayer.scheduler.__main__ import build_parser as scheduler_parser
-
     parser = argparse.ArgumentParser(prog="zerolayer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_up(sub)
@@ -155,41 +95,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tools(sub)
     for plugin in _command_plugins().values():
         plugin.add_parser(sub)
-    for name, build in (
-        ("loader", loader_parser),
-        ("kvstore", kvstore_parser),
-        ("scheduler", scheduler_parser),
-        ("frontend", frontend_parser),
-    ):
-        build(sub.add_parser(name, help=f"run the {name} layer alone"))
+    for layer in LAYERS:
+        add_arguments(
+            sub.add_parser(layer, help=f"run the {layer} layer alone"), layer_settings(layer)
+        )
     return parser
 
 
-def _stack_config(args: argparse.Namespace, model_dir: str) -> StackConfig:
-    """The stack's settings from ``up``'s flags, checked against this machine.
+def _stack_config(args: argparse.Namespace) -> StackConfig:
+    """The stack's settings from ``up``'s flags (no ``--model``: the embedded dummy model),
+    checked against this machine.
 
     Raises:
         ValueError: a setting is out of range or cannot work here; the message starts with its
             flag.
     """
+    from zerolayer.checkpoints.dummy import ensure_dummy_model
     from zerolayer.stack.config import StackConfig
     from zerolayer.stack.preflight import check_stack
 
-    config = StackConfig(
-        model_dir=model_dir,
-        listen=args.listen,
-        run_dir=args.run_dir,
-        kv_cache_bytes=args.kv_cache_bytes,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_threads=args.num_threads,
-        enable_prefix_caching=not args.no_prefix_caching,
-        supervise=not args.no_supervise,
-        kv_unavailable_timeout_s=args.kv_unavailable_timeout_s,
-        metrics_port_base=args.metrics_port_base,
-        device=args.device,
-    )
+    if args.model_dir is None:
+        model_dir = str(ensure_dummy_model())
+        print(
+            f"zerolayer: no --model given, serving the embedded dummy model {model_dir} "
+            "(random weights: its text is meaningless)",
+            file=sys.stderr,
+        )
+        args = argparse.Namespace(**{**vars(args), "model_dir": model_dir})
+    config = config_from_args(StackConfig, up_settings(), args)
     check_stack(config)
     return config
 
@@ -202,19 +135,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     130 when SIGINT/SIGTERM arrives during start-up (the started layers are stopped).
     """
     from zerolayer.checkpoints.checkpoint import CheckpointError
-    from zerolayer.checkpoints.dummy import ensure_dummy_model
     from zerolayer.stack.launcher import Stack, StackError, StartupInterrupted
 
     logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
-    model_dir = args.model or str(ensure_dummy_model())
-    if not args.model:
-        print(
-            f"zerolayer: no --model given, serving the embedded dummy model {model_dir} "
-            "(random weights: its text is meaningless)",
-            file=sys.stderr,
-        )
     try:
-        config = _stack_config(args, model_dir)
+        config = _stack_config(args)
     except ValueError as exc:
         print(f"zerolayer up: error: {exc}", file=sys.stderr)
         return 2
@@ -289,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_dummy_model(args.out_dir, PRESETS[args.preset], args.seed)
         print(f"wrote {args.out_dir}")
         return 0
-    module = __import__(f"zerolayer.{args.command}.__main__", fromlist=["run"])
+    module = importlib.import_module(f"zerolayer.{args.command}.__main__")
     return module.run(args)
 
 

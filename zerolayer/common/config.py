@@ -1,12 +1,11 @@
-"""Frozen per-layer configs, built once at the process edge (CLI / ``__main__``)."""
+"""Frozen per-layer configs, built once at the process edge (CLI / ``__main__``) from the flags
+of ``zerolayer.common.settings``, whose declarations hold every default."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_LISTEN = "127.0.0.1:50051"
-DEFAULT_BLOCK_SIZE = 16
-DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
+from zerolayer.common import settings
 
 WARM_UP_PROMPT_TOKENS = 32
 """Prompt length of the request the scheduler runs before it reports SERVING."""
@@ -22,31 +21,102 @@ def warm_up_num_blocks(block_size: int, max_model_len: int) -> int:
     return -(-num_kv_tokens // block_size)
 
 
+# Groups of settings that several configs hold (``StackConfig`` holds every group ``zerolayer
+# up`` offers). Their fields are keyword-only, so a config's own required fields may follow.
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsSettings:
+    """Where a layer's Prometheus endpoint binds."""
+
+    metrics_host: str = settings.METRICS_HOST.default
+    """Address the /metrics endpoint binds (``--metrics-host``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerSettings(MetricsSettings):
+    """What every layer process has."""
+
+    metrics_port: int = settings.METRICS_PORT.default
+    """TCP port of the Prometheus /metrics endpoint; 0: off."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSettings:
+    """Where the loader, kvstore and scheduler keep their memory and compute."""
+
+    device: str = settings.DEVICE.default
+    """``--device``: "cpu", "cuda", "cuda:N" or "auto" (see zerolayer.common.device)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSettings:
+    """The model the loader serves."""
+
+    model_dir: str
+    """Hugging Face model directory (config.json, *.safetensors, tokenizer.json)."""
+    model_name: str = settings.MODEL_NAME.default
+    """Name to serve the model under; empty: the directory's base name."""
+    prefetch: bool = settings.PREFETCH.default
+    """Start kernel read-ahead of the weight files at start-up."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArenaSettings:
+    """The KV arena the kvstore owns."""
+
+    kv_cache_bytes: int = settings.KV_CACHE_BYTES.default
+    """Arena size in bytes; the number of blocks is kv_cache_bytes // block_bytes."""
+    block_size: int = settings.BLOCK_SIZE.default
+    """Tokens per KV block."""
+    enable_prefix_caching: bool = settings.PREFIX_CACHING.default
+    """Find full blocks again by content and reuse them across requests."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """How the scheduler batches and runs requests."""
+
+    max_num_seqs: int = settings.MAX_NUM_SEQS.default
+    """Most requests in the running set."""
+    max_num_batched_tokens: int = settings.MAX_NUM_BATCHED_TOKENS.default
+    """Token budget of one step (prefill chunks plus decodes), tokens."""
+    num_threads: int = settings.NUM_THREADS.default
+    """torch intra-op threads; 0: :func:`default_num_threads` (one per available core but one)."""
+    kv_unavailable_timeout_s: float = settings.KV_UNAVAILABLE_TIMEOUT_S.default
+    """Seconds requests that need KV blocks wait for an unusable kvstore before they end with
+    UNAVAILABLE."""
+    attention_backend: str = settings.ATTENTION_BACKEND.default
+    """"native" (the csrc kernel, built on first start; falls back to "reference" when it cannot
+    be built) or "reference" (pure torch)."""
+    nvml_script: str = settings.NVML_SCRIPT.default
+    """Test only (hidden ``--nvml-script``): read GPU events and samples from this JSON-lines file
+    (zerolayer.scheduler.gpu_health.script) instead of NVML; empty: NVML where a GPU exists."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiSettings:
+    """The public API the frontend serves."""
+
+    listen: str = settings.LISTEN.default
+    """Public gRPC address, ``HOST:PORT``."""
+    default_max_new_tokens: int = settings.DEFAULT_MAX_NEW_TOKENS.default
+    """max_new_tokens, in tokens, when a request leaves it 0."""
+
+
 @dataclass(frozen=True)
-class LoaderConfig:
+class LoaderConfig(ModelSettings, DeviceSettings, LayerSettings):
     """Loader process settings."""
 
     address: str
     """gRPC address to serve on, e.g. ``unix:/run/zl/loader.sock``."""
-    model_dir: str
-    """Hugging Face model directory (config.json, *.safetensors, tokenizer.json)."""
-    model_name: str = ""
-    """Name to serve the model under; empty: the directory's base name."""
-    prefetch: bool = True
-    """Start kernel read-ahead of the weight files at start-up."""
-    device: str = "cpu"
-    """``--device``: "cpu", "cuda", "cuda:N" or "auto" (see zerolayer.common.device)."""
-    fd_keeper: str = ""
+    fd_keeper: str = settings.FD_KEEPER.default
     """Unix socket of the launcher's descriptor keeper (``--fd-keeper``; set by ``zerolayer up``):
     on a GPU, device memory deposited there survives this layer's restarts."""
-    metrics_port: int = 0
-    """Port of the Prometheus /metrics endpoint; 0: off."""
-    metrics_host: str = "127.0.0.1"
-    """Address the /metrics endpoint binds."""
 
 
 @dataclass(frozen=True)
-class KVStoreConfig:
+class KVStoreConfig(ArenaSettings, DeviceSettings, LayerSettings):
     """KV store process settings."""
 
     address: str
@@ -55,28 +125,16 @@ class KVStoreConfig:
     """Where the loader serves (the arena's geometry comes from the model config)."""
     shm_path: str
     """Shared-memory file of the arena, e.g. ``/dev/shm/zerolayer-<id>.kv``."""
-    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
-    """Arena size in bytes; the number of blocks is kv_cache_bytes // block_bytes."""
-    block_size: int = DEFAULT_BLOCK_SIZE
-    """Tokens per KV block."""
-    enable_prefix_caching: bool = True
-    """Find full blocks again by content and reuse them across requests."""
-    remove_arena_on_exit: bool = False
+    remove_arena_on_exit: bool = settings.REMOVE_ARENA_ON_EXIT.default
     """Delete the arena file on a clean exit (off: the arena outlives the process, so a restarted
     kvstore reopens it; the launcher removes it when the whole stack stops)."""
-    device: str = "cpu"
-    """``--device``: "cpu", "cuda", "cuda:N" or "auto" (see zerolayer.common.device)."""
-    fd_keeper: str = ""
-    """Unix socket of the launcher's descriptor keeper (``--fd-keeper``; set by ``zerolayer up``):
-    on a GPU, device memory deposited there survives this layer's restarts."""
-    metrics_port: int = 0
-    """Port of the Prometheus /metrics endpoint; 0: off."""
-    metrics_host: str = "127.0.0.1"
-    """Address the /metrics endpoint binds."""
+    fd_keeper: str = settings.FD_KEEPER.default
+    """Unix socket of the launcher's descriptor keeper (``--fd-keeper``): on a GPU, the arena's
+    device memory deposited there survives this layer's restarts."""
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
+class SchedulerConfig(EngineSettings, DeviceSettings, LayerSettings):
     """Scheduler (engine) process settings."""
 
     address: str
@@ -85,52 +143,23 @@ class SchedulerConfig:
     """Where the loader serves."""
     kvstore_address: str
     """Where the kvstore serves."""
-    max_num_seqs: int = 64
-    """Most requests in the running set."""
-    max_num_batched_tokens: int = 512
-    """Token budget of one step (prefill chunks plus decodes)."""
-    num_threads: int = 0
-    """torch intra-op threads; 0: :func:`default_num_threads` (one per available core but one)."""
-    kv_unavailable_timeout_s: float = 30.0
-    """Seconds requests that need KV blocks wait for an unusable kvstore before they end with
-    UNAVAILABLE."""
-    attention_backend: str = "native"
-    """"native" (the csrc kernel, built on first start; falls back to "reference" when it cannot
-    be built) or "reference" (pure torch)."""
-    device: str = "cpu"
-    """``--device``: "cpu", "cuda", "cuda:N" or "auto" (see zerolayer.common.device)."""
-    metrics_port: int = 0
-    """Port of the Prometheus /metrics endpoint; 0: off."""
-    metrics_host: str = "127.0.0.1"
-    """Address the /metrics endpoint binds."""
-    nvml_script: str = ""
-    """Test only (hidden ``--nvml-script``): read GPU events and samples from this JSON-lines file
-    (zerolayer.scheduler.gpu_health.script) instead of NVML; empty: NVML where a GPU exists."""
 
 
 @dataclass(frozen=True)
-class FrontendConfig:
+class FrontendConfig(ApiSettings, LayerSettings):
     """Frontend process settings."""
 
-    listen: str
-    """Public gRPC address, ``HOST:PORT``."""
     loader_address: str
     """Where the loader serves (tokenizer, model info)."""
     scheduler_address: str
     """Where the scheduler serves."""
-    default_max_new_tokens: int = 64
-    """max_new_tokens when a request leaves it 0."""
-    max_stop_strings: int = 16
-    """Most stop strings per request."""
-    max_cache_salt_bytes: int = 256
-    """Longest cache_salt accepted."""
-    metrics_port: int = 0
-    """Port of the Prometheus /metrics endpoint; 0: off."""
-    metrics_host: str = "127.0.0.1"
-    """Address the /metrics endpoint binds."""
-    instance_id: str = ""
+    instance_id: str = settings.INSTANCE_ID.default
     """Extra health name ``zerolayer.instance.<id>`` (lets a launcher recognise its own frontend
     on a TCP port another process might hold)."""
+    max_stop_strings: int = 16
+    """Most stop strings per request (a limit of the API, not a flag)."""
+    max_cache_salt_bytes: int = 256
+    """Longest cache_salt accepted, bytes (a limit of the API, not a flag)."""
 
 
 def default_num_threads(num_cores: int) -> int:

@@ -93,20 +93,6 @@ def fd_socket_path(address: str, layer: str, pid: int) -> str:
     return f"{tempfile.gettempdir()}/zerolayer-{layer}-{pid}.fds"
 
 
-def add_device_argument(parser: object, what: str) -> None:
-    """Adds ``--device`` (default ``cpu``) to an argparse parser; ``what`` ends the help text.
-
-    The value is resolved while parsing (:func:`device_argument`), so a missing GPU is a usage
-    error (exit 2, one line) rather than a traceback from inside the server.
-    """
-    parser.add_argument(  # type: ignore[attr-defined]
-        "--device",
-        default="cpu",
-        type=device_argument,
-        help=f"cpu (default), cuda, cuda:N, or auto (a GPU if torch sees one): {what}",
-    )
-
-
 def device_argument(spec: str) -> str:
     """argparse ``type=``: the resolved device as a string ("cpu", "cuda:N").
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.registry import Collector
+
+from zerolayer.common.settings import METRICS_HOST
 
 LATENCY_BUCKETS_S = (
     0.001,
@@ -27,12 +28,9 @@ LATENCY_BUCKETS_S = (
 )
 """Histogram buckets (seconds) of the latency metrics every layer uses (TTFT, ITL, e2e, queue)."""
 
-DEFAULT_METRICS_HOST = "127.0.0.1"
-"""Address a layer's /metrics endpoint binds unless ``--metrics-host`` says otherwise."""
-
 
 def serve_metrics(
-    port: int, collectors: Iterable[Collector], host: str = DEFAULT_METRICS_HOST
+    port: int, collectors: Iterable[Collector], host: str = METRICS_HOST.default
 ) -> CollectorRegistry:
     """Registers ``collectors`` in a new registry and serves it on ``http://host:port/metrics``.
 
@@ -48,18 +46,3 @@ def serve_metrics(
     if port:
         start_http_server(port, addr=host, registry=registry)
     return registry
-
-
-def add_metrics_port(parser: argparse.ArgumentParser) -> None:
-    """Adds ``--metrics-port`` (0: no endpoint) and ``--metrics-host`` to a layer's flags."""
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=0,
-        help="Prometheus /metrics port (default 0: off)",
-    )
-    parser.add_argument(
-        "--metrics-host",
-        default=DEFAULT_METRICS_HOST,
-        help="address the /metrics endpoint binds (default %(default)s; 0.0.0.0 in containers)",
-    )

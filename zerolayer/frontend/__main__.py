@@ -9,8 +9,8 @@ import sys
 from collections.abc import Sequence
 
 from zerolayer.common.clients import fetch_manifest
-from zerolayer.common.config import DEFAULT_LISTEN, FrontendConfig
-from zerolayer.common.metrics import add_metrics_port, serve_metrics
+from zerolayer.common.config import FrontendConfig
+from zerolayer.common.metrics import serve_metrics
 from zerolayer.common.server import (
     LayerServer,
     ServiceBinding,
@@ -18,6 +18,8 @@ from zerolayer.common.server import (
     run_layer,
     setup_logging,
 )
+from zerolayer.common.setting import add_arguments, config_from_args
+from zerolayer.common.settings import layer_settings
 from zerolayer.common.tracing import Tracing, TracingConfig
 from zerolayer.frontend.generation import TextGenerator
 from zerolayer.frontend.kserve import kserve_binding
@@ -31,28 +33,9 @@ PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Flags of the frontend."""
+    """Flags of the frontend (zerolayer.common.settings)."""
     parser = parser or argparse.ArgumentParser(prog="zerolayer frontend", description=__doc__)
-    parser.add_argument(
-        "--listen",
-        default=DEFAULT_LISTEN,
-        help="public gRPC address HOST:PORT (default %(default)s)",
-    )
-    parser.add_argument("--loader", required=True, help="the loader's gRPC address")
-    parser.add_argument("--scheduler", required=True, help="the scheduler's gRPC address")
-    parser.add_argument(
-        "--default-max-new-tokens",
-        type=int,
-        default=64,
-        help="max_new_tokens when a request leaves it 0 (default %(default)s)",
-    )
-    add_metrics_port(parser)
-    parser.add_argument(
-        "--instance-id",
-        default="",
-        help="also report health as zerolayer.instance.<ID> (set by the launcher)",
-    )
-    return parser
+    return add_arguments(parser, layer_settings("frontend"))
 
 
 async def serve(config: FrontendConfig, tracing: Tracing) -> None:
@@ -95,15 +78,7 @@ def run(args: argparse.Namespace) -> int:
     """Runs the frontend with parsed flags."""
     exit_with_launcher(dict(os.environ))
     setup_logging("frontend")
-    config = FrontendConfig(
-        listen=args.listen,
-        loader_address=args.loader,
-        scheduler_address=args.scheduler,
-        default_max_new_tokens=args.default_max_new_tokens,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        instance_id=args.instance_id,
-    )
+    config = config_from_args(FrontendConfig, layer_settings("frontend"), args)
     asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "frontend"))))
     return 0
 

@@ -10,9 +10,8 @@ import sys
 from collections.abc import Sequence
 
 from zerolayer.common.clients import fetch_manifest
-from zerolayer.common.config import DEFAULT_BLOCK_SIZE, DEFAULT_KV_CACHE_BYTES, KVStoreConfig
-from zerolayer.common.device import add_device_argument
-from zerolayer.common.metrics import add_metrics_port, serve_metrics
+from zerolayer.common.config import KVStoreConfig
+from zerolayer.common.metrics import serve_metrics
 from zerolayer.common.server import (
     LayerServer,
     ServiceBinding,
@@ -20,6 +19,8 @@ from zerolayer.common.server import (
     run_layer,
     setup_logging,
 )
+from zerolayer.common.setting import add_arguments, config_from_args
+from zerolayer.common.settings import layer_settings
 from zerolayer.common.tracing import Tracing, TracingConfig
 from zerolayer.kv.arena_file import ArenaSizeError
 from zerolayer.kvstore.kv_store import KVStore
@@ -29,47 +30,9 @@ from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Flags of the kvstore."""
+    """Flags of the kvstore (zerolayer.common.settings)."""
     parser = parser or argparse.ArgumentParser(prog="zerolayer kvstore", description=__doc__)
-    parser.add_argument("--address", required=True, help="gRPC address to serve on")
-    parser.add_argument("--loader", required=True, help="the loader's gRPC address")
-    parser.add_argument(
-        "--shm-path",
-        required=True,
-        help="shared-memory file of the arena (reopened if it exists with the same layout)",
-    )
-    parser.add_argument(
-        "--kv-cache-bytes",
-        type=int,
-        default=DEFAULT_KV_CACHE_BYTES,
-        help="arena size in bytes (default %(default)s); its pages are reserved at start, so it "
-        "must fit the free space of --shm-path's filesystem",
-    )
-    parser.add_argument(
-        "--block-size",
-        type=int,
-        default=DEFAULT_BLOCK_SIZE,
-        help="tokens per KV block (default %(default)s)",
-    )
-    parser.add_argument(
-        "--no-prefix-caching",
-        action="store_true",
-        help="never reuse blocks across requests (for comparison)",
-    )
-    parser.add_argument(
-        "--remove-arena-on-exit",
-        action="store_true",
-        help="delete the arena file on a clean exit (default: keep it for a restart)",
-    )
-    add_device_argument(parser, "where the KV arena lives")
-    parser.add_argument(
-        "--fd-keeper",
-        default="",
-        help="unix socket of the launcher's descriptor keeper (zerolayer up sets it): on a GPU "
-        "the KV arena's device memory survives restarts of this layer",
-    )
-    add_metrics_port(parser)
-    return parser
+    return add_arguments(parser, layer_settings("kvstore"))
 
 
 async def serve(config: KVStoreConfig, tracing: Tracing) -> None:
@@ -107,19 +70,7 @@ def run(args: argparse.Namespace) -> int:
     when ``--kv-cache-bytes`` holds no block or does not fit the arena's filesystem."""
     exit_with_launcher(dict(os.environ))
     setup_logging("kvstore")
-    config = KVStoreConfig(
-        address=args.address,
-        loader_address=args.loader,
-        shm_path=args.shm_path,
-        kv_cache_bytes=args.kv_cache_bytes,
-        block_size=args.block_size,
-        enable_prefix_caching=not args.no_prefix_caching,
-        remove_arena_on_exit=args.remove_arena_on_exit,
-        device=args.device,
-        fd_keeper=args.fd_keeper,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-    )
+    config = config_from_args(KVStoreConfig, layer_settings("kvstore"), args)
     try:
         asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "kvstore"))))
     except ArenaSizeError as exc:

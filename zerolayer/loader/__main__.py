@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zerolayer.common.config import LoaderConfig
-from zerolayer.common.device import add_device_argument, fd_socket_path, resolve_device
-from zerolayer.common.metrics import add_metrics_port, serve_metrics
+from zerolayer.common.device import fd_socket_path, resolve_device
+from zerolayer.common.metrics import serve_metrics
 from zerolayer.common.server import (
     LayerServer,
     ServiceBinding,
@@ -19,6 +19,8 @@ from zerolayer.common.server import (
     run_layer,
     setup_logging,
 )
+from zerolayer.common.setting import add_arguments, config_from_args
+from zerolayer.common.settings import layer_settings
 from zerolayer.common.tracing import Tracing, TracingConfig
 from zerolayer.loader.metrics import LoaderCollector
 from zerolayer.loader.server import LoaderServicer
@@ -28,21 +30,9 @@ from zerolayer.v1 import loader_pb2, loader_pb2_grpc
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Flags of the loader."""
+    """Flags of the loader (zerolayer.common.settings)."""
     parser = parser or argparse.ArgumentParser(prog="zerolayer loader", description=__doc__)
-    parser.add_argument("--address", required=True, help="gRPC address, e.g. unix:/run/x.sock")
-    parser.add_argument("--model", required=True, help="Hugging Face model directory")
-    parser.add_argument("--model-name", default="", help="name to serve the model under")
-    parser.add_argument("--no-prefetch", action="store_true", help="skip kernel read-ahead")
-    add_device_argument(parser, "where the weights are served from")
-    parser.add_argument(
-        "--fd-keeper",
-        default="",
-        help="unix socket of the launcher's descriptor keeper (zerolayer up sets it): on a GPU "
-        "the weights' device memory survives restarts of this layer",
-    )
-    add_metrics_port(parser)
-    return parser
+    return add_arguments(parser, layer_settings("loader"))
 
 
 async def serve(config: LoaderConfig, tracing: Tracing) -> None:
@@ -99,16 +89,7 @@ def run(args: argparse.Namespace) -> int:
     """Runs the loader with parsed flags."""
     exit_with_launcher(dict(os.environ))
     setup_logging("loader")
-    config = LoaderConfig(
-        address=args.address,
-        model_dir=args.model,
-        model_name=args.model_name,
-        prefetch=not args.no_prefetch,
-        device=args.device,
-        fd_keeper=args.fd_keeper,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-    )
+    config = config_from_args(LoaderConfig, layer_settings("loader"), args)
     asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "loader"))))
     return 0
 

@@ -13,11 +13,10 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.common.arg_types import positive_seconds
 from zerolayer.common.clients import fetch_layer_residency, fetch_manifest
 from zerolayer.common.config import WARM_UP_PROMPT_TOKENS, SchedulerConfig, default_num_threads
-from zerolayer.common.device import add_device_argument, resolve_device
-from zerolayer.common.metrics import add_metrics_port, serve_metrics
+from zerolayer.common.device import resolve_device
+from zerolayer.common.metrics import serve_metrics
 from zerolayer.common.server import (
     LayerServer,
     ServiceBinding,
@@ -25,6 +24,8 @@ from zerolayer.common.server import (
     run_layer,
     setup_logging,
 )
+from zerolayer.common.setting import add_arguments, config_from_args
+from zerolayer.common.settings import layer_settings
 from zerolayer.common.tracing import GEN_AI_REQUEST_MODEL, Tracing, TracingConfig
 from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
@@ -47,44 +48,9 @@ log = logging.getLogger(__name__)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Flags of the scheduler."""
+    """Flags of the scheduler (zerolayer.common.settings)."""
     parser = parser or argparse.ArgumentParser(prog="zerolayer scheduler", description=__doc__)
-    parser.add_argument("--address", required=True, help="gRPC address to serve on")
-    parser.add_argument("--loader", required=True, help="the loader's gRPC address")
-    parser.add_argument("--kvstore", required=True, help="the kvstore's gRPC address")
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="running-set size limit")
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=512,
-        help="token budget of one step (prefill chunk size)",
-    )
-    parser.add_argument(
-        "--num-threads",
-        type=int,
-        default=0,
-        help="torch threads; 0: every available core but one (left to the other layers)",
-    )
-    parser.add_argument(
-        "--kv-unavailable-timeout-s",
-        type=positive_seconds,
-        default=30.0,
-        help="how long requests that need KV blocks wait for an unusable kvstore (down, "
-        "restarting) before they end with UNAVAILABLE (default %(default)g)",
-    )
-    parser.add_argument(
-        "--attention-backend",
-        choices=("native", "reference"),
-        default="native",
-        help="paged attention: the native csrc kernel (default; built once and "
-        "cached, falls back to reference without a compiler) or pure torch",
-    )
-    add_device_argument(parser, "where the model runs (the loader and kvstore must be on it)")
-    add_metrics_port(parser)
-    # Test only: GPU events and samples from a JSON-lines file
-    # (zerolayer.scheduler.gpu_health.script).
-    parser.add_argument("--nvml-script", default="", help=argparse.SUPPRESS)
-    return parser
+    return add_arguments(parser, layer_settings("scheduler"))
 
 
 def build_engine(
@@ -231,20 +197,7 @@ def run(args: argparse.Namespace) -> int:
     """Runs the scheduler with parsed flags."""
     exit_with_launcher(dict(os.environ))
     setup_logging("scheduler")
-    config = SchedulerConfig(
-        address=args.address,
-        loader_address=args.loader,
-        kvstore_address=args.kvstore,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_threads=args.num_threads,
-        kv_unavailable_timeout_s=args.kv_unavailable_timeout_s,
-        attention_backend=args.attention_backend,
-        device=args.device,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        nvml_script=args.nvml_script,
-    )
+    config = config_from_args(SchedulerConfig, layer_settings("scheduler"), args)
     asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "scheduler"))))
     return 0
 

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import grpc
@@ -23,6 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.common.server import LAUNCHER_PID_ENV, instance_health_name
+from zerolayer.common.setting import command_line
+from zerolayer.common.settings import layer_settings
 from zerolayer.kv.arena_file import sidecar_path
 from zerolayer.sharing.fd_keeper import FdKeeper
 from zerolayer.stack.config import LAYERS, SHM_DIR, StackConfig
@@ -84,61 +87,27 @@ class Stack:
             return self.config.listen
         return f"unix:{self.run_dir / f'{layer}.sock'}"
 
+    def wiring(self) -> dict[str, object]:
+        """The settings the launcher gives the layers from the stack's layout (by setting name),
+        beside the user's in ``config``; each layer takes those it declares."""
+        return {
+            "loader_address": self.address("loader"),
+            "kvstore_address": self.address("kvstore"),
+            "scheduler_address": self.address("scheduler"),
+            "shm_path": self.shm_path,
+            # NOTE: the keeper only holds device memory; a CPU stack runs none.
+            "fd_keeper": str(self.run_dir / "fds.sock") if self.device != "cpu" else "",
+            "instance_id": self.instance_id,
+        }
+
     def command(self, layer: str) -> list[str]:
-        """The command line that runs ``layer`` alone."""
-        c = self.config
-        a = self.address
-        args = {
-            "loader": ["--address", a("loader"), "--model", c.model_dir],
-            "kvstore": [
-                "--address",
-                a("kvstore"),
-                "--loader",
-                a("loader"),
-                "--shm-path",
-                self.shm_path,
-                "--kv-cache-bytes",
-                str(c.kv_cache_bytes),
-                "--block-size",
-                str(c.block_size),
-                *([] if c.enable_prefix_caching else ["--no-prefix-caching"]),
-            ],
-            "scheduler": [
-                "--address",
-                a("scheduler"),
-                "--loader",
-                a("loader"),
-                "--kvstore",
-                a("kvstore"),
-                "--max-num-seqs",
-                str(c.max_num_seqs),
-                "--max-num-batched-tokens",
-                str(c.max_num_batched_tokens),
-                "--num-threads",
-                str(c.num_threads),
-                "--kv-unavailable-timeout-s",
-                str(c.kv_unavailable_timeout_s),
-            ],
-            "frontend": [
-                "--instance-id",
-                self.instance_id,
-                "--listen",
-                a("frontend"),
-                "--loader",
-                a("loader"),
-                "--scheduler",
-                a("scheduler"),
-            ],
-        }[layer]
-        if layer != "frontend":
-            args += ["--device", self.device]
-        if layer in ("loader", "kvstore") and self.device != "cpu":
-            args += ["--fd-keeper", str(self.run_dir / "fds.sock")]
-        if c.metrics_port_base:
-            args += ["--metrics-port", str(c.metrics_port(layer))]
-        if layer == "scheduler" and c.nvml_script:
-            args += ["--nvml-script", c.nvml_script]
-        return [sys.executable, "-m", f"zerolayer.{layer}", *args]
+        """The command line that runs ``layer`` alone: its flags from ``config`` and
+        :meth:`wiring`, each left out at the layer's default."""
+        values = {field.name: getattr(self.config, field.name) for field in fields(self.config)}
+        values |= self.wiring()
+        values |= {"address": self.address(layer), "metrics_port": self.config.metrics_port(layer)}
+        flags = command_line(layer_settings(layer), values)
+        return [sys.executable, "-m", f"zerolayer.{layer}", *flags]
 
     def start(self) -> None:
         """Starts all layers at once (each waits for the ones it needs) and waits until all are

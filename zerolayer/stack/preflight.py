@@ -17,7 +17,6 @@ from pathlib import Path
 from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.config import warm_up_num_blocks
-from zerolayer.common.metrics import DEFAULT_METRICS_HOST
 from zerolayer.kv.arena_file import ArenaSizeError, check_arena_fits
 from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.stack.config import LAYERS, SHM_DIR, StackConfig
@@ -114,11 +113,11 @@ def _check_ports(config: StackConfig) -> None:
             raise PreflightError(
                 "--metrics-port-base", f"port {port} (the {layer}'s metrics) is the --listen port"
             )
-        reason = bind_error(DEFAULT_METRICS_HOST, port)
+        reason = bind_error(config.metrics_host, port)
         if reason:
             raise PreflightError(
                 "--metrics-port-base",
-                f"port {port} (the {layer}'s metrics) on {DEFAULT_METRICS_HOST}: {reason}",
+                f"port {port} (the {layer}'s metrics) on {config.metrics_host}: {reason}",
             )
 
 

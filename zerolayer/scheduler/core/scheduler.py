@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from zerolayer.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput
+from zerolayer.common.settings import KV_UNAVAILABLE_TIMEOUT_S
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager, KVStoreUnavailable
 from zerolayer.scheduler.core.request import Request, RequestStatus
 
@@ -31,7 +32,7 @@ class SchedulingPolicy:
     """Token budget per step."""
     max_model_len: int
     """Context length: prompt plus output never exceed it."""
-    kv_unavailable_timeout_s: float = 30.0
+    kv_unavailable_timeout_s: float = KV_UNAVAILABLE_TIMEOUT_S.default
     """How long requests that need the kvstore wait for it to come back (a supervised kvstore
     restarts in seconds); after that they end with UNAVAILABLE."""
 

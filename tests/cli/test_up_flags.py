@@ -1,0 +1,106 @@
+"""``zerolayer up``'s flags, derived from the declarations: each once, with its default in
+``--help``, and each reaching ``StackConfig`` (no process is started here)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+from common.setting_samples import pretend_two_gpus, value, words
+
+from zerolayer.cli.main import _stack_config, build_parser
+from zerolayer.common.setting import REQUIRED, config_from_args
+from zerolayer.common.settings import up_settings
+from zerolayer.stack.config import StackConfig
+
+PUBLIC_FLAGS = (
+    "--model --listen --run-dir --kv-cache-bytes --block-size --max-num-seqs "
+    "--max-num-batched-tokens --num-threads --no-prefix-caching --device --no-supervise "
+    "--kv-unavailable-timeout-s --metrics-port-base --generate"
+).split()
+"""up's flags that outside scripts use: each keeps its name."""
+ADDED_FLAGS = "--model-name --no-prefetch --attention-backend --default-max-new-tokens "
+ADDED_FLAGS += "--metrics-host"
+
+
+def up_help() -> str:
+    """``zerolayer up --help``, with argparse's line breaks undone."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--help"])
+    return " ".join(out.getvalue().split())
+
+
+def up_flags() -> list[str]:
+    [up] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    parser = up.choices["up"]
+    return [option for action in parser._actions for option in action.option_strings]
+
+
+def test_up_offers_every_public_flag_and_the_added_ones_each_once() -> None:
+    flags = up_flags()
+    assert len(flags) == len(set(flags))
+    assert set(PUBLIC_FLAGS) | set(ADDED_FLAGS.split()) <= set(flags)
+    assert set(flags) == {"-h", "--help", "--generate", *(s.flag for s in up_settings())}
+
+
+def test_up_help_lists_every_up_setting_with_its_default() -> None:
+    text = up_help()
+    for setting in up_settings():
+        assert f" {setting.flag} " in text, setting.flag
+        if setting.is_switch:
+            continue
+        shown = "" if setting.default in (None, "", REQUIRED) else f" {setting.default}"
+        note = f": {setting.default_note}" if setting.default_note else ""
+        assert f"default{shown}{note})" in text, setting.flag
+    assert "(bytes; default 536870912: 512 MiB)" in text
+    assert "--max-num-seqs N scheduler: most requests in the running set (default 64)" in text
+    assert "--model DIR loader: Hugging Face model directory" in text
+
+
+def test_up_flags_reach_stack_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pretend_two_gpus(monkeypatch)
+    argv = [word for setting in up_settings() for word in words(setting)]
+    args = build_parser().parse_args(["up", *argv])
+    config = config_from_args(StackConfig, up_settings(), args)
+    for setting in up_settings():
+        assert getattr(config, setting.name) == value(setting), setting.flag
+    assert config == StackConfig(**{s.name: value(s) for s in up_settings()})
+
+
+def test_up_without_flags_is_the_default_stack_on_the_dummy_model(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import zerolayer.stack.preflight as preflight
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(preflight, "check_stack", lambda config: None)
+    config = _stack_config(build_parser().parse_args(["up"]))
+    assert config == StackConfig(model_dir=config.model_dir)
+    assert Path(config.model_dir).is_relative_to(tmp_path / "cache")
+
+
+def readme_up_flags() -> str:
+    """The README's "Flags of `up`" paragraph, with line breaks undone."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("Flags of `up`:")
+    return " ".join(text[start : text.index("\n\n", start)].split())
+
+
+def test_the_readme_names_every_up_flag_and_quotes_its_declared_default() -> None:
+    paragraph = readme_up_flags()
+    for setting in up_settings():
+        start = paragraph.index(f"`{setting.flag}")
+        end = paragraph.find("`--", start + 1)
+        said = re.search(r"\bdefault `?([^`,;) ]+)", paragraph[start:end])
+        if said is None:
+            continue
+        word = said.group(1).rstrip(":")
+        declared = {str(setting.default), setting.default_note.split(" ")[0]}
+        if isinstance(setting.default, float):
+            declared.add(f"{setting.default:g}")
+        assert word in declared, (setting.flag, word)

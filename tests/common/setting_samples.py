@@ -1,0 +1,79 @@
+"""A value other than the default for every declared setting, as typed and as parsed, and a
+layer's config as its program builds it: what the settings tests give the parsers, ``up`` and
+the launcher."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from zerolayer.common import device
+from zerolayer.common.config import FrontendConfig, KVStoreConfig, LoaderConfig, SchedulerConfig
+from zerolayer.common.setting import config_from_args
+from zerolayer.common.settings import Setting, layer_settings
+
+SAMPLES: dict[str, tuple[str | None, object]] = {
+    "address": ("unix:/run/zl/this.sock", "unix:/run/zl/this.sock"),
+    "loader_address": ("unix:/run/zl/l.sock", "unix:/run/zl/l.sock"),
+    "kvstore_address": ("unix:/run/zl/k.sock", "unix:/run/zl/k.sock"),
+    "scheduler_address": ("unix:/run/zl/s.sock", "unix:/run/zl/s.sock"),
+    "shm_path": ("/dev/shm/zl-test.kv", "/dev/shm/zl-test.kv"),
+    "fd_keeper": ("/run/zl/fds.sock", "/run/zl/fds.sock"),
+    "instance_id": ("zl-test", "zl-test"),
+    "model_dir": ("/models/llama", "/models/llama"),
+    "model_name": ("llama-test", "llama-test"),
+    "prefetch": (None, False),
+    "device": ("cuda:1", "cuda:1"),
+    "kv_cache_bytes": ("1048576", 1048576),
+    "block_size": ("32", 32),
+    "enable_prefix_caching": (None, False),
+    "remove_arena_on_exit": (None, True),
+    "max_num_seqs": ("8", 8),
+    "max_num_batched_tokens": ("256", 256),
+    "num_threads": ("3", 3),
+    "kv_unavailable_timeout_s": ("2.5", 2.5),
+    "attention_backend": ("reference", "reference"),
+    "nvml_script": ("/tmp/nvml.jsonl", "/tmp/nvml.jsonl"),
+    "listen": ("127.0.0.1:50999", "127.0.0.1:50999"),
+    "default_max_new_tokens": ("17", 17),
+    "metrics_port": ("9300", 9300),
+    "metrics_host": ("0.0.0.0", "0.0.0.0"),
+    "run_dir": ("/tmp/zl-run", "/tmp/zl-run"),
+    "supervise": (None, False),
+    "metrics_port_base": ("9200", 9200),
+}
+"""Setting name -> (the value's text, None for a switch; the value parsed)."""
+
+
+def words(setting: Setting) -> list[str]:
+    """The command-line words that give ``setting`` its sample value."""
+    text, _ = SAMPLES[setting.name]
+    return [setting.flag] if text is None else [setting.flag, text]
+
+
+def value(setting: Setting) -> object:
+    """The sample value of ``setting``, parsed."""
+    return SAMPLES[setting.name][1]
+
+
+CONFIG_TYPES = {
+    "loader": LoaderConfig,
+    "kvstore": KVStoreConfig,
+    "scheduler": SchedulerConfig,
+    "frontend": FrontendConfig,
+}
+"""Each layer's config, as its ``run`` builds it."""
+
+
+def layer_config(layer: str, argv: list[str]) -> object:
+    """``layer``'s config from ``argv``, parsed by its program's own parser and built as the
+    program builds it (argparse's SystemExit on a bad flag)."""
+    module = importlib.import_module(f"zerolayer.{layer}.__main__")
+    args = module.build_parser().parse_args(argv)
+    return config_from_args(CONFIG_TYPES[layer], layer_settings(layer), args)
+
+
+def pretend_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch seems to see two CUDA devices (only to resolve ``--device``): ``cuda:1`` parses."""
+    monkeypatch.setattr(device, "_torch_cuda_device_count", lambda: 2)

@@ -1,0 +1,156 @@
+"""The declarations of zerolayer.common.settings against what derives from them: each layer's
+parser and config, the config dataclasses' defaults, the checks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from common.setting_samples import SAMPLES, layer_config, pretend_two_gpus, value, words
+
+from zerolayer.common.config import FrontendConfig, KVStoreConfig, LoaderConfig, SchedulerConfig
+from zerolayer.common.setting import REQUIRED, Setting
+from zerolayer.common.settings import (
+    LAYERS,
+    MAX_NUM_SEQS,
+    SETTINGS,
+    layer_settings,
+    up_settings,
+)
+from zerolayer.stack.config import StackConfig
+
+CONFIGS = {
+    "loader": LoaderConfig,
+    "kvstore": KVStoreConfig,
+    "scheduler": SchedulerConfig,
+    "frontend": FrontendConfig,
+}
+API_LIMITS = {"max_stop_strings", "max_cache_salt_bytes"}
+"""FrontendConfig fields that are limits of the API, not flags."""
+STACK_ONLY = {"nvml_script", "log_dir", "startup_timeout_s", "max_restart_backoff_s"}
+"""StackConfig fields that ``zerolayer up`` does not offer (tests and benchmarks set them)."""
+LAYER_PAIRS = [(layer, s) for layer in LAYERS for s in layer_settings(layer)]
+
+
+def required_words(layer: str, but: Setting | None = None) -> list[str]:
+    """The sample words of every flag ``layer`` requires (except ``but``)."""
+    return [
+        word
+        for setting in layer_settings(layer)
+        if setting.default is REQUIRED and setting != but
+        for word in words(setting)
+    ]
+
+
+def field_defaults(config_type: type) -> dict[str, object]:
+    return {
+        field.name: REQUIRED if field.default is dataclasses.MISSING else field.default
+        for field in dataclasses.fields(config_type)
+    }
+
+
+def test_every_setting_has_a_sample_other_than_its_default() -> None:
+    assert set(SAMPLES) == {setting.name for setting in SETTINGS}
+    for setting in SETTINGS:
+        assert value(setting) != setting.default, setting.name
+
+
+def test_each_setting_is_declared_once_with_its_own_flag() -> None:
+    assert len({setting.name for setting in SETTINGS}) == len(SETTINGS)
+    assert len({setting.flag for setting in SETTINGS}) == len(SETTINGS)
+
+
+@pytest.mark.parametrize(("layer", "setting"), LAYER_PAIRS, ids=lambda x: getattr(x, "flag", x))
+def test_a_setting_parses_in_each_of_its_layers_and_reaches_that_layers_config(
+    layer: str, setting: Setting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pretend_two_gpus(monkeypatch)
+    config = layer_config(layer, [*required_words(layer, but=setting), *words(setting)])
+    assert type(config) is CONFIGS[layer]
+    assert getattr(config, setting.name) == value(setting)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_layer_given_only_its_required_flags_gets_every_default(layer: str) -> None:
+    config = layer_config(layer, required_words(layer))
+    assert type(config) is CONFIGS[layer]
+    for setting in layer_settings(layer):
+        expected = value(setting) if setting.default is REQUIRED else setting.default
+        assert getattr(config, setting.name) == expected, setting.flag
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_layer_config_holds_exactly_its_layers_settings_with_their_defaults(layer: str) -> None:
+    defaults = field_defaults(CONFIGS[layer])
+    declared = {setting.name: setting.default for setting in layer_settings(layer)}
+    assert {name: defaults[name] for name in declared} == declared
+    assert set(defaults) - set(declared) == (API_LIMITS if layer == "frontend" else set())
+
+
+def test_stack_config_holds_every_up_setting_with_its_default() -> None:
+    defaults = field_defaults(StackConfig)
+    offered = {setting.name: setting.default for setting in up_settings()}
+    assert {name: defaults[name] for name in offered} == offered
+    assert set(defaults) - set(offered) == STACK_ONLY
+    nvml_script = next(s for s in SETTINGS if s.name == "nvml_script")
+    assert defaults["nvml_script"] == nvml_script.default
+
+
+def test_the_scheduler_defaults_are_the_declared_ones() -> None:
+    config = SchedulerConfig(address="a", loader_address="b", kvstore_address="c")
+    assert config.max_num_seqs == MAX_NUM_SEQS.default == 64
+    assert StackConfig(model_dir="/m").max_num_seqs == 64
+
+
+@pytest.mark.parametrize(
+    ("flag", "text", "reason"),
+    [
+        ("--max-num-seqs", "0", "must be > 0"),
+        ("--kv-unavailable-timeout-s", "inf", "must be > 0"),
+        ("--num-threads", "-1", "must be >= 0"),
+        ("--max-num-batched-tokens", "many", "invalid int value: 'many'"),
+        ("--attention-backend", "fast", "invalid choice: 'fast'"),
+        ("--metrics-port", "70000", "must be in 1..65535 (or 0: off)"),
+    ],
+)
+def test_a_layer_refuses_a_value_its_declaration_refuses(
+    flag: str, text: str, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        layer_config("scheduler", [*required_words("scheduler"), flag, text])
+    assert info.value.code == 2
+    assert f"zerolayer scheduler: error: argument {flag}: {reason}" in capsys.readouterr().err
+
+
+def test_the_frontend_refuses_a_listen_address_grpc_cannot_bind(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        layer_config("frontend", [*required_words("frontend"), "--listen", "::1:50051"])
+    err = capsys.readouterr().err
+    assert "argument --listen: '::1:50051': an IPv6 address goes in brackets, [::1]:PORT" in err
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "message"),
+    [
+        ("kv_cache_bytes", 0, "--kv-cache-bytes: must be > 0"),
+        ("max_num_batched_tokens", -5, "--max-num-batched-tokens: must be > 0"),
+        ("kv_unavailable_timeout_s", float("nan"), "--kv-unavailable-timeout-s: must be > 0"),
+        ("default_max_new_tokens", 0, "--default-max-new-tokens: must be > 0"),
+        ("metrics_port_base", 65533, "--metrics-port-base: must be in 1..65532 (or 0: off)"),
+        ("metrics_port_base", -1, "--metrics-port-base: must be in 1..65532 (or 0: off)"),
+    ],
+)
+def test_stack_config_checks_a_value_by_its_declaration(field, bad, message) -> None:
+    with pytest.raises(ValueError) as info:
+        StackConfig(model_dir="/m", **{field: bad})
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("setting_value", "argv"),
+    [(64, []), (8, ["--max-num-seqs", "8"])],
+)
+def test_a_setting_at_its_default_takes_no_words(setting_value: int, argv: list[str]) -> None:
+    assert MAX_NUM_SEQS.argv(setting_value) == argv

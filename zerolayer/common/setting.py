@@ -1,0 +1,227 @@
+"""One command-line setting, declared once (the declarations: ``zerolayer.common.settings``).
+
+A :class:`Setting` holds everything the places that read a flag need: the layers' parsers and
+``zerolayer up``'s (:meth:`Setting.add_to`), the launcher's command lines (:meth:`Setting.argv`)
+and the checks of a value given in code (:meth:`Setting.validate`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import ipaddress
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+ConfigT = TypeVar("ConfigT")
+
+
+class _Marker(enum.Enum):
+    REQUIRED = "required"
+
+
+REQUIRED = _Marker.REQUIRED
+"""``Setting.default`` of a flag without a default: a layer that takes it must be given it."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A flag: its name in the configs, its text, its default and checks, and who takes it."""
+
+    name: str
+    """Field of the config dataclasses that hold it, and the argparse ``dest``."""
+    flag: str
+    """The command-line flag, e.g. ``--max-num-seqs``."""
+    help: str
+    """What it means, for ``--help``: one line, lower case, without the default."""
+    default: Any = REQUIRED
+    """Value when the flag is absent; :data:`REQUIRED`: its layers need it given."""
+    parse: Callable[[str], Any] | None = None
+    """Text to value, raising ValueError or argparse.ArgumentTypeError; None: the default's type
+    (int, float, else str). A bool default makes a switch: the flag alone sets ``not default``."""
+    check: Callable[[Any], None] | None = None
+    """Raises ValueError with a reason (``must be > 0``) for a parsed value that cannot work."""
+    unit: str = ""
+    """Unit of the value (``bytes``, ``tokens``, ``s``), shown in ``--help``."""
+    choices: tuple[str, ...] = ()
+    """The values allowed; empty: any that parses."""
+    metavar: str | None = None
+    """Placeholder of the value in ``--help``; None: the flag's name in capitals."""
+    layers: tuple[str, ...] = ()
+    """The layers whose program takes the flag; empty: only ``zerolayer up`` does."""
+    up: bool = False
+    """``zerolayer up`` offers it (it is then a field of ``StackConfig``)."""
+    hidden: bool = False
+    """Left out of ``--help`` (test-only flags)."""
+    default_note: str = ""
+    """What the default means, when the value does not say (``every core but one``); for a
+    required flag that ``up`` offers, what ``up`` does without it."""
+
+    @property
+    def is_switch(self) -> bool:
+        """A flag without a value."""
+        return isinstance(self.default, bool)
+
+    @property
+    def parser(self) -> Callable[[str], Any]:
+        """Text to value: :attr:`parse`, or the default's type."""
+        if self.parse is not None:
+            return self.parse
+        return type(self.default) if type(self.default) in (int, float) else str
+
+    def validate(self, value: Any) -> None:
+        """Checks a value given in code (e.g. a ``StackConfig`` field).
+
+        Raises:
+            ValueError: the value cannot work; the message starts with the flag
+                (``--max-num-seqs: must be > 0``).
+        """
+        if self.check is None:
+            return
+        try:
+            self.check(value)
+        except ValueError as exc:
+            raise ValueError(f"{self.flag}: {exc}") from None
+
+    def argv(self, value: Any) -> list[str]:
+        """The command-line words that give ``value``: none for the default (or None)."""
+        if value is None or (value == self.default and self.default is not REQUIRED):
+            return []
+        return [self.flag] if self.is_switch else [self.flag, str(value)]
+
+    def add_to(self, parser: argparse.ArgumentParser, for_up: bool = False) -> None:
+        """Adds the flag to ``parser`` with ``dest=name``.
+
+        Args:
+            parser: a layer's parser, or ``zerolayer up``'s (``for_up``).
+            for_up: up's flavour: the layers it goes to lead the help; the value is only parsed
+                here and checked by ``StackConfig`` (so its error names the flag alone); a
+                flag its layers require is optional (None when absent).
+        """
+        if self.is_switch:
+            action = "store_false" if self.default else "store_true"
+            parser.add_argument(
+                self.flag, dest=self.name, action=action, help=self.help_text(for_up)
+            )
+            return
+        parser.add_argument(
+            self.flag,
+            dest=self.name,
+            type=self.parser if for_up else self._parse_and_check,
+            default=None if self.default is REQUIRED else self.default,
+            required=self.default is REQUIRED and not for_up,
+            choices=self.choices or None,
+            metavar=self.metavar or self._flag_metavar(),
+            help=self.help_text(for_up),
+        )
+
+    def help_text(self, for_up: bool = False) -> str:
+        """The ``--help`` line: help, unit and default (argparse's ``%`` escaped)."""
+        if self.hidden:
+            return argparse.SUPPRESS
+        text = f"{', '.join(self.layers)}: {self.help}" if for_up and self.layers else self.help
+        details = [self.unit] if self.unit else []
+        if not self.is_switch and (self.default is not REQUIRED or for_up):
+            shown = "" if self.default in (None, "", REQUIRED) else f" {self.default}"
+            note = f": {self.default_note}" if self.default_note else ""
+            details.append(f"default{shown}{note}")
+        if details:
+            text += f" ({'; '.join(details)})"
+        return text.replace("%", "%%")
+
+    def _flag_metavar(self) -> str | None:
+        """argparse's placeholder for ``--flag`` (``FLAG``), or None: its ``{a,b}`` of choices."""
+        return None if self.choices else self.flag.removeprefix("--").replace("-", "_").upper()
+
+    def _parse_and_check(self, text: str) -> Any:
+        """argparse ``type=`` of a layer's parser: :attr:`parser`, then :attr:`check`."""
+        try:
+            value = self.parser(text)
+        except ValueError:  # as argparse words a failed ``type=int``
+            raise argparse.ArgumentTypeError(
+                f"invalid {self.parser.__name__} value: {text!r}"
+            ) from None
+        if self.check is not None:
+            try:
+                self.check(value)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+
+def positive(value: float) -> None:
+    """Check: a finite number > 0."""
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError("must be > 0")
+
+
+def non_negative(value: int) -> None:
+    """Check: a number >= 0."""
+    if value < 0:
+        raise ValueError("must be >= 0")
+
+
+def port_or_zero(value: int) -> None:
+    """Check: a TCP port, or 0 (off)."""
+    if not 0 <= value <= 65535:
+        raise ValueError("must be in 1..65535 (or 0: off)")
+
+
+def host_port(value: str) -> None:
+    """Check: ``HOST:PORT`` that gRPC can bind, the port in 1..65535, an IPv6 host in brackets
+    and an IPv4 one a full dotted quad (a resolver would take ``127.1``; gRPC does not)."""
+    host, _, port = value.rpartition(":")
+    # NOTE: str.isdigit also accepts digits int() refuses ("²"); ports are ASCII digits.
+    if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT with a port in 1..65535")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{value!r}: brackets hold an IPv6 address") from None
+    elif ":" in host:
+        raise ValueError(f"{value!r}: an IPv6 address goes in brackets, [{host}]:PORT")
+    elif host.replace(".", "").isdigit():
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(f"{value!r}: an IPv4 address needs four dotted numbers") from None
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, settings: Iterable[Setting], for_up: bool = False
+) -> argparse.ArgumentParser:
+    """Adds each setting's flag to ``parser`` (see :meth:`Setting.add_to`); returns ``parser``."""
+    for setting in settings:
+        setting.add_to(parser, for_up)
+    return parser
+
+
+def config_from_args(
+    config_type: Callable[..., ConfigT], settings: Iterable[Setting], args: argparse.Namespace
+) -> ConfigT:
+    """The frozen config built from parsed flags: each setting's value goes to the field of its
+    name (fields that are no setting keep their defaults).
+
+    Raises:
+        TypeError: ``config_type`` has no field for one of ``settings``.
+    """
+    return config_type(**{setting.name: getattr(args, setting.name) for setting in settings})
+
+
+def command_line(settings: Iterable[Setting], values: Mapping[str, Any]) -> list[str]:
+    """The flags that give a program taking ``settings`` the ``values`` (by setting name); a
+    setting without a value, or at its default, is left out.
+
+    Raises:
+        KeyError: a required setting has no value.
+    """
+    argv: list[str] = []
+    for setting in settings:
+        if setting.name in values:
+            argv += setting.argv(values[setting.name])
+        elif setting.default is REQUIRED:
+            raise KeyError(f"{setting.flag}: required, and no value given")
+    return argv

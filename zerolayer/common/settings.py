@@ -1,0 +1,299 @@
+"""Every flag of the layers and of ``zerolayer up``, declared once: its default lives here.
+
+The layers' parsers, ``zerolayer up``'s flags, ``StackConfig``'s defaults, the launcher's command
+lines and the config dataclasses all derive from these declarations (see
+:func:`add_layer_arguments`, :func:`config_from_args`, :func:`layer_argv`); compose.yaml is
+checked against them (tests/test_compose.py).
+"""
+
+from __future__ import annotations
+
+from zerolayer.common.device import device_argument
+from zerolayer.common.setting import (
+    Setting,
+    host_port,
+    non_negative,
+    port_or_zero,
+    positive,
+)
+
+LAYERS = ("loader", "kvstore", "scheduler", "frontend")
+"""The layers, in start order (``zerolayer up`` stops them in the reverse one)."""
+LOADER, KVSTORE, SCHEDULER, FRONTEND = LAYERS
+INTERNAL = (LOADER, KVSTORE, SCHEDULER)
+"""The layers behind the frontend (unix sockets, a device)."""
+
+# -- wiring: the launcher sets these from the stack's layout; `up` does not offer them
+ADDRESS = Setting(
+    "address",
+    "--address",
+    "gRPC address to serve on, e.g. unix:PATH",
+    layers=INTERNAL,
+)
+LOADER_ADDRESS = Setting(
+    "loader_address", "--loader", "the loader's gRPC address", layers=(KVSTORE, SCHEDULER, FRONTEND)
+)
+KVSTORE_ADDRESS = Setting(
+    "kvstore_address", "--kvstore", "the kvstore's gRPC address", layers=(SCHEDULER,)
+)
+SCHEDULER_ADDRESS = Setting(
+    "scheduler_address", "--scheduler", "the scheduler's gRPC address", layers=(FRONTEND,)
+)
+SHM_PATH = Setting(
+    "shm_path",
+    "--shm-path",
+    "file of the KV arena, on a shared-memory filesystem (reopened if it exists with the same "
+    "layout)",
+    layers=(KVSTORE,),
+)
+FD_KEEPER = Setting(
+    "fd_keeper",
+    "--fd-keeper",
+    "unix socket of the launcher's descriptor keeper (zerolayer up sets it): on a GPU, device "
+    "memory deposited there (weights, KV arena) survives restarts of this layer",
+    default="",
+    default_note="none",
+    layers=(LOADER, KVSTORE),
+)
+INSTANCE_ID = Setting(
+    "instance_id",
+    "--instance-id",
+    "also report health as zerolayer.instance.<ID> (the launcher's check of its own frontend)",
+    default="",
+    layers=(FRONTEND,),
+)
+# -- the model (loader)
+MODEL_DIR = Setting(
+    "model_dir",
+    "--model",
+    "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)",
+    metavar="DIR",
+    default_note="the embedded dummy model, random weights, meaningless text",
+    layers=(LOADER,),
+    up=True,
+)
+MODEL_NAME = Setting(
+    "model_name",
+    "--model-name",
+    "name to serve the model under",
+    default="",
+    default_note="the model directory's name",
+    layers=(LOADER,),
+    up=True,
+)
+PREFETCH = Setting(
+    "prefetch",
+    "--no-prefetch",
+    "skip the kernel read-ahead of the weight files at start",
+    default=True,
+    layers=(LOADER,),
+    up=True,
+)
+DEVICE = Setting(
+    "device",
+    "--device",
+    "cpu, cuda, cuda:N, or auto (a GPU if torch sees one): where the weights, the KV arena and "
+    "the forward live; the loader, kvstore and scheduler must agree",
+    default="cpu",
+    parse=device_argument,
+    layers=INTERNAL,
+    up=True,
+)
+
+# -- the KV arena (kvstore)
+KV_CACHE_BYTES = Setting(
+    "kv_cache_bytes",
+    "--kv-cache-bytes",
+    "KV arena size; all its pages are reserved at start, so it must fit the free space of the "
+    "arena's filesystem",
+    default=512 * 1024 * 1024,
+    check=positive,
+    unit="bytes",
+    metavar="N",
+    default_note="512 MiB",
+    layers=(KVSTORE,),
+    up=True,
+)
+BLOCK_SIZE = Setting(
+    "block_size",
+    "--block-size",
+    "tokens per KV block",
+    default=16,
+    check=positive,
+    unit="tokens",
+    metavar="N",
+    layers=(KVSTORE,),
+    up=True,
+)
+PREFIX_CACHING = Setting(
+    "enable_prefix_caching",
+    "--no-prefix-caching",
+    "never reuse KV blocks across requests (for comparison)",
+    default=True,
+    layers=(KVSTORE,),
+    up=True,
+)
+REMOVE_ARENA_ON_EXIT = Setting(
+    "remove_arena_on_exit",
+    "--remove-arena-on-exit",
+    "delete the arena file on a clean exit (default: keep it for a restart; zerolayer up "
+    "removes it when the stack stops)",
+    default=False,
+    layers=(KVSTORE,),
+)
+
+# -- the engine (scheduler)
+MAX_NUM_SEQS = Setting(
+    "max_num_seqs",
+    "--max-num-seqs",
+    "most requests in the running set",
+    default=64,
+    check=positive,
+    metavar="N",
+    layers=(SCHEDULER,),
+    up=True,
+)
+MAX_NUM_BATCHED_TOKENS = Setting(
+    "max_num_batched_tokens",
+    "--max-num-batched-tokens",
+    "token budget of one step (prefill chunks plus decodes), i.e. the prefill chunk size",
+    default=512,
+    check=positive,
+    unit="tokens",
+    metavar="N",
+    layers=(SCHEDULER,),
+    up=True,
+)
+NUM_THREADS = Setting(
+    "num_threads",
+    "--num-threads",
+    "torch intra-op threads of the engine",
+    default=0,
+    check=non_negative,
+    metavar="N",
+    default_note="every available core but one, which the other layers use",
+    layers=(SCHEDULER,),
+    up=True,
+)
+KV_UNAVAILABLE_TIMEOUT_S = Setting(
+    "kv_unavailable_timeout_s",
+    "--kv-unavailable-timeout-s",
+    "how long requests that need KV blocks wait for an unusable kvstore (down, restarting) "
+    "before they end with UNAVAILABLE",
+    default=30.0,
+    check=positive,
+    unit="s",
+    metavar="S",
+    layers=(SCHEDULER,),
+    up=True,
+)
+ATTENTION_BACKEND = Setting(
+    "attention_backend",
+    "--attention-backend",
+    "paged attention: native (the csrc kernel, built once and cached; reference when it cannot "
+    "be built) or reference (pure torch)",
+    default="native",
+    choices=("native", "reference"),
+    layers=(SCHEDULER,),
+    up=True,
+)
+NVML_SCRIPT = Setting(
+    "nvml_script",
+    "--nvml-script",
+    "test only: GPU events and samples from this JSON-lines file instead of NVML",
+    default="",
+    layers=(SCHEDULER,),
+    hidden=True,
+)
+
+# -- the public API (frontend)
+LISTEN = Setting(
+    "listen",
+    "--listen",
+    "public gRPC address (IPv6 in brackets: [::1]:PORT)",
+    default="127.0.0.1:50051",
+    check=host_port,
+    metavar="HOST:PORT",
+    layers=(FRONTEND,),
+    up=True,
+)
+DEFAULT_MAX_NEW_TOKENS = Setting(
+    "default_max_new_tokens",
+    "--default-max-new-tokens",
+    "max_new_tokens of a request that leaves it 0",
+    default=64,
+    check=positive,
+    unit="tokens",
+    metavar="N",
+    layers=(FRONTEND,),
+    up=True,
+)
+
+# -- every layer
+METRICS_PORT = Setting(
+    "metrics_port",
+    "--metrics-port",
+    "Prometheus /metrics port (zerolayer up: from --metrics-port-base)",
+    default=0,
+    check=port_or_zero,
+    metavar="PORT",
+    default_note="off",
+    layers=LAYERS,
+)
+METRICS_HOST = Setting(
+    "metrics_host",
+    "--metrics-host",
+    "address the /metrics endpoints bind (0.0.0.0 in containers)",
+    default="127.0.0.1",
+    layers=LAYERS,
+    up=True,
+)
+
+
+# -- the stack only (zerolayer up)
+def _metrics_port_base(value: int) -> None:
+    """Check of ``--metrics-port-base``: 0, or a base whose layers' ports are all TCP ports."""
+    if value and not 1 <= value <= 65536 - len(LAYERS):
+        raise ValueError(f"must be in 1..{65536 - len(LAYERS)} (or 0: off)")
+
+
+RUN_DIR = Setting(
+    "run_dir",
+    "--run-dir",
+    "directory for the internal unix sockets (made with mode 0700)",
+    default=None,
+    metavar="DIR",
+    default_note="a new private temporary directory",
+    up=True,
+)
+SUPERVISE = Setting(
+    "supervise",
+    "--no-supervise",
+    "do not restart layers that exit (an exit is logged)",
+    default=True,
+    up=True,
+)
+METRICS_PORT_BASE = Setting(
+    "metrics_port_base",
+    "--metrics-port-base",
+    "Prometheus ports: loader N, kvstore N+1, scheduler N+2, frontend N+3",
+    default=0,
+    check=_metrics_port_base,
+    metavar="N",
+    default_note="off",
+    up=True,
+)
+
+# NOTE: collected rather than listed, so a new declaration cannot be left out.
+SETTINGS = tuple(value for value in dict(globals()).values() if isinstance(value, Setting))
+"""Every declaration above, in order."""
+
+
+def layer_settings(layer: str) -> tuple[Setting, ...]:
+    """The flags of ``layer``'s program, in declaration order."""
+    return tuple(setting for setting in SETTINGS if layer in setting.layers)
+
+
+def up_settings() -> tuple[Setting, ...]:
+    """The flags ``zerolayer up`` offers: the fields of ``StackConfig`` a user may set."""
+    return tuple(setting for setting in SETTINGS if setting.up)
