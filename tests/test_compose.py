@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from zerolayer.cli.main import build_parser
+from zerolayer.common.settings import layer_settings
 from zerolayer.stack.launcher import LAYERS, Stack, StackConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,6 +152,18 @@ def test_layer_gets_every_flag_the_launcher_passes(
     compose_flags = {arg for arg in compose["services"][layer]["command"] if arg.startswith("--")}
     assert launcher_flags <= compose_flags
     assert args[layer].metrics_port == config.metrics_port(layer)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_every_compose_flag_is_a_setting_of_its_layer_and_none_restates_a_default(
+    compose: dict, args: dict[str, argparse.Namespace], layer: str
+) -> None:
+    settings = {setting.flag: setting for setting in layer_settings(layer)}
+    flags = [arg for arg in compose["services"][layer]["command"] if arg.startswith("--")]
+    assert set(flags) <= set(settings), set(flags) - set(settings)
+    assert len(flags) == len(set(flags)), flags
+    parsed = {flag: getattr(args[layer], settings[flag].name) for flag in flags}
+    assert {flag for flag in flags if parsed[flag] == settings[flag].default} == set()
 
 
 def test_internal_addresses_agree_and_live_on_the_shared_volume(
