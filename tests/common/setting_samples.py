@@ -9,7 +9,7 @@ import importlib
 import pytest
 
 from zerolayer.common import device
-from zerolayer.common.config import FrontendConfig, KVStoreConfig, LoaderConfig, SchedulerConfig
+from zerolayer.common.layer_main import build_parser
 from zerolayer.common.setting import config_from_args
 from zerolayer.common.settings import Setting, layer_settings
 
@@ -57,21 +57,12 @@ def value(setting: Setting) -> object:
     return SAMPLES[setting.name][1]
 
 
-CONFIG_TYPES = {
-    "loader": LoaderConfig,
-    "kvstore": KVStoreConfig,
-    "scheduler": SchedulerConfig,
-    "frontend": FrontendConfig,
-}
-"""Each layer's config, as its ``run`` builds it."""
-
-
 def layer_config(layer: str, argv: list[str]) -> object:
     """``layer``'s config from ``argv``, parsed by its program's own parser and built as the
     program builds it (argparse's SystemExit on a bad flag)."""
-    module = importlib.import_module(f"zerolayer.{layer}.__main__")
-    args = module.build_parser().parse_args(argv)
-    return config_from_args(CONFIG_TYPES[layer], layer_settings(layer), args)
+    program = importlib.import_module(f"zerolayer.{layer}.__main__").PROGRAM
+    args = build_parser(program).parse_args(argv)
+    return config_from_args(program.config_type, layer_settings(layer), args)
 
 
 def pretend_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:

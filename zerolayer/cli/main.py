@@ -214,8 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_dummy_model(args.out_dir, PRESETS[args.preset], args.seed)
         print(f"wrote {args.out_dir}")
         return 0
-    module = importlib.import_module(f"zerolayer.{args.command}.__main__")
-    return module.run(args)
+    from zerolayer.common.layer_main import run
+
+    program = importlib.import_module(f"zerolayer.{args.command}.__main__").PROGRAM
+    return run(program, args)
 
 
 if __name__ == "__main__":

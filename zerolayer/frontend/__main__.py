@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
 import sys
-from collections.abc import Sequence
 
 from zerolayer.common.clients import fetch_manifest
 from zerolayer.common.config import FrontendConfig
+from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
-from zerolayer.common.server import (
-    LayerServer,
-    ServiceBinding,
-    exit_with_launcher,
-    run_layer,
-    setup_logging,
-)
-from zerolayer.common.setting import add_arguments, config_from_args
-from zerolayer.common.settings import layer_settings
-from zerolayer.common.tracing import Tracing, TracingConfig
+from zerolayer.common.server import LayerServer, ServiceBinding, run_layer
+from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.generation import TextGenerator
 from zerolayer.frontend.kserve import kserve_binding
 from zerolayer.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
@@ -30,12 +20,6 @@ from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
 PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
 """Largest public request accepted; prompts are far smaller (see validation.check_text_length)."""
-
-
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Flags of the frontend (zerolayer.common.settings)."""
-    parser = parser or argparse.ArgumentParser(prog="zerolayer frontend", description=__doc__)
-    return add_arguments(parser, layer_settings("frontend"))
 
 
 async def serve(config: FrontendConfig, tracing: Tracing) -> None:
@@ -69,19 +53,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
     await run_layer(server, on_stop=on_stop)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit code."""
-    return run(build_parser().parse_args(argv))
-
-
-def run(args: argparse.Namespace) -> int:
-    """Runs the frontend with parsed flags."""
-    exit_with_launcher(dict(os.environ))
-    setup_logging("frontend")
-    config = config_from_args(FrontendConfig, layer_settings("frontend"), args)
-    asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "frontend"))))
-    return 0
-
+PROGRAM = LayerProgram("frontend", FrontendConfig, serve, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(PROGRAM))

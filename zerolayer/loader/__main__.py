@@ -2,37 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from zerolayer.common.config import LoaderConfig
 from zerolayer.common.device import fd_socket_path, resolve_device
+from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
-from zerolayer.common.server import (
-    LayerServer,
-    ServiceBinding,
-    exit_with_launcher,
-    run_layer,
-    setup_logging,
-)
-from zerolayer.common.setting import add_arguments, config_from_args
-from zerolayer.common.settings import layer_settings
-from zerolayer.common.tracing import Tracing, TracingConfig
+from zerolayer.common.server import LayerServer, ServiceBinding, run_layer
+from zerolayer.common.tracing import Tracing
 from zerolayer.loader.metrics import LoaderCollector
 from zerolayer.loader.server import LoaderServicer
 from zerolayer.loader.weight_store import WeightStore
 from zerolayer.sharing.handle_kinds import offered_kinds
 from zerolayer.v1 import loader_pb2, loader_pb2_grpc
-
-
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Flags of the loader (zerolayer.common.settings)."""
-    parser = parser or argparse.ArgumentParser(prog="zerolayer loader", description=__doc__)
-    return add_arguments(parser, layer_settings("loader"))
 
 
 async def serve(config: LoaderConfig, tracing: Tracing) -> None:
@@ -79,20 +63,7 @@ async def serve(config: LoaderConfig, tracing: Tracing) -> None:
     await run_layer(server, on_start=on_start, on_stop=on_stop)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return run(args)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Runs the loader with parsed flags."""
-    exit_with_launcher(dict(os.environ))
-    setup_logging("loader")
-    config = config_from_args(LoaderConfig, layer_settings("loader"), args)
-    asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "loader"))))
-    return 0
-
+PROGRAM = LayerProgram("loader", LoaderConfig, serve, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(PROGRAM))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -16,17 +14,10 @@ from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.clients import fetch_layer_residency, fetch_manifest
 from zerolayer.common.config import WARM_UP_PROMPT_TOKENS, SchedulerConfig, default_num_threads
 from zerolayer.common.device import resolve_device
+from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
-from zerolayer.common.server import (
-    LayerServer,
-    ServiceBinding,
-    exit_with_launcher,
-    run_layer,
-    setup_logging,
-)
-from zerolayer.common.setting import add_arguments, config_from_args
-from zerolayer.common.settings import layer_settings
-from zerolayer.common.tracing import GEN_AI_REQUEST_MODEL, Tracing, TracingConfig
+from zerolayer.common.server import LayerServer, ServiceBinding, run_layer
+from zerolayer.common.tracing import GEN_AI_REQUEST_MODEL, Tracing
 from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
 from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
@@ -45,12 +36,6 @@ from zerolayer.sharing.handle_kinds import importer_kinds
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Flags of the scheduler (zerolayer.common.settings)."""
-    parser = parser or argparse.ArgumentParser(prog="zerolayer scheduler", description=__doc__)
-    return add_arguments(parser, layer_settings("scheduler"))
 
 
 def build_engine(
@@ -188,19 +173,7 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
     await run_layer(server, on_start=on_start, on_stop=on_stop)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit code."""
-    return run(build_parser().parse_args(argv))
-
-
-def run(args: argparse.Namespace) -> int:
-    """Runs the scheduler with parsed flags."""
-    exit_with_launcher(dict(os.environ))
-    setup_logging("scheduler")
-    config = config_from_args(SchedulerConfig, layer_settings("scheduler"), args)
-    asyncio.run(serve(config, Tracing(TracingConfig.from_env(os.environ, "scheduler"))))
-    return 0
-
+PROGRAM = LayerProgram("scheduler", SchedulerConfig, serve, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(PROGRAM))

@@ -1,0 +1,71 @@
+"""The process edge the four layer programs share: flags to config, exit codes."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from zerolayer.common.config import KVStoreConfig
+from zerolayer.common.layer_main import LayerProgram, main
+from zerolayer.common.server import LAUNCHER_PID_ENV
+from zerolayer.common.settings import KV_CACHE_BYTES, LAYERS
+from zerolayer.common.tracing import Tracing
+from zerolayer.kv.arena_file import ArenaSizeError
+
+KVSTORE_FLAGS = ["--address", "unix:/run/x.sock", "--loader", "unix:/run/l.sock"]
+KVSTORE_FLAGS += ["--shm-path", "/dev/shm/x.kv", "--kv-cache-bytes", "4096"]
+
+
+def make_program(error: Exception | None, seen: list[KVStoreConfig]) -> LayerProgram:
+    """A kvstore program whose serve records its config, then raises ``error`` (if any)."""
+
+    async def serve(config: KVStoreConfig, tracing: Tracing) -> None:
+        seen.append(config)
+        if error is not None:
+            raise error
+
+    return LayerProgram(
+        "kvstore", KVStoreConfig, serve, setting_errors=((ArenaSizeError, KV_CACHE_BYTES),)
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(LAUNCHER_PID_ENV, raising=False)
+
+
+def test_serve_gets_the_config_of_the_flags_and_a_clean_return_is_exit_code_0() -> None:
+    seen: list[KVStoreConfig] = []
+    assert main(make_program(None, seen), KVSTORE_FLAGS) == 0
+    assert seen == [
+        KVStoreConfig(
+            address="unix:/run/x.sock",
+            loader_address="unix:/run/l.sock",
+            shm_path="/dev/shm/x.kv",
+            kv_cache_bytes=4096,
+        )
+    ]
+
+
+def test_a_setting_error_is_one_line_naming_the_flag_and_its_value_and_exit_code_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    error = ArenaSizeError("the KV arena needs 4096 bytes at /dev/shm/x.kv, but only 7 are free")
+    assert main(make_program(error, []), KVSTORE_FLAGS) == 2
+    assert capsys.readouterr().err == (
+        "zerolayer kvstore: error: --kv-cache-bytes 4096: the KV arena needs 4096 bytes at "
+        "/dev/shm/x.kv, but only 7 are free\n"
+    )
+
+
+def test_any_other_error_of_serve_is_raised() -> None:
+    with pytest.raises(RuntimeError, match="^boom$"):
+        main(make_program(RuntimeError("boom"), []), KVSTORE_FLAGS)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_each_layer_declares_its_program(layer: str) -> None:
+    program = importlib.import_module(f"zerolayer.{layer}.__main__").PROGRAM
+    assert program.layer == layer
+    assert program.description.startswith(f"``python -m zerolayer.{layer} ")
