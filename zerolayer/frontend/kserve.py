@@ -19,17 +19,15 @@ Spec: https://github.com/kserve/open-inference-protocol and Triton's grpc_servic
 from __future__ import annotations
 
 import asyncio
-import functools
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from importlib import metadata
-from typing import Any
 
 import grpc
 
-from zerolayer.common.errors import NotFound, ZerolayerError
+from zerolayer.common.errors import NotFound
 from zerolayer.common.generation import FinishReason, GenerationChunk
 from zerolayer.common.server import ServiceBinding
+from zerolayer.common.status import answer_status
 from zerolayer.frontend.generation import TextGenerator
 from zerolayer.frontend.kserve_request import (
     ALIASES,
@@ -41,8 +39,6 @@ from zerolayer.frontend.kserve_request import (
 from zerolayer.frontend.kserve_tensors import pack_bytes
 from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as pb_grpc
-
-log = logging.getLogger(__name__)
 
 MODEL_VERSION = "1"
 """The only version served (requests may also leave the version empty)."""
@@ -56,20 +52,6 @@ def kserve_binding(generator: TextGenerator) -> ServiceBinding:
     return ServiceBinding(
         pb_grpc.add_GRPCInferenceServiceServicer_to_server, KServeServicer(generator), name
     )
-
-
-def _maps_domain_errors(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    # NOTE: the server's ErrorMappingInterceptor only wraps "/zerolayer." methods, so this
-    # service's unary handlers turn domain errors into statuses themselves.
-    @functools.wraps(handler)
-    async def mapped(self: KServeServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await handler(self, request, context)
-        except (ZerolayerError, grpc.aio.AioRpcError) as exc:
-            code, message = _status_of(exc)
-            await context.abort(code, message)
-
-    return mapped
 
 
 class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -104,7 +86,6 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name="zerolayer", version=self._version, extensions=[])
 
-    @_maps_domain_errors
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
@@ -124,7 +105,6 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             outputs=[tensor(name="text_output", datatype="BYTES", shape=[-1])],
         )
 
-    @_maps_domain_errors
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
@@ -189,12 +169,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 elif chunk.text or final:
                     yield self._stream_response(request, text_request, prefix + chunk.text, chunk)
                     prefix = ""
-        except (ZerolayerError, grpc.aio.AioRpcError) as exc:
-            code, message = _status_of(exc)
-            yield self._error_response(request, f"{code.name}: {message}")
         except Exception as exc:  # noqa: BLE001 - one bad request must not end the stream
-            log.exception("unexpected error in ModelStreamInfer")
-            yield self._error_response(request, f"INTERNAL: {type(exc).__name__}: {exc}")
+            status = answer_status(exc)
+            yield self._error_response(request, f"{status.code.name}: {status.details}")
 
     def _error_response(
         self, request: pb.ModelInferRequest, message: str
@@ -262,9 +239,3 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise NotFound(
                 f"{version_field}: {version!r} is not served (serving {MODEL_VERSION!r})"
             )
-
-
-def _status_of(exc: ZerolayerError | grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str]:
-    if isinstance(exc, ZerolayerError):
-        return exc.code, str(exc)
-    return exc.code(), f"upstream layer: {exc.details()}"

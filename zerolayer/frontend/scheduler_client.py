@@ -10,9 +10,10 @@ from contextlib import nullcontext
 import grpc
 
 from zerolayer.common.convert import engine_request_to_pb, request_output_from_pb
-from zerolayer.common.errors import Unavailable, answered_by_handler
+from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import EngineRequest, RequestOutput
 from zerolayer.common.server import CHANNEL_OPTIONS
+from zerolayer.common.status import answered_by_handler
 from zerolayer.common.tracing import Tracing
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
