@@ -310,3 +310,37 @@ def test_deadlines_cancels_and_unparsable_requests_are_counted_with_their_code(s
         ("ModelInfer", "NOT_FOUND"): 1,  # aborted inside the KServe handler
     }
     assert wait_counted(stack, before, expected) == expected
+
+
+def test_model_stream_infer_calls_get_a_server_span_that_roots_their_trace(stack, receiver) -> None:
+    rcv, _ = receiver
+    model = text_stub(stack).GetModelInfo(pb.GetModelInfoRequest()).model
+    request = kserve_pb2.ModelInferRequest(model_name=model, id="stream-span")
+    request.inputs.add(
+        name="text_input", datatype="BYTES", shape=[1], contents={"bytes_contents": [b"span"]}
+    )
+    request.inputs.add(
+        name="max_tokens", datatype="INT32", shape=[1], contents={"int_contents": [3]}
+    )
+    with grpc.insecure_channel(stack.config.listen) as channel:
+        kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+        (response,) = kserve.ModelStreamInfer(iter([request]), timeout=30)
+    assert response.error_message == ""
+    name = "inference.GRPCInferenceService/ModelStreamInfer"
+    deadline, roots, calls = time.monotonic() + 20, [], []
+    while time.monotonic() < deadline and not (roots and calls):
+        spans = rcv.snapshot()
+        roots = [s for svc, s in spans if s.name == name and svc == "zerolayer-frontend"]
+        calls = [
+            s
+            for svc, s in spans
+            if s.name == "zerolayer.v1.Scheduler/Generate"
+            and svc == "zerolayer-scheduler"
+            and roots
+            and s.trace_id == roots[0].trace_id
+        ]
+        time.sleep(0.1)
+    (root,) = roots
+    assert root.kind == SERVER and not root.parent_span_id
+    assert attrs(root)["rpc.method"] == "ModelStreamInfer"
+    assert [s.kind for s in calls] == [SERVER]  # the generation joined the stream's trace

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import grpc
 
-from zerolayer.common.convert import manifest_from_pb
+from zerolayer.common.convert import (
+    manifest_from_pb,
+    manifest_request_to_pb,
+    residency_from_pb,
+    residency_request_to_pb,
+)
 from zerolayer.common.server import CHANNEL_OPTIONS
 from zerolayer.sharing.manifest import HandleKind, WeightManifest
-from zerolayer.v1 import loader_pb2, loader_pb2_grpc
+from zerolayer.sharing.manifest import model_dtype_name as model_dtype_name  # the old home
+from zerolayer.v1 import loader_pb2_grpc
 
 
 def fetch_manifest(
@@ -25,20 +31,12 @@ def fetch_manifest(
     with grpc.insecure_channel(loader_address, options=CHANNEL_OPTIONS) as channel:
         stub = loader_pb2_grpc.LoaderStub(channel)
         pb = stub.GetManifest(
-            loader_pb2.GetManifestRequest(accepted_handle_kinds=[int(k) for k in accepted]),
+            manifest_request_to_pb(accepted),
             timeout=timeout_s,
             wait_for_ready=True,
             metadata=metadata,
         )
     return manifest_from_pb(pb)
-
-
-def model_dtype_name(manifest: WeightManifest) -> str:
-    """The dtype the model computes and caches KV in: that of its embedding matrix."""
-    for tensor in manifest.tensors:
-        if tensor.name.endswith("embed_tokens.weight"):
-            return tensor.dtype
-    raise ValueError("checkpoint has no embed_tokens.weight")
 
 
 def fetch_layer_residency(loader_address: str, timeout_s: float = 10.0) -> tuple[int, int]:
@@ -49,6 +47,7 @@ def fetch_layer_residency(loader_address: str, timeout_s: float = 10.0) -> tuple
     """
     with grpc.insecure_channel(loader_address, options=CHANNEL_OPTIONS) as channel:
         pb = loader_pb2_grpc.LoaderStub(channel).GetResidency(
-            loader_pb2.GetResidencyRequest(), timeout=timeout_s, wait_for_ready=True
+            residency_request_to_pb(), timeout=timeout_s, wait_for_ready=True
         )
-    return pb.num_layers_resident, pb.num_layers
+    residency = residency_from_pb(pb)
+    return residency.num_layers_resident, residency.num_layers

@@ -1,8 +1,9 @@
-"""Domain types of a generation request shared by the frontend and the scheduler."""
+"""Domain types of the generation API shared by the frontend and the scheduler."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -103,3 +104,55 @@ class GenerationChunk:
     token_ids: tuple[int, ...]
     finish_reason: FinishReason = FinishReason.UNSPECIFIED
     usage: Usage | None = None
+
+
+def join_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
+    """A whole generation from its chunks, in order: the text and token ids concatenated, the
+    request id and finish reason of the last chunk, the last usage given (an empty chunk for no
+    chunks)."""
+    usages = [c.usage for c in chunks if c.usage is not None]
+    return GenerationChunk(
+        request_id=chunks[-1].request_id if chunks else "",
+        text="".join(c.text for c in chunks),
+        token_ids=tuple(t for c in chunks for t in c.token_ids),
+        finish_reason=chunks[-1].finish_reason if chunks else FinishReason.UNSPECIFIED,
+        usage=usages[-1] if usages else None,
+    )
+
+
+@dataclass(frozen=True)
+class TokenizeParams:
+    """A public Tokenize request."""
+
+    text: str
+    add_special_tokens: bool = False
+    """Add the BOS (and whatever else) the tokenizer config asks for."""
+    model: str = ""
+    """Empty: the served model."""
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    """Token ids of a text and the vocab piece of each."""
+
+    token_ids: tuple[int, ...]
+    tokens: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The served model as ``GetModelInfo`` describes it."""
+
+    model: str
+    architecture: str
+    vocab_size: int
+    max_model_len: int
+    """Context length in tokens."""
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    dtype: str
+    """Torch name of the compute dtype, e.g. "bfloat16"."""
+    num_parameters: int
+    block_size: int
+    """Tokens per KV block; 0 while the scheduler is unreachable."""
+    fingerprint: str

@@ -15,7 +15,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from zerolayer.common.errors import ErrorMappingInterceptor, MalformedRequestInterceptor
+from zerolayer.common.malformed_requests import MalformedRequestInterceptor
+from zerolayer.common.status import ErrorMappingInterceptor
 from zerolayer.common.tracing import Tracing, TracingServerInterceptor
 
 log = logging.getLogger(__name__)

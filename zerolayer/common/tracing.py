@@ -14,8 +14,8 @@ flushed on shutdown. No global tracer provider is installed: the provider is pas
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,8 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from zerolayer.common.interceptors import Wrapping, WrappingInterceptor
 
 # GenAI semantic conventions (opentelemetry semantic-conventions, gen-ai spans/attributes).
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
@@ -148,34 +150,29 @@ def now_ns() -> int:
     return time.time_ns()
 
 
-class TracingServerInterceptor(grpc.aio.ServerInterceptor):
-    """Opens a SERVER span for every call of ``prefix`` services, child of the caller's trace
-    context (from its metadata), current while the handler runs. Errors set the span status."""
+class TracingServerInterceptor(WrappingInterceptor):
+    """Opens a SERVER span for every call of zerolayer's and KServe's services (any kind of
+    method), child of the caller's trace context (from its metadata), current while the handler
+    runs. Errors set the span status."""
 
     def __init__(self, tracing: Tracing, prefix: str = "/zerolayer.") -> None:
+        super().__init__((prefix, "/inference."))
         self._tracing = tracing
-        self._prefixes = (prefix, "/inference.")
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if (
-            handler is None
-            or not self._tracing.enabled
-            or not details.method.startswith(self._prefixes)
-        ):
-            return handler
+    def wrapping(
+        self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails
+    ) -> Wrapping | None:
+        """A span around each call; None while tracing is off."""
+        if not self._tracing.enabled:
+            return None
         parent = self._tracing.extract(details.invocation_metadata)
         name = details.method.strip("/")
         service, _, method = name.partition("/")
         attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
         tracer = self._tracing.tracer
 
-        @contextmanager
-        def span() -> Iterator[trace.Span]:
+        @asynccontextmanager
+        async def span(context: grpc.aio.ServicerContext) -> AsyncIterator[trace.Span]:
             with tracer.start_as_current_span(
                 name,
                 context=parent,
@@ -190,29 +187,4 @@ class TracingServerInterceptor(grpc.aio.ServerInterceptor):
                     s.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
                     raise
 
-        if handler.unary_unary is not None:
-            inner_unary = handler.unary_unary
-
-            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                with span():
-                    return await inner_unary(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            inner_stream = handler.unary_stream
-
-            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
-                with span():
-                    async for item in inner_stream(request, context):
-                        yield item
-
-            return grpc.unary_stream_rpc_method_handler(
-                stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return Wrapping(around=span)

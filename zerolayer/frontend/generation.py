@@ -6,10 +6,10 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 
 from opentelemetry import trace
 
+from zerolayer.checkpoints.dtypes import torch_name
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import Unavailable
@@ -17,7 +17,10 @@ from zerolayer.common.generation import (
     FinishReason,
     GenerateParams,
     GenerationChunk,
+    ModelInfo,
     RequestOutput,
+    TokenizeParams,
+    TokenizeResult,
     Usage,
 )
 from zerolayer.frontend.detokenizer import IncrementalDetokenizer
@@ -27,15 +30,7 @@ from zerolayer.frontend.stop_strings import StopStringMatcher
 from zerolayer.frontend.telemetry import GenerationTelemetry
 from zerolayer.frontend.tokenizer import TextTokenizer
 from zerolayer.frontend.validation import ServedModel, check_text_length, validate
-from zerolayer.sharing.manifest import WeightManifest
-
-
-@dataclass(frozen=True)
-class TokenizeResult:
-    """Token ids of a text and the vocab piece of each."""
-
-    token_ids: tuple[int, ...]
-    tokens: tuple[str, ...]
+from zerolayer.sharing.manifest import WeightManifest, model_dtype_name
 
 
 class TextGenerator:
@@ -64,21 +59,38 @@ class TextGenerator:
         )
         self.scheduler = scheduler
 
-    def tokenize(self, text: str, add_special_tokens: bool, model: str) -> TokenizeResult:
-        """Tokenizes ``text`` with the model's tokenizer.
+    def tokenize(self, params: TokenizeParams) -> TokenizeResult:
+        """Tokenizes ``params.text`` with the model's tokenizer.
 
         Raises:
-            NotFound: ``model`` names another model.
+            NotFound: ``params.model`` names another model.
+            InvalidArgument: the text is too long for the context (``text``).
         """
         validate(
-            GenerateParams(prompt_token_ids=(0,), model=model),
+            GenerateParams(prompt_token_ids=(0,), model=params.model),
             self.served,
             self.tokenizer,
             self.config,
         )
-        check_text_length("text", text, self.served)
-        token_ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        check_text_length("text", params.text, self.served)
+        token_ids = self.tokenizer.encode(params.text, add_special_tokens=params.add_special_tokens)
         return TokenizeResult(tuple(token_ids), tuple(self.tokenizer.pieces(token_ids)))
+
+    async def model_info(self) -> ModelInfo:
+        """The served model; its block size comes from the scheduler (0 if unreachable)."""
+        cfg = self.model_config
+        return ModelInfo(
+            model=self.manifest.model,
+            architecture=cfg.architecture,
+            vocab_size=cfg.vocab_size,
+            max_model_len=cfg.max_position_embeddings,
+            eos_token_ids=cfg.eos_token_ids,
+            bos_token_id=cfg.bos_token_id,
+            dtype=torch_name(model_dtype_name(self.manifest)),
+            num_parameters=self.manifest.num_parameters,
+            block_size=await self.scheduler.block_size(),
+            fingerprint=self.manifest.fingerprint,
+        )
 
     async def generate(
         self, params: GenerateParams, timeout_s: float | None, stream: bool = False

@@ -19,35 +19,30 @@ Spec: https://github.com/kserve/open-inference-protocol and Triton's grpc_servic
 from __future__ import annotations
 
 import asyncio
-import functools
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from importlib import metadata
-from typing import Any
 
 import grpc
 
-from zerolayer.common.errors import NotFound, ZerolayerError
-from zerolayer.common.generation import FinishReason, GenerationChunk
+from zerolayer.common.errors import NotFound
+from zerolayer.common.generation import FinishReason, join_chunks
 from zerolayer.common.server import ServiceBinding
+from zerolayer.common.status import answer_status
 from zerolayer.frontend.generation import TextGenerator
-from zerolayer.frontend.kserve_request import (
-    ALIASES,
-    METADATA_DTYPE,
-    SETTINGS,
-    TextRequest,
-    read_text_request,
+from zerolayer.frontend.kserve_request import TextRequest, read_text_request
+from zerolayer.frontend.kserve_response import (
+    MODEL_VERSION,
+    infer_response,
+    model_metadata_response,
+    model_ready_response,
+    server_live_response,
+    server_metadata_response,
+    server_ready_response,
+    stream_error_response,
+    stream_response,
 )
-from zerolayer.frontend.kserve_tensors import pack_bytes
 from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as pb_grpc
-
-log = logging.getLogger(__name__)
-
-MODEL_VERSION = "1"
-"""The only version served (requests may also leave the version empty)."""
-FINAL_RESPONSE_PARAM = "triton_final_response"
-"""Response parameter Triton sets on a decoupled model's last response to a request."""
 
 
 def kserve_binding(generator: TextGenerator) -> ServiceBinding:
@@ -58,22 +53,12 @@ def kserve_binding(generator: TextGenerator) -> ServiceBinding:
     )
 
 
-def _maps_domain_errors(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    # NOTE: the server's ErrorMappingInterceptor only wraps "/zerolayer." methods, so this
-    # service's unary handlers turn domain errors into statuses themselves.
-    @functools.wraps(handler)
-    async def mapped(self: KServeServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await handler(self, request, context)
-        except (ZerolayerError, grpc.aio.AioRpcError) as exc:
-            code, message = _status_of(exc)
-            await context.abort(code, message)
-
-    return mapped
-
-
 class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """inference.GRPCInferenceService over a :class:`TextGenerator` (one model, version "1")."""
+    """inference.GRPCInferenceService over a :class:`TextGenerator` (one model, version "1").
+
+    Errors are raised (NotFound, InvalidArgument, ...) and answered by the server's status table
+    (:mod:`zerolayer.common.status`), as for every other service.
+    """
 
     def __init__(self, generator: TextGenerator) -> None:
         self._generator = generator
@@ -86,56 +71,39 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=True)
+        return server_live_response()
 
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=True)
+        return server_ready_response()
 
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelReadyResponse:
         ready = request.name == self._model and request.version in ("", MODEL_VERSION)
-        return pb.ModelReadyResponse(ready=ready)
+        return model_ready_response(ready)
 
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name="zerolayer", version=self._version, extensions=[])
+        return server_metadata_response(self._version)
 
-    @_maps_domain_errors
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
         self._check_model(request.name, request.version, "name", "version")
-        tensor = pb.ModelMetadataResponse.TensorMetadata
-        inputs = [tensor(name="text_input", datatype="BYTES", shape=[-1])]
-        inputs.append(tensor(name="sampling_parameters", datatype="BYTES", shape=[1]))
-        for name, kind in [*SETTINGS.items(), *((a, SETTINGS[k]) for a, k in ALIASES.items())]:
-            shape = [-1] if kind == "strings" else [1]
-            dtype = "UINT64" if name.endswith("seed") else METADATA_DTYPE[kind]
-            inputs.append(tensor(name=name, datatype=dtype, shape=shape))
-        return pb.ModelMetadataResponse(
-            name=self._model,
-            versions=[MODEL_VERSION],
-            platform="zerolayer",
-            inputs=inputs,
-            outputs=[tensor(name="text_output", datatype="BYTES", shape=[-1])],
-        )
+        return model_metadata_response(self._model)
 
-    @_maps_domain_errors
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         """The whole generated text in one response (``stream`` is ignored here)."""
         text_request = self._read(request)
-        pieces, last = [], None
-        async for chunk in self._generator.generate(text_request.params, context.time_remaining()):
-            pieces.append(chunk.text)
-            last = chunk
-        text = self._prefix(text_request) + "".join(pieces)
-        return self._response(request, text_request, text, last, final=None)
+        generation = self._generator.generate(text_request.params, context.time_remaining())
+        whole = join_chunks([chunk async for chunk in generation])
+        text = text_request.output_prefix + whole.text
+        return infer_response(self._model, request, text_request, text, whole, final=None)
 
     async def ModelStreamInfer(
         self,
@@ -178,72 +146,21 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         try:
             text_request = self._read(request)
-            prefix, pieces = self._prefix(text_request), []
+            prefix, pieces = text_request.output_prefix, []
             async for chunk in self._generator.generate(text_request.params, timeout_s):
                 final = chunk.finish_reason != FinishReason.UNSPECIFIED
                 if not text_request.stream:
                     pieces.append(chunk.text)
                     if final:
                         text = prefix + "".join(pieces)
-                        yield self._stream_response(request, text_request, text, chunk)
+                        yield stream_response(self._model, request, text_request, text, chunk)
                 elif chunk.text or final:
-                    yield self._stream_response(request, text_request, prefix + chunk.text, chunk)
+                    text = prefix + chunk.text
+                    yield stream_response(self._model, request, text_request, text, chunk)
                     prefix = ""
-        except (ZerolayerError, grpc.aio.AioRpcError) as exc:
-            code, message = _status_of(exc)
-            yield self._error_response(request, f"{code.name}: {message}")
         except Exception as exc:  # noqa: BLE001 - one bad request must not end the stream
-            log.exception("unexpected error in ModelStreamInfer")
-            yield self._error_response(request, f"INTERNAL: {type(exc).__name__}: {exc}")
-
-    def _error_response(
-        self, request: pb.ModelInferRequest, message: str
-    ) -> pb.ModelStreamInferResponse:
-        infer_response = pb.ModelInferResponse(
-            model_name=request.model_name, model_version=request.model_version, id=request.id
-        )
-        return pb.ModelStreamInferResponse(error_message=message, infer_response=infer_response)
-
-    def _stream_response(
-        self,
-        request: pb.ModelInferRequest,
-        text_request: TextRequest,
-        text: str,
-        chunk: GenerationChunk,
-    ) -> pb.ModelStreamInferResponse:
-        final = chunk.finish_reason != FinishReason.UNSPECIFIED
-        response = self._response(request, text_request, text, chunk, final=final)
-        return pb.ModelStreamInferResponse(infer_response=response)
-
-    def _response(
-        self,
-        request: pb.ModelInferRequest,
-        text_request: TextRequest,
-        text: str,
-        last: GenerationChunk | None,
-        final: bool | None,
-    ) -> pb.ModelInferResponse:
-        output = pb.ModelInferResponse.InferOutputTensor(
-            name="text_output", datatype="BYTES", shape=text_request.output_shape
-        )
-        response = pb.ModelInferResponse(
-            model_name=self._model,
-            model_version=MODEL_VERSION,
-            id=request.id,
-            outputs=[output],
-            raw_output_contents=[pack_bytes([text.encode()])],
-        )
-        if final is not None:
-            response.parameters[FINAL_RESPONSE_PARAM].bool_param = final
-        if last is not None and last.finish_reason != FinishReason.UNSPECIFIED:
-            response.parameters["finish_reason"].string_param = last.finish_reason.name.lower()
-            if last.usage is not None:
-                response.parameters["num_input_tokens"].int64_param = last.usage.prompt_tokens
-                response.parameters["num_output_tokens"].int64_param = last.usage.completion_tokens
-        return response
-
-    def _prefix(self, text_request: TextRequest) -> str:
-        return (text_request.params.prompt or "") if text_request.echo_prompt else ""
+            status = answer_status(exc)
+            yield stream_error_response(request, f"{status.code.name}: {status.details}")
 
     def _read(self, request: pb.ModelInferRequest) -> TextRequest:
         """Reads the request after checking the model name and version.
@@ -262,9 +179,3 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise NotFound(
                 f"{version_field}: {version!r} is not served (serving {MODEL_VERSION!r})"
             )
-
-
-def _status_of(exc: ZerolayerError | grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str]:
-    if isinstance(exc, ZerolayerError):
-        return exc.code, str(exc)
-    return exc.code(), f"upstream layer: {exc.details()}"

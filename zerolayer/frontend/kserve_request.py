@@ -48,6 +48,11 @@ class TextRequest:
     echo_prompt: bool
     output_shape: tuple[int, ...]
 
+    @property
+    def output_prefix(self) -> str:
+        """What ``text_output`` starts with before the generated text: the prompt if echoed."""
+        return (self.params.prompt or "") if self.echo_prompt else ""
+
 
 def read_text_request(request: pb.ModelInferRequest, model: str) -> TextRequest:
     """Reads the tensors and settings of a request to ``model``; the caller checks the model name.

@@ -9,12 +9,18 @@ from contextlib import nullcontext
 
 import grpc
 
-from zerolayer.common.convert import engine_request_to_pb, request_output_from_pb
-from zerolayer.common.errors import Unavailable, answered_by_handler
+from zerolayer.common.convert import (
+    block_size_from_stats_pb,
+    engine_request_to_pb,
+    request_output_from_pb,
+    scheduler_stats_request_to_pb,
+)
+from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import EngineRequest, RequestOutput
 from zerolayer.common.server import CHANNEL_OPTIONS
+from zerolayer.common.status import answered_by_handler
 from zerolayer.common.tracing import Tracing
-from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
+from zerolayer.v1 import scheduler_pb2_grpc
 
 
 class SchedulerClient:
@@ -89,10 +95,10 @@ class SchedulerClient:
     async def block_size(self) -> int:
         """The KV block size the scheduler runs with (0 if it is unreachable)."""
         try:
-            stats = await self._stub.GetStats(scheduler_pb2.SchedulerStatsRequest(), timeout=5)
+            stats = await self._stub.GetStats(scheduler_stats_request_to_pb(), timeout=5)
         except grpc.aio.AioRpcError:
             return 0
-        return stats.block_size
+        return block_size_from_stats_pb(stats)
 
     async def close(self) -> None:
         """Closes the channel."""

@@ -7,8 +7,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from zerolayer.checkpoints.dtypes import torch_name
-from zerolayer.common.convert import chunk_to_pb, generate_params_from_pb
+from zerolayer.common.convert import (
+    chunk_to_pb,
+    generate_params_from_pb,
+    model_info_to_pb,
+    tokenize_request_from_pb,
+    tokenize_result_to_pb,
+)
+from zerolayer.common.generation import join_chunks
 from zerolayer.frontend.generation import TextGenerator
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
@@ -22,17 +28,9 @@ class TextGenerationServicer(generation_pb2_grpc.TextGenerationServicer):
     async def Generate(
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> generation_pb2.GenerateResponse:
-        response = generation_pb2.GenerateResponse()
         params = generate_params_from_pb(request)
-        async for chunk in self._generator.generate(params, context.time_remaining()):
-            part = chunk_to_pb(chunk)
-            response.text += part.text
-            response.token_ids.extend(part.token_ids)
-            response.request_id = part.request_id
-            response.finish_reason = part.finish_reason
-            if part.HasField("usage"):
-                response.usage.CopyFrom(part.usage)
-        return response
+        generation = self._generator.generate(params, context.time_remaining())
+        return chunk_to_pb(join_chunks([chunk async for chunk in generation]))
 
     async def GenerateStream(
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -44,26 +42,10 @@ class TextGenerationServicer(generation_pb2_grpc.TextGenerationServicer):
     async def Tokenize(
         self, request: generation_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> generation_pb2.TokenizeResponse:
-        result = await asyncio.to_thread(
-            self._generator.tokenize, request.text, request.add_special_tokens, request.model
-        )
-        return generation_pb2.TokenizeResponse(token_ids=result.token_ids, tokens=result.tokens)
+        params = tokenize_request_from_pb(request)
+        return tokenize_result_to_pb(await asyncio.to_thread(self._generator.tokenize, params))
 
     async def GetModelInfo(
         self, request: generation_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> generation_pb2.ModelInfo:
-        g = self._generator
-        cfg = g.model_config
-        embed = next(t for t in g.manifest.tensors if t.name.endswith("embed_tokens.weight"))
-        return generation_pb2.ModelInfo(
-            model=g.manifest.model,
-            architecture=cfg.architecture,
-            vocab_size=cfg.vocab_size,
-            max_model_len=cfg.max_position_embeddings,
-            eos_token_ids=cfg.eos_token_ids,
-            bos_token_id=cfg.bos_token_id,
-            dtype=torch_name(embed.dtype),
-            num_parameters=g.manifest.num_parameters,
-            block_size=await g.scheduler.block_size(),
-            fingerprint=g.manifest.fingerprint,
-        )
+        return model_info_to_pb(await self._generator.model_info())

@@ -1,1 +1,2 @@
-"""The KV cache contract between kvstore and schedulers: arena layout, mapping, commits."""
+"""The KV cache contract between kvstore and schedulers: arena layout, info and mapping, commits,
+stats."""

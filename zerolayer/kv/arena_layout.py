@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from zerolayer.checkpoints.dtypes import itemsize
 from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.common.clients import model_dtype_name
-from zerolayer.sharing.manifest import WeightManifest
+from zerolayer.sharing.manifest import WeightManifest, model_dtype_name
 
 
 @dataclass(frozen=True)

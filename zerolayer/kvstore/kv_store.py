@@ -5,40 +5,25 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from zerolayer.common.config import KVStoreConfig
 from zerolayer.common.device import fd_socket_path, resolve_device
 from zerolayer.common.errors import FailedPrecondition
+from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.kv.commit import CommitEntry
+from zerolayer.kv.stats import KVStats
 from zerolayer.kvstore.arena import Arena
 from zerolayer.kvstore.block_pool import BlockPool
 from zerolayer.kvstore.prefix_cache import HashFn, PrefixCache, xxh3_128
-from zerolayer.sharing.handle_kinds import offered_kinds
-from zerolayer.sharing.manifest import WeightManifest
+from zerolayer.sharing.handle_kinds import negotiate, offered_kinds
+from zerolayer.sharing.manifest import HandleKind, WeightManifest
 
 if TYPE_CHECKING:
     from zerolayer.kvstore.device_arena import DeviceArena
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class KVStats:
-    """Block counts and prefix-cache counters."""
-
-    num_blocks_total: int
-    num_blocks_free: int
-    num_blocks_used: int
-    num_blocks_cached: int
-    prefix_caching_enabled: bool
-    num_prefix_queries: int
-    num_prefix_query_tokens: int
-    num_prefix_hit_tokens: int
-    prefix_hit_ratio: float
-    num_evictions: int
 
 
 def arena_layout(config: KVStoreConfig, manifest: WeightManifest) -> ArenaLayout:
@@ -105,6 +90,24 @@ class KVStore:
             config.block_size,
             layout.size_bytes / 1e6,
             "on" if config.enable_prefix_caching else "off",
+        )
+
+    def arena_info(self, accepted: Sequence[HandleKind]) -> ArenaInfo:
+        """The arena as an importer that maps the ``accepted`` handle kinds (best first; empty:
+        MMAP_FILE) sees it: the shared-memory file on CPU, the exported device memory on a GPU.
+
+        Raises:
+            FailedPrecondition: the arena's handle kind is not accepted (``accepted_handle_kinds``).
+        """
+        handle = getattr(self.arena, "handle", None)  # a DeviceArena's (GPU)
+        offered = HandleKind.MMAP_FILE if handle is None else handle.kind
+        return ArenaInfo(
+            arena_id=self.arena.arena_id,
+            layout=self.arena.layout,
+            handle_kind=negotiate(accepted, [offered]),
+            device="cpu" if handle is None else handle.device,
+            shm_path=self.arena.path,
+            device_memory=handle,
         )
 
     def _require_reconciled(self) -> None:

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from zerolayer.common.convert import manifest_to_pb
-from zerolayer.common.errors import InvalidArgument, Unavailable
+from zerolayer.common.convert import manifest_request_from_pb, manifest_to_pb, residency_to_pb
+from zerolayer.common.errors import Unavailable
 from zerolayer.loader.weight_store import WeightStore
 from zerolayer.sharing.handle_kinds import negotiate
-from zerolayer.sharing.manifest import HandleKind
+from zerolayer.sharing.manifest import HandleKind, Residency
 from zerolayer.v1 import loader_pb2, loader_pb2_grpc
 
 if TYPE_CHECKING:
@@ -33,12 +33,12 @@ class LoaderServicer(loader_pb2_grpc.LoaderServicer):
     async def GetManifest(
         self, request: loader_pb2.GetManifestRequest, context: grpc.aio.ServicerContext
     ) -> loader_pb2.ModelManifest:
-        accepted = [_handle_kind(k) for k in request.accepted_handle_kinds]
+        model, accepted = manifest_request_from_pb(request)
         offered = [HandleKind.MMAP_FILE]
         if self._device is not None:
             offered.insert(0, self._device.handle.kind)
         kind = negotiate(accepted, offered)
-        manifest = self._store.get_manifest(request.model, [HandleKind.MMAP_FILE])
+        manifest = self._store.get_manifest(model, [HandleKind.MMAP_FILE])
         if kind != HandleKind.MMAP_FILE and self._device is not None:
             manifest = self._device.manifest_for(manifest)
         return manifest_to_pb(manifest)
@@ -46,19 +46,19 @@ class LoaderServicer(loader_pb2_grpc.LoaderServicer):
     async def GetResidency(
         self, request: loader_pb2.GetResidencyRequest, context: grpc.aio.ServicerContext
     ) -> loader_pb2.Residency:
-        return self._residency()
+        return residency_to_pb(self._residency())
 
     async def Prefetch(
         self, request: loader_pb2.PrefetchRequest, context: grpc.aio.ServicerContext
     ) -> loader_pb2.Residency:
         self._store.prefetch()
-        return self._residency()
+        return residency_to_pb(self._residency())
 
-    def _residency(self) -> loader_pb2.Residency:
+    def _residency(self) -> Residency:
         total, resident = self._store.residency()
         num_layers = self._store.model_config.num_hidden_layers
         if self._device is None:
-            return loader_pb2.Residency(
+            return Residency(
                 total_bytes=total,
                 resident_bytes=resident,
                 num_layers=num_layers,
@@ -67,17 +67,10 @@ class LoaderServicer(loader_pb2_grpc.LoaderServicer):
             )
         if self._device.error is not None:
             raise Unavailable(f"copying the weights to the device failed: {self._device.error}")
-        return loader_pb2.Residency(
+        return Residency(
             total_bytes=total,
             resident_bytes=resident,
             num_layers=num_layers,
             num_layers_resident=self._device.num_layers_resident,
             device=self._device.handle.device,
         )
-
-
-def _handle_kind(value: int) -> HandleKind:
-    try:
-        return HandleKind(value)
-    except ValueError:
-        raise InvalidArgument("accepted_handle_kinds", f"unknown handle kind {value}") from None

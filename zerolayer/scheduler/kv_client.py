@@ -11,17 +11,29 @@ import torch
 from opentelemetry import trace
 
 from zerolayer.checkpoints.dtypes import torch_dtype
-from zerolayer.common.convert import device_memory_from_pb
+from zerolayer.common.convert import (
+    allocate_request_to_pb,
+    allocate_response_from_pb,
+    arena_info_from_pb,
+    arena_request_to_pb,
+    commit_blocks_request_to_pb,
+    free_request_to_pb,
+    lookup_prefix_request_to_pb,
+    lookup_prefix_response_from_pb,
+    reconcile_request_to_pb,
+    reconcile_response_from_pb,
+)
 from zerolayer.common.device import CPU, Device
 from zerolayer.common.server import CHANNEL_OPTIONS
 from zerolayer.common.tracing import Tracing
 from zerolayer.kv.arena_file import map_arena
+from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.scheduler.core.kv_cache_manager import ArenaChanged, KVStoreUnavailable
 from zerolayer.sharing.handle_kinds import importer_kinds
 from zerolayer.sharing.manifest import HandleKind
-from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
+from zerolayer.v1 import kvstore_pb2_grpc
 
 T = TypeVar("T")
 
@@ -76,31 +88,21 @@ class KVStoreClient:
         # NOTE: a GPU scheduler maps only device arenas: the KV cache in host memory would put
         # every attention read on the PCIe bus. (Probed once: the kinds need driver queries.)
         self._accepted_kinds = (
-            [int(k) for k in importer_kinds(str(device)) if k != HandleKind.MMAP_FILE]
+            [k for k in importer_kinds(str(device)) if k != HandleKind.MMAP_FILE]
             if device.is_cuda
-            else [int(HandleKind.MMAP_FILE)]
+            else [HandleKind.MMAP_FILE]
         )
         self.arena_info = self._get_arena()
-        self.num_blocks_total = self.arena_info.num_blocks
+        self.num_blocks_total = self.arena_info.layout.num_blocks
 
-    def _arena_request(self) -> kvstore_pb2.GetArenaRequest:
-        return kvstore_pb2.GetArenaRequest(accepted_handle_kinds=self._accepted_kinds)
-
-    def _get_arena(self) -> kvstore_pb2.ArenaInfo:
-        return self._stub.GetArena(self._arena_request(), timeout=60.0, wait_for_ready=True)
+    def _get_arena(self) -> ArenaInfo:
+        request = arena_request_to_pb(self._accepted_kinds)
+        return arena_info_from_pb(self._stub.GetArena(request, timeout=60.0, wait_for_ready=True))
 
     @property
     def layout(self) -> ArenaLayout:
         """Geometry of the arena."""
-        a = self.arena_info
-        return ArenaLayout(
-            num_layers=a.num_layers,
-            num_kv_heads=a.num_kv_heads,
-            head_dim=a.head_dim,
-            block_size=a.block_size,
-            dtype=a.dtype,
-            num_blocks=a.num_blocks,
-        )
+        return self.arena_info.layout
 
     def map(self) -> torch.Tensor:
         """Maps the arena: [num_layers, 2, num_blocks, block_size, Hkv, D], on this client's
@@ -111,15 +113,15 @@ class KVStoreClient:
                 :func:`zerolayer.scheduler.model.device_import.import_device_memory`).
         """
         info = self.arena_info
-        if not info.HasField("device_memory"):
+        if info.device_memory is None:
             return map_arena(info.shm_path, self.layout)
         from zerolayer.scheduler.model.device_import import import_device_memory
 
-        allocation = import_device_memory(device_memory_from_pb(info.device_memory), self._device)
+        allocation = import_device_memory(info.device_memory, self._device)
         # NOTE: the tensor holds the allocation; the previous arena's mapping is released when
         # its tensors are gone (after an ArenaChanged).
         self._arena_allocation = allocation
-        return allocation.as_tensor(torch_dtype(info.dtype), self.layout.shape)
+        return allocation.as_tensor(torch_dtype(info.layout.dtype), self.layout.shape)
 
     @contextmanager
     def _traced(self, method: str) -> Iterator[list[tuple[str, str]] | None]:
@@ -150,7 +152,7 @@ class KVStoreClient:
         try:
             with self._traced("Allocate") as metadata:
                 response = self._stub.Allocate(
-                    kvstore_pb2.AllocateRequest(num_blocks=num_blocks),
+                    allocate_request_to_pb(num_blocks),
                     timeout=self._timeout_s,
                     metadata=metadata,
                 )
@@ -160,32 +162,20 @@ class KVStoreClient:
             if exc.code() in UNUSABLE_CODES:
                 raise KVStoreUnavailable(f"{exc.code().name}: {exc.details()}") from None
             raise KVStoreError(f"kvstore Allocate: {exc.code().name}: {exc.details()}") from None
-        return list(response.block_ids)
+        return allocate_response_from_pb(response)
 
     def free(self, block_ids: list[int]) -> None:
         """Drops one reference from each block. Raises KVStoreUnavailable."""
-        self._call("Free", kvstore_pb2.FreeRequest(block_ids=block_ids))
+        self._call("Free", free_request_to_pb(block_ids))
 
     def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
         """Blocks of the longest cached prefix, referenced. Raises KVStoreUnavailable."""
-        response = self._call(
-            "LookupPrefix",
-            kvstore_pb2.LookupPrefixRequest(token_ids=token_ids, cache_salt=cache_salt),
-        )
-        return list(response.block_ids)
+        request = lookup_prefix_request_to_pb(token_ids, cache_salt)
+        return lookup_prefix_response_from_pb(self._call("LookupPrefix", request))
 
     def commit(self, entries: Sequence[CommitEntry]) -> None:
         """Registers full blocks. Raises KVStoreUnavailable."""
-        blocks = [
-            kvstore_pb2.CommitBlock(
-                block_id=e.block_id,
-                parent_block_id=e.parent_block_id,
-                token_ids=e.token_ids,
-                cache_salt=e.cache_salt,
-            )
-            for e in entries
-        ]
-        self._call("CommitBlocks", kvstore_pb2.CommitBlocksRequest(blocks=blocks))
+        self._call("CommitBlocks", commit_blocks_request_to_pb(entries))
 
     def reconcile(self, held_block_ids: list[int]) -> int:
         """Declares every block reference this scheduler holds; returns how many changed.
@@ -195,16 +185,14 @@ class KVStoreClient:
             ArenaChanged: the kvstore now serves another arena (its file was recreated); the
                 new one is mapped and carried by the exception.
         """
-        response = self._call(
-            "Reconcile",
-            kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids),
-            self._probe_timeout_s,
-        )
-        arena = self._call("GetArena", self._arena_request(), self._probe_timeout_s)
+        request = reconcile_request_to_pb(held_block_ids)
+        response = self._call("Reconcile", request, self._probe_timeout_s)
+        arena_request = arena_request_to_pb(self._accepted_kinds)
+        arena = arena_info_from_pb(self._call("GetArena", arena_request, self._probe_timeout_s))
         if arena.arena_id != self.arena_info.arena_id:
             self.arena_info = arena
             raise ArenaChanged(self.map())
-        return response.num_blocks_changed
+        return reconcile_response_from_pb(response)
 
     def close(self) -> None:
         """Closes the channel."""

@@ -8,7 +8,11 @@ from collections.abc import AsyncIterator
 import grpc
 from opentelemetry import context as otel_context
 
-from zerolayer.common.convert import engine_request_from_pb, request_output_to_pb
+from zerolayer.common.convert import (
+    engine_request_from_pb,
+    request_output_to_pb,
+    scheduler_stats_to_pb,
+)
 from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import RequestOutput
 from zerolayer.common.tracing import Tracing
@@ -67,15 +71,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def GetStats(
         self, request: scheduler_pb2.SchedulerStatsRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.SchedulerStats:
-        s = self._require_engine().stats()
-        return scheduler_pb2.SchedulerStats(
-            num_running=s.num_running,
-            num_waiting=s.num_waiting,
-            num_blocks_held=s.num_blocks_held,
-            num_preemptions=s.num_preemptions,
-            num_steps=s.num_steps,
-            block_size=self._require_engine().runner.block_size,
-            not_serving_reason=self._require_engine().not_serving_reason,
-            attention_backend=s.attention_backend,
-            num_cuda_graphs=s.num_cuda_graphs,
+        engine = self._require_engine()
+        return scheduler_stats_to_pb(
+            engine.stats(), engine.runner.block_size, engine.not_serving_reason
         )

@@ -70,3 +70,25 @@ class WeightManifest:
     num_parameters: int
     device_memory: DeviceMemoryHandle | None = None
     """Set for the CUDA handle kinds: the device copy of every tensor."""
+
+
+@dataclass(frozen=True)
+class Residency:
+    """How much of the loader's weights is in memory (``GetResidency``, ``Prefetch``)."""
+
+    total_bytes: int
+    resident_bytes: int
+    """Bytes of the weight files in the page cache."""
+    num_layers: int
+    num_layers_resident: int
+    """Decoder layers whose weights are usable on ``device`` (all of them on CPU)."""
+    device: str
+    """Where the weights are served from: "cpu" or "cuda:N"."""
+
+
+def model_dtype_name(manifest: WeightManifest) -> str:
+    """The dtype the model computes and caches KV in: that of its embedding matrix."""
+    for tensor in manifest.tensors:
+        if tensor.name.endswith("embed_tokens.weight"):
+            return tensor.dtype
+    raise ValueError("checkpoint has no embed_tokens.weight")

@@ -1,0 +1,126 @@
+"""The conversion module on exact values: what each domain form becomes on the wire and back,
+unset optional fields, and the requests it refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zerolayer.common import convert
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.common.generation import (
+    FinishReason,
+    GenerationChunk,
+    ModelInfo,
+    TokenizeParams,
+    TokenizeResult,
+    Usage,
+    join_chunks,
+)
+from zerolayer.kv.arena_info import ArenaInfo
+from zerolayer.kv.arena_layout import ArenaLayout
+from zerolayer.kv.commit import CommitEntry
+from zerolayer.scheduler.core.engine import EngineStats
+from zerolayer.sharing.manifest import DeviceMemoryHandle, HandleKind, Residency
+from zerolayer.v1 import generation_pb2, kvstore_pb2, loader_pb2
+
+LAYOUT = ArenaLayout(
+    num_layers=2, num_kv_heads=4, head_dim=8, block_size=16, dtype="BF16", num_blocks=10
+)
+DEVICE_MEMORY = DeviceMemoryHandle(
+    kind=HandleKind.CUDA_VMM_FD,
+    device="cuda:0",
+    gpu_uuid="GPU-1",
+    size_bytes=LAYOUT.size_bytes,
+    fd_socket="/run/zl/kvstore.sock.fds",
+    handle_id="arena-1",
+)
+
+
+def make_arena_info(**changes: object) -> ArenaInfo:
+    info = ArenaInfo("a1", LAYOUT, HandleKind.MMAP_FILE, "cpu", "/dev/shm/zl.kv")
+    return dataclasses.replace(info, **changes)
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        make_arena_info(),
+        make_arena_info(
+            handle_kind=HandleKind.CUDA_VMM_FD,
+            device="cuda:0",
+            shm_path="",
+            device_memory=DEVICE_MEMORY,
+        ),
+    ],
+)
+def test_arena_info_round_trips_with_its_sizes_from_the_layout(info: ArenaInfo) -> None:
+    pb = convert.arena_info_to_pb(info)
+    # 2 layers * K,V * 16 tokens * 4 heads * 8 dims * 2 bytes
+    assert (pb.block_bytes, pb.size_bytes) == (4096, 40960)
+    assert pb.HasField("device_memory") is (info.device_memory is not None)
+    assert convert.arena_info_from_pb(pb) == info
+
+
+def test_handle_kind_lists_unknown_kinds_are_dropped_by_the_kvstore_refused_by_the_loader() -> None:
+    arena = kvstore_pb2.GetArenaRequest(accepted_handle_kinds=[3, 99, 1])
+    assert convert.arena_request_from_pb(arena) == [HandleKind.CUDA_VMM_FD, HandleKind.MMAP_FILE]
+    request = convert.manifest_request_to_pb([HandleKind.CUDA_IPC], model="m")
+    assert convert.manifest_request_from_pb(request) == ("m", [HandleKind.CUDA_IPC])
+    bad = loader_pb2.GetManifestRequest(accepted_handle_kinds=[1, 99])
+    with pytest.raises(InvalidArgument, match="^accepted_handle_kinds: unknown handle kind 99$"):
+        convert.manifest_request_from_pb(bad)
+
+
+def test_block_calls_round_trip() -> None:
+    entries = [CommitEntry(4, None, (1, 2), "salt"), CommitEntry(5, 4, (3, 4), "")]
+    request = convert.commit_blocks_request_to_pb(entries)
+    assert not request.blocks[0].HasField("parent_block_id")
+    assert convert.commit_blocks_request_from_pb(request) == entries
+    lookup = convert.lookup_prefix_request_to_pb([7, 8, 9], "t")
+    assert convert.lookup_prefix_request_from_pb(lookup) == ([7, 8, 9], "t")
+    hit = convert.lookup_prefix_response_to_pb([3, 1], block_size=16)
+    assert (convert.lookup_prefix_response_from_pb(hit), hit.num_cached_tokens) == ([3, 1], 32)
+    assert convert.allocate_request_from_pb(convert.allocate_request_to_pb(3)) == 3
+    assert convert.allocate_response_from_pb(convert.allocate_response_to_pb([2, 0])) == [2, 0]
+    assert convert.free_request_from_pb(convert.free_request_to_pb([1, 1])) == [1, 1]
+    held = convert.reconcile_request_to_pb([5, 5, 6])
+    assert convert.reconcile_request_from_pb(held) == [5, 5, 6]
+    assert convert.reconcile_response_from_pb(convert.reconcile_response_to_pb(2)) == 2
+
+
+def test_residency_round_trips() -> None:
+    residency = Residency(1000, 600, 4, 1, "cuda:0")
+    assert convert.residency_from_pb(convert.residency_to_pb(residency)) == residency
+
+
+def test_scheduler_stats_carry_every_engine_counter() -> None:
+    counters = EngineStats(1, 2, 3, 4, 5, "native", 6)
+    pb = convert.scheduler_stats_to_pb(counters, block_size=16, not_serving_reason="Xid 79")
+    assert (pb.num_running, pb.num_waiting, pb.num_blocks_held, pb.num_preemptions) == (1, 2, 3, 4)
+    assert (pb.num_steps, pb.attention_backend, pb.num_cuda_graphs) == (5, "native", 6)
+    assert (convert.block_size_from_stats_pb(pb), pb.not_serving_reason) == (16, "Xid 79")
+
+
+def test_public_answers() -> None:
+    info = ModelInfo("m", "LlamaForCausalLM", 256, 512, (2, 3), None, "bfloat16", 99, 16, "f")
+    pb = convert.model_info_to_pb(info)
+    assert not pb.HasField("bos_token_id") and list(pb.eos_token_ids) == [2, 3]
+    assert convert.model_info_to_pb(dataclasses.replace(info, bos_token_id=0)).bos_token_id == 0
+    request = generation_pb2.TokenizeRequest(text="hi", add_special_tokens=True, model="m")
+    assert convert.tokenize_request_from_pb(request) == TokenizeParams("hi", True, "m")
+    response = convert.tokenize_result_to_pb(TokenizeResult((104, 105), ("h", "i")))
+    assert (list(response.token_ids), list(response.tokens)) == ([104, 105], ["h", "i"])
+
+
+def test_join_chunks_is_the_whole_generation() -> None:
+    usage = Usage(prompt_tokens=3, completion_tokens=3, cached_prompt_tokens=0)
+    chunks = [
+        GenerationChunk("r", "a", (1,)),
+        GenerationChunk("r", "", (2,)),
+        GenerationChunk("r", "bc", (3,), FinishReason.LENGTH, usage),
+    ]
+    assert join_chunks(chunks) == GenerationChunk("r", "abc", (1, 2, 3), FinishReason.LENGTH, usage)
+    assert join_chunks([]) == GenerationChunk("", "", ())
+    assert convert.chunk_to_pb(join_chunks([])) == generation_pb2.GenerateResponse()

@@ -1,0 +1,119 @@
+"""The one table from errors to gRPC statuses: each domain error class answers its code with its
+message unchanged and the "answered by a handler" trailer, upstream gRPC errors are passed on or
+made INTERNAL, and anything else is INTERNAL with one logged traceback; on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from pathlib import Path
+
+import grpc
+import pytest
+
+from zerolayer.common import errors
+from zerolayer.common.server import LayerServer
+from zerolayer.common.status import ANSWERED_METADATA, STATUS_CODES, answered_by_handler, status_of
+
+Code = grpc.StatusCode
+METHOD = "/test.Raiser/Raise"
+
+
+def upstream(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """The error a grpc.aio client call raises when the called layer answered ``code``."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class Overloaded(errors.ResourceExhausted):
+    """A subclass answers with its nearest base class's code."""
+
+
+DOMAIN_ERRORS = [
+    (errors.InvalidArgument("prompt", "empty"), Code.INVALID_ARGUMENT, "prompt: empty"),
+    (errors.NotFound("model: 'x' is not served"), Code.NOT_FOUND, "model: 'x' is not served"),
+    (errors.ResourceExhausted("kv: 3 blocks"), Code.RESOURCE_EXHAUSTED, "kv: 3 blocks"),
+    (errors.Unavailable("kvstore: down"), Code.UNAVAILABLE, "kvstore: down"),
+    (errors.FailedPrecondition("arena: other"), Code.FAILED_PRECONDITION, "arena: other"),
+    (errors.ZerolayerError("plain"), Code.INTERNAL, "plain"),
+    (Overloaded("queue: full"), Code.RESOURCE_EXHAUSTED, "queue: full"),
+]
+OTHER_ERRORS = [
+    (upstream(Code.UNAVAILABLE, "kv down"), Code.UNAVAILABLE, "upstream layer: kv down"),
+    (upstream(Code.DEADLINE_EXCEEDED, "late"), Code.DEADLINE_EXCEEDED, "upstream layer: late"),
+    (upstream(Code.INVALID_ARGUMENT, "id: dup"), Code.INVALID_ARGUMENT, "id: dup"),
+    (upstream(Code.RESOURCE_EXHAUSTED, "big"), Code.RESOURCE_EXHAUSTED, "big"),
+    (upstream(Code.NOT_FOUND, "gone"), Code.NOT_FOUND, "gone"),
+    (upstream(Code.CANCELLED, "left"), Code.CANCELLED, "left"),
+    (ValueError("boom"), Code.INTERNAL, "internal error: ValueError: boom"),
+]
+
+
+def test_every_domain_error_class_has_its_code_in_the_table() -> None:
+    classes = {
+        c
+        for _, c in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(c, errors.ZerolayerError)
+    }
+    assert dict(STATUS_CODES) == {
+        errors.ZerolayerError: Code.INTERNAL,
+        errors.InvalidArgument: Code.INVALID_ARGUMENT,
+        errors.NotFound: Code.NOT_FOUND,
+        errors.ResourceExhausted: Code.RESOURCE_EXHAUSTED,
+        errors.Unavailable: Code.UNAVAILABLE,
+        errors.FailedPrecondition: Code.FAILED_PRECONDITION,
+    }
+    assert set(STATUS_CODES) == classes
+
+
+@pytest.mark.parametrize(("exc", "code", "details"), DOMAIN_ERRORS)
+def test_domain_errors_answer_their_code_and_message_as_answered(exc, code, details) -> None:
+    status = status_of(exc)
+    assert (status.code, status.details, status.unexpected) == (code, details, False)
+    assert status.trailing_metadata == (ANSWERED_METADATA,)
+
+
+def test_upstream_codes_outside_the_pass_through_list_are_unexpected() -> None:
+    status = status_of(upstream(Code.FAILED_PRECONDITION, "unreconciled"))
+    assert (status.code, status.unexpected, status.trailing_metadata) == (Code.INTERNAL, True, ())
+    assert status.details.startswith("internal error: AioRpcError: ")
+
+
+def raising(exc: Exception) -> grpc.GenericRpcHandler:
+    async def handler(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        raise exc
+
+    return grpc.method_handlers_generic_handler(
+        "test.Raiser", {"Raise": grpc.unary_unary_rpc_method_handler(handler)}
+    )
+
+
+async def answer_of(socket: Path, exc: Exception) -> grpc.aio.AioRpcError:
+    """What a client sees when the handler of a method of a non-zerolayer service raises."""
+    server = LayerServer(f"unix:{socket}", [])
+    server.server.add_generic_rpc_handlers((raising(exc),))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await channel.unary_unary(METHOD)(b"", timeout=10)
+    finally:
+        await server.stop(0)
+    return info.value
+
+
+@pytest.mark.parametrize(("exc", "code", "details"), DOMAIN_ERRORS + OTHER_ERRORS)
+def test_a_served_method_answers_what_the_table_says(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, exc, code, details
+) -> None:
+    with caplog.at_level(logging.INFO):
+        answer = asyncio.run(answer_of(tmp_path / "s.sock", exc))
+    assert (answer.code(), answer.details()) == (code, details)
+    domain = isinstance(exc, errors.ZerolayerError)
+    assert answered_by_handler(answer) is domain
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    if isinstance(exc, ValueError):
+        (record,) = tracebacks
+        assert (record.getMessage(), record.exc_info[1]) == ("unexpected error in handler", exc)
+    else:
+        assert tracebacks == []
