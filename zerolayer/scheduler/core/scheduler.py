@@ -13,12 +13,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from zerolayer.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager, KVStoreUnavailable
 from zerolayer.scheduler.core.request import Request, RequestStatus
+from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -34,33 +35,6 @@ class SchedulingPolicy:
     kv_unavailable_timeout_s: float = 30.0
     """How long requests that need the kvstore wait for it to come back (a supervised kvstore
     restarts in seconds); after that they end with UNAVAILABLE."""
-
-
-@dataclass(frozen=True)
-class ScheduledRequest:
-    """A request fed tokens ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``."""
-
-    request: Request
-    num_computed_tokens: int
-    num_new_tokens: int
-    samples: bool
-    """True when this step reaches the request's last token, so a new token is sampled."""
-
-
-@dataclass
-class SchedulerOutput:
-    """The plan of one step."""
-
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted_request_ids: list[str] = field(default_factory=list)
-    failed: dict[str, Unavailable] = field(default_factory=dict)
-    """Requests ended this step because the kvstore stayed unusable, by request_id; they are
-    no longer in the scheduler (their blocks are released)."""
-
-    @property
-    def num_batched_tokens(self) -> int:
-        """Tokens fed to the model this step."""
-        return sum(s.num_new_tokens for s in self.scheduled)
 
 
 class Scheduler:
