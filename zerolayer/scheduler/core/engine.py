@@ -27,6 +27,7 @@ from zerolayer.common.errors import Unavailable, ZerolayerError
 from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
 from zerolayer.scheduler.core.kv_cache_manager import ArenaChanged
 from zerolayer.scheduler.core.scheduler import Scheduler
+from zerolayer.scheduler.core.trace import RequestTraceHooks
 from zerolayer.scheduler.metrics import SchedulerMetrics
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
@@ -157,12 +158,14 @@ class Engine:
         self._commands.put(("wake",))
         self._thread.join(timeout=10)
 
-    def submit(self, request: EngineRequest, sink: Sink, trace: object | None = None) -> None:
+    def submit(
+        self, request: EngineRequest, sink: Sink, trace: RequestTraceHooks | None = None
+    ) -> None:
         """Queues a request; thread-safe. Errors (e.g. InvalidArgument, or :attr:`fault` once the
         engine failed) arrive through ``sink``.
 
         Args:
-            trace: a RequestTrace recording the request's spans, or None.
+            trace: records the request's spans (a RequestTrace), or None.
         """
         if self.fault is not None:
             sink(self.fault)
@@ -222,7 +225,7 @@ class Engine:
                 sink(self.fault)
                 return
             try:
-                self.scheduler.add_request(request).trace = trace
+                self.scheduler.add_request(request, trace)
             except ZerolayerError as exc:
                 sink(exc)
                 return
@@ -235,7 +238,7 @@ class Engine:
         elif command[0] == "annotate":
             for request in self.scheduler.requests.values():
                 if request.trace is not None:
-                    request.trace.add_event(command[1], command[2])  # type: ignore[attr-defined]
+                    request.trace.add_event(command[1], command[2])
 
     def _loop(self) -> None:
         while not self._stopped.is_set():

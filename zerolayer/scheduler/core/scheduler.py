@@ -20,6 +20,7 @@ from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutp
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager, KVStoreUnavailable
 from zerolayer.scheduler.core.request import Request, RequestStatus
 from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from zerolayer.scheduler.core.trace import RequestTraceHooks
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ class Scheduler:
         self.num_preemptions = 0
         self._arrivals = 0
 
-    def add_request(self, engine_request: EngineRequest) -> Request:
-        """Queues a request.
+    def add_request(
+        self, engine_request: EngineRequest, trace: RequestTraceHooks | None = None
+    ) -> Request:
+        """Queues a request, whose spans ``trace`` records (None: untraced).
 
         Raises:
             InvalidArgument: request_id already in flight; empty prompt; max_new_tokens 0; prompt
@@ -80,7 +83,7 @@ class Scheduler:
                 f"{field}: {max_kv} tokens of KV need {self.kv.num_blocks_for(max_kv)} blocks, "
                 f"the arena has {total}"
             )
-        request = Request(engine_request, self._arrivals)
+        request = Request(engine_request, self._arrivals, trace)
         self._arrivals += 1
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -184,7 +187,7 @@ class Scheduler:
             Tokens to feed this step, or None when the pool is full (nothing is held then).
         """
         trace = request.trace
-        with trace.context_load() if trace is not None else nullcontext() as load:
+        with trace.context_load() if trace is not None else nullcontext():
             num_cached = self.kv.get_computed_blocks(request)
             if request.status == RequestStatus.WAITING:
                 # Only a first admission reports cached prompt tokens (a recompute after
@@ -197,7 +200,7 @@ class Scheduler:
                 self._release(request)
                 raise
             if trace is not None:
-                trace.set_context(load, request.num_prompt_tokens, request.num_cached_tokens)
+                trace.set_context(request.num_prompt_tokens, request.num_cached_tokens)
         if not admitted:
             self._release(request)
             return None
