@@ -70,7 +70,7 @@ def run_to_end(scheduler: Scheduler) -> None:
 
 
 def test_the_scheduling_core_imports_no_opentelemetry() -> None:
-    modules = ["engine", "scheduler", "request", "trace"]
+    modules = ["engine", "engine_core", "engine_commands", "scheduler", "request", "trace"]
     code = (
         "import sys\n"
         + "".join(f"import zerolayer.scheduler.core.{m}\n" for m in modules)
@@ -108,6 +108,7 @@ def test_the_scheduler_calls_the_hooks_in_a_requests_order_with_its_counts() -> 
     scheduler.add_request(make_request("second", max_new_tokens=3), second)
     scheduler.add_request(make_request("untraced"), untraced)
     scheduler.schedule()  # both admitted; "second" hits the two blocks "first" committed
+    scheduler.annotate("gpu event", {"xid": 79})
     scheduler.abort_request("second")
     admission = [("context_load",), ("set_context", 9, 0), ("context_load_end",), ("admitted",)]
     assert first.calls == [
@@ -120,6 +121,7 @@ def test_the_scheduler_calls_the_hooks_in_a_requests_order_with_its_counts() -> 
         ("set_context", 9, 8),
         ("context_load_end",),
         ("admitted",),
+        ("add_event", "gpu event", {"xid": 79}),
         ("finished", FinishReason.ABORT, 9, 8, 0, 0),
     ]
 

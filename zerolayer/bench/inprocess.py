@@ -25,7 +25,8 @@ from zerolayer.common.config import DEFAULT_BLOCK_SIZE
 from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
 from zerolayer.kv.arena_layout import ArenaLayout, blocks_for_bytes
 from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
-from zerolayer.scheduler.core.engine import Engine, Sink
+from zerolayer.scheduler.core.engine import Engine
+from zerolayer.scheduler.core.engine_commands import Sink
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
 from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 from zerolayer.scheduler.metrics import SchedulerMetrics

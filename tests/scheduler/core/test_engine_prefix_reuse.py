@@ -126,7 +126,7 @@ def run(engine: Engine, arrivals: list[Arrival]) -> RunResult:
                 engine.submit(arrival.request, sink_for(request_id))
             if arrival.abort_step == step:
                 engine.abort(request_id)
-        engine._drain(block=False)
+        engine.process_commands()
         if engine.scheduler.has_unfinished_requests:
             engine.step()
         elif step >= last_event:
@@ -163,7 +163,7 @@ def assert_all_free(engine: Engine, allocator: LocalBlockAllocator) -> None:
     assert allocator.pool.num_free_blocks == allocator.num_blocks_total
     assert allocator.pool.ref_cnt == [0] * allocator.num_blocks_total
     assert engine.stats().num_blocks_held == 0
-    assert engine._sinks == {}
+    assert engine.num_streams == 0
 
 
 def assert_same_outputs(on: RunResult, off: RunResult, arrivals: list[Arrival]) -> None:
@@ -394,7 +394,7 @@ def test_start_raises_what_the_warm_up_raised(model: LlamaModel) -> None:
     engine.runner.execute = broken  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="forward exploded"):
         engine.start(warm_up_tokens=4)
-    assert not engine._thread.is_alive()
+    assert not engine.is_running
 
 
 def test_call_in_fresh_thread_returns_and_raises_on_the_caller() -> None:

@@ -121,7 +121,7 @@ def generate(engine: Engine, prompts: list[list[int]], tag: str = "") -> list[li
             request_id, tuple(prompt), MAX_NEW_TOKENS, SamplingParams(), ignore_eos=True
         )
         engine.submit(request, sink_for(request_id))
-    engine._drain(block=False)
+    engine.process_commands()
     for _ in range(1000):
         if not engine.scheduler.has_unfinished_requests:
             break

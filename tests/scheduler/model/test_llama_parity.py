@@ -120,7 +120,7 @@ def run_engine(engine: Engine, prompts: list[list[int]]) -> dict[str, list[Reque
             str(i), tuple(prompt), MAX_NEW_TOKENS, SamplingParams(), ignore_eos=True
         )
         engine.submit(request, sink_for(str(i)))
-    engine._drain(block=False)
+    engine.process_commands()
     for _ in range(500):
         if not engine.scheduler.has_unfinished_requests:
             break
@@ -187,7 +187,7 @@ def assert_matches(
 def assert_all_free(engine: Engine, allocator: LocalBlockAllocator) -> None:
     assert allocator.pool.num_free_blocks == allocator.num_blocks_total
     assert engine.stats().num_blocks_held == 0
-    assert engine._sinks == {}
+    assert engine.num_streams == 0
 
 
 @pytest.mark.parametrize(

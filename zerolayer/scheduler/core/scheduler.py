@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -76,7 +77,7 @@ class Scheduler:
             )
         # The last generated token is never fed back, so its KV is never stored.
         max_kv = min(num_prompt + engine_request.max_new_tokens, self.policy.max_model_len) - 1
-        total = self.kv.allocator.num_blocks_total
+        total = self.kv.num_blocks_total
         if self.kv.num_blocks_for(max_kv) > total:
             field = "prompt" if self.kv.num_blocks_for(num_prompt) > total else "max_new_tokens"
             raise ResourceExhausted(
@@ -97,10 +98,44 @@ class Scheduler:
         self._finish(request, FinishReason.ABORT)
         return True
 
+    def abort_all_requests(self) -> list[str]:
+        """Aborts every request in flight (after a failure); returns their ids in arrival order.
+
+        Never raises: a request whose abort fails (the kvstore may be what failed) is dropped
+        anyway, its blocks left to the next reconcile (:meth:`KVCacheManager.forget`).
+        """
+        request_ids = list(self.requests)
+        for request_id in request_ids:
+            request = self.requests[request_id]
+            try:
+                self._finish(request, FinishReason.ABORT)
+            except Exception:  # noqa: BLE001 - the kvstore may be what failed: recount later
+                self.kv.forget(request)
+                self.requests.pop(request_id, None)
+        self.running.clear()
+        self.waiting.clear()
+        return request_ids
+
+    def annotate(self, name: str, attributes: Mapping[str, str | int]) -> None:
+        """Adds an event to the trace of every request in flight (untraced ones are skipped)."""
+        for request in self.requests.values():
+            if request.trace is not None:
+                request.trace.add_event(name, attributes)
+
     @property
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs."""
         return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running set."""
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting for admission (new or preempted)."""
+        return len(self.waiting)
 
     def schedule(self) -> SchedulerOutput:
         """Plans the next step (taking cached prefixes and allocating KV blocks for it).
