@@ -25,13 +25,17 @@ from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import EngineRequest
 from zerolayer.scheduler.core import engine_commands as commands
 from zerolayer.scheduler.core.engine_commands import EngineCommand, Sink
-from zerolayer.scheduler.core.engine_core import EngineCore
+from zerolayer.scheduler.core.engine_core import EngineCore, EngineStats
 from zerolayer.scheduler.core.kv_cache_manager import ArenaChanged
 from zerolayer.scheduler.core.scheduler import Scheduler
 from zerolayer.scheduler.core.trace import RequestTraceHooks
 from zerolayer.scheduler.metrics import SchedulerMetrics
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
+
+# NOTE: EngineStats is part of the engine's public face (what stats() returns; the conversion
+# module imports it from here), though it is defined beside EngineCore.
+__all__ = ["Engine", "EngineStats", "call_in_fresh_thread"]
 
 log = logging.getLogger(__name__)
 
