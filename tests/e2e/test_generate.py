@@ -10,10 +10,12 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from e2e.stack import kv_stats, running_stack, scheduler_stats, text_stub
+from e2e.stack import generate_ids, kv_stats, running_stack, scheduler_stats, text_stub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, generate
 
+from zerolayer.bench.inprocess import local_engine_for_stack
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
@@ -103,6 +105,20 @@ def test_greedy_ids_equal_transformers(stub, model_dir: Path) -> None:
         )[0, len(ids) :].tolist()
         assert list(response.token_ids) == expected
         assert response.usage.prompt_tokens == len(ids)  # token ids are used as given
+
+
+def test_the_in_process_engine_gives_the_stacks_greedy_ids(stack, stub) -> None:
+    # The scheduler process and zerolayer.bench.inprocess assemble their engines with the same
+    # factory (zerolayer.scheduler.engine_factory) from the same settings; one request at a
+    # time, under a cache salt no other test uses, both then compute the same steps.
+    engine = local_engine_for_stack(stack.config)
+    in_process = [generate(engine, [ids], tag=f"p{i}-")[0] for i, ids in enumerate(PROMPTS)]
+    served = [
+        list(generate_ids(stub, ids, MAX_NEW_TOKENS, "in-process").token_ids) for ids in PROMPTS
+    ]
+    assert [len(ids) for ids in served] == [MAX_NEW_TOKENS] * len(PROMPTS)
+    assert served == in_process
+    assert scheduler_stats(stack).attention_backend == engine.stats().attention_backend
 
 
 def test_sixteen_concurrent_streams_finish_and_free_every_block(stack, stub) -> None:

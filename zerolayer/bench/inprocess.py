@@ -1,8 +1,10 @@
 """The engine as a library: the scheduler process's Engine built in this process, without gRPC.
 
-The same Scheduler, KVCacheManager, ModelRunner, LlamaModel over the same mapped weights, the
-same sampler and metrics; only the kvstore is replaced by the in-process block pool
-(:class:`LocalBlockAllocator`) and the shared-memory arena by a tensor of the same layout.
+The same engine factory (:func:`zerolayer.scheduler.engine_factory.assemble_engine`) builds it,
+over the same mapped weights; only the kvstore is replaced by the in-process block pool
+(:class:`LocalBlockAllocator`) and the shared-memory arena by a local tensor of the layout the
+kvstore would give it (:func:`zerolayer.kv.arena_layout.model_arena_layout`). Benchmarks and
+tests build their in-process engines here.
 """
 
 from __future__ import annotations
@@ -12,70 +14,108 @@ import itertools
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from prometheus_client import CollectorRegistry
 
 from zerolayer.bench.streams import TokenTimes
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.dtypes import torch_dtype
 from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.common.clients import model_dtype_name
+from zerolayer.common.device import CPU, Device, resolve_device
 from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
-from zerolayer.common.settings import BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
-from zerolayer.kv.arena_layout import ArenaLayout, blocks_for_bytes
+from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
-from zerolayer.scheduler.core.engine import Engine, Sink
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
-from zerolayer.scheduler.metrics import SchedulerMetrics
-from zerolayer.scheduler.model.kernels import KernelLoader
-from zerolayer.scheduler.model.llama import LlamaModel
-from zerolayer.scheduler.model.model_runner import ModelRunner
-from zerolayer.scheduler.model.sampler import Sampler
+from zerolayer.scheduler.core.engine import Engine
+from zerolayer.scheduler.core.engine_commands import Sink
+from zerolayer.scheduler.engine_factory import EngineConfig, EngineParts, assemble_engine
 from zerolayer.scheduler.model.weights import MappedWeights
+from zerolayer.sharing.manifest import WeightManifest
+from zerolayer.stack.config import StackConfig
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A checkpoint read in this process: its manifest, config and weight tensors on ``device``
+    (mapped read-only from its files on the CPU; copied onto a CUDA device)."""
+
+    manifest: WeightManifest
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    device: Device
+
+    @classmethod
+    def load(cls, model_dir: Path, device: Device = CPU) -> LocalModel:
+        """Reads the checkpoint in ``model_dir`` (safetensors; never a pickle).
+
+        Raises:
+            ValueError / OSError: the directory is not a readable checkpoint.
+        """
+        manifest = read_checkpoint(model_dir)
+        config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
+        # NOTE: each mapped tensor keeps its file mapping alive, so MappedWeights may go.
+        weights = MappedWeights(manifest).tensors
+        if device.is_cuda:
+            weights = {name: t.to(str(device)) for name, t in weights.items()}
+        return cls(manifest, config, weights, device)
+
+    def arena_layout(self, block_size: int, kv_cache_bytes: int) -> ArenaLayout:
+        """The arena the kvstore would make for this model: whole blocks of ``block_size`` tokens
+        in ``kv_cache_bytes``."""
+        return model_arena_layout(self.manifest, block_size, kv_cache_bytes)
+
+    def arena_layout_of_blocks(self, block_size: int, num_blocks: int) -> ArenaLayout:
+        """The arena of exactly ``num_blocks`` blocks of ``block_size`` tokens for this model."""
+        return dataclasses.replace(self.arena_layout(block_size, 0), num_blocks=num_blocks)
 
 
 def build_local_engine(
-    model_dir: Path,
-    kv_cache_bytes: int,
-    block_size: int = BLOCK_SIZE.default,
-    max_num_seqs: int = MAX_NUM_SEQS.default,
-    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS.default,
-) -> Engine:
-    """Assembles the engine as ``zerolayer.scheduler`` does, sized like the kvstore's arena
-    (whole blocks of ``kv_cache_bytes``), with the scheduler's default limits. Not started."""
-    manifest = read_checkpoint(model_dir)
-    config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
-    # NOTE: each mapped tensor keeps its file mapping alive, so MappedWeights may go out of scope.
-    model = LlamaModel(config, MappedWeights(manifest).tensors)
-    shape = ArenaLayout(
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        block_size=block_size,
-        dtype=model_dtype_name(manifest),
-        num_blocks=0,
-    )
-    layout = dataclasses.replace(shape, num_blocks=blocks_for_bytes(kv_cache_bytes, shape))
-    # The same attention backend the scheduler uses by default (the native kernel).
-    kernels = KernelLoader()
-    kernels.load()
-    runner = ModelRunner(
-        model, local_arena(layout, torch_dtype(layout.dtype)), block_size, kernels=kernels
-    )
-    kv = KVCacheManager(LocalBlockAllocator(layout.num_blocks, block_size), block_size)
-    policy = SchedulingPolicy(max_num_seqs, max_num_batched_tokens, config.max_position_embeddings)
-    scheduler = Scheduler(policy, kv, config.eos_token_ids)
+    model: LocalModel,
+    config: EngineConfig,
+    layout: ArenaLayout,
+    *,
+    enable_prefix_caching: bool = True,
+    registry: CollectorRegistry | None = None,
+) -> tuple[Engine, LocalBlockAllocator]:
+    """The engine over an in-process block pool and a zeroed local arena of ``layout`` on the
+    model's device, assembled as the scheduler process assembles its own. Not started.
 
-    def gauges() -> dict[str, float]:
-        return {
-            "requests_running": len(scheduler.running),
-            "requests_waiting": len(scheduler.waiting),
-            "kv_blocks_held": kv.num_blocks_held,
-        }
+    Args:
+        enable_prefix_caching: the pool's prefix cache (as the kvstore's flag).
+        registry: where the engine's metrics go; None: no metrics.
 
-    return Engine(scheduler, runner, Sampler(), SchedulerMetrics(CollectorRegistry(), gauges))
+    Returns:
+        The engine and its block pool (to inspect: free blocks, reference counts, cache stats).
+
+    Raises:
+        ValueError: see :func:`assemble_engine`.
+    """
+    arena = local_arena(layout, torch_dtype(layout.dtype))
+    if model.device.is_cuda:
+        arena = arena.to(str(model.device))
+    allocator = LocalBlockAllocator(layout.num_blocks, layout.block_size, enable_prefix_caching)
+    parts = EngineParts(model.config, model.weights, allocator, arena, layout, model.device)
+    return assemble_engine(parts, config, registry), allocator
+
+
+def local_engine_for_stack(config: StackConfig) -> Engine:
+    """The engine a stack started with ``config`` runs in its scheduler process (the same model,
+    device, arena size, limits, attention backend and prefix caching), built in this process.
+    Not started."""
+    device = resolve_device(config.device)
+    model = LocalModel.load(Path(config.model_dir), device)
+    engine_config = EngineConfig.of(config)
+    layout = model.arena_layout(config.block_size, config.kv_cache_bytes)
+    engine, _ = build_local_engine(
+        model,
+        engine_config,
+        layout,
+        enable_prefix_caching=config.enable_prefix_caching,
+        registry=CollectorRegistry(),
+    )
+    return engine
 
 
 class LocalEngineClient:

@@ -8,11 +8,10 @@ the scheduler, and are timed by the client. Decode tok/s and ITL p50 at each bat
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from zerolayer.bench.common import median, percentile, write_results
 from zerolayer.bench.cpu_time import CpuMeter
-from zerolayer.bench.inprocess import LocalEngineClient, build_local_engine
+from zerolayer.bench.inprocess import LocalEngineClient, local_engine_for_stack
 from zerolayer.bench.plots import plot_bars
 from zerolayer.bench.scenario import (
     WARMUP_SEED,
@@ -33,6 +32,7 @@ from zerolayer.bench.streams import (
     run_streams,
 )
 from zerolayer.scheduler.core.engine import call_in_fresh_thread
+from zerolayer.stack.config import StackConfig
 from zerolayer.stack.launcher import Stack
 
 SMOKE = {"batch_sizes": "1,4", "prompt_tokens": 16, "max_new_tokens": 64, "repeats": 1}
@@ -60,15 +60,17 @@ def summary(runs_per_repeat: list[list[TokenTimes]]) -> dict:
     }
 
 
-def run_in_process(model_dir: Path, prompts: dict, args: argparse.Namespace) -> dict:
-    """Every batch size on one engine in this process."""
+def run_in_process(
+    config: StackConfig, prompts: dict, vocab_size: int, args: argparse.Namespace
+) -> dict:
+    """Every batch size on one engine in this process: the engine the stack ``config`` runs."""
     # As the scheduler process does: build on a thread that exits, warm up on the engine thread
     # (one OpenMP pool in the process; see zerolayer.scheduler.core.engine).
-    engine = call_in_fresh_thread(build_local_engine, model_dir, args.kv_cache_bytes)
+    engine = call_in_fresh_thread(local_engine_for_stack, config)
     engine.start(warm_up_tokens=32)
     try:
         client = LocalEngineClient(engine)
-        client.run(random_prompts(2, 32, vocab_size_of(model_dir), WARMUP_SEED), 4)
+        client.run(random_prompts(2, 32, vocab_size, WARMUP_SEED), 4)
         return {
             str(b): summary([client.run(p, args.max_new_tokens) for p in repeats])
             for b, repeats in prompts.items()
@@ -126,8 +128,8 @@ def main(args: argparse.Namespace) -> dict:
     vocab_size = vocab_size_of(model_dir)
     prompts = workload(batch_sizes, vocab_size, args)
     set_torch_threads(threads)
-    in_process = run_in_process(model_dir, prompts, args)
     config = stack_config(args, model_dir)
+    in_process = run_in_process(config, prompts, vocab_size, args)
     with Stack(config) as stack:
         warm_up(config.listen, vocab_size)
         pids = {layer: process.pid for layer, process in stack.processes.items()}

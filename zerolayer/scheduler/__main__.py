@@ -10,29 +10,17 @@ import sys
 import torch
 from prometheus_client import CollectorRegistry
 
-from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.common.clients import fetch_layer_residency, fetch_manifest
 from zerolayer.common.config import WARM_UP_PROMPT_TOKENS, SchedulerConfig, default_num_threads
 from zerolayer.common.device import resolve_device
 from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
 from zerolayer.common.server import LayerServer, ServiceBinding, run_layer
-from zerolayer.common.tracing import GEN_AI_REQUEST_MODEL, Tracing
+from zerolayer.common.tracing import Tracing
 from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 from zerolayer.scheduler.gpu_health.watch import watch_gpu
 from zerolayer.scheduler.kv_client import KVStoreClient
-from zerolayer.scheduler.metrics import SchedulerMetrics
-from zerolayer.scheduler.model.device_import import DeviceWeightsView, wait_for_layers
-from zerolayer.scheduler.model.kernels import KernelLoader
-from zerolayer.scheduler.model.llama import LlamaModel
-from zerolayer.scheduler.model.model_runner import ModelRunner
-from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.model.step_inputs import StepBuffers
-from zerolayer.scheduler.model.weights import MappedWeights
 from zerolayer.scheduler.server import SchedulerServicer
-from zerolayer.sharing.handle_kinds import importer_kinds
+from zerolayer.scheduler.startup import build_serving_engine
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -41,82 +29,9 @@ log = logging.getLogger(__name__)
 def build_engine(
     config: SchedulerConfig, tracing: Tracing, registry: CollectorRegistry
 ) -> tuple[Engine, KVStoreClient]:
-    """Maps the weights and the KV arena and assembles the engine (blocking).
-
-    The start-up is one trace: "load weights" (the loader's manifest, then mapping its files) and
-    "map kv arena".
-    """
-    tracer = tracing.tracer
-    device = resolve_device(config.device)
-    if device.is_cuda:
-        torch.cuda.set_device(device.index)
-    with tracer.start_as_current_span("load weights") as span:
-        with tracing.client_span("/zerolayer.v1.Loader/GetManifest") as metadata:
-            manifest = fetch_manifest(
-                config.loader_address,
-                accepted=importer_kinds(str(device)),
-                metadata=metadata,
-            )
-        model_config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
-        if device.is_cuda:
-            if manifest.device_memory is not None:
-                # The loader copies layer by layer after its start; map once all are there.
-                wait_for_layers(lambda: fetch_layer_residency(config.loader_address))
-            weights = DeviceWeightsView(manifest, device)
-        else:
-            weights = MappedWeights(manifest)
-        span.set_attribute("zerolayer.handle_kind", manifest.handle_kind.name)
-        model = LlamaModel(model_config, weights.tensors)
-        span.set_attribute(GEN_AI_REQUEST_MODEL, manifest.model)
-        span.set_attribute("zerolayer.weight_bytes", sum(manifest.file_sizes))
-        span.set_attribute("zerolayer.num_tensors", len(manifest.tensors))
-    with tracer.start_as_current_span("map kv arena"):
-        kv_client = KVStoreClient(config.kvstore_address, tracing=tracing, device=device)
-        # NOTE: a fresh scheduler holds no blocks; references left by a predecessor that died
-        # are released here (one scheduler per kvstore).
-        kv_client.reconcile([])
-        layout = kv_client.layout
-        if (layout.num_layers, layout.num_kv_heads, layout.head_dim) != (
-            model_config.num_hidden_layers,
-            model_config.num_key_value_heads,
-            model_config.head_dim,
-        ):
-            raise RuntimeError("the kvstore's arena does not match the loader's model")
-        # The csrc kernels are CPU code: on a GPU attention goes through Triton (attention.py).
-        kernels = KernelLoader(enabled=config.attention_backend == "native" and not device.is_cuda)
-        if config.attention_backend == "native" and not device.is_cuda and kernels.load() is None:
-            log.warning(
-                "native attention unavailable (%s): using the reference path",
-                kernels.unavailable_reason,
-            )
-        buffers = StepBuffers(
-            layout.block_size,
-            max_tokens=config.max_num_batched_tokens,
-            max_seqs=config.max_num_seqs,
-            max_blocks=-(-model_config.max_position_embeddings // layout.block_size),
-        )
-        runner = ModelRunner(
-            model, kv_client.map(), layout.block_size, kernels=kernels, buffers=buffers
-        )
-    policy = SchedulingPolicy(
-        config.max_num_seqs,
-        config.max_num_batched_tokens,
-        model_config.max_position_embeddings,
-        kv_unavailable_timeout_s=config.kv_unavailable_timeout_s,
-    )
-    kv = KVCacheManager(kv_client, layout.block_size)
-    scheduler = Scheduler(policy, kv, model_config.eos_token_ids)
-
-    def gauges() -> dict[str, float]:
-        return {
-            "requests_running": len(scheduler.running),
-            "requests_waiting": len(scheduler.waiting),
-            "kv_blocks_held": kv.num_blocks_held,
-        }
-
-    metrics = SchedulerMetrics(registry, gauges)
-    # NOTE: each weight tensor keeps its file mapping alive (torch.frombuffer holds the mmap).
-    return Engine(scheduler, runner, Sampler(), metrics), kv_client
+    """Maps the weights and the KV arena and assembles the engine (blocking); see
+    :func:`zerolayer.scheduler.startup.build_serving_engine`."""
+    return build_serving_engine(config, tracing, registry)
 
 
 async def serve(config: SchedulerConfig, tracing: Tracing) -> None:

@@ -3,13 +3,15 @@ gap between steps, and page faults per generated token (from /proc/self/stat).""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from zerolayer.common.metrics import LATENCY_BUCKETS_S
+from zerolayer.scheduler.core.request import Request
 
 GAP_BUCKETS_US = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 50000)
 
@@ -79,7 +81,30 @@ class SchedulerMetrics:
         )
         self.preemptions = Counter(p + "preemptions", "Requests preempted", registry=registry)
         self.num_generated_tokens = 0
+        self._num_preemptions_seen = 0
         registry.register(_ProcessCollector(gauges, self))
+
+    def on_step(self, sampled: Sequence[Request], num_preemptions: int) -> None:
+        """Observes one engine step, after the scheduler's update: the token each request of
+        ``sampled`` got (its queue time at its first token, its e2e time at its last), and the
+        preemptions since the previous step (``num_preemptions``: the scheduler's total). Sets
+        each request's ``last_token_time``."""
+        now = time.monotonic()
+        for request in sampled:
+            first = request.last_token_time is None
+            if first:
+                self.on_admitted(
+                    (request.admitted_time or now) - request.arrival_time,
+                    request.num_prompt_tokens,
+                    request.num_cached_tokens,
+                )
+            self.on_token(first, now - request.arrival_time, now - (request.last_token_time or now))
+            request.last_token_time = now
+            if request.is_finished:
+                self.e2e.observe(now - request.arrival_time)
+        if num_preemptions > self._num_preemptions_seen:
+            self.preemptions.inc(num_preemptions - self._num_preemptions_seen)
+            self._num_preemptions_seen = num_preemptions
 
     def on_token(self, first: bool, since_arrival_s: float, since_last_s: float) -> None:
         """A request produced a token."""

@@ -10,7 +10,7 @@ called, so those CLIENT spans nest under it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from opentelemetry import context as otel_context
@@ -29,7 +29,8 @@ from zerolayer.common.tracing import (
 
 
 class RequestTrace:
-    """Timestamps and spans of one request (driven by the engine thread)."""
+    """Timestamps and spans of one request (driven by the engine thread); implements
+    :class:`zerolayer.scheduler.core.trace.RequestTraceHooks`."""
 
     def __init__(self, tracing: Tracing, parent: otel_context.Context) -> None:
         self._tracer = tracing.tracer
@@ -39,13 +40,14 @@ class RequestTrace:
         self.context_loaded_ns: int | None = None
         self.first_token_ns: int | None = None
         self.num_prefill_tokens = 0
+        self._load_span: Span | None = None
 
     @contextmanager
-    def context_load(self) -> Iterator[Span | None]:
+    def context_load(self) -> Iterator[None]:
         """A live span around an admission attempt's lookup and allocation, until one succeeds
         (:meth:`admitted`); the queue span ends where the first attempt starts."""
         if self.context_loaded_ns is not None:
-            yield None
+            yield
             return
         start = now_ns()
         if self.queue_ended_ns is None:
@@ -56,22 +58,27 @@ class RequestTrace:
         with self._tracer.start_as_current_span(
             "context load", context=self._parent, kind=SpanKind.INTERNAL, start_time=start
         ) as span:
-            yield span
+            self._load_span = span
+            try:
+                yield
+            finally:
+                self._load_span = None
 
     def admitted(self) -> None:
         """The request got its blocks: prefill starts now."""
         if self.context_loaded_ns is None:
             self.context_loaded_ns = now_ns()
 
-    @staticmethod
-    def set_context(span: Span | None, num_prompt_tokens: int, num_cached_tokens: int) -> None:
-        """Records how much of the prompt came from the prefix cache."""
+    def set_context(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        """Records on the live context load span (if any) how much of the prompt came from the
+        prefix cache."""
+        span = self._load_span
         if span is not None:
             span.set_attribute("zerolayer.prompt_tokens", num_prompt_tokens)
             span.set_attribute("zerolayer.cached_tokens", num_cached_tokens)
             span.set_attribute("zerolayer.uncached_tokens", num_prompt_tokens - num_cached_tokens)
 
-    def add_event(self, name: str, attributes: dict[str, str | int]) -> None:
+    def add_event(self, name: str, attributes: Mapping[str, str | int]) -> None:
         """Adds an event to the request's live server span (e.g. a GPU event while it ran)."""
         trace.get_current_span(self._parent).add_event(name, attributes)
 

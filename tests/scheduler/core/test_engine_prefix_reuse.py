@@ -16,19 +16,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.bench.inprocess import LocalModel, build_local_engine
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
-from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
-from zerolayer.kv.arena_layout import ArenaLayout
-from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
+from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
-from zerolayer.scheduler.model.llama import LlamaModel
-from zerolayer.scheduler.model.model_runner import ModelRunner
-from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.model.weights import MappedWeights
+from zerolayer.scheduler.engine_factory import EngineConfig
 
 PRESET = DummyPreset(64, 128, 2, 4, 2, 259, max_position_embeddings=512)
 MAX_STEPS = 2000
@@ -73,31 +66,19 @@ def make_request(
 
 
 def make_engine(
-    model: LlamaModel,
+    model: LocalModel,
     block_size: int,
     num_blocks: int,
     max_num_batched_tokens: int,
     enable_prefix_caching: bool,
 ) -> tuple[Engine, LocalBlockAllocator]:
-    """The engine as the scheduler process builds it, over an in-process pool and arena."""
-    config = model.config
-    layout = ArenaLayout(
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        block_size=block_size,
-        dtype="F32",
-        num_blocks=num_blocks,
+    """The engine as the scheduler process builds it (pure-torch attention), over an in-process
+    pool and arena of ``num_blocks`` blocks."""
+    config = EngineConfig(
+        max_num_seqs=4, max_num_batched_tokens=max_num_batched_tokens, attention_backend="reference"
     )
-    runner = ModelRunner(model, local_arena(layout, torch.float32), block_size)
-    allocator = LocalBlockAllocator(num_blocks, block_size, enable_prefix_caching)
-    policy = SchedulingPolicy(
-        max_num_seqs=4,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=config.max_position_embeddings,
-    )
-    scheduler = Scheduler(policy, KVCacheManager(allocator, block_size), config.eos_token_ids)
-    return Engine(scheduler, runner, Sampler()), allocator
+    layout = model.arena_layout_of_blocks(block_size, num_blocks)
+    return build_local_engine(model, config, layout, enable_prefix_caching=enable_prefix_caching)
 
 
 def run(engine: Engine, arrivals: list[Arrival]) -> RunResult:
@@ -126,7 +107,7 @@ def run(engine: Engine, arrivals: list[Arrival]) -> RunResult:
                 engine.submit(arrival.request, sink_for(request_id))
             if arrival.abort_step == step:
                 engine.abort(request_id)
-        engine._drain(block=False)
+        engine.process_commands()
         if engine.scheduler.has_unfinished_requests:
             engine.step()
         elif step >= last_event:
@@ -138,7 +119,7 @@ def run(engine: Engine, arrivals: list[Arrival]) -> RunResult:
 
 
 def run_both(
-    model: LlamaModel,
+    model: LocalModel,
     arrivals: list[Arrival],
     block_size: int,
     num_blocks: int,
@@ -163,7 +144,7 @@ def assert_all_free(engine: Engine, allocator: LocalBlockAllocator) -> None:
     assert allocator.pool.num_free_blocks == allocator.num_blocks_total
     assert allocator.pool.ref_cnt == [0] * allocator.num_blocks_total
     assert engine.stats().num_blocks_held == 0
-    assert engine._sinks == {}
+    assert engine.num_streams == 0
 
 
 def assert_same_outputs(on: RunResult, off: RunResult, arrivals: list[Arrival]) -> None:
@@ -190,12 +171,8 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
-    model_dir = write_dummy_model(tmp_path_factory.mktemp("dummy"), PRESET, seed=5)
-    manifest = read_checkpoint(model_dir)
-    config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
-    # NOTE: each mapped tensor keeps its file mapping alive, so MappedWeights may go out of scope.
-    return LlamaModel(config, MappedWeights(manifest).tensors)
+def model(tmp_path_factory: pytest.TempPathFactory) -> LocalModel:
+    return LocalModel.load(write_dummy_model(tmp_path_factory.mktemp("dummy"), PRESET, seed=5))
 
 
 @st.composite
@@ -230,7 +207,7 @@ def workloads(draw: st.DrawFn) -> tuple[int, int, int, list[Arrival]]:
     return block_size, num_blocks, max_num_batched_tokens, arrivals
 
 
-def test_random_shared_prefix_workloads_match_caching_off(model: LlamaModel) -> None:
+def test_random_shared_prefix_workloads_match_caching_off(model: LocalModel) -> None:
     num_cached_tokens_seen: list[int] = []
 
     @settings(
@@ -267,7 +244,7 @@ def test_random_shared_prefix_workloads_match_caching_off(model: LlamaModel) -> 
     assert sum(num_cached_tokens_seen) > 0
 
 
-def test_second_identical_prompt_reuses_all_full_blocks(model: LlamaModel) -> None:
+def test_second_identical_prompt_reuses_all_full_blocks(model: LocalModel) -> None:
     prompt = make_prompt(40, seed=1)
     arrivals = [
         Arrival(0, make_request("first", prompt, max_new_tokens=6)),
@@ -284,7 +261,7 @@ def test_second_identical_prompt_reuses_all_full_blocks(model: LlamaModel) -> No
 
 
 def test_request_admitted_during_a_chunked_prefill_reuses_its_computed_blocks(
-    model: LlamaModel,
+    model: LocalModel,
 ) -> None:
     prompt = make_prompt(40, seed=1)
     arrivals = [
@@ -299,7 +276,7 @@ def test_request_admitted_during_a_chunked_prefill_reuses_its_computed_blocks(
     assert on.token_ids["first"] == on.token_ids["second"]
 
 
-def test_follow_up_turn_reuses_the_answer_blocks(model: LlamaModel) -> None:
+def test_follow_up_turn_reuses_the_answer_blocks(model: LocalModel) -> None:
     first_prompt = make_prompt(40, seed=2)
     first = make_request("first", first_prompt, max_new_tokens=16)
     engine, allocator = make_engine(model, 16, 32, 16, enable_prefix_caching=True)
@@ -319,7 +296,7 @@ def test_follow_up_turn_reuses_the_answer_blocks(model: LlamaModel) -> None:
     assert_all_free(off_engine, off_allocator)
 
 
-def test_a_different_cache_salt_reuses_nothing(model: LlamaModel) -> None:
+def test_a_different_cache_salt_reuses_nothing(model: LocalModel) -> None:
     prompt = make_prompt(40, seed=1)
     arrivals = [
         Arrival(0, make_request("a", prompt, max_new_tokens=4, cache_salt="tenant-a")),
@@ -334,7 +311,7 @@ def test_a_different_cache_salt_reuses_nothing(model: LlamaModel) -> None:
     assert allocator.cache.stats.num_hit_tokens == 32
 
 
-def test_preemption_with_prefix_caching_matches_caching_off(model: LlamaModel) -> None:
+def test_preemption_with_prefix_caching_matches_caching_off(model: LocalModel) -> None:
     system = make_prompt(23, seed=4)
     arrivals = [
         Arrival(i, make_request(str(i), system + make_prompt(3 + 4 * i, seed=10 + i), 20))
@@ -350,7 +327,7 @@ def test_preemption_with_prefix_caching_matches_caching_off(model: LlamaModel) -
 
 
 def test_a_request_preempted_before_its_first_token_reports_no_cached_tokens(
-    model: LlamaModel,
+    model: LocalModel,
 ) -> None:
     prompt = make_prompt(10, seed=6)
     arrivals = [
@@ -366,7 +343,7 @@ def test_a_request_preempted_before_its_first_token_reports_no_cached_tokens(
     assert_same_outputs(on, off, arrivals)
 
 
-def test_start_runs_the_warm_up_on_the_engine_thread(model: LlamaModel) -> None:
+def test_start_runs_the_warm_up_on_the_engine_thread(model: LocalModel) -> None:
     engine, allocator = make_engine(model, 4, 64, 64, enable_prefix_caching=True)
     threads: list[str] = []
     execute = engine.runner.execute
@@ -385,7 +362,7 @@ def test_start_runs_the_warm_up_on_the_engine_thread(model: LlamaModel) -> None:
     assert_all_free(engine, allocator)
 
 
-def test_start_raises_what_the_warm_up_raised(model: LlamaModel) -> None:
+def test_start_raises_what_the_warm_up_raised(model: LocalModel) -> None:
     engine, _ = make_engine(model, 4, 64, 64, enable_prefix_caching=True)
 
     def broken(output):  # noqa: ANN001, ANN202
@@ -394,7 +371,7 @@ def test_start_raises_what_the_warm_up_raised(model: LlamaModel) -> None:
     engine.runner.execute = broken  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="forward exploded"):
         engine.start(warm_up_tokens=4)
-    assert not engine._thread.is_alive()
+    assert not engine.is_running
 
 
 def test_call_in_fresh_thread_returns_and_raises_on_the_caller() -> None:

@@ -15,7 +15,8 @@ from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutp
 from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
 from zerolayer.scheduler.core.request import RequestStatus
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 
 BLOCK_SIZE = 4
 EOS_TOKEN_ID = 2

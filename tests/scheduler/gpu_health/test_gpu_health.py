@@ -23,7 +23,8 @@ from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutp
 from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.engine import Engine
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulerOutput, SchedulingPolicy
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 from zerolayer.scheduler.gpu_health.events import EventKind, GpuEvent, classify_event
 from zerolayer.scheduler.gpu_health.monitor import GpuPoller
 from zerolayer.scheduler.gpu_health.script import ScriptedGpu

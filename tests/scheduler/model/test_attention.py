@@ -13,7 +13,7 @@ import torch
 
 from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.scheduler.core.request import Request
-from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
+from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.attention import paged_attention, write_kv
 from zerolayer.scheduler.model.model_runner import build_metadata
 

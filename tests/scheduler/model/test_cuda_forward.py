@@ -14,22 +14,14 @@ import pytest
 import torch
 import transformers
 
-from zerolayer.checkpoints.checkpoint import read_checkpoint
+from zerolayer.bench.inprocess import LocalModel, build_local_engine
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
-from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.common.clients import model_dtype_name
+from zerolayer.common.device import resolve_device
 from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
-from zerolayer.kv.arena_layout import ArenaLayout
-from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
 from zerolayer.scheduler.core.engine import Engine
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
-from zerolayer.scheduler.model.llama import LlamaModel
-from zerolayer.scheduler.model.model_runner import ModelRunner
+from zerolayer.scheduler.engine_factory import EngineConfig
 from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.model.step_inputs import StepBuffers
 from zerolayer.scheduler.model.triton_attention import triton_available
-from zerolayer.scheduler.model.weights import MappedWeights
 
 PRESET = DummyPreset(
     hidden_size=64,
@@ -68,37 +60,19 @@ def make_engine(
     block_size: int = BLOCK_SIZE,
     max_num_seqs: int = MAX_NUM_SEQS,
 ) -> Engine:
-    """The engine over an in-process pool, with weights and arena (in the checkpoint's dtype) on
-    ``device``."""
-    manifest = read_checkpoint(model_dir)
-    config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
-    model = LlamaModel(
-        config, {k: v.to(device) for k, v in MappedWeights(manifest).tensors.items()}
-    )
-    layout = ArenaLayout(
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        block_size=block_size,
-        dtype=model_dtype_name(manifest),
-        num_blocks=NUM_BLOCKS,
-    )
-    buffers = StepBuffers(
-        block_size,
-        max_tokens=max_num_batched_tokens,
-        max_seqs=max_num_seqs,
-        max_blocks=-(-config.max_position_embeddings // block_size),
-    )
-    runner = ModelRunner(
-        model,
-        local_arena(layout, model.dtype).to(device),
-        block_size,
-        buffers=buffers,
+    """The engine as the scheduler process builds it, over an in-process pool, with weights and
+    arena (in the checkpoint's dtype) on ``device``."""
+    model = LocalModel.load(model_dir, resolve_device(device))
+    config = EngineConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        attention_backend="reference",
         graph_sizes=graph_sizes,
     )
-    policy = SchedulingPolicy(max_num_seqs, max_num_batched_tokens, config.max_position_embeddings)
-    kv = KVCacheManager(LocalBlockAllocator(NUM_BLOCKS, block_size), block_size)
-    return Engine(Scheduler(policy, kv, config.eos_token_ids), runner, Sampler())
+    engine, _ = build_local_engine(
+        model, config, model.arena_layout_of_blocks(block_size, NUM_BLOCKS)
+    )
+    return engine
 
 
 def generate(engine: Engine, prompts: list[list[int]], tag: str = "") -> list[list[int]]:
@@ -121,7 +95,7 @@ def generate(engine: Engine, prompts: list[list[int]], tag: str = "") -> list[li
             request_id, tuple(prompt), MAX_NEW_TOKENS, SamplingParams(), ignore_eos=True
         )
         engine.submit(request, sink_for(request_id))
-    engine._drain(block=False)
+    engine.process_commands()
     for _ in range(1000):
         if not engine.scheduler.has_unfinished_requests:
             break

@@ -11,7 +11,7 @@ import torch
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.scheduler.core.request import Request
-from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
+from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.decode_padding import (
     DecodeStaging,
     bucket_for,

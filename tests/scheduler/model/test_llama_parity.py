@@ -15,19 +15,14 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from zerolayer.bench.inprocess import LocalModel, build_local_engine
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
-from zerolayer.kv.arena_layout import ArenaLayout
-from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
+from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.engine import Engine
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
-from zerolayer.scheduler.model.llama import LlamaModel
-from zerolayer.scheduler.model.model_runner import ModelRunner
-from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.model.weights import MappedWeights
+from zerolayer.scheduler.engine_factory import EngineConfig
 
 PRESET = DummyPreset(
     hidden_size=64,
@@ -77,28 +72,13 @@ def make_model_dir(out_dir: Path, variant: str) -> Path:
 def make_engine(
     model_dir: Path, num_blocks: int, max_num_batched_tokens: int
 ) -> tuple[Engine, LocalBlockAllocator]:
-    """The engine as the scheduler process builds it, over an in-process pool and arena."""
-    manifest = read_checkpoint(model_dir)
-    config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
-    # NOTE: each mapped tensor keeps its file mapping alive, so MappedWeights may go out of scope.
-    model = LlamaModel(config, MappedWeights(manifest).tensors)
-    layout = ArenaLayout(
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        block_size=BLOCK_SIZE,
-        dtype="F32",
-        num_blocks=num_blocks,
+    """The engine as the scheduler process builds it (pure-torch attention), over an in-process
+    pool and arena of ``num_blocks`` blocks."""
+    model = LocalModel.load(model_dir)
+    config = EngineConfig(
+        max_num_seqs=4, max_num_batched_tokens=max_num_batched_tokens, attention_backend="reference"
     )
-    runner = ModelRunner(model, local_arena(layout, torch.float32), BLOCK_SIZE)
-    allocator = LocalBlockAllocator(num_blocks, BLOCK_SIZE)
-    policy = SchedulingPolicy(
-        max_num_seqs=4,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=config.max_position_embeddings,
-    )
-    kv = KVCacheManager(allocator, BLOCK_SIZE)
-    return Engine(Scheduler(policy, kv, config.eos_token_ids), runner, Sampler()), allocator
+    return build_local_engine(model, config, model.arena_layout_of_blocks(BLOCK_SIZE, num_blocks))
 
 
 def run_engine(engine: Engine, prompts: list[list[int]]) -> dict[str, list[RequestOutput]]:
@@ -120,7 +100,7 @@ def run_engine(engine: Engine, prompts: list[list[int]]) -> dict[str, list[Reque
             str(i), tuple(prompt), MAX_NEW_TOKENS, SamplingParams(), ignore_eos=True
         )
         engine.submit(request, sink_for(str(i)))
-    engine._drain(block=False)
+    engine.process_commands()
     for _ in range(500):
         if not engine.scheduler.has_unfinished_requests:
             break
@@ -187,7 +167,7 @@ def assert_matches(
 def assert_all_free(engine: Engine, allocator: LocalBlockAllocator) -> None:
     assert allocator.pool.num_free_blocks == allocator.num_blocks_total
     assert engine.stats().num_blocks_held == 0
-    assert engine._sinks == {}
+    assert engine.num_streams == 0
 
 
 @pytest.mark.parametrize(

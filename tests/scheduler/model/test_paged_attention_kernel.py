@@ -23,7 +23,7 @@ from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.kvstore.in_process import local_arena
 from zerolayer.scheduler.core.request import Request
-from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
+from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.attention import (
     AttentionMetadata,
     paged_attention,

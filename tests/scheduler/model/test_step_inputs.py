@@ -9,7 +9,7 @@ import torch
 
 from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.scheduler.core.request import Request
-from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
+from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.step_inputs import StepBuffers
 
 BLOCK_SIZE = 4

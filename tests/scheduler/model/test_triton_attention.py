@@ -21,7 +21,7 @@ import torch
 
 from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.scheduler.core.request import Request
-from zerolayer.scheduler.core.scheduler import ScheduledRequest, SchedulerOutput
+from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model import triton_attention
 from zerolayer.scheduler.model.attention import (
     AttentionMetadata,

@@ -92,6 +92,11 @@ class KVCacheManager:
         self.last_error = ""
         """The latest failure, for messages (e.g. "UNAVAILABLE: failed to connect")."""
 
+    @property
+    def num_blocks_total(self) -> int:
+        """Blocks of the whole arena (the allocator's pool)."""
+        return self.allocator.num_blocks_total
+
     def num_blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.block_size)
@@ -175,6 +180,15 @@ class KVCacheManager:
             self.allocator.free(block_ids[::-1])
         except KVStoreUnavailable as exc:
             self._failed("free", exc, started)
+
+    def forget(self, request: Request) -> None:
+        """Drops the request's blocks here without telling the kvstore (after a failure, which
+        the kvstore may be part of); the next :meth:`reconcile`, which runs before any other
+        kvstore call, releases them there. Never raises."""
+        self.num_blocks_held -= len(request.block_ids)
+        request.block_ids = []
+        request.num_committed_blocks = 0
+        self.needs_reconcile = True
 
     def commit_full_blocks(self, requests: Iterable[Request]) -> None:
         """Registers the blocks that became full (all their tokens computed) since last time.

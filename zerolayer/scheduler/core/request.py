@@ -8,6 +8,7 @@ import time
 import torch
 
 from zerolayer.common.generation import EngineRequest, FinishReason
+from zerolayer.scheduler.core.trace import RequestTraceHooks
 
 
 class RequestStatus(enum.IntEnum):
@@ -26,7 +27,12 @@ class Request:
     next step feeds tokens ``[num_computed_tokens, num_tokens)``.
     """
 
-    def __init__(self, engine_request: EngineRequest, arrival_index: int) -> None:
+    def __init__(
+        self,
+        engine_request: EngineRequest,
+        arrival_index: int,
+        trace: RequestTraceHooks | None = None,
+    ) -> None:
         self.request_id = engine_request.request_id
         self.prompt_token_ids = list(engine_request.prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -45,8 +51,8 @@ class Request:
         self.arrival_time = time.monotonic()
         self.admitted_time: float | None = None
         self.last_token_time: float | None = None
-        self.trace: object | None = None
-        """A RequestTrace when tracing is on (duck-typed: the scheduler does not import OTel)."""
+        self.trace = trace
+        """Records the request's spans when tracing is on (a RequestTrace); None when off."""
         self.num_preemptions = 0
         self.generator = torch.Generator()
         if self.sampling.seed is not None:

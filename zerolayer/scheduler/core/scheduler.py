@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from zerolayer.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput
 from zerolayer.common.settings import KV_UNAVAILABLE_TIMEOUT_S
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager, KVStoreUnavailable
 from zerolayer.scheduler.core.request import Request, RequestStatus
+from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from zerolayer.scheduler.core.trace import RequestTraceHooks
 
 
 @dataclass(frozen=True)
@@ -37,33 +40,6 @@ class SchedulingPolicy:
     restarts in seconds); after that they end with UNAVAILABLE."""
 
 
-@dataclass(frozen=True)
-class ScheduledRequest:
-    """A request fed tokens ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``."""
-
-    request: Request
-    num_computed_tokens: int
-    num_new_tokens: int
-    samples: bool
-    """True when this step reaches the request's last token, so a new token is sampled."""
-
-
-@dataclass
-class SchedulerOutput:
-    """The plan of one step."""
-
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted_request_ids: list[str] = field(default_factory=list)
-    failed: dict[str, Unavailable] = field(default_factory=dict)
-    """Requests ended this step because the kvstore stayed unusable, by request_id; they are
-    no longer in the scheduler (their blocks are released)."""
-
-    @property
-    def num_batched_tokens(self) -> int:
-        """Tokens fed to the model this step."""
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-
 class Scheduler:
     """Owns the waiting queue and running set; not thread-safe (the engine thread drives it)."""
 
@@ -79,8 +55,10 @@ class Scheduler:
         self.num_preemptions = 0
         self._arrivals = 0
 
-    def add_request(self, engine_request: EngineRequest) -> Request:
-        """Queues a request.
+    def add_request(
+        self, engine_request: EngineRequest, trace: RequestTraceHooks | None = None
+    ) -> Request:
+        """Queues a request, whose spans ``trace`` records (None: untraced).
 
         Raises:
             InvalidArgument: request_id already in flight; empty prompt; max_new_tokens 0; prompt
@@ -100,14 +78,14 @@ class Scheduler:
             )
         # The last generated token is never fed back, so its KV is never stored.
         max_kv = min(num_prompt + engine_request.max_new_tokens, self.policy.max_model_len) - 1
-        total = self.kv.allocator.num_blocks_total
+        total = self.kv.num_blocks_total
         if self.kv.num_blocks_for(max_kv) > total:
             field = "prompt" if self.kv.num_blocks_for(num_prompt) > total else "max_new_tokens"
             raise ResourceExhausted(
                 f"{field}: {max_kv} tokens of KV need {self.kv.num_blocks_for(max_kv)} blocks, "
                 f"the arena has {total}"
             )
-        request = Request(engine_request, self._arrivals)
+        request = Request(engine_request, self._arrivals, trace)
         self._arrivals += 1
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -121,10 +99,44 @@ class Scheduler:
         self._finish(request, FinishReason.ABORT)
         return True
 
+    def abort_all_requests(self) -> list[str]:
+        """Aborts every request in flight (after a failure); returns their ids in arrival order.
+
+        Never raises: a request whose abort fails (the kvstore may be what failed) is dropped
+        anyway, its blocks left to the next reconcile (:meth:`KVCacheManager.forget`).
+        """
+        request_ids = list(self.requests)
+        for request_id in request_ids:
+            request = self.requests[request_id]
+            try:
+                self._finish(request, FinishReason.ABORT)
+            except Exception:  # noqa: BLE001 - the kvstore may be what failed: recount later
+                self.kv.forget(request)
+                self.requests.pop(request_id, None)
+        self.running.clear()
+        self.waiting.clear()
+        return request_ids
+
+    def annotate(self, name: str, attributes: Mapping[str, str | int]) -> None:
+        """Adds an event to the trace of every request in flight (untraced ones are skipped)."""
+        for request in self.requests.values():
+            if request.trace is not None:
+                request.trace.add_event(name, attributes)
+
     @property
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs."""
         return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running set."""
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting for admission (new or preempted)."""
+        return len(self.waiting)
 
     def schedule(self) -> SchedulerOutput:
         """Plans the next step (taking cached prefixes and allocating KV blocks for it).
@@ -211,7 +223,7 @@ class Scheduler:
             Tokens to feed this step, or None when the pool is full (nothing is held then).
         """
         trace = request.trace
-        with trace.context_load() if trace is not None else nullcontext() as load:
+        with trace.context_load() if trace is not None else nullcontext():
             num_cached = self.kv.get_computed_blocks(request)
             if request.status == RequestStatus.WAITING:
                 # Only a first admission reports cached prompt tokens (a recompute after
@@ -224,7 +236,7 @@ class Scheduler:
                 self._release(request)
                 raise
             if trace is not None:
-                trace.set_context(load, request.num_prompt_tokens, request.num_cached_tokens)
+                trace.set_context(request.num_prompt_tokens, request.num_cached_tokens)
         if not admitted:
             self._release(request)
             return None

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from zerolayer.scheduler.core.scheduler import SchedulerOutput
+from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 from zerolayer.scheduler.model.attention import AttentionMetadata
 from zerolayer.scheduler.model.cuda_graphs import DecodeGraphs
 from zerolayer.scheduler.model.decode_padding import graph_batch_sizes

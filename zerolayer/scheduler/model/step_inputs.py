@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from zerolayer.scheduler.core.scheduler import SchedulerOutput
+from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 from zerolayer.scheduler.model.attention import AttentionMetadata, PrefillSpan
 
 

@@ -1,0 +1,198 @@
+"""Engine commands: each does exactly its thing when applied, the thread-safe methods queue the
+right one, and anything that is not a command is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import nullcontext
+
+import pytest
+
+from zerolayer.common.errors import InvalidArgument, Unavailable
+from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
+from zerolayer.kvstore.in_process import LocalBlockAllocator
+from zerolayer.scheduler.core.engine import Engine
+from zerolayer.scheduler.core.engine_commands import (
+    AbortRequest,
+    AddRequest,
+    Annotate,
+    FailAll,
+    Wake,
+)
+from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+from zerolayer.scheduler.model.sampler import Sampler
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 16
+ERROR = Unavailable("GPU fatal event: Xid 79")
+
+
+class Outputs(list):
+    """A sink: the outputs and errors it received, in order."""
+
+    def __call__(self, item: RequestOutput | Exception) -> None:
+        self.append(item)
+
+
+class EventTrace:
+    """A trace that records its events (requests that are never scheduled need no other hook)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+
+    def add_event(self, name: str, attributes: Mapping[str, str | int]) -> None:
+        self.events.append((name, dict(attributes)))
+
+
+def make_engine() -> tuple[Engine, LocalBlockAllocator]:
+    """An engine (not started, never stepped: no runner) over a fresh in-process pool."""
+    allocator = LocalBlockAllocator(NUM_BLOCKS, BLOCK_SIZE)
+    policy = SchedulingPolicy(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    scheduler = Scheduler(policy, KVCacheManager(allocator, BLOCK_SIZE), eos_token_ids=(2,))
+    return Engine(scheduler, runner=None, sampler=Sampler()), allocator  # type: ignore[arg-type]
+
+
+def make_request(request_id: str, num_prompt_tokens: int = 6) -> EngineRequest:
+    prompt = tuple(range(10, 10 + num_prompt_tokens))
+    return EngineRequest(request_id, prompt, 4, SamplingParams(), ignore_eos=True)
+
+
+def add_admitted(engine: Engine, *request_ids: str) -> dict[str, Outputs]:
+    """Adds the requests and schedules once, so each holds 2 blocks; returns their sinks."""
+    sinks = {request_id: Outputs() for request_id in request_ids}
+    for request_id, sink in sinks.items():
+        engine.apply(AddRequest(make_request(request_id), sink))
+    engine.scheduler.schedule()
+    return sinks
+
+
+def test_add_request_queues_it_with_its_trace_and_sink() -> None:
+    engine, allocator = make_engine()
+    sink, trace = Outputs(), EventTrace()
+    engine.apply(AddRequest(make_request("r"), sink, trace))  # type: ignore[arg-type]
+    assert [r.request_id for r in engine.scheduler.waiting] == ["r"]
+    assert engine.scheduler.requests["r"].trace is trace
+    assert (engine.num_streams, sink, allocator.pool.num_free_blocks) == (1, [], NUM_BLOCKS)
+
+
+def test_add_request_hands_its_error_to_the_sink_and_adds_nothing() -> None:
+    engine, _ = make_engine()
+    sink = Outputs()
+    engine.apply(AddRequest(make_request("r", num_prompt_tokens=0), sink))
+    assert len(sink) == 1 and isinstance(sink[0], InvalidArgument)
+    assert str(sink[0]) == "prompt_token_ids: empty"
+    engine.fault = ERROR
+    engine.apply(AddRequest(make_request("s"), sink))
+    assert sink[1:] == [ERROR]
+    assert (engine.scheduler.requests, engine.num_streams) == ({}, 0)
+
+
+def test_abort_request_frees_its_blocks_and_silences_its_sink() -> None:
+    engine, allocator = make_engine()
+    sinks = add_admitted(engine, "a", "b")
+    assert allocator.pool.num_free_blocks == NUM_BLOCKS - 4
+    engine.apply(AbortRequest("a"))
+    assert list(engine.scheduler.requests) == ["b"]
+    assert [r.request_id for r in engine.scheduler.running] == ["b"]
+    assert (allocator.pool.num_free_blocks, engine.num_streams) == (NUM_BLOCKS - 2, 1)
+    engine.apply(AbortRequest("unknown"))
+    assert (list(engine.scheduler.requests), engine.num_streams) == (["b"], 1)
+    assert sinks == {"a": [], "b": []}
+
+
+def test_fail_all_ends_every_request_with_the_error_once_and_frees_every_block() -> None:
+    engine, allocator = make_engine()
+    sinks = add_admitted(engine, "a", "b")
+    engine.apply(AddRequest(make_request("waiting"), waiting := Outputs()))
+    engine.apply(FailAll(ERROR))
+    assert sinks == {"a": [ERROR], "b": [ERROR]} and waiting == [ERROR]
+    assert not engine.scheduler.has_unfinished_requests
+    assert (engine.scheduler.num_running, engine.scheduler.num_waiting) == (0, 0)
+    assert allocator.pool.num_free_blocks == NUM_BLOCKS
+    assert allocator.pool.ref_cnt == [0] * NUM_BLOCKS
+    assert (engine.num_streams, engine.scheduler.kv.num_blocks_held) == (0, 0)
+    assert engine.fault is None  # FailAll ends what is in flight; Engine.fail also refuses
+
+
+class FailingTrace:
+    """A trace whose ``finished`` raises, so the abort of its request fails midway."""
+
+    def context_load(self) -> nullcontext:
+        return nullcontext()
+
+    def set_context(self, *counts: int) -> None:
+        pass
+
+    def admitted(self) -> None:
+        pass
+
+    def finished(self, *args: object) -> None:
+        raise RuntimeError("exporter gone")
+
+
+def test_fail_all_drops_a_request_whose_abort_fails_and_reconciles_its_blocks() -> None:
+    engine, allocator = make_engine()
+    sinks = add_admitted(engine, "a")
+    engine.apply(AddRequest(make_request("b"), b := Outputs(), FailingTrace()))  # type: ignore[arg-type]
+    engine.scheduler.schedule()
+    assert allocator.pool.num_free_blocks == NUM_BLOCKS - 4
+    engine.apply(FailAll(ERROR))
+    assert (sinks["a"], b) == ([ERROR], [ERROR])
+    assert not engine.scheduler.has_unfinished_requests and engine.num_streams == 0
+    kv = engine.scheduler.kv
+    assert (kv.num_blocks_held, kv.needs_reconcile) == (0, True)
+    assert allocator.pool.num_free_blocks == NUM_BLOCKS - 2  # "b"'s 2 blocks: not freed yet
+    engine.scheduler.schedule()  # reconciles (nothing held) before anything else
+    assert not kv.needs_reconcile
+    assert allocator.pool.num_free_blocks == NUM_BLOCKS
+
+
+def test_annotate_adds_the_event_to_every_traced_request_in_flight() -> None:
+    engine, _ = make_engine()
+    traces = [EventTrace(), EventTrace()]
+    for request_id, trace in zip(("a", "b"), traces, strict=True):
+        engine.apply(AddRequest(make_request(request_id), Outputs(), trace))  # type: ignore[arg-type]
+    engine.apply(AddRequest(make_request("untraced"), Outputs()))
+    engine.apply(Annotate("gpu event", {"xid": 79, "severity": "fatal"}))
+    assert [t.events for t in traces] == [[("gpu event", {"xid": 79, "severity": "fatal"})]] * 2
+    assert len(engine.scheduler.requests) == 3
+
+
+def test_wake_changes_nothing() -> None:
+    engine, allocator = make_engine()
+    sinks = add_admitted(engine, "a")
+    engine.apply(Wake())
+    assert list(engine.scheduler.requests) == ["a"] and sinks == {"a": []}
+    assert allocator.pool.num_free_blocks == NUM_BLOCKS - 2
+
+
+def test_anything_else_is_refused_by_apply_and_by_send() -> None:
+    engine, _ = make_engine()
+    with pytest.raises(TypeError, match="not an engine command: \\('abort', 'a'\\)"):
+        engine.apply(("abort", "a"))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not an engine command"):
+        engine.send("wake")  # type: ignore[arg-type]
+    engine.process_commands()  # nothing was queued
+    assert engine.scheduler.requests == {}
+
+
+def test_the_thread_safe_methods_queue_their_commands_until_process_commands() -> None:
+    engine, allocator = make_engine()
+    a, b, late = Outputs(), Outputs(), Outputs()
+    trace = EventTrace()
+    engine.submit(make_request("a"), a, trace)  # type: ignore[arg-type]
+    engine.submit(make_request("b"), b)
+    engine.annotate("gpu event", {"xid": 13})
+    engine.abort("b")
+    assert engine.scheduler.requests == {}  # queued, not applied
+    engine.process_commands()
+    assert list(engine.scheduler.requests) == ["a"] and engine.num_streams == 1
+    assert trace.events == [("gpu event", {"xid": 13})]
+    engine.fail(ERROR)
+    engine.submit(make_request("late"), late)  # refused at once, on the caller's thread
+    assert (engine.fault, engine.not_serving_reason, late) == (ERROR, str(ERROR), [ERROR])
+    assert a == []  # the fail is applied at the next step boundary
+    engine.process_commands()
+    assert (a, b) == ([ERROR], []) and engine.scheduler.requests == {}
+    assert allocator.pool.num_free_blocks == NUM_BLOCKS

@@ -1,0 +1,146 @@
+"""The trace of a request: the hooks the scheduling core calls (a Protocol, so the core imports no
+OpenTelemetry), in which order and with which counts, and the spans RequestTrace makes of them."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from zerolayer.common.generation import EngineRequest, FinishReason, SamplingParams
+from zerolayer.common.tracing import Tracing, TracingConfig
+from zerolayer.kvstore.in_process import LocalBlockAllocator
+from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+from zerolayer.scheduler.core.trace import RequestTraceHooks
+from zerolayer.scheduler.request_trace import RequestTrace
+
+BLOCK_SIZE = 4
+PROMPT = tuple(range(10, 19))  # 9 tokens: two full blocks can be cached, the last is recomputed
+
+
+class RecordingTrace:
+    """Records every hook call, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    @contextmanager
+    def context_load(self) -> Iterator[None]:
+        self.calls.append(("context_load",))
+        yield
+        self.calls.append(("context_load_end",))
+
+    def set_context(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        self.calls.append(("set_context", num_prompt_tokens, num_cached_tokens))
+
+    def admitted(self) -> None:
+        self.calls.append(("admitted",))
+
+    def first_token(self) -> None:
+        self.calls.append(("first_token",))
+
+    def finished(self, reason: FinishReason, *counts: int) -> None:
+        self.calls.append(("finished", reason, *counts))
+
+    def add_event(self, name: str, attributes: Mapping[str, str | int]) -> None:
+        self.calls.append(("add_event", name, dict(attributes)))
+
+
+def make_scheduler() -> Scheduler:
+    policy = SchedulingPolicy(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    allocator = LocalBlockAllocator(16, BLOCK_SIZE)
+    return Scheduler(policy, KVCacheManager(allocator, BLOCK_SIZE), eos_token_ids=(2,))
+
+
+def make_request(request_id: str, max_new_tokens: int = 2) -> EngineRequest:
+    return EngineRequest(request_id, PROMPT, max_new_tokens, SamplingParams(), ignore_eos=True)
+
+
+def run_to_end(scheduler: Scheduler) -> None:
+    """Steps with fake token 100 for each sampling request until nothing is in flight."""
+    while scheduler.has_unfinished_requests:
+        output = scheduler.schedule()
+        scheduler.update(output, [100 for s in output.scheduled if s.samples])
+
+
+def test_the_scheduling_core_imports_no_opentelemetry() -> None:
+    modules = ["engine", "engine_core", "engine_commands", "scheduler", "request", "trace"]
+    code = (
+        "import sys\n"
+        + "".join(f"import zerolayer.scheduler.core.{m}\n" for m in modules)
+        + "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_request_trace_has_every_hook_with_the_protocols_parameters() -> None:
+    hooks = [name for name in vars(RequestTraceHooks) if not name.startswith("_")]
+    assert sorted(hooks) == [
+        "add_event",
+        "admitted",
+        "context_load",
+        "finished",
+        "first_token",
+        "set_context",
+    ]
+    for name in hooks:
+        expected = list(inspect.signature(getattr(RequestTraceHooks, name)).parameters)
+        assert list(inspect.signature(getattr(RequestTrace, name)).parameters) == expected, name
+    trace = RequestTrace(Tracing(TracingConfig("none", "test")), otel_context.get_current())
+    assert isinstance(trace, RequestTraceHooks)
+    assert isinstance(RecordingTrace(), RequestTraceHooks)
+
+
+def test_the_scheduler_calls_the_hooks_in_a_requests_order_with_its_counts() -> None:
+    scheduler = make_scheduler()
+    first, second, untraced = RecordingTrace(), RecordingTrace(), None
+    scheduler.add_request(make_request("first"), first)
+    run_to_end(scheduler)
+    scheduler.add_request(make_request("second", max_new_tokens=3), second)
+    scheduler.add_request(make_request("untraced"), untraced)
+    scheduler.schedule()  # both admitted; "second" hits the two blocks "first" committed
+    scheduler.annotate("gpu event", {"xid": 79})
+    scheduler.abort_request("second")
+    admission = [("context_load",), ("set_context", 9, 0), ("context_load_end",), ("admitted",)]
+    assert first.calls == [
+        *admission,
+        ("first_token",),
+        ("finished", FinishReason.LENGTH, 9, 0, 2, 0),
+    ]
+    assert second.calls == [
+        ("context_load",),
+        ("set_context", 9, 8),
+        ("context_load_end",),
+        ("admitted",),
+        ("add_event", "gpu event", {"xid": 79}),
+        ("finished", FinishReason.ABORT, 9, 8, 0, 0),
+    ]
+
+
+def test_request_trace_records_the_cached_tokens_on_its_context_load_span() -> None:
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingConfig("none", "test"), exporter=exporter)
+    scheduler = make_scheduler()
+    scheduler.add_request(make_request("first"))
+    run_to_end(scheduler)
+    trace = RequestTrace(tracing, otel_context.get_current())
+    scheduler.add_request(make_request("second"), trace)
+    run_to_end(scheduler)
+    tracing.shutdown()
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    assert sorted(spans) == ["context load", "decode", "prefill", "queue"]
+    assert dict(spans["context load"].attributes) == {
+        "zerolayer.prompt_tokens": 9,
+        "zerolayer.cached_tokens": 8,
+        "zerolayer.uncached_tokens": 1,
+    }
+    assert spans["decode"].attributes["gen_ai.usage.output_tokens"] == 2

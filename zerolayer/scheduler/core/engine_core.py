@@ -1,0 +1,207 @@
+"""One engine step at a time: schedule, run the model, sample, update, deliver; and the commands
+that change what is in flight (:mod:`zerolayer.scheduler.core.engine_commands`).
+
+Not thread-safe: one thread drives it, the engine thread of
+:class:`zerolayer.scheduler.core.engine.Engine` (or a test that steps it itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from zerolayer.common.config import WARM_UP_MAX_NEW_TOKENS, WARM_UP_PROMPT_TOKENS
+from zerolayer.common.errors import Unavailable, ZerolayerError
+from zerolayer.common.generation import EngineRequest, SamplingParams
+from zerolayer.scheduler.core.engine_commands import (
+    AbortRequest,
+    AddRequest,
+    Annotate,
+    EngineCommand,
+    FailAll,
+    Sink,
+    Wake,
+)
+from zerolayer.scheduler.core.scheduler import Scheduler
+from zerolayer.scheduler.metrics import SchedulerMetrics
+from zerolayer.scheduler.model.model_runner import ModelRunner
+from zerolayer.scheduler.model.sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters read by the stats RPC."""
+
+    num_running: int
+    num_waiting: int
+    num_blocks_held: int
+    num_preemptions: int
+    num_steps: int
+    attention_backend: str
+    """"triton", "native" or "reference" (:attr:`ModelRunner.attention_backend`)."""
+    num_cuda_graphs: int
+
+
+class EngineCore:
+    """Owns the scheduler, the model runner, the sampler and the sinks of the requests in flight,
+    and steps them."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        sampler: Sampler,
+        metrics: SchedulerMetrics | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.sampler = sampler
+        self.metrics = metrics
+        self.num_steps = 0
+        self._last_step_end: float | None = None
+        self._sinks: dict[str, Sink] = {}
+        self.fault: Unavailable | None = None
+        """The error every request gets once the GPU failed (:meth:`Engine.fail`); None while
+        serving."""
+
+    @property
+    def not_serving_reason(self) -> str:
+        """Why the engine stopped serving; empty while it serves."""
+        return "" if self.fault is None else str(self.fault)
+
+    @property
+    def num_streams(self) -> int:
+        """Requests whose outputs the engine still delivers (added, not yet finished, aborted or
+        failed)."""
+        return len(self._sinks)
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the counters (approximate while the loop runs)."""
+        s = self.scheduler
+        return EngineStats(
+            s.num_running,
+            s.num_waiting,
+            s.kv.num_blocks_held,
+            s.num_preemptions,
+            self.num_steps,
+            self.runner.attention_backend,
+            self.runner.num_cuda_graphs,
+        )
+
+    def apply(self, command: EngineCommand) -> None:
+        """Applies one command now (on the thread that steps; other threads queue commands with
+        :meth:`Engine.send`). What each does is on its class.
+
+        Raises:
+            TypeError: ``command`` is not an :data:`EngineCommand`.
+        """
+        match command:
+            case AddRequest():
+                self._add(command)
+            case AbortRequest(request_id=request_id):
+                self._sinks.pop(request_id, None)
+                self.scheduler.abort_request(request_id)
+            case FailAll(error=error):
+                self._fail_all(error)
+            case Annotate(name=name, attributes=attributes):
+                self.scheduler.annotate(name, attributes)
+            case Wake():
+                pass
+            case _:
+                raise TypeError(f"not an engine command: {command!r}")
+
+    def _add(self, command: AddRequest) -> None:
+        if self.fault is not None:
+            command.sink(self.fault)
+            return
+        try:
+            self.scheduler.add_request(command.request, command.trace)
+        except ZerolayerError as exc:
+            command.sink(exc)
+            return
+        self._sinks[command.request.request_id] = command.sink
+
+    def _fail_all(self, error: Unavailable) -> None:
+        """Aborts every request in flight (frees its blocks) and ends it with ``error``."""
+        for request_id in self.scheduler.abort_all_requests():
+            sink = self._sinks.pop(request_id, None)
+            if sink is not None:
+                sink(error)
+
+    def warm_up(self, num_prompt_tokens: int = WARM_UP_PROMPT_TOKENS) -> float:
+        """Runs one short request through prefill and decode before serving (first-call costs:
+        kernel selection, allocator growth, page faults on the weights). Call before
+        :meth:`Engine.start`. Its blocks are freed (its content cached under a private salt,
+        which no client request can match).
+
+        Returns:
+            Seconds taken.
+        """
+        started = time.perf_counter()
+        prompt = tuple(3 + i % 200 for i in range(num_prompt_tokens))
+        self.scheduler.add_request(
+            EngineRequest(
+                "zerolayer-warm-up",
+                prompt,
+                WARM_UP_MAX_NEW_TOKENS,
+                SamplingParams(),
+                ignore_eos=True,
+                cache_salt="\x00zerolayer-warm-up",
+            )
+        )
+        while self.scheduler.has_unfinished_requests:
+            self.step()
+        return time.perf_counter() - started
+
+    def capture_graphs(self) -> float:
+        """Captures the model runner's decode CUDA graphs (a no-op on the CPU); call on the thread
+        that steps, after :meth:`warm_up` and before serving (see
+        :meth:`ModelRunner.capture_graphs`).
+
+        Returns:
+            Seconds taken.
+        """
+        started = time.perf_counter()
+        num_graphs = self.runner.capture_graphs()
+        elapsed = time.perf_counter() - started
+        if num_graphs:
+            log.info("captured %d decode CUDA graphs in %.0f ms", num_graphs, elapsed * 1e3)
+        return elapsed
+
+    def note_idle(self) -> None:
+        """Nothing is in flight: the time until the next step is not a scheduling gap."""
+        self._last_step_end = None
+
+    def step(self) -> None:
+        """Runs one schedule -> forward -> sample -> update cycle and delivers the outputs."""
+        start = time.perf_counter()
+        if self.metrics is not None and self._last_step_end is not None:
+            self.metrics.step_gap.observe((start - self._last_step_end) * 1e6)
+        output = self.scheduler.schedule()
+        for request_id, error in output.failed.items():
+            sink = self._sinks.pop(request_id, None)
+            if sink is not None:
+                sink(error)
+        if not output.scheduled:
+            self._last_step_end = None
+            time.sleep(0.001)
+            return
+        logits = self.runner.execute(output)
+        sampling = [s.request for s in output.scheduled if s.samples]
+        token_ids = self.sampler(
+            logits, [r.sampling for r in sampling], [r.generator for r in sampling]
+        )
+        self.num_steps += 1
+        results = self.scheduler.update(output, token_ids)
+        if self.metrics is not None:
+            self.metrics.on_step(sampling, self.scheduler.num_preemptions)
+        self._last_step_end = time.perf_counter()
+        for result in results:
+            sink = self._sinks.get(result.request_id)
+            if sink is not None:
+                sink(result)
+            if result.finished:
+                self._sinks.pop(result.request_id, None)

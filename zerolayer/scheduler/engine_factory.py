@@ -1,0 +1,167 @@
+"""The one place the engine is assembled, for the scheduler process, the benchmarks and the tests.
+
+They differ only in what they hand over (:class:`EngineParts`: the model's config and weight
+tensors, the block allocator, the KV arena and its layout, the device; :class:`EngineConfig`:
+the limits and the attention backend; a metrics registry or none). The Llama forward, the
+attention kernels, the step buffers, the model runner, the KV cache manager, the scheduler, the
+sampler, the metrics and the engine are made here, the same way for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields
+
+import torch
+from prometheus_client import CollectorRegistry
+
+from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.common.config import EngineSettings
+from zerolayer.common.device import Device
+from zerolayer.kv.arena_layout import ArenaLayout
+from zerolayer.scheduler.core.engine import Engine
+from zerolayer.scheduler.core.kv_cache_manager import BlockAllocator, KVCacheManager
+from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+from zerolayer.scheduler.metrics import SchedulerMetrics
+from zerolayer.scheduler.model.kernels import KernelLoader
+from zerolayer.scheduler.model.llama import LlamaModel
+from zerolayer.scheduler.model.model_runner import ModelRunner
+from zerolayer.scheduler.model.sampler import Sampler
+from zerolayer.scheduler.model.step_inputs import StepBuffers
+
+log = logging.getLogger(__name__)
+
+ATTENTION_BACKENDS = ("native", "reference")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig(EngineSettings):
+    """The scheduler's engine settings (:class:`EngineSettings`, declared once as its flags) and
+    what only benchmarks and tests choose."""
+
+    graph_sizes: tuple[int, ...] | None = None
+    """Batch sizes of the decode CUDA graphs; None: ``graph_batch_sizes(max_num_seqs)``; ():
+    none. Unused on the CPU."""
+
+    @classmethod
+    def of(cls, engine_settings: EngineSettings, **overrides: object) -> EngineConfig:
+        """The engine config of a scheduler (or a stack) configured with ``engine_settings``,
+        with ``overrides`` replacing fields by name."""
+        values = {f.name: getattr(engine_settings, f.name) for f in fields(EngineSettings)}
+        return cls(**{**values, **overrides})
+
+    def __post_init__(self) -> None:
+        """Raises ValueError for a limit below 1, a timeout not above 0 or an unknown backend."""
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens: must be > 0")
+        if not self.kv_unavailable_timeout_s > 0:
+            raise ValueError("kv_unavailable_timeout_s: must be > 0")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend: {self.attention_backend!r} is not native or reference"
+            )
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    """What the engine runs on, made by its caller."""
+
+    model_config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    """The checkpoint's tensors by name, on ``device``; the model reads them in place."""
+    allocator: BlockAllocator
+    """The block pool: the kvstore's client, or an in-process pool."""
+    arena: torch.Tensor
+    """The KV arena, ``layout.shape`` in the model's dtype, on ``device``."""
+    layout: ArenaLayout
+    """The arena's geometry (its ``block_size`` is the engine's)."""
+    device: Device
+    """Where the weights and the arena are and the forward runs."""
+
+
+def assemble_engine(
+    parts: EngineParts, config: EngineConfig, registry: CollectorRegistry | None = None
+) -> Engine:
+    """Builds the engine over ``parts`` (not started). Blocking: the first use of the native
+    kernel on a machine builds it (about 30 s).
+
+    Args:
+        registry: where the engine's metrics go (:class:`SchedulerMetrics`); None: no metrics.
+
+    Raises:
+        ValueError: the arena's layout does not match the model (layers, KV heads, head size),
+            the arena is not of the layout's shape, or the weights or the arena are not on
+            ``parts.device`` (or a weight's shape does not match the config, from LlamaModel).
+        KeyError: a weight is missing.
+    """
+    _check_arena(parts)
+    model = LlamaModel(parts.model_config, parts.weights)
+    if model.device != torch.device(str(parts.device)):
+        raise ValueError(
+            f"the weights are on {model.device}, the engine's device is {parts.device}"
+        )
+    runner = _model_runner(model, parts, config)
+    scheduler = _scheduler(parts, config)
+    metrics = None if registry is None else _metrics(registry, scheduler)
+    # NOTE: each weight tensor keeps its file mapping alive (torch.frombuffer holds the mmap).
+    return Engine(scheduler, runner, Sampler(), metrics)
+
+
+def _check_arena(parts: EngineParts) -> None:
+    layout, model = parts.layout, parts.model_config
+    geometry = (layout.num_layers, layout.num_kv_heads, layout.head_dim)
+    expected = (model.num_hidden_layers, model.num_key_value_heads, model.head_dim)
+    if geometry != expected:
+        raise ValueError(
+            f"the KV arena's (layers, KV heads, head dim) are {geometry}, the model's {expected}"
+        )
+    if tuple(parts.arena.shape) != layout.shape:
+        raise ValueError(f"the KV arena is {tuple(parts.arena.shape)}, its layout {layout.shape}")
+
+
+def _model_runner(model: LlamaModel, parts: EngineParts, config: EngineConfig) -> ModelRunner:
+    block_size = parts.layout.block_size
+    # The csrc kernels are CPU code: on a GPU attention goes through Triton (attention.py).
+    native = config.attention_backend == "native" and not parts.device.is_cuda
+    kernels = KernelLoader(enabled=native)
+    if native and kernels.load() is None:
+        log.warning(
+            "native attention unavailable (%s): using the reference path",
+            kernels.unavailable_reason,
+        )
+    buffers = StepBuffers(
+        block_size,
+        max_tokens=config.max_num_batched_tokens,
+        max_seqs=config.max_num_seqs,
+        max_blocks=-(-parts.model_config.max_position_embeddings // block_size),
+    )
+    return ModelRunner(
+        model,
+        parts.arena,
+        block_size,
+        kernels=kernels,
+        buffers=buffers,
+        graph_sizes=config.graph_sizes,
+    )
+
+
+def _scheduler(parts: EngineParts, config: EngineConfig) -> Scheduler:
+    policy = SchedulingPolicy(
+        config.max_num_seqs,
+        config.max_num_batched_tokens,
+        parts.model_config.max_position_embeddings,
+        kv_unavailable_timeout_s=config.kv_unavailable_timeout_s,
+    )
+    kv = KVCacheManager(parts.allocator, parts.layout.block_size)
+    return Scheduler(policy, kv, parts.model_config.eos_token_ids)
+
+
+def _metrics(registry: CollectorRegistry, scheduler: Scheduler) -> SchedulerMetrics:
+    def gauges() -> dict[str, float]:
+        return {
+            "requests_running": scheduler.num_running,
+            "requests_waiting": scheduler.num_waiting,
+            "kv_blocks_held": scheduler.kv.num_blocks_held,
+        }
+
+    return SchedulerMetrics(registry, gauges)

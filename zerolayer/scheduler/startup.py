@@ -1,0 +1,83 @@
+"""The scheduler process's engine: the weights from the loader, the KV arena and the block pool
+from the kvstore, assembled by :func:`zerolayer.scheduler.engine_factory.assemble_engine`.
+
+The start-up is one trace: "load weights" (the loader's manifest, then mapping its files or
+importing its device memory) and "map kv arena" (the kvstore's arena, then the engine built on
+it).
+"""
+
+from __future__ import annotations
+
+import torch
+from prometheus_client import CollectorRegistry
+
+from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.common.clients import fetch_layer_residency, fetch_manifest
+from zerolayer.common.config import SchedulerConfig
+from zerolayer.common.device import Device, resolve_device
+from zerolayer.common.tracing import GEN_AI_REQUEST_MODEL, Tracing
+from zerolayer.scheduler.core.engine import Engine
+from zerolayer.scheduler.engine_factory import EngineConfig, EngineParts, assemble_engine
+from zerolayer.scheduler.kv_client import KVStoreClient
+from zerolayer.scheduler.model.device_import import DeviceWeightsView, wait_for_layers
+from zerolayer.scheduler.model.weights import MappedWeights
+from zerolayer.sharing.handle_kinds import importer_kinds
+
+
+def build_serving_engine(
+    config: SchedulerConfig, tracing: Tracing, registry: CollectorRegistry
+) -> tuple[Engine, KVStoreClient]:
+    """Maps the weights and the KV arena and assembles the engine (blocking; not started).
+
+    Returns:
+        The engine and its kvstore client (to close after the engine stops).
+
+    Raises:
+        ValueError: ``config.device`` does not exist here, or the kvstore's arena does not
+            match the loader's model (see :func:`assemble_engine`).
+        grpc.RpcError: the loader or the kvstore did not answer.
+    """
+    device = resolve_device(config.device)
+    if device.is_cuda:
+        torch.cuda.set_device(device.index)
+    model_config, weights = load_weights(config.loader_address, device, tracing)
+    with tracing.tracer.start_as_current_span("map kv arena"):
+        kv_client = KVStoreClient(config.kvstore_address, tracing=tracing, device=device)
+        # NOTE: a fresh scheduler holds no blocks; references left by a predecessor that died
+        # are released here (one scheduler per kvstore).
+        kv_client.reconcile([])
+        arena = kv_client.map()
+        parts = EngineParts(model_config, weights, kv_client, arena, kv_client.layout, device)
+        return assemble_engine(parts, EngineConfig.of(config), registry), kv_client
+
+
+def load_weights(
+    loader_address: str, device: Device, tracing: Tracing
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The loader's model: its config and its weight tensors on ``device`` (views of the files
+    the loader mapped, or of the device memory it exports; never a copy unless the loader offers
+    only files to a GPU), in a "load weights" span.
+
+    Raises:
+        grpc.RpcError: the loader did not answer.
+        Unavailable: the loader's device copy was not complete within 10 minutes.
+    """
+    with tracing.tracer.start_as_current_span("load weights") as span:
+        with tracing.client_span("/zerolayer.v1.Loader/GetManifest") as metadata:
+            manifest = fetch_manifest(
+                loader_address, accepted=importer_kinds(str(device)), metadata=metadata
+            )
+        model_config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
+        if device.is_cuda:
+            if manifest.device_memory is not None:
+                # The loader copies layer by layer after its start; map once all are there.
+                wait_for_layers(lambda: fetch_layer_residency(loader_address))
+            weights = DeviceWeightsView(manifest, device)
+        else:
+            weights = MappedWeights(manifest)
+        span.set_attribute("zerolayer.handle_kind", manifest.handle_kind.name)
+        span.set_attribute(GEN_AI_REQUEST_MODEL, manifest.model)
+        span.set_attribute("zerolayer.weight_bytes", sum(manifest.file_sizes))
+        span.set_attribute("zerolayer.num_tensors", len(manifest.tensors))
+    # NOTE: each tensor keeps its file mapping (or its device allocation) alive.
+    return model_config, weights.tensors
