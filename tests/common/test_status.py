@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from pathlib import Path
 
 import grpc
@@ -117,3 +118,48 @@ def test_a_served_method_answers_what_the_table_says(
         assert (record.getMessage(), record.exc_info[1]) == ("unexpected error in handler", exc)
     else:
         assert tracebacks == []
+
+
+async def raise_after_the_deadline(socket: Path) -> None:
+    """A handler that fails once its call is past the client's deadline (as the frontend's
+    upstream call does when the client's deadline passes mid-stream)."""
+    left = asyncio.Event()
+
+    async def handler(request: bytes, context: grpc.aio.ServicerContext):  # noqa: ANN202
+        # NOTE: blocks the loop (no await), so gRPC cannot cancel this task before it raises.
+        while context.time_remaining() > 0:
+            time.sleep(0.01)
+        left.set()
+        raise upstream(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        yield b"never"  # a server-streaming handler that had sent nothing yet
+
+    server = LayerServer(f"unix:{socket}", [])
+    server.server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "test.Raiser", {"Raise": grpc.unary_stream_rpc_method_handler(handler)}
+            ),
+        )
+    )
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+            call = channel.unary_stream(METHOD)(b"", timeout=0.3)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                async for _ in call:
+                    pass
+            assert info.value.code() == Code.DEADLINE_EXCEEDED
+            await asyncio.wait_for(left.wait(), 5)
+            await asyncio.sleep(0.2)  # where gRPC would log its failed attempt to answer
+    finally:
+        await server.stop(0)
+
+
+def test_an_error_after_the_call_is_over_is_not_answered_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(raise_after_the_deadline(tmp_path / "s.sock"))
+    errors_logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors_logged == []
+    assert any(r.getMessage().startswith("call over (cancelled or past") for r in caplog.records)

@@ -132,7 +132,19 @@ async def _answering_errors(context: grpc.aio.ServicerContext) -> AsyncIterator[
     except grpc.aio.AbortError:
         raise  # the status is already sent (e.g. a request that did not parse)
     except Exception as exc:  # noqa: BLE001 - the edge answers everything
+        if call_is_over(context):
+            # NOTE: the client cancelled or the deadline passed: gRPC has ended the call with
+            # that status already, and sending another one fails inside gRPC (a logged
+            # ExecuteBatchError traceback). What the handler raised is the consequence.
+            log.debug("call over (cancelled or past its deadline): %s", exc)
+            return
         await abort_with(context, exc)
+
+
+def call_is_over(context: grpc.aio.ServicerContext) -> bool:
+    """True once the client cancelled the call or its deadline passed: no status can be sent."""
+    remaining = context.time_remaining()
+    return context.cancelled() or (remaining is not None and remaining <= 0)
 
 
 class ErrorMappingInterceptor(WrappingInterceptor):
