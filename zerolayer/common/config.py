@@ -143,6 +143,9 @@ class SchedulerConfig(EngineSettings, DeviceSettings, LayerSettings):
     """Where the loader serves."""
     kvstore_address: str
     """Where the kvstore serves."""
+    standby: bool = settings.STANDBY.default
+    """Start as a warmed standby (``--standby``): NOT_SERVING on ``zerolayer.v1.Scheduler``
+    until ``Activate``, SERVING on "" once warmed; calls it gets are served."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,9 @@ class FrontendConfig(ApiSettings, LayerSettings):
     instance_id: str = settings.INSTANCE_ID.default
     """Extra health name ``zerolayer.instance.<id>`` (lets a launcher recognise its own frontend
     on a TCP port another process might hold)."""
+    reuse_port: bool = settings.REUSE_PORT.default
+    """Share ``listen`` with the stack's other frontends (SO_REUSEPORT) and also listen on the
+    abstract unix socket of ``instance_id`` (``--reuse-port``; needs an instance id)."""
     max_stop_strings: int = 16
     """Most stop strings per request (a limit of the API, not a flag)."""
     max_cache_salt_bytes: int = 256
