@@ -131,6 +131,9 @@ class KVStoreConfig(ArenaSettings, DeviceSettings, LayerSettings):
     fd_keeper: str = settings.FD_KEEPER.default
     """Unix socket of the launcher's descriptor keeper (``--fd-keeper``): on a GPU, the arena's
     device memory deposited there survives this layer's restarts."""
+    owner_lease_s: float = settings.OWNER_LEASE_S.default
+    """Lease of each registered scheduler (owner), seconds: without a keep-alive for this long its
+    block references are released; also the recovery window after a restart."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,14 @@ class SchedulerConfig(EngineSettings, DeviceSettings, LayerSettings):
     """Where the loader serves."""
     kvstore_address: str
     """Where the kvstore serves."""
+    owner_id: str = settings.OWNER_ID.default
+    """Who this scheduler is to the kvstore (the same across its restarts); empty: ``address``."""
+
+    @property
+    def kv_owner_id(self) -> str:
+        """The owner id this scheduler registers with the kvstore: ``owner_id``, or ``address``
+        (so a scheduler restarted on the same socket is the same owner)."""
+        return self.owner_id or self.address
 
 
 @dataclass(frozen=True)
