@@ -71,6 +71,9 @@ class ArenaSettings:
     """Tokens per KV block."""
     enable_prefix_caching: bool = settings.PREFIX_CACHING.default
     """Find full blocks again by content and reuse them across requests."""
+    owner_lease_s: float = settings.OWNER_LEASE_S.default
+    """Lease of each registered scheduler (owner), seconds: without a keep-alive for this long its
+    block references are released; also the recovery window after a restart."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,9 +134,6 @@ class KVStoreConfig(ArenaSettings, DeviceSettings, LayerSettings):
     fd_keeper: str = settings.FD_KEEPER.default
     """Unix socket of the launcher's descriptor keeper (``--fd-keeper``): on a GPU, the arena's
     device memory deposited there survives this layer's restarts."""
-    owner_lease_s: float = settings.OWNER_LEASE_S.default
-    """Lease of each registered scheduler (owner), seconds: without a keep-alive for this long its
-    block references are released; also the recovery window after a restart."""
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,7 @@ OWNER_LEASE_S = Setting(
     unit="s",
     metavar="S",
     layers=(KVSTORE,),
+    up=True,
 )
 REMOVE_ARENA_ON_EXIT = Setting(
     "remove_arena_on_exit",
