@@ -39,9 +39,11 @@ from zerolayer.common.convert.kvstore import (
     reconcile_response_to_pb,
 )
 from zerolayer.common.convert.kvstore_owners import (
+    get_stats_request_to_pb,
     keep_alive_request_to_pb,
     keep_alive_response_from_pb,
     keep_alive_response_to_pb,
+    kv_recovering_from_pb,
     owner_from_pb,
     owner_stats_to_pb,
     owner_to_pb,
@@ -97,9 +99,11 @@ __all__ = [
     "free_request_to_pb",
     "free_response_to_pb",
     "generate_params_from_pb",
+    "get_stats_request_to_pb",
     "keep_alive_request_to_pb",
     "keep_alive_response_from_pb",
     "keep_alive_response_to_pb",
+    "kv_recovering_from_pb",
     "kv_stats_to_pb",
     "lookup_prefix_request_from_pb",
     "lookup_prefix_request_to_pb",

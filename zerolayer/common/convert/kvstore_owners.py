@@ -90,6 +90,16 @@ def reconcile_result_from_pb(pb: kvstore_pb2.ReconcileResponse) -> ReconcileResu
     return ReconcileResult(pb.num_blocks_changed, pb.recovering, pb.recovery_remaining_ms / 1000)
 
 
+def get_stats_request_to_pb() -> kvstore_pb2.GetStatsRequest:
+    """A GetStats request."""
+    return kvstore_pb2.GetStatsRequest()
+
+
+def kv_recovering_from_pb(pb: kvstore_pb2.KVStats) -> bool:
+    """Whether the kvstore that answered GetStats recovers from a restart."""
+    return pb.recovering
+
+
 def owner_stats_to_pb(s: OwnerStats) -> kvstore_pb2.OwnerStats:
     """One owner of GetStats (lease fields unset for the default owner)."""
     return kvstore_pb2.OwnerStats(

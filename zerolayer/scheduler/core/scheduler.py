@@ -146,6 +146,8 @@ class Scheduler:
         ``policy.kv_unavailable_timeout_s``; then they are ended (``SchedulerOutput.failed``).
         """
         output = SchedulerOutput()
+        if self.kv.lease_lost():
+            self._recompute_running()
         num_probes = self.kv.num_reconcile_attempts
         kv_usable = not self.kv.needs_reconcile or self.kv.reconcile(self.running)
         budget = self.policy.max_num_batched_tokens
@@ -258,6 +260,21 @@ class Scheduler:
             if victim is request:
                 return False
         return True
+
+    def _recompute_running(self) -> None:
+        """Preempts every running request without touching the kvstore: the blocks they hold
+        are no longer this scheduler's (its lease is lost), so nothing may be written into them;
+        they are recomputed from scratch (the path of a preemption), in their order, admitted
+        again in this step once the scheduler registered again."""
+        for request in reversed(self.running):
+            self.kv.forget(request)
+            request.num_computed_tokens = 0
+            request.num_preemptions += 1
+            request.status = RequestStatus.PREEMPTED
+            self.waiting.appendleft(request)
+            self.num_preemptions += 1
+        self.running.clear()
+        self.kv.needs_reconcile = True  # registers again, holding nothing
 
     def _preempt(self, request: Request) -> None:
         self._release(request)
