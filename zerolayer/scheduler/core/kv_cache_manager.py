@@ -96,6 +96,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.num_blocks_held = 0
         self.needs_reconcile = False
+        self._lease_lost = False
         self.unusable_since: float | None = None
         """``clock()`` when the first call that failed since the kvstore was last usable began;
         None while it is usable."""
@@ -130,8 +131,13 @@ class KVCacheManager:
     def lease_lost(self) -> bool:
         """True when this scheduler's references at the kvstore are gone (see
         :class:`KVLeaseLost`): every request's blocks must be dropped (:meth:`forget`) and its KV
-        recomputed before the next :meth:`reconcile`, which registers again."""
-        return self.allocator.lease_lost()
+        recomputed before the next :meth:`reconcile`, which registers again. The first time it
+        finds the lease lost, that reconcile is due at once (not after the probe interval)."""
+        lost = self.allocator.lease_lost()
+        if lost and not self._lease_lost:
+            self._next_reconcile = 0.0
+        self._lease_lost = lost
+        return lost
 
     def get_computed_blocks(self, request: Request) -> int:
         """Takes the cached prefix of a request that holds no blocks; returns its token count.

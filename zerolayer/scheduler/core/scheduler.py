@@ -144,6 +144,8 @@ class Scheduler:
         While the kvstore is unusable, requests that fit in the blocks they hold keep running;
         those that need a new block, and admissions, wait for it to come back, for at most
         ``policy.kv_unavailable_timeout_s``; then they are ended (``SchedulerOutput.failed``).
+        When the kvstore released this scheduler's references (its lease is lost, before or
+        during planning), every running request is recomputed (:meth:`_recompute_running`).
         """
         output = SchedulerOutput()
         if self.kv.lease_lost():
@@ -186,6 +188,10 @@ class Scheduler:
             self.running.append(request)
             output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
+        if self.kv.lease_lost():
+            # A call of this step found the lease lost: nothing planned may write its blocks.
+            self._recompute_running()
+            return SchedulerOutput()
         if not kv_usable:
             probed = self.kv.num_reconcile_attempts > num_probes
             self._fail_if_kv_down_too_long(blocked, output, probed)
