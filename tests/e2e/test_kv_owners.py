@@ -122,3 +122,36 @@ def test_the_references_of_a_killed_scheduler_are_released_when_its_lease_expire
     assert stats.num_owners == 1  # the stack's scheduler
     again = generate_ids(text_stub(stack), PROMPT, 4, "owners")
     assert again.usage.cached_prompt_tokens == 80
+
+
+def test_a_scheduler_stopped_longer_than_its_lease_recomputes_and_answers_the_same(
+    stack: Stack,
+) -> None:
+    process, address = start_scheduler(stack, "scheduler-d")
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            undisturbed = [
+                t
+                for o in stub.Generate(engine_request("d-1", 300), timeout=60)
+                for t in o.new_token_ids
+            ]
+            tokens: list[int] = []
+            for output in stub.Generate(engine_request("d-2", 300), timeout=60):
+                tokens += output.new_token_ids
+                if len(tokens) >= 5 > len(tokens) - len(output.new_token_ids):
+                    # Stopped mid-stream for longer than its lease: the kvstore releases its
+                    # references; back, it must not write into them but recompute.
+                    os.kill(process.pid, signal.SIGSTOP)
+                    time.sleep(2.5 * LEASE_S)
+                    assert owners(stack)[address].lease_expired
+                    os.kill(process.pid, signal.SIGCONT)
+            stats = stub.GetStats(scheduler_pb2.SchedulerStatsRequest(), timeout=5)
+        assert tokens == undisturbed
+        assert stats.num_preemptions >= 1
+        back = owners(stack)[address]
+        assert back.epoch == 2 and not back.lease_expired
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
