@@ -14,8 +14,9 @@ from zerolayer.stack.health_watch import HealthTarget
 from zerolayer.stack.launcher import Stack, StackConfig
 
 STACK_FIELDS = {field.name for field in dataclasses.fields(StackConfig)}
-NOT_FROM_THE_LAUNCHER = {"remove_arena_on_exit"}
-"""Layer settings the launcher never passes (it removes the arena itself when the stack stops)."""
+NOT_FROM_THE_LAUNCHER = {"remove_arena_on_exit", "owner_id"}
+"""Layer settings the launcher never passes: it removes the arena itself when the stack stops, and
+a scheduler's owner id is its default, the slot's socket address (the same across restarts)."""
 PROCESSES = ["loader", "kvstore", "scheduler", "scheduler-1", "scheduler-2"]
 PROCESSES += ["frontend", "frontend-1", "frontend-2"]
 """The processes of a stack at the sample values: 2 active schedulers, 1 standby, 3 frontends."""

@@ -164,8 +164,8 @@ class Stack:
         return {name: self.health_target(name) for name in self.slots}
 
     def start(self) -> None:
-        """Starts every process at once (each waits for the layers it needs; the schedulers one
-        after another) and waits until all are SERVING (a standby scheduler: on "").
+        """Starts every process at once (each waits for the layers it needs) and waits until all
+        are SERVING (a standby scheduler: on "").
 
         Raises:
             CheckpointError: the model directory is not a loadable checkpoint.
@@ -179,15 +179,9 @@ class Stack:
                 # Holds the VMM descriptors of the weights and the KV arena, so that a restarted
                 # loader or kvstore maps the same device memory (zerolayer.sharing.fd_keeper).
                 self._fd_keeper = FdKeeper(self.run_dir / "fds.sock")
-            deadline = time.monotonic() + self.config.startup_timeout_s
-            schedulers = self.scheduler_names()
             for name in self.slots:
-                if name in schedulers[1:]:
-                    # NOTE: one scheduler at a time: a scheduler's start-up Reconcile declares
-                    # every reference the kvstore holds as its own (a kvstore of one owner), so
-                    # it would free the warm-up blocks of another scheduler starting beside it.
-                    self.wait_healthy(schedulers[schedulers.index(name) - 1], deadline)
                 self.start_layer(name)
+            deadline = time.monotonic() + self.config.startup_timeout_s
             for name in self.slots:
                 self.wait_healthy(name, deadline)
         except BaseException:
