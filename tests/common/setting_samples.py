@@ -21,6 +21,8 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "shm_path": ("/dev/shm/zl-test.kv", "/dev/shm/zl-test.kv"),
     "fd_keeper": ("/run/zl/fds.sock", "/run/zl/fds.sock"),
     "instance_id": ("zl-test", "zl-test"),
+    "standby": (None, True),
+    "reuse_port": (None, True),
     "model_dir": ("/models/llama", "/models/llama"),
     "model_name": ("llama-test", "llama-test"),
     "prefetch": (None, False),
@@ -44,6 +46,9 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "run_dir": ("/tmp/zl-run", "/tmp/zl-run"),
     "supervise": (None, False),
     "metrics_port_base": ("9200", 9200),
+    "schedulers": ("2", 2),
+    "standby_schedulers": ("1", 1),
+    "frontends": ("3", 3),
 }
 """Setting name -> (the value's text, None for a switch; the value parsed)."""
 

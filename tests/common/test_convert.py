@@ -18,6 +18,7 @@ from zerolayer.common.generation import (
     Usage,
     join_chunks,
 )
+from zerolayer.common.scheduler_role import SchedulerRole
 from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.kv.commit import CommitEntry
@@ -97,10 +98,19 @@ def test_residency_round_trips() -> None:
 
 def test_scheduler_stats_carry_every_engine_counter() -> None:
     counters = EngineStats(1, 2, 3, 4, 5, "native", 6)
-    pb = convert.scheduler_stats_to_pb(counters, block_size=16, not_serving_reason="Xid 79")
+    pb = convert.scheduler_stats_to_pb(
+        counters, block_size=16, not_serving_reason="Xid 79", role=SchedulerRole.STANDBY
+    )
     assert (pb.num_running, pb.num_waiting, pb.num_blocks_held, pb.num_preemptions) == (1, 2, 3, 4)
     assert (pb.num_steps, pb.attention_backend, pb.num_cuda_graphs) == (5, "native", 6)
     assert (convert.block_size_from_stats_pb(pb), pb.not_serving_reason) == (16, "Xid 79")
+    assert convert.role_from_stats_pb(pb) is SchedulerRole.STANDBY
+
+
+@pytest.mark.parametrize("role", [SchedulerRole.ACTIVE, SchedulerRole.STANDBY])
+def test_activate_answers_round_trip(role: SchedulerRole) -> None:
+    assert convert.activate_response_from_pb(convert.activate_response_to_pb(role)) is role
+    assert convert.activate_request_to_pb().ListFields() == []
 
 
 def test_public_answers() -> None:

@@ -179,3 +179,38 @@ def test_a_layer_that_never_answered_is_not_reported(tmp_path: Path, caplog) -> 
     finally:
         watch.close()
     assert messages(caplog) == []
+
+
+def test_a_second_scheduler_is_asked_why_like_the_first(
+    layer, caplog: pytest.LogCaptureFixture
+) -> None:
+    address, servicer, stats = layer
+    watch = HealthWatch({"scheduler-1": HealthTarget(address, layer="scheduler")}, interval_s=0.0)
+    caplog.set_level(logging.INFO, logger="zerolayer.stack.health_watch")
+    try:
+        watch.poll({"scheduler-1": 7})
+        stats.reason = "GPU fatal event: Xid 79"
+        servicer.set("", NOT_SERVING)
+        watch.poll({"scheduler-1": 7})
+    finally:
+        watch.close()
+    assert messages(caplog) == [
+        (logging.ERROR, "zerolayer: scheduler-1 (pid 7) stopped serving: GPU fatal event: Xid 79")
+    ]
+
+
+def test_a_restarted_process_that_serves_after_its_start_up_is_not_reported(
+    layer, caplog: pytest.LogCaptureFixture
+) -> None:
+    address, servicer, _ = layer
+    watch = HealthWatch({"scheduler": HealthTarget(address)}, interval_s=0.0)
+    caplog.set_level(logging.INFO, logger="zerolayer.stack.health_watch")
+    try:
+        watch.poll({"scheduler": 100})
+        servicer.set("", NOT_SERVING)  # pid 101: the restarted one, warming up
+        watch.poll({"scheduler": 101})
+        servicer.set("", SERVING)
+        watch.poll({"scheduler": 101})
+    finally:
+        watch.close()
+    assert messages(caplog) == []

@@ -80,6 +80,19 @@ def test_metrics_ports_overlapping_the_listen_port_are_refused(model_dir: Path) 
     )
 
 
+def test_the_metrics_ports_of_extra_schedulers_and_frontends_are_checked(
+    model_dir: Path, taken_port: int
+) -> None:
+    # loader N, kvstore N+1, scheduler N+2, frontend N+3, scheduler-1 N+4, frontend-1 N+5
+    config = make_config(model_dir, metrics_port_base=taken_port - 5, schedulers=2, frontends=2)
+    assert refusal(config) == (
+        f"--metrics-port-base: port {taken_port} (the frontend-1's metrics) on 127.0.0.1: "
+        "the port is already in use"
+    )
+    standby = make_config(model_dir, metrics_port_base=taken_port - 4, standby_schedulers=1)
+    assert refusal(standby).startswith(f"--metrics-port-base: port {taken_port} (the scheduler-1's")
+
+
 def test_bind_error_of_an_address_that_is_not_local() -> None:
     assert bind_error("192.0.2.1", free_port()) == (
         "cannot listen there (Cannot assign requested address)"
@@ -143,6 +156,26 @@ def test_a_run_dir_that_cannot_be_made_is_refused(model_dir: Path, tmp_path: Pat
         assert refusal(make_config(model_dir, run_dir=run_dir)).startswith(
             f"--run-dir: {run_dir}: {reason}"
         )
+
+
+def test_the_sockets_of_every_scheduler_are_checked(model_dir: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(run_dir / "scheduler-2.sock"))
+        server.listen()
+        check_stack(make_config(model_dir, run_dir=str(run_dir), schedulers=2))
+        assert refusal(make_config(model_dir, run_dir=str(run_dir), standby_schedulers=2)) == (
+            f"--run-dir: {run_dir}: in use by a running stack "
+            f"({run_dir / 'scheduler-2.sock'} accepts connections)"
+        )
+    # "scheduler-10.sock" is the longest path of 11 schedulers.
+    name = "d" * (107 - len(f"{tmp_path}//scheduler-1.sock"))
+    check_stack(make_config(model_dir, run_dir=str(tmp_path / name), schedulers=2))
+    assert refusal(make_config(model_dir, run_dir=str(tmp_path / name), schedulers=11)) == (
+        f"--run-dir: {tmp_path / name}: too long for a unix socket path "
+        f"({tmp_path / name / 'scheduler-10.sock'} over 107 bytes)"
+    )
 
 
 def test_a_refused_start_leaves_no_run_dir(

@@ -100,7 +100,10 @@ def main(args: argparse.Namespace) -> dict:
     vocab_size = vocab_size_of(model_dir)
     prompts = random_prompts(args.num_requests, args.prompt_tokens, vocab_size, seed=0)
     config = stack_config(
-        args, model_dir, max_num_seqs=max(MAX_NUM_SEQS.default, args.num_requests)
+        args,
+        model_dir,
+        max_num_seqs=max(MAX_NUM_SEQS.default, args.num_requests),
+        schedulers=args.schedulers,
     )
     with Stack(config):
         warm_up(config.listen, vocab_size)
@@ -120,7 +123,11 @@ def main(args: argparse.Namespace) -> dict:
             "greedy": True,
         },
         "torch_threads": {"zerolayer_scheduler": threads, "hf_transformers": threads},
-        "zerolayer": {**zerolayer, "max_num_seqs": config.max_num_seqs},
+        "zerolayer": {
+            **zerolayer,
+            "max_num_seqs": config.max_num_seqs,
+            "schedulers": config.schedulers,
+        },
         **hf,
         "ratio_vs_hf_padded_batch": vs_batch,
         "ratio_vs_hf_sequential": vs_sequential,
@@ -159,5 +166,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--hf-batch-size", type=int, default=0, help="static batch of the baseline; 0: all at once"
+    )
+    p.add_argument(
+        "--schedulers",
+        type=int,
+        default=1,
+        help="scheduler processes of zerolayer's stack, each with --num-threads torch threads",
     )
     add_threads_argument(p)

@@ -146,6 +146,9 @@ class SchedulerConfig(EngineSettings, DeviceSettings, LayerSettings):
     """Where the loader serves."""
     kvstore_address: str
     """Where the kvstore serves."""
+    standby: bool = settings.STANDBY.default
+    """Start as a warmed standby (``--standby``): NOT_SERVING on ``zerolayer.v1.Scheduler``
+    until ``Activate``, SERVING on "" once warmed; calls it gets are served."""
     owner_id: str = settings.OWNER_ID.default
     """Who this scheduler is to the kvstore (the same across its restarts); empty: ``address``."""
 
@@ -167,6 +170,9 @@ class FrontendConfig(ApiSettings, LayerSettings):
     instance_id: str = settings.INSTANCE_ID.default
     """Extra health name ``zerolayer.instance.<id>`` (lets a launcher recognise its own frontend
     on a TCP port another process might hold)."""
+    reuse_port: bool = settings.REUSE_PORT.default
+    """Share ``listen`` with the stack's other frontends (SO_REUSEPORT) and also listen on the
+    abstract unix socket of ``instance_id`` (``--reuse-port``; needs an instance id)."""
     max_stop_strings: int = 16
     """Most stop strings per request (a limit of the API, not a flag)."""
     max_cache_salt_bytes: int = 256

@@ -66,6 +66,12 @@ def instance_health_name(instance_id: str) -> str:
     return f"zerolayer.instance.{instance_id}"
 
 
+def instance_address(instance_id: str) -> str:
+    """The private address of a server started with ``instance_id`` and ``reuse_port``: the
+    abstract unix socket ``zerolayer.instance.<id>`` (Linux; no file, gone with the process)."""
+    return f"unix-abstract:{instance_health_name(instance_id)}"
+
+
 class LayerServer:
     """An aio gRPC server with health and reflection; health starts NOT_SERVING.
 
@@ -80,6 +86,8 @@ class LayerServer:
         tracing: Tracing | None = None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         instance_id: str = "",
+        reuse_port: bool = False,
+        held_services: Sequence[str] = (),
     ) -> None:
         """
         Args:
@@ -91,8 +99,22 @@ class LayerServer:
                 outside the refusal of requests that do not parse (they see it as an abort).
             instance_id: also report health under ``zerolayer.instance.<id>``, so a launcher can
                 tell its own process from another one answering on the same address.
+            reuse_port: share ``address`` with the other processes of the same stack
+                (SO_REUSEPORT: the kernel spreads new connections over them), and also listen
+                on :func:`instance_address`, so that a launcher reaches this process alone.
+                Off: a taken port is an error, so a second stack cannot share it by mistake.
+            held_services: service names that report NOT_SERVING even while the server
+                serves, until :meth:`release_service` (a standby scheduler's service).
+
+        Raises:
+            ValueError: ``reuse_port`` without an ``instance_id``.
         """
+        if reuse_port and not instance_id:
+            raise ValueError("reuse_port: needs an instance_id (its private address)")
         self.instance_id = instance_id
+        self.reuse_port = reuse_port
+        self._held_services = set(held_services)
+        self._serving = False
         self.address = address
         self._bindings = list(bindings)
         self.tracing = tracing
@@ -103,15 +125,15 @@ class LayerServer:
         ]
         if tracing is not None:
             chain.insert(0, TracingServerInterceptor(tracing))
-        # NOTE: SO_REUSEPORT off, so a second stack on a taken port fails instead of silently
-        # sharing it.
+        # NOTE: SO_REUSEPORT off unless asked for, so a second stack on a taken port fails
+        # instead of silently sharing it.
         self.server = grpc.aio.server(
             interceptors=chain,
             # NOTE: gRPC takes the first of duplicate options, so the receive limit replaces
             # CHANNEL_OPTIONS' instead of following it.
             options=(
                 *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", int(reuse_port)),
                 ("grpc.max_receive_message_length", max_receive_bytes),
             ),
         )
@@ -140,6 +162,8 @@ class LayerServer:
             port = 0
         if port == 0:
             raise RuntimeError(f"cannot listen on {self.address} ({self._bind_failure()})")
+        if self.reuse_port:
+            self.server.add_insecure_port(instance_address(self.instance_id))
         await self.server.start()
         socket_path = _unix_socket_path(self.address)
         if socket_path and not os.path.exists(socket_path):
@@ -155,17 +179,28 @@ class LayerServer:
 
     async def set_serving(self, serving: bool) -> None:
         """Sets overall health and that of each registered service (NOT_SERVING for good after
-        :meth:`stop_serving`)."""
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving and not self.not_serving_reason
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        :meth:`stop_serving`; a held service stays NOT_SERVING until released)."""
+        self._serving = serving
         names = ["", *(b.service_name for b in self._bindings)]
         if self.instance_id:
             names.append(instance_health_name(self.instance_id))
         for name in names:
-            await self.health.set(name, status)
+            await self.health.set(name, self._status(name))
+
+    def _status(self, name: str) -> int:
+        serving = self._serving and not self.not_serving_reason and name not in self._held_services
+        return (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+
+    async def release_service(self, name: str) -> None:
+        """Lets the held service ``name`` report what the server reports (SERVING once it
+        serves); does nothing for a service that is not held."""
+        if name in self._held_services:
+            self._held_services.discard(name)
+            await self.health.set(name, self._status(name))
 
     async def stop_serving(self, reason: str) -> None:
         """Reports NOT_SERVING from now on, though the process keeps running (e.g. its GPU failed:

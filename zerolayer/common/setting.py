@@ -86,9 +86,12 @@ class Setting:
             raise ValueError(f"{self.flag}: {exc}") from None
 
     def argv(self, value: Any) -> list[str]:
-        """The command-line words that give ``value``: none for the default (or None)."""
+        """The command-line words that give ``value``: none for the default (or None); a list or
+        tuple gives the flag once per item (``--scheduler A --scheduler B``), in order."""
         if value is None or (value == self.default and self.default is not REQUIRED):
             return []
+        if isinstance(value, list | tuple):
+            return [word for item in value for word in (self.flag, str(item))]
         return [self.flag] if self.is_switch else [self.flag, str(value)]
 
     def add_to(self, parser: argparse.ArgumentParser, for_up: bool = False) -> None:

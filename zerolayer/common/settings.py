@@ -1,13 +1,16 @@
 """Every flag of the layers and of ``zerolayer up``, declared once: its default lives here.
 
-The layers' parsers, ``zerolayer up``'s flags, ``StackConfig``'s defaults, the launcher's command
-lines and the config dataclasses all derive from these declarations (see
-:func:`add_layer_arguments`, :func:`config_from_args`, :func:`layer_argv`); compose.yaml is
-checked against them (tests/test_compose.py).
+The layers' flags are declared here, ``zerolayer up``'s own (run directory, supervision, metrics
+ports, how many schedulers and frontends) in ``zerolayer.common.stack_settings``; :data:`SETTINGS`
+holds both. The layers' parsers, ``zerolayer up``'s flags, ``StackConfig``'s defaults, the
+launcher's command lines and the config dataclasses all derive from these declarations (see
+``zerolayer.common.setting``: :func:`add_arguments`, :func:`config_from_args`,
+:func:`command_line`); compose.yaml is checked against them (tests/test_compose.py).
 """
 
 from __future__ import annotations
 
+from zerolayer.common import stack_settings
 from zerolayer.common.device import device_argument
 from zerolayer.common.setting import (
     Setting,
@@ -60,6 +63,24 @@ INSTANCE_ID = Setting(
     "--instance-id",
     "also report health as zerolayer.instance.<ID> (the launcher's check of its own frontend)",
     default="",
+    layers=(FRONTEND,),
+)
+STANDBY = Setting(
+    "standby",
+    "--standby",
+    'start as a warmed standby: health SERVING on "" but NOT_SERVING on zerolayer.v1.Scheduler '
+    "until Scheduler/Activate (zerolayer up promotes one when an active scheduler dies); calls "
+    "it gets are served",
+    default=False,
+    layers=(SCHEDULER,),
+)
+REUSE_PORT = Setting(
+    "reuse_port",
+    "--reuse-port",
+    "share --listen with the other frontends of the same stack (SO_REUSEPORT; zerolayer up sets "
+    "it for --frontends > 1), and also listen on the abstract unix socket "
+    "zerolayer.instance.<ID> of --instance-id, where the launcher checks this process alone",
+    default=False,
     layers=(FRONTEND,),
 )
 # -- the model (loader)
@@ -272,43 +293,12 @@ METRICS_HOST = Setting(
 )
 
 
-# -- the stack only (zerolayer up)
-def _metrics_port_base(value: int) -> None:
-    """Check of ``--metrics-port-base``: 0, or a base whose layers' ports are all TCP ports."""
-    if value and not 1 <= value <= 65536 - len(LAYERS):
-        raise ValueError(f"must be in 1..{65536 - len(LAYERS)} (or 0: off)")
-
-
-RUN_DIR = Setting(
-    "run_dir",
-    "--run-dir",
-    "directory for the internal unix sockets (made with mode 0700)",
-    default=None,
-    metavar="DIR",
-    default_note="a new private temporary directory",
-    up=True,
-)
-SUPERVISE = Setting(
-    "supervise",
-    "--no-supervise",
-    "do not restart layers that exit (an exit is logged)",
-    default=True,
-    up=True,
-)
-METRICS_PORT_BASE = Setting(
-    "metrics_port_base",
-    "--metrics-port-base",
-    "Prometheus ports: loader N, kvstore N+1, scheduler N+2, frontend N+3",
-    default=0,
-    check=_metrics_port_base,
-    metavar="N",
-    default_note="off",
-    up=True,
-)
-
 # NOTE: collected rather than listed, so a new declaration cannot be left out.
-SETTINGS = tuple(value for value in dict(globals()).values() if isinstance(value, Setting))
-"""Every declaration above, in order."""
+SETTINGS = (
+    *(value for value in dict(globals()).values() if isinstance(value, Setting)),
+    *stack_settings.STACK_SETTINGS,
+)
+"""Every declaration above, in order, then ``zerolayer up``'s own (``stack_settings``)."""
 
 
 def layer_settings(layer: str) -> tuple[Setting, ...]:

@@ -45,6 +45,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         tracing=tracing,
         interceptors=[RequestCountingInterceptor(metrics, ("/zerolayer.", "/inference."))],
         instance_id=config.instance_id,
+        reuse_port=config.reuse_port,
     )
 
     async def on_stop() -> None:

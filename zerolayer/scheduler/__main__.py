@@ -19,6 +19,7 @@ from zerolayer.common.tracing import Tracing
 from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
 from zerolayer.scheduler.gpu_health.watch import watch_gpu
 from zerolayer.scheduler.kv_client import KVStoreClient
+from zerolayer.scheduler.role import RoleSwitch
 from zerolayer.scheduler.server import SchedulerServicer
 from zerolayer.scheduler.startup import build_serving_engine
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -39,12 +40,15 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
     torch.set_num_threads(config.num_threads or default_num_threads(len(os.sched_getaffinity(0))))
     registry = serve_metrics(config.metrics_port, host=config.metrics_host, collectors=[])
     holder: dict[str, object] = {}
-    servicer = SchedulerServicer(tracing)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+    # NOTE: a standby holds its service's health NOT_SERVING until Activate releases it.
+    role = RoleSwitch(config.standby, lambda: server.release_service(name))
+    servicer = SchedulerServicer(role, tracing)
     server = LayerServer(
         config.address,
         [ServiceBinding(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, name)],
         tracing=tracing,
+        held_services=(name,) if config.standby else (),
     )
 
     async def on_start() -> None:
@@ -60,10 +64,11 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
         servicer.attach(engine)
         stats = engine.stats()
         log.info(
-            "engine started with %d torch threads; attention: %s, %d decode CUDA graphs",
+            "engine started with %d torch threads; attention: %s, %d decode CUDA graphs; %s",
             torch.get_num_threads(),
             stats.attention_backend,
             stats.num_cuda_graphs,
+            role.role.name.lower(),
         )
         # NOTE: GPU signals and events exist only where the engine runs on a CUDA device with
         # NVML (or with --nvml-script); a fatal GPU event fails the engine and reports

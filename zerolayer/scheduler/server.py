@@ -9,6 +9,7 @@ import grpc
 from opentelemetry import context as otel_context
 
 from zerolayer.common.convert import (
+    activate_response_to_pb,
     engine_request_from_pb,
     request_output_to_pb,
     scheduler_stats_to_pb,
@@ -18,14 +19,16 @@ from zerolayer.common.generation import RequestOutput
 from zerolayer.common.tracing import Tracing
 from zerolayer.scheduler.core.engine import Engine
 from zerolayer.scheduler.request_trace import RequestTrace
+from zerolayer.scheduler.role import RoleSwitch
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     """zerolayer.v1.Scheduler over an :class:`Engine`."""
 
-    def __init__(self, tracing: Tracing | None = None) -> None:
+    def __init__(self, role: RoleSwitch, tracing: Tracing | None = None) -> None:
         self._engine: Engine | None = None
+        self._role = role
         self._tracing = tracing
 
     def attach(self, engine: Engine) -> None:
@@ -73,5 +76,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.SchedulerStats:
         engine = self._require_engine()
         return scheduler_stats_to_pb(
-            engine.stats(), engine.runner.block_size, engine.not_serving_reason
+            engine.stats(), engine.runner.block_size, engine.not_serving_reason, self._role.role
         )
+
+    async def Activate(
+        self, request: scheduler_pb2.ActivateRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ActivateResponse:
+        # NOTE: no engine needed: a scheduler activated while it starts serves once warmed.
+        return activate_response_to_pb(await self._role.activate())

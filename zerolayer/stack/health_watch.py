@@ -30,6 +30,9 @@ class HealthTarget:
     address: str
     service: str = ""
     """Health service name to ask for ("" = the whole server)."""
+    layer: str = ""
+    """The layer the process runs ("scheduler" for ``scheduler-1`` too): how to ask it why it
+    stopped serving (:data:`REASONS`); "": the name it is watched under."""
 
 
 def scheduler_reason(channel: grpc.Channel) -> str:
@@ -44,15 +47,16 @@ def scheduler_reason(channel: grpc.Channel) -> str:
 
 
 REASONS: dict[str, Callable[[grpc.Channel], str]] = {"scheduler": scheduler_reason}
-"""Per layer, how to ask it why it stopped serving."""
+"""Per layer, how to ask one of its processes why it stopped serving."""
 
 
 class HealthWatch:
     """Polls the health of running layers (at most every ``interval_s``) and logs when one that
     was SERVING reports NOT_SERVING while its process lives on, and when it serves again.
 
-    A new process (a restart) starts a new history, so its start-up is never reported. Not
-    thread-safe: the supervisor thread calls :meth:`poll`.
+    A new process (a restart) starts a new history when it first reports SERVING, so its
+    start-up is never reported. Not thread-safe: one thread (the supervisor's health watch)
+    calls :meth:`poll`.
     """
 
     def __init__(
@@ -97,13 +101,16 @@ class HealthWatch:
             if unanswered is not None and unanswered[0] == pid and unanswered[2]:
                 log.warning("zerolayer: %s (pid %d) answers health checks again", layer, pid)
             previous = self._last.get(layer)
+            if (previous is None or previous[0] != pid) and status != SERVING:
+                continue  # still starting: a process's history begins when it first serves
             self._last[layer] = (pid, status)
             if previous is None or previous[0] != pid or previous[1] == status:
                 continue
             if status == SERVING:
                 log.warning("zerolayer: %s is serving again", layer)
             else:
-                reason = REASONS[layer](self._channel(layer)) if layer in REASONS else ""
+                ask = REASONS.get(self._targets[layer].layer or layer)
+                reason = ask(self._channel(layer)) if ask is not None else ""
                 log.error(
                     "zerolayer: %s (pid %d) stopped serving: %s",
                     layer,

@@ -1,13 +1,15 @@
-"""Starts the four layers as separate processes, waits until each is healthy, and stops them.
+"""Starts the layers as separate processes, waits until each is healthy, and stops them.
 
 The CLI's ``zerolayer up`` and the end-to-end tests use this same launcher; its settings are a
-:class:`zerolayer.stack.config.StackConfig`.
+:class:`zerolayer.stack.config.StackConfig`, its processes the slots of
+:mod:`zerolayer.stack.layout` (one loader, one kvstore, the schedulers, the frontends), and the
+supervisor that restarts them and promotes standby schedulers is
+:mod:`zerolayer.stack.supervisor`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import shutil
 import signal
@@ -20,18 +22,31 @@ from dataclasses import fields
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerolayer.checkpoints.checkpoint import read_checkpoint
-from zerolayer.common.server import LAUNCHER_PID_ENV, instance_health_name
+from zerolayer.common.server import (
+    LAUNCHER_PID_ENV,
+    instance_address,
+    instance_health_name,
+)
 from zerolayer.common.setting import command_line
-from zerolayer.common.settings import layer_settings
+from zerolayer.common.settings import (
+    FRONTEND,
+    KVSTORE,
+    LAYERS,
+    LOADER,
+    SCHEDULER,
+    layer_settings,
+)
 from zerolayer.kv.arena_file import sidecar_path
 from zerolayer.sharing.fd_keeper import FdKeeper
-from zerolayer.stack.config import LAYERS, SHM_DIR, StackConfig
-from zerolayer.stack.health_watch import HealthTarget, HealthWatch
+from zerolayer.stack.config import SHM_DIR, StackConfig
+from zerolayer.stack.health_watch import HealthTarget
+from zerolayer.stack.layout import frontend_instance_id
+from zerolayer.stack.probes import SERVING, health_status
+from zerolayer.stack.supervisor import Supervisor
 
-log = logging.getLogger(__name__)
+__all__ = ["LAYERS", "Stack", "StackConfig", "StackError", "StartupInterrupted"]
 
 
 class StackError(RuntimeError):
@@ -57,7 +72,8 @@ def stack_instance_id(run_dir: Path, owned: bool) -> str:
 
 
 class Stack:
-    """The four layer processes of one zerolayer deployment on this machine."""
+    """The processes of one zerolayer deployment on this machine, by slot name (``loader``,
+    ``kvstore``, ``scheduler``, ``scheduler-1`` ..., ``frontend``, ``frontend-1`` ...)."""
 
     def __init__(self, config: StackConfig) -> None:
         self.config = config
@@ -66,58 +82,96 @@ class Stack:
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.run_dir, 0o700)
         self.instance_id = stack_instance_id(self.run_dir, self._owns_run_dir)
-        """The frontend's ``--instance-id`` and the arena file's name: one per run directory."""
+        """The arena file's name and the first frontend's ``--instance-id``: one per run
+        directory."""
         self.shm_path = f"{SHM_DIR}/{self.instance_id}.kv"
         self.device = config.device
-        self._fd_keeper: FdKeeper | None = None
         """Resolved by StackConfig ("auto" -> "cpu" or "cuda:0"), so the three layers agree."""
+        self._fd_keeper: FdKeeper | None = None
+        self.slots = {slot.name: slot for slot in config.slots}
+        """Every process of the stack by name, in start order."""
         self.processes: dict[str, subprocess.Popen] = {}
-        self._held: set[str] = set()
-        """Layers stopped on purpose (not restarted by the supervisor)."""
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
+        self.standby: set[str] = set(self.scheduler_names()[config.schedulers :])
+        """Scheduler slots whose process is (or starts as) a standby; the supervisor moves a
+        slot out when it promotes its process, and in when a dead active one restarts."""
+        self.num_restarts: dict[str, int] = dict.fromkeys(self.slots, 0)
+        # Shared with the supervisor (zerolayer.stack.supervisor):
+        self.held: set[str] = set()
+        """Processes stopped on purpose (not restarted by the supervisor)."""
+        self.lock = threading.Lock()
+        """Guards ``processes``, ``held`` and ``standby`` between the caller and the supervisor."""
+        self.stopping = threading.Event()
+        """Set by :meth:`stop`: the supervisor starts nothing any more."""
+        self.layers_down = threading.Event()
+        """Set by :meth:`stop` once every process is down: the supervisor thread may end."""
         self._interrupted = threading.Event()
-        self._layers_down = threading.Event()
         self._supervisor: threading.Thread | None = None
-        self.num_restarts: dict[str, int] = dict.fromkeys(LAYERS, 0)
 
-    def address(self, layer: str) -> str:
-        """gRPC address of a layer (the frontend's public one, unix sockets for the others)."""
-        if layer == "frontend":
+    def scheduler_names(self) -> list[str]:
+        """The scheduler slots, in start order (``scheduler``, ``scheduler-1`` ...)."""
+        return [name for name, slot in self.slots.items() if slot.layer == SCHEDULER]
+
+    def address(self, name: str) -> str:
+        """gRPC address of a process: the public one for every frontend, a unix socket named
+        after the slot for the others."""
+        if self.slots[name].layer == FRONTEND:
             return self.config.listen
-        return f"unix:{self.run_dir / f'{layer}.sock'}"
+        return f"unix:{self.run_dir / f'{name}.sock'}"
 
-    def wiring(self) -> dict[str, object]:
-        """The settings the launcher gives the layers from the stack's layout (by setting name),
-        beside the user's in ``config``; each layer takes those it declares."""
+    def wiring(self, name: str) -> dict[str, object]:
+        """The settings the launcher gives process ``name`` from the stack's layout (by setting
+        name), beside the user's in ``config``; its layer takes those it declares."""
+        slot = self.slots[name]
         return {
-            "loader_address": self.address("loader"),
-            "kvstore_address": self.address("kvstore"),
-            "scheduler_address": self.address("scheduler"),
+            "address": self.address(name),
+            "metrics_port": self.config.metrics_port(name),
+            "loader_address": self.address(LOADER),
+            "kvstore_address": self.address(KVSTORE),
+            # NOTE: a list: the frontend gets the flag once per scheduler, standbys included
+            # (it routes by their health).
+            "scheduler_address": tuple(self.address(n) for n in self.scheduler_names()),
             "shm_path": self.shm_path,
             # NOTE: the keeper only holds device memory; a CPU stack runs none.
             "fd_keeper": str(self.run_dir / "fds.sock") if self.device != "cpu" else "",
-            "instance_id": self.instance_id,
+            "instance_id": frontend_instance_id(self.instance_id, slot.index),
+            "standby": name in self.standby,
+            "reuse_port": self.config.frontends > 1,
         }
 
-    def command(self, layer: str) -> list[str]:
-        """The command line that runs ``layer`` alone: its flags from ``config`` and
-        :meth:`wiring`, each left out at the layer's default."""
+    def command(self, name: str) -> list[str]:
+        """The command line that runs process ``name`` alone: its layer's flags from ``config``
+        and :meth:`wiring`, each left out at the layer's default."""
         values = {field.name: getattr(self.config, field.name) for field in fields(self.config)}
-        values |= self.wiring()
-        values |= {"address": self.address(layer), "metrics_port": self.config.metrics_port(layer)}
+        values |= self.wiring(name)
+        layer = self.slots[name].layer
         flags = command_line(layer_settings(layer), values)
         return [sys.executable, "-m", f"zerolayer.{layer}", *flags]
 
+    def health_target(self, name: str) -> HealthTarget:
+        """Where process ``name`` reports its health: a frontend under its instance name, on
+        its private address when the frontends share the public port."""
+        slot = self.slots[name]
+        if slot.layer != FRONTEND:
+            return HealthTarget(self.address(name), layer=slot.layer)
+        instance_id = frontend_instance_id(self.instance_id, slot.index)
+        # NOTE: the frontend is asked by instance name: on its TCP port another stack could
+        # answer (the other layers' unix sockets are private to this stack).
+        address = instance_address(instance_id) if self.config.frontends > 1 else self.address(name)
+        return HealthTarget(address, instance_health_name(instance_id), slot.layer)
+
+    def health_targets(self) -> dict[str, HealthTarget]:
+        """Where each process reports its health."""
+        return {name: self.health_target(name) for name in self.slots}
+
     def start(self) -> None:
-        """Starts all layers at once (each waits for the ones it needs) and waits until all are
-        SERVING.
+        """Starts every process at once (each waits for the layers it needs) and waits until all
+        are SERVING (a standby scheduler: on "").
 
         Raises:
             CheckpointError: the model directory is not a loadable checkpoint.
-            StackError: a layer exited or was not healthy within ``startup_timeout_s``; every
-                started layer is stopped again.
-            StartupInterrupted: :meth:`interrupt` was called; every started layer is stopped.
+            StackError: a process exited or was not healthy within ``startup_timeout_s``; every
+                started process is stopped again.
+            StartupInterrupted: :meth:`interrupt` was called; every started process is stopped.
         """
         read_checkpoint(Path(self.config.model_dir))  # a bad --model fails here, not in a child
         try:
@@ -125,16 +179,18 @@ class Stack:
                 # Holds the VMM descriptors of the weights and the KV arena, so that a restarted
                 # loader or kvstore maps the same device memory (zerolayer.sharing.fd_keeper).
                 self._fd_keeper = FdKeeper(self.run_dir / "fds.sock")
-            for layer in LAYERS:
-                self.start_layer(layer)
+            for name in self.slots:
+                self.start_layer(name)
             deadline = time.monotonic() + self.config.startup_timeout_s
-            for layer in LAYERS:
-                self.wait_healthy(layer, deadline)
+            for name in self.slots:
+                self.wait_healthy(name, deadline)
         except BaseException:
             self.stop()
             raise
         # Without --supervise the thread still watches: it logs exits instead of restarting.
-        self._supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
+        self._supervisor = threading.Thread(
+            target=Supervisor(self).run, name="supervisor", daemon=True
+        )
         self._supervisor.start()
 
     def interrupt(self) -> None:
@@ -142,100 +198,17 @@ class Stack:
         :class:`StartupInterrupted` (safe to call from a signal handler)."""
         self._interrupted.set()
 
-    def health_targets(self) -> dict[str, HealthTarget]:
-        """Where each layer reports its health (the frontend under its instance name)."""
-        return {
-            layer: HealthTarget(
-                self.address(layer),
-                instance_health_name(self.instance_id) if layer == "frontend" else "",
-            )
-            for layer in LAYERS
-        }
-
-    def _supervise(self) -> None:
-        """Restarts layers that exit unexpectedly, with exponential backoff per layer (only logs
-        the exit when ``supervise`` is off), and logs layers that stop serving or answering while
-        alive (:class:`HealthWatch`)."""
-        watch = HealthWatch(self.health_targets())
-        try:
-            self._supervise_loop(watch)
-        finally:
-            watch.close()
-            # NOTE: layers restarted from this thread get PR_SET_PDEATHSIG from it (the signal
-            # follows the parent *thread*), so it must outlive them: stop() takes them down in
-            # order (SIGTERM, frontend first) before this thread may end.
-            self._layers_down.wait()
-
-    def _supervise_loop(self, watch: HealthWatch) -> None:
-        failures = dict.fromkeys(LAYERS, 0)
-        up_since = dict.fromkeys(LAYERS, time.monotonic())
-        reported_exits: set[int] = set()
-        while not self._stopping.wait(0.1):
-            with self._lock:
-                alive = {
-                    layer: process.pid
-                    for layer, process in self.processes.items()
-                    if layer not in self._held and process.poll() is None
-                }
-            watch.poll(alive)
-            for layer in LAYERS:
-                with self._lock:
-                    process = self.processes.get(layer)
-                    dead = (
-                        layer not in self._held
-                        and process is not None
-                        and process.poll() is not None
-                    )
-                if not dead or process.pid in reported_exits:
-                    continue
-                if not self.config.supervise:
-                    reported_exits.add(process.pid)
-                    log.error(
-                        "zerolayer: %s exited with code %s; not restarted (--no-supervise): "
-                        "requests that need it fail with UNAVAILABLE",
-                        layer,
-                        process.returncode,
-                    )
-                    continue
-                if time.monotonic() - up_since[layer] > 30:
-                    failures[layer] = 0
-                failures[layer] += 1
-                delay = min(0.25 * 2 ** (failures[layer] - 1), self.config.max_restart_backoff_s)
-                log.warning(
-                    "zerolayer: %s exited with code %s; restarting it in %.2f s (restart #%d)",
-                    layer,
-                    process.returncode,
-                    delay,
-                    self.num_restarts[layer] + 1,
-                )
-                if self._stopping.wait(delay):
-                    return
-                self._restart(layer)
-                up_since[layer] = time.monotonic()
-
-    def _restart(self, layer: str) -> None:
-        with self._lock:
-            if layer in self._held or self._stopping.is_set():
-                return
-            self.start_layer(layer)
-            self.num_restarts[layer] += 1
-        try:
-            self.wait_healthy(layer, time.monotonic() + self.config.startup_timeout_s)
-            log.warning("zerolayer: %s is back (pid %d)", layer, self.processes[layer].pid)
-        except StackError as exc:
-            log.error("zerolayer: %s did not come back: %s", layer, exc)
-
-    def start_layer(self, layer: str) -> subprocess.Popen:
-        """Starts one layer's process (replacing a dead one); the supervisor watches it again."""
-        self._held.discard(layer)
+    def start_layer(self, name: str) -> subprocess.Popen:
+        """Starts process ``name`` (replacing a dead one); the supervisor watches it again."""
+        self.held.discard(name)
         stderr = None
         if self.config.log_dir is not None:
             Path(self.config.log_dir).mkdir(parents=True, exist_ok=True)
-            stderr = open(Path(self.config.log_dir) / f"{layer}.log", "ab")  # noqa: SIM115
+            stderr = open(Path(self.config.log_dir) / f"{name}.log", "ab")  # noqa: SIM115
         # NOTE: own session, so a terminal's Ctrl-C reaches only the launcher, which then stops
         # the layers in order; the layers exit by themselves if the launcher dies.
         process = subprocess.Popen(
-            self.command(layer),
+            self.command(name),
             stdin=subprocess.DEVNULL,
             stderr=stderr,
             cwd=Path(__file__).resolve().parents[2],
@@ -244,58 +217,47 @@ class Stack:
         )
         if stderr is not None:
             stderr.close()
-        self.processes[layer] = process
+        self.processes[name] = process
         return process
 
-    def wait_healthy(self, layer: str, deadline: float) -> None:
-        """Polls the layer's gRPC health service until SERVING.
+    def wait_healthy(self, name: str, deadline: float) -> None:
+        """Polls the process's gRPC health (:meth:`health_target`) until SERVING.
 
         Raises:
             StackError: the process exited or the deadline passed.
+            StartupInterrupted: :meth:`interrupt` was called during :meth:`start`.
         """
-        target = self.address(layer)
-        with grpc.insecure_channel(target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
+        target = self.health_target(name)
+        with grpc.insecure_channel(target.address) as channel:
             while True:
                 # start() only: a restart by the supervisor is not interrupted
                 if self._interrupted.is_set() and self._supervisor is None:
-                    raise StartupInterrupted(f"interrupted while waiting for the {layer}")
-                process = self.processes[layer]
+                    raise StartupInterrupted(f"interrupted while waiting for the {name}")
+                process = self.processes[name]
                 if process.poll() is not None:
                     raise StackError(
-                        f"{layer} exited with code {process.returncode}{self._log_tail(layer)}"
+                        f"{name} exited with code {process.returncode}{self._log_tail(name)}"
                     )
-                try:
-                    # NOTE: the frontend is asked by instance name: on its TCP port another stack
-                    # could answer (the other layers' unix sockets are private to this stack).
-                    check = health_pb2.HealthCheckRequest(
-                        service=instance_health_name(self.instance_id)
-                        if layer == "frontend"
-                        else ""
-                    )
-                    status = stub.Check(check, timeout=1.0).status
-                    if status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
+                if health_status(channel, target.service) == SERVING:
+                    return
                 if time.monotonic() > deadline:
-                    raise StackError(f"{layer} not healthy in time{self._log_tail(layer)}")
+                    raise StackError(f"{name} not healthy in time{self._log_tail(name)}")
                 time.sleep(0.05)
 
-    def _log_tail(self, layer: str) -> str:
+    def _log_tail(self, name: str) -> str:
         if self.config.log_dir is None:
             return ""
-        path = Path(self.config.log_dir) / f"{layer}.log"
+        path = Path(self.config.log_dir) / f"{name}.log"
         if not path.exists():
             return ""
         return "\n--- " + str(path) + " ---\n" + path.read_text(errors="replace")[-3000:]
 
-    def stop_layer(self, layer: str, timeout_s: float = 10.0) -> None:
-        """Stops one layer on purpose (the supervisor leaves it down): SIGTERM, then SIGKILL
-        after ``timeout_s``."""
-        with self._lock:
-            self._held.add(layer)
-            process = self.processes.get(layer)
+    def stop_layer(self, name: str, timeout_s: float = 10.0) -> None:
+        """Stops process ``name`` on purpose (the supervisor leaves it down): SIGTERM, then
+        SIGKILL after ``timeout_s`` seconds."""
+        with self.lock:
+            self.held.add(name)
+            process = self.processes.get(name)
         if process is None or process.poll() is not None:
             return
         process.send_signal(signal.SIGTERM)
@@ -306,11 +268,12 @@ class Stack:
             process.wait()
 
     def stop(self) -> None:
-        """Stops every layer (frontend first) and removes the sockets and the shared memory."""
-        self._stopping.set()
-        for layer in reversed(LAYERS):
-            self.stop_layer(layer)
-        self._layers_down.set()
+        """Stops every process (frontends first, the loader last) and removes the sockets and
+        the shared memory."""
+        self.stopping.set()
+        for name in reversed(self.slots):
+            self.stop_layer(name)
+        self.layers_down.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=30)
         if self._fd_keeper is not None:
@@ -322,8 +285,9 @@ class Stack:
         if self._owns_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         else:
-            for layer in LAYERS[:3]:
-                Path(self.address(layer).removeprefix("unix:")).unlink(missing_ok=True)
+            for name, slot in self.slots.items():
+                if slot.layer != FRONTEND:
+                    Path(self.address(name).removeprefix("unix:")).unlink(missing_ok=True)
 
     def __enter__(self) -> Stack:
         self.start()

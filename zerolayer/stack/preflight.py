@@ -17,9 +17,10 @@ from pathlib import Path
 from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.config import warm_up_num_blocks
+from zerolayer.common.settings import INTERNAL
 from zerolayer.kv.arena_file import ArenaSizeError, check_arena_fits
 from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
-from zerolayer.stack.config import LAYERS, SHM_DIR, StackConfig
+from zerolayer.stack.config import SHM_DIR, StackConfig
 
 MAX_UNIX_SOCKET_PATH = 107
 """Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with the NUL)."""
@@ -51,7 +52,9 @@ def check_stack(config: StackConfig, shm_dir: str = SHM_DIR) -> None:
     _check_kv_cache_bytes(config, layout, max_model_len, shm_dir)
     _check_ports(config)
     if config.run_dir is not None:
-        _make_run_dir(config.run_dir)
+        _make_run_dir(
+            config.run_dir, [slot.name for slot in config.slots if slot.layer in INTERNAL]
+        )
 
 
 def _arena_layout(config: StackConfig) -> tuple[ArenaLayout, int]:
@@ -107,17 +110,18 @@ def _check_ports(config: StackConfig) -> None:
         raise PreflightError("--listen", f"{config.listen}: {reason}")
     if not config.metrics_port_base:
         return
-    for layer in LAYERS:
-        port = config.metrics_port(layer)
+    for slot in config.slots:
+        port = config.metrics_port(slot.name)
         if port == listen_port:
             raise PreflightError(
-                "--metrics-port-base", f"port {port} (the {layer}'s metrics) is the --listen port"
+                "--metrics-port-base",
+                f"port {port} (the {slot.name}'s metrics) is the --listen port",
             )
         reason = bind_error(config.metrics_host, port)
         if reason:
             raise PreflightError(
                 "--metrics-port-base",
-                f"port {port} (the {layer}'s metrics) on {config.metrics_host}: {reason}",
+                f"port {port} (the {slot.name}'s metrics) on {config.metrics_host}: {reason}",
             )
 
 
@@ -153,17 +157,19 @@ def bind_error(host: str, port: int) -> str:
     return ""
 
 
-def _make_run_dir(run_dir: str) -> None:
+def _make_run_dir(run_dir: str, socket_names: list[str]) -> None:
+    """Checks that the run directory can hold the sockets ``<name>.sock`` and that no running
+    stack uses it, then makes it (mode 0700)."""
     path = Path(run_dir)
-    longest = path / "scheduler.sock"
+    longest = path / f"{max(socket_names, key=len)}.sock"
     if len(os.fsencode(longest.absolute())) > MAX_UNIX_SOCKET_PATH:
         raise PreflightError(
             "--run-dir",
             f"{run_dir}: too long for a unix socket path ({longest} over "
             f"{MAX_UNIX_SOCKET_PATH} bytes)",
         )
-    for layer in LAYERS[:3]:  # the frontend listens on --listen
-        socket_path = path / f"{layer}.sock"
+    for name in socket_names:  # the frontends listen on --listen
+        socket_path = path / f"{name}.sock"
         if _accepts_connections(socket_path):
             raise PreflightError(
                 "--run-dir",

@@ -68,16 +68,23 @@ from zerolayer.common.convert.loader import (
     residency_to_pb,
 )
 from zerolayer.common.convert.scheduler import (
+    activate_request_to_pb,
+    activate_response_from_pb,
+    activate_response_to_pb,
     block_size_from_stats_pb,
     engine_request_from_pb,
     engine_request_to_pb,
     request_output_from_pb,
     request_output_to_pb,
+    role_from_stats_pb,
     scheduler_stats_request_to_pb,
     scheduler_stats_to_pb,
 )
 
 __all__ = [
+    "activate_request_to_pb",
+    "activate_response_from_pb",
+    "activate_response_to_pb",
     "allocate_request_from_pb",
     "allocate_request_to_pb",
     "allocate_response_from_pb",
@@ -132,6 +139,7 @@ __all__ = [
     "residency_from_pb",
     "residency_request_to_pb",
     "residency_to_pb",
+    "role_from_stats_pb",
     "scheduler_stats_request_to_pb",
     "scheduler_stats_to_pb",
     "tokenize_request_from_pb",

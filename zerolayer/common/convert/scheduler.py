@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.common.scheduler_role import SchedulerRole
 from zerolayer.v1 import scheduler_pb2
 
 
@@ -69,7 +70,10 @@ def scheduler_stats_request_to_pb() -> scheduler_pb2.SchedulerStatsRequest:
 
 
 def scheduler_stats_to_pb(
-    counters: Any, block_size: int, not_serving_reason: str
+    counters: Any,
+    block_size: int,
+    not_serving_reason: str,
+    role: SchedulerRole,
 ) -> scheduler_pb2.SchedulerStats:
     """A GetStats answer.
 
@@ -79,6 +83,7 @@ def scheduler_stats_to_pb(
             the same name.
         block_size: tokens per KV block.
         not_serving_reason: why the engine refuses work ("" while it serves).
+        role: active, or a standby not activated yet.
 
     Raises:
         ValueError: a field of ``counters`` that SchedulerStats lacks.
@@ -87,9 +92,30 @@ def scheduler_stats_to_pb(
         **dataclasses.asdict(counters),
         block_size=block_size,
         not_serving_reason=not_serving_reason,
+        role=int(role),
     )
 
 
 def block_size_from_stats_pb(pb: scheduler_pb2.SchedulerStats) -> int:
     """The KV block size (tokens) a GetStats answer reports."""
     return pb.block_size
+
+
+def role_from_stats_pb(pb: scheduler_pb2.SchedulerStats) -> SchedulerRole:
+    """The role a GetStats answer reports (UNSPECIFIED from a scheduler that predates roles)."""
+    return SchedulerRole(pb.role)
+
+
+def activate_request_to_pb() -> scheduler_pb2.ActivateRequest:
+    """An Activate request (it has no fields)."""
+    return scheduler_pb2.ActivateRequest()
+
+
+def activate_response_to_pb(previous_role: SchedulerRole) -> scheduler_pb2.ActivateResponse:
+    """An Activate answer: the role before the call."""
+    return scheduler_pb2.ActivateResponse(previous_role=int(previous_role))
+
+
+def activate_response_from_pb(pb: scheduler_pb2.ActivateResponse) -> SchedulerRole:
+    """The role an activated scheduler had before the call."""
+    return SchedulerRole(pb.previous_role)
