@@ -13,8 +13,9 @@ from zerolayer.common.settings import LAYERS, SETTINGS, layer_settings
 from zerolayer.stack.launcher import Stack, StackConfig
 
 STACK_FIELDS = {field.name for field in dataclasses.fields(StackConfig)}
-NOT_FROM_THE_LAUNCHER = {"remove_arena_on_exit"}
-"""Layer settings the launcher never passes (it removes the arena itself when the stack stops)."""
+NOT_FROM_THE_LAUNCHER = {"remove_arena_on_exit", "scheduler_wait_s", "failover_wait_s", "routing"}
+"""Layer settings the launcher never passes (it removes the arena itself when the stack stops;
+``zerolayer up`` does not offer the frontend's routing and failover settings yet)."""
 
 
 def make_stack(**settings: object) -> Stack:
@@ -49,7 +50,8 @@ def expected_values(stack: Stack, layer: str) -> dict[str, object]:
         if setting.name in STACK_FIELDS:
             expected[setting.name] = getattr(config, setting.name)
         elif setting.name in wiring:
-            expected[setting.name] = wiring[setting.name]
+            given = wiring[setting.name]
+            expected[setting.name] = setting.items(given) if setting.multiple else given
         else:
             assert setting.name in NOT_FROM_THE_LAUNCHER, setting.flag
             expected[setting.name] = setting.default

@@ -151,15 +151,27 @@ class FrontendConfig(ApiSettings, LayerSettings):
 
     loader_address: str
     """Where the loader serves (tokenizer, model info)."""
-    scheduler_address: str
-    """Where the scheduler serves."""
+    scheduler_address: tuple[str, ...]
+    """Where the schedulers serve, one address each (a lone string is taken as one address)."""
     instance_id: str = settings.INSTANCE_ID.default
     """Extra health name ``zerolayer.instance.<id>`` (lets a launcher recognise its own frontend
     on a TCP port another process might hold)."""
+    scheduler_wait_s: float = settings.SCHEDULER_WAIT_S.default
+    """Seconds a new request waits for a scheduler that can take it before UNAVAILABLE."""
+    failover_wait_s: float = settings.FAILOVER_WAIT_S.default
+    """Seconds a stream whose scheduler died waits for another (or the restarted) one."""
+    routing: str = settings.ROUTING.default
+    """"least-work" or "prefix-affine" (zerolayer.frontend.router)."""
     max_stop_strings: int = 16
     """Most stop strings per request (a limit of the API, not a flag)."""
     max_cache_salt_bytes: int = 256
     """Longest cache_salt accepted, bytes (a limit of the API, not a flag)."""
+
+    def __post_init__(self) -> None:
+        # NOTE: one address given as a string (as before several were possible) is one address,
+        # not a tuple of its characters.
+        if isinstance(self.scheduler_address, str):
+            object.__setattr__(self, "scheduler_address", (self.scheduler_address,))
 
 
 def default_num_threads(num_cores: int) -> int:
