@@ -13,6 +13,11 @@ from zerolayer.common.convert.generation import (
     tokenize_request_from_pb,
     tokenize_result_to_pb,
 )
+from zerolayer.common.convert.health import (
+    health_request_to_pb,
+    serving_from_health_pb,
+    serving_status_to_pb,
+)
 from zerolayer.common.convert.kvstore import (
     allocate_request_from_pb,
     allocate_request_to_pb,
@@ -81,6 +86,7 @@ __all__ = [
     "free_request_to_pb",
     "free_response_to_pb",
     "generate_params_from_pb",
+    "health_request_to_pb",
     "kv_stats_to_pb",
     "lookup_prefix_request_from_pb",
     "lookup_prefix_request_to_pb",
@@ -101,6 +107,8 @@ __all__ = [
     "residency_request_to_pb",
     "residency_to_pb",
     "scheduler_stats_request_to_pb",
+    "serving_from_health_pb",
+    "serving_status_to_pb",
     "scheduler_stats_to_pb",
     "tokenize_request_from_pb",
     "tokenize_result_to_pb",
