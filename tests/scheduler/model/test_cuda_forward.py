@@ -193,8 +193,6 @@ def test_sampling_device_logits_equals_cpu_logits() -> None:
         SamplingParams(),
     ]
 
-    def generators() -> list[torch.Generator]:
-        return [torch.Generator().manual_seed(seed) for seed in (10, 11, 12, 13)]
-
-    on_cpu = Sampler()(logits, params, generators())
-    assert Sampler()(logits.cuda(), params, generators()) == on_cpu
+    seeds, positions = [10, 11, 12, 13], [5, 6, 7, 8]
+    on_cpu = Sampler()(logits, params, seeds, positions)
+    assert Sampler()(logits.cuda(), params, seeds, positions) == on_cpu

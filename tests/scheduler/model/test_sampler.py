@@ -1,4 +1,4 @@
-"""Tests for the sampler: greedy, top-k/top-p masks, per-request generators, distributions."""
+"""Tests for the sampler: greedy, top-k/top-p masks, draws from (seed, position), distributions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from zerolayer.common.generation import SamplingParams
-from zerolayer.scheduler.model.sampler import Sampler, apply_top_k_top_p
+from zerolayer.scheduler.model.sampler import (
+    Sampler,
+    apply_top_k_top_p,
+    inverse_transform,
+    position_uniform,
+    splitmix64,
+)
 
 NEG_INF = float("-inf")
 
@@ -20,8 +26,9 @@ def make_logits(rows: list[list[float]]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32)
 
 
-def make_generators(*seeds: int) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(seed) for seed in seeds]
+def sample(logits: torch.Tensor, params: list[SamplingParams], seeds, positions=None) -> list[int]:
+    """Sampler() on ``logits`` with one seed per row, every row at position 0 unless given."""
+    return Sampler()(logits, params, list(seeds), list(positions or [0] * len(params)))
 
 
 def mask(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -35,7 +42,7 @@ def mask(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 def test_greedy_is_argmax() -> None:
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
-    token_ids = Sampler()(logits, [SamplingParams()] * 4, make_generators(0, 1, 2, 3))
+    token_ids = sample(logits, [SamplingParams()] * 4, [0, 1, 2, 3])
     assert token_ids == logits.argmax(dim=-1).tolist()
 
 
@@ -43,18 +50,15 @@ def test_greedy_is_argmax() -> None:
 def test_top_k_one_equals_greedy_at_any_temperature(temperature: float) -> None:
     logits = torch.randn(8, 100, generator=torch.Generator().manual_seed(1))
     params = [SamplingParams(temperature=temperature, top_k=1)] * 8
-    token_ids = Sampler()(logits, params, make_generators(*range(8)))
+    token_ids = sample(logits, params, range(8))
     assert token_ids == logits.argmax(dim=-1).tolist()
 
 
 @pytest.mark.parametrize("temperature", [1e-7, 0.0, 9e-6])
-def test_tiny_temperature_is_greedy_and_draws_nothing(temperature: float) -> None:
+def test_tiny_temperature_is_greedy(temperature: float) -> None:
     logits = make_logits([[0.0, 0.1, 0.2, 0.15], [3.0, 2.9, -1.0, 0.0]])
-    generators = make_generators(5, 6)
-    states = [g.get_state() for g in generators]
-    token_ids = Sampler()(logits, [SamplingParams(temperature=temperature)] * 2, generators)
+    token_ids = sample(logits, [SamplingParams(temperature=temperature)] * 2, [5, 6])
     assert token_ids == [2, 0]
-    assert all(torch.equal(g.get_state(), s) for g, s in zip(generators, states, strict=True))
 
 
 def test_top_k_two_keeps_the_two_largest_logits() -> None:
@@ -105,12 +109,11 @@ def test_rows_get_their_own_top_k_and_top_p() -> None:
 
 
 def draw_many(seed: int, num_draws: int, vocab_size: int) -> list[int]:
-    """num_draws single-row draws from one seeded generator over a flat distribution."""
-    sampler = Sampler()
+    """The tokens at positions 0 .. num_draws-1 of one seeded sequence over a flat distribution,
+    one single-row draw each."""
     logits = torch.zeros(1, vocab_size)
     params = [SamplingParams(temperature=1.0)]
-    generators = make_generators(seed)
-    return [sampler(logits, params, generators)[0] for _ in range(num_draws)]
+    return [sample(logits, params, [seed], [position])[0] for position in range(num_draws)]
 
 
 def test_same_seed_same_tokens_different_seed_different_tokens() -> None:
@@ -131,8 +134,8 @@ def test_a_rows_draw_does_not_depend_on_other_rows() -> None:
         SamplingParams(),  # greedy neighbour
     ]
     for seed in range(20):
-        batched = sampler(logits, params, make_generators(seed + 100, seed, seed + 200))
-        alone = sampler(logits[1:2], params[1:2], make_generators(seed))
+        batched = sampler(logits, params, [seed + 100, seed, seed + 200], [7, 3, 9])
+        alone = sampler(logits[1:2], params[1:2], [seed], [3])
         assert batched[1] == alone[0]
         assert batched[2] == logits[2].argmax().item()
 
@@ -143,9 +146,9 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 def sample_counts(logits: torch.Tensor, params: SamplingParams, num_draws: int) -> torch.Tensor:
-    """Histogram of num_draws rows of ``logits`` [V], each row with its own seeded generator."""
+    """Histogram of num_draws rows of ``logits`` [V], each row with its own seed."""
     batch = logits.expand(num_draws, -1).contiguous()
-    token_ids = Sampler()(batch, [params] * num_draws, make_generators(*range(num_draws)))
+    token_ids = sample(batch, [params] * num_draws, range(num_draws))
     return torch.bincount(torch.tensor(token_ids), minlength=logits.numel()).float()
 
 
@@ -167,3 +170,46 @@ def test_sampled_frequencies_with_top_k_follow_the_renormalized_top_k() -> None:
     # 2 degrees of freedom: P(chi2 > 13.82) = 0.001.
     assert chi_square(counts[kept], probs) < 13.82
     assert math.isclose(float(counts.sum()), 20_000)
+
+
+def test_splitmix64_is_the_published_generator() -> None:
+    # The first outputs of SplitMix64 from state 0 (Steele, Lea and Flood 2014; the reference
+    # generator behind xoshiro's seeding): state advances by the golden gamma each call.
+    gamma = 0x9E3779B97F4A7C15
+    assert splitmix64(0) == 0xE220A8397B1DCDAF
+    assert splitmix64(gamma) == 0x6E789E6AA1B965F4
+    assert splitmix64(2 * gamma) == 0x06C45D188009454F
+
+
+def test_a_positions_uniform_is_a_pure_function_of_seed_and_position() -> None:
+    assert position_uniform(42, 7) == position_uniform(42, 7)
+    values = {position_uniform(seed, position) for seed in range(50) for position in range(50)}
+    assert len(values) == 2500
+    assert all(0.0 <= u < 1.0 for u in values)
+    assert position_uniform(2**64 - 1, 0) == position_uniform(-1, 0)  # seeds are taken mod 2^64
+
+
+@pytest.mark.parametrize(
+    ("u", "token_id"), [(0.0, 0), (0.1, 0), (0.3, 1), (0.59, 1), (0.65, 2), (0.71, 3), (0.999, 3)]
+)
+def test_inverse_transform_picks_the_first_id_whose_cumulative_probability_exceeds_u(
+    u: float, token_id: int
+) -> None:
+    probs = torch.tensor([PROBS_ROW])  # cumulative 0.2, 0.6, 0.7, 1.0
+    assert inverse_transform(probs, torch.tensor([u], dtype=torch.float64)).tolist() == [token_id]
+
+
+def test_inverse_transform_never_picks_a_masked_token() -> None:
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4)
+    uniforms = torch.tensor([0.0, 0.49, 0.5, 0.999999], dtype=torch.float64)
+    assert inverse_transform(probs, uniforms).tolist() == [1, 1, 3, 3]
+
+
+def test_a_draw_depends_on_the_position_not_on_earlier_draws() -> None:
+    """A sequence continued from position 5 (a preempted or resubmitted request) draws what the
+    uninterrupted sequence drew there."""
+    whole = draw_many(seed=9, num_draws=12, vocab_size=64)
+    logits = torch.zeros(1, 64)
+    params = [SamplingParams(temperature=1.0)]
+    continued = [sample(logits, params, [9], [position])[0] for position in range(5, 12)]
+    assert continued == whole[5:]

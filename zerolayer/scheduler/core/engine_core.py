@@ -192,7 +192,10 @@ class EngineCore:
         logits = self.runner.execute(output)
         sampling = [s.request for s in output.scheduled if s.samples]
         token_ids = self.sampler(
-            logits, [r.sampling for r in sampling], [r.generator for r in sampling]
+            logits,
+            [r.sampling for r in sampling],
+            [r.seed for r in sampling],
+            [r.num_tokens for r in sampling],
         )
         self.num_steps += 1
         results = self.scheduler.update(output, token_ids)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import enum
+import secrets
 import time
-
-import torch
 
 from zerolayer.common.generation import EngineRequest, FinishReason
 from zerolayer.scheduler.core.trace import RequestTraceHooks
@@ -54,11 +53,10 @@ class Request:
         self.trace = trace
         """Records the request's spans when tracing is on (a RequestTrace); None when off."""
         self.num_preemptions = 0
-        self.generator = torch.Generator()
-        if self.sampling.seed is not None:
-            self.generator.manual_seed(self.sampling.seed)
-        else:
-            self.generator.seed()
+        self.seed = self.sampling.seed if self.sampling.seed is not None else secrets.randbits(64)
+        """The seed this request's tokens are drawn with (see
+        :mod:`zerolayer.scheduler.model.sampler`): the client's, or a random one from the OS;
+        with the position of each token it decides the draw."""
 
     @property
     def num_prompt_tokens(self) -> int:
