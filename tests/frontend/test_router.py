@@ -1,4 +1,4 @@
-"""The router: least outstanding work, health transitions, the standby fallback, waiting for a
+"""The router: least outstanding work, health transitions, a standby excluded, waiting for a
 scheduler, prefix-affine choices."""
 
 from __future__ import annotations
@@ -50,22 +50,26 @@ def test_only_serving_schedulers_get_requests_as_their_health_changes() -> None:
     router.set_health(B, active=False, warm=False)  # B died
     assert (router.pick(), router.pick()) == (A, A)
     router.set_health(A, active=False)  # A stopped serving, its process lives: a standby now
-    assert (router.available, router.pick()) == (True, A)
+    assert (router.available, router.pick()) == (False, None)
     router.set_health(A, warm=False)
     assert (router.available, router.pick()) == (False, None)
-    assert changes == [True, True, True, True, False]
+    router.set_health(B, active=True, warm=True)  # B restarted
+    assert (router.available, router.pick()) == (True, B)
+    assert changes == [True, True, True, False, False, True]
 
 
-def test_a_warmed_standby_is_used_only_while_no_scheduler_is_active() -> None:
+def test_a_standby_takes_no_traffic_until_it_reports_serving_on_the_scheduler_service() -> None:
     router = Router((A, B))
     router.set_health(A, warm=True)  # a standby: SERVING on "", NOT_SERVING on the service name
-    assert (router.available, router.pick()) == (True, A)
+    assert (router.available, router.pick()) == (False, None)
     assert router.describe() == f"{A}: standby; {B}: down or starting"
-    with router.working(A, 0):
-        router.set_health(B, active=True, warm=True)
-        with router.working(B, 500):
-            assert router.pick() == B  # an active one, however busy, before a standby
-    assert router.describe() == f"{A}: standby; {B}: serving"
+    router.set_health(B, active=True, warm=True)
+    with router.working(B, 500):
+        assert [router.pick() for _ in range(3)] == [B, B, B]  # however busy, not the standby
+    router.set_health(A, active=True)  # activated
+    with router.working(B, 500):
+        assert router.pick() == A
+    assert router.describe() == f"{A}: serving; {B}: serving"
 
 
 def test_acquire_waits_for_a_scheduler_and_gives_up_after_its_timeout() -> None:

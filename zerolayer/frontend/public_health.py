@@ -3,7 +3,7 @@
 "" and the names of the public services (``zerolayer.v1.TextGeneration``,
 ``inference.GRPCInferenceService``) report SERVING only while the frontend serves *and* some
 scheduler can take requests (the router's ``available``: one SERVING on
-``zerolayer.v1.Scheduler``, or a warmed standby), NOT_SERVING otherwise; so a load balancer or
+``zerolayer.v1.Scheduler``; a standby does not count), NOT_SERVING otherwise; so a load balancer or
 client that watches them sends nothing while no request could be answered. The instance name
 ``zerolayer.instance.<id>`` means "this frontend process is up": the launcher finds its own
 frontend by it (``zerolayer.stack.launcher``, ``wait_healthy``) and its supervisor watches it, and

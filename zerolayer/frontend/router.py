@@ -1,9 +1,9 @@
 """Which scheduler a request goes to: the frontend's view of its schedulers' health and load.
 
 A scheduler *can take requests* when it reports SERVING on the service name
-``zerolayer.v1.Scheduler`` (an active scheduler). When none does, a scheduler that reports
-SERVING on "" only (a warmed standby, which the supervisor is about to promote) is used instead, so
-a takeover costs no wait. Among those, the request goes to the one with the least outstanding
+``zerolayer.v1.Scheduler`` (an active scheduler). A scheduler that reports SERVING on "" only (a
+warmed standby) takes no traffic until it is activated and reports SERVING on the service name.
+Among those that can take requests, the request goes to the one with the least outstanding
 work: the tokens still ahead of the requests this frontend has in flight there (prompt tokens not
 yet prefilled plus tokens still to generate; see :class:`zerolayer.frontend.failover.InFlight`).
 Ties go round robin. The scheduler's own queue (``GetStats``) is not blended in: it would be polled
@@ -101,7 +101,7 @@ class Router:
 
     @property
     def available(self) -> bool:
-        """True while some scheduler can take requests (active, or a warmed standby)."""
+        """True while some scheduler can take requests (SERVING on :data:`SCHEDULER_SERVICE`)."""
         return bool(self._candidates())
 
     def set_health(
@@ -180,8 +180,8 @@ class Router:
         )
 
     def _candidates(self) -> list[SchedulerState]:
-        states = list(self.states.values())
-        return [s for s in states if s.active] or [s for s in states if s.warm]
+        # NOTE: a standby (warm, not active) is never a candidate: it would reject the request.
+        return [s for s in self.states.values() if s.active]
 
 
 def affinity_key(prompt_token_ids: Sequence[int], cache_salt: str) -> bytes:
