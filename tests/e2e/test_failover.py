@@ -18,9 +18,11 @@ import grpc
 import pytest
 from e2e.stack import text_stub
 from e2e.two_schedulers import SCHEDULERS, SERVING, TwoSchedulers, start_two_schedulers
+from frontend.test_kserve import make_infer_request, text_output
 from grpc_health.v1 import health_pb2
 
 from zerolayer.checkpoints.dummy import ensure_dummy_model
+from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.e2e
@@ -112,6 +114,20 @@ def test_a_stream_survives_the_death_of_its_scheduler(cluster, stub, sampling) -
         undisturbed.usage.prompt_tokens,
         NUM_NEW,
     )
+
+
+def test_a_kserve_model_infer_survives_the_death_of_its_scheduler(cluster, stub) -> None:
+    model = stub.GetModelInfo(pb.GetModelInfoRequest()).model
+    request = make_infer_request(model, "kserve", max_tokens=NUM_NEW, ignore_eos=True)
+    with grpc.insecure_channel(cluster.listen) as channel:
+        future = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(
+            request, timeout=120
+        )
+        cluster.kill(cluster.carrier())
+        response = future.result()
+    undisturbed = stub.Generate(make_request("kserve", "greedy"), timeout=60)
+    assert text_output(response) == undisturbed.text
+    assert response.parameters["num_output_tokens"].int64_param == NUM_NEW
 
 
 def test_a_stop_string_still_stops_a_stream_continued_elsewhere(cluster, stub) -> None:
