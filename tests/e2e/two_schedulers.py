@@ -28,7 +28,9 @@ def _replace_flag(command: list[str], flag: str, value: str) -> list[str]:
 class TwoSchedulers:
     """loader, kvstore, ``scheduler-a``, ``scheduler-b`` and a frontend that routes to both."""
 
-    def __init__(self, model_dir: Path, run_dir: Path, failover_wait_s: float = 30.0) -> None:
+    def __init__(
+        self, model_dir: Path, run_dir: Path, failover_wait_s: float = 30.0, routing: str = ""
+    ) -> None:
         # NOTE: run_dir is short (unix socket paths are limited to 108 bytes).
         config = StackConfig(
             model_dir=str(model_dir),
@@ -56,7 +58,12 @@ class TwoSchedulers:
                 )
                 for name in SCHEDULERS
             },
-            "frontend": [*frontend, "--failover-wait-s", str(failover_wait_s)],
+            "frontend": [
+                *frontend,
+                "--failover-wait-s",
+                str(failover_wait_s),
+                *(["--routing", routing] if routing else []),
+            ],
         }
         self.processes: dict[str, subprocess.Popen] = {}
 
@@ -145,9 +152,10 @@ class TwoSchedulers:
         Path(self.stack.shm_path).unlink(missing_ok=True)
 
 
-def start_two_schedulers(model_dir: Path, run_dir: Path) -> TwoSchedulers:
-    """Starts every layer, both schedulers before the frontend."""
-    cluster = TwoSchedulers(model_dir, run_dir)
+def start_two_schedulers(model_dir: Path, run_dir: Path, routing: str = "") -> TwoSchedulers:
+    """Starts every layer, both schedulers before the frontend (``routing``: its ``--routing``,
+    "" for the default)."""
+    cluster = TwoSchedulers(model_dir, run_dir, routing=routing)
     try:
         for name in ("loader", "kvstore", *SCHEDULERS, "frontend"):
             cluster.start(name)
