@@ -116,6 +116,14 @@ def test_a_stream_survives_the_death_of_its_scheduler(cluster, stub, sampling) -
     )
 
 
+def test_a_sampled_stream_without_a_seed_survives_the_death_of_its_scheduler(cluster, stub) -> None:
+    # The frontend drew the seed (no undisturbed run to compare with): all tokens, no error.
+    request = make_request("unseeded", "greedy", temperature=0.9)
+    responses = stream_killed(cluster, stub, request)
+    assert sum(len(r.token_ids) for r in responses) == NUM_NEW
+    assert responses[-1].usage.completion_tokens == NUM_NEW
+
+
 def test_a_kserve_model_infer_survives_the_death_of_its_scheduler(cluster, stub) -> None:
     model = stub.GetModelInfo(pb.GetModelInfoRequest()).model
     request = make_infer_request(model, "kserve", max_tokens=NUM_NEW, ignore_eos=True)
