@@ -15,7 +15,13 @@ import pytest
 
 from zerolayer.common import errors
 from zerolayer.common.server import LayerServer
-from zerolayer.common.status import ANSWERED_METADATA, STATUS_CODES, answered_by_handler, status_of
+from zerolayer.common.status import (
+    ANSWERED_METADATA,
+    STATUS_CODES,
+    answered_by_handler,
+    reason_of,
+    status_of,
+)
 
 Code = grpc.StatusCode
 METHOD = "/test.Raiser/Raise"
@@ -119,6 +125,24 @@ def test_a_served_method_answers_what_the_table_says(
         assert (record.getMessage(), record.exc_info[1]) == ("unexpected error in handler", exc)
     else:
         assert tracebacks == []
+
+
+class LeaseGone(errors.FailedPrecondition):
+    """A domain error with a machine-readable reason."""
+
+    reason = "owner-lease-expired"
+
+
+def test_a_reason_travels_as_trailing_metadata(tmp_path: Path) -> None:
+    status = status_of(LeaseGone("owner 'a' epoch 1: lease expired"))
+    assert status.trailing_metadata == (
+        ANSWERED_METADATA,
+        ("zerolayer-reason", "owner-lease-expired"),
+    )
+    answer = asyncio.run(answer_of(tmp_path / "s.sock", LeaseGone("owner 'a': lease expired")))
+    assert (answer.code(), reason_of(answer)) == (Code.FAILED_PRECONDITION, "owner-lease-expired")
+    plain = asyncio.run(answer_of(tmp_path / "t.sock", errors.FailedPrecondition("arena: other")))
+    assert reason_of(plain) == ""
 
 
 async def raise_after_the_deadline(socket: Path) -> None:

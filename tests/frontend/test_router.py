@@ -90,6 +90,22 @@ def test_acquire_waits_for_a_scheduler_and_gives_up_after_its_timeout() -> None:
     assert asyncio.run(scheduler_comes_back()) == B
 
 
+def test_wait_available_returns_as_soon_as_a_scheduler_serves_or_false_at_its_timeout() -> None:
+    router = Router((A, B))
+
+    async def wait() -> tuple[bool, bool, bool]:
+        timed_out = await router.wait_available(0.05)
+        waiting = asyncio.create_task(router.wait_available(5.0))
+        await asyncio.sleep(0.05)
+        router.set_health(A, warm=True)  # a standby does not count
+        await asyncio.sleep(0.05)
+        pending = not waiting.done()
+        router.set_health(A, active=True)
+        return timed_out, pending, await asyncio.wait_for(waiting, 1.0)
+
+    assert asyncio.run(wait()) == (False, True, True)
+
+
 def test_prefix_affine_keeps_a_prefix_on_one_scheduler_unless_it_is_far_busier() -> None:
     router = make_router(A, B, C, policy=PREFIX_AFFINE)
     prompts = [[1, 7, i] for i in range(12)]

@@ -13,9 +13,16 @@ from zerolayer.common.settings import LAYERS, SETTINGS, layer_settings
 from zerolayer.stack.launcher import Stack, StackConfig
 
 STACK_FIELDS = {field.name for field in dataclasses.fields(StackConfig)}
-NOT_FROM_THE_LAUNCHER = {"remove_arena_on_exit", "scheduler_wait_s", "failover_wait_s", "routing"}
-"""Layer settings the launcher never passes (it removes the arena itself when the stack stops;
-``zerolayer up`` does not offer the frontend's routing and failover settings yet)."""
+NOT_FROM_THE_LAUNCHER = {
+    "remove_arena_on_exit",
+    "owner_id",
+    "scheduler_wait_s",
+    "failover_wait_s",
+    "routing",
+}
+"""Layer settings the launcher never passes (it removes the arena itself when the stack stops; a
+scheduler's owner id defaults to its address; ``zerolayer up`` does not offer the frontend's
+routing and failover settings yet)."""
 
 
 def make_stack(**settings: object) -> Stack:

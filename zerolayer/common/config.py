@@ -71,6 +71,9 @@ class ArenaSettings:
     """Tokens per KV block."""
     enable_prefix_caching: bool = settings.PREFIX_CACHING.default
     """Find full blocks again by content and reuse them across requests."""
+    owner_lease_s: float = settings.OWNER_LEASE_S.default
+    """Lease of each registered scheduler (owner), seconds: without a keep-alive for this long its
+    block references are released; also the recovery window after a restart."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +146,14 @@ class SchedulerConfig(EngineSettings, DeviceSettings, LayerSettings):
     """Where the loader serves."""
     kvstore_address: str
     """Where the kvstore serves."""
+    owner_id: str = settings.OWNER_ID.default
+    """Who this scheduler is to the kvstore (the same across its restarts); empty: ``address``."""
+
+    @property
+    def kv_owner_id(self) -> str:
+        """The owner id this scheduler registers with the kvstore: ``owner_id``, or ``address``
+        (so a scheduler restarted on the same socket is the same owner)."""
+        return self.owner_id or self.address
 
 
 @dataclass(frozen=True)

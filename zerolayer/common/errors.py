@@ -10,6 +10,10 @@ from __future__ import annotations
 class ZerolayerError(Exception):
     """Base class of the errors a layer answers on purpose (INTERNAL unless a subclass says)."""
 
+    reason: str = ""
+    """A machine-readable reason a caller can act on (e.g. ``owner-lease-expired``), sent beside
+    the status as trailing metadata ``zerolayer-reason``; empty: none (the status says it all)."""
+
 
 class InvalidArgument(ZerolayerError):
     """A request field is invalid. The message starts with the field name."""

@@ -139,6 +139,19 @@ PREFIX_CACHING = Setting(
     layers=(KVSTORE,),
     up=True,
 )
+OWNER_LEASE_S = Setting(
+    "owner_lease_s",
+    "--owner-lease-s",
+    "lease of each scheduler registered with the kvstore: one that sends no keep-alive for this "
+    "long loses its KV block references (its blocks stay cached); also how long a restarted "
+    "kvstore waits for its schedulers to reconcile before it hands out blocks again",
+    default=3.0,
+    check=positive,
+    unit="s",
+    metavar="S",
+    layers=(KVSTORE,),
+    up=True,
+)
 REMOVE_ARENA_ON_EXIT = Setting(
     "remove_arena_on_exit",
     "--remove-arena-on-exit",
@@ -192,6 +205,15 @@ KV_UNAVAILABLE_TIMEOUT_S = Setting(
     metavar="S",
     layers=(SCHEDULER,),
     up=True,
+)
+OWNER_ID = Setting(
+    "owner_id",
+    "--owner-id",
+    "who this scheduler is to the kvstore: keep it across restarts of the same scheduler and "
+    "different between schedulers sharing a kvstore",
+    default="",
+    default_note="the scheduler's --address",
+    layers=(SCHEDULER,),
 )
 ATTENTION_BACKEND = Setting(
     "attention_backend",

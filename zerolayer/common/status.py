@@ -58,6 +58,9 @@ UPSTREAM_PASSED = frozenset(
 )
 """Upstream codes passed on with their details unchanged (they are about the request)."""
 
+REASON_METADATA_KEY = "zerolayer-reason"
+"""Trailing metadata key of a domain error's :attr:`ZerolayerError.reason`."""
+
 ANSWERED_METADATA = ("zerolayer-answered-by-handler", "1")
 """Trailing metadata of a status a handler chose (a domain error), so that a caller can tell
 "the layer answered UNAVAILABLE" (e.g. the scheduler: its kvstore is down) from "the layer could
@@ -84,14 +87,16 @@ def status_code_of(error: ZerolayerError) -> grpc.StatusCode:
 def status_of(exc: Exception) -> Status:
     """The status a handler that raised ``exc`` answers with (logs nothing).
 
-    - a :class:`ZerolayerError`: its table code, its message, :data:`ANSWERED_METADATA`;
+    - a :class:`ZerolayerError`: its table code, its message, :data:`ANSWERED_METADATA` (and its
+      ``reason`` under :data:`REASON_METADATA_KEY` when it has one);
     - an upstream ``grpc.aio.AioRpcError``: UNAVAILABLE and DEADLINE_EXCEEDED as
       "upstream layer: <details>", INVALID_ARGUMENT, RESOURCE_EXHAUSTED, NOT_FOUND and
       CANCELLED with their details; any other code is unexpected;
     - anything else: unexpected, INTERNAL "internal error: <type>: <message>".
     """
     if isinstance(exc, ZerolayerError):
-        return Status(status_code_of(exc), str(exc), (ANSWERED_METADATA,))
+        reason = ((REASON_METADATA_KEY, exc.reason),) if exc.reason else ()
+        return Status(status_code_of(exc), str(exc), (ANSWERED_METADATA, *reason))
     if isinstance(exc, grpc.aio.AioRpcError):
         code = exc.code()
         if code in UPSTREAM_NAMED:
@@ -119,6 +124,13 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: Exception) -> NoRet
     """
     status = answer_status(exc)
     await context.abort(status.code, status.details, trailing_metadata=status.trailing_metadata)
+
+
+def reason_of(exc: grpc.RpcError) -> str:
+    """The ``reason`` of the domain error behind the status of ``exc`` (see
+    :attr:`ZerolayerError.reason`); empty when it has none."""
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return next((value for key, value in trailing or () if key == REASON_METADATA_KEY), "")
 
 
 def answered_by_handler(exc: grpc.RpcError) -> bool:

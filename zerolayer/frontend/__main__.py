@@ -25,6 +25,9 @@ from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
 PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
 """Largest public request accepted; prompts are far smaller (see validation.check_text_length)."""
+STARTUP_SCHEDULER_WAIT_S = 30.0
+"""How long a starting frontend waits to see a scheduler serve before it reports SERVING (on its
+instance name; its public names say SERVING only while a scheduler does), seconds."""
 
 
 def scheduler_pool(
@@ -67,6 +70,10 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
     async def on_start() -> None:
         for client in pool.clients.values():
             client.watch_health(pool.router)
+        # NOTE: a frontend started with its schedulers reports SERVING once it has seen one
+        # serve (the channel's reconnect backoff can delay that by a second), so that a stack
+        # that is "up" answers at once; without any, it serves anyway after the bound.
+        await pool.router.wait_available(STARTUP_SCHEDULER_WAIT_S)
 
     async def on_stop() -> None:
         await pool.close()

@@ -139,6 +139,20 @@ class Router:
                 return preferred.address
         return least.address
 
+    async def wait_available(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` seconds until some scheduler can take requests; returns
+        :attr:`available` then."""
+        deadline = time.monotonic() + timeout_s
+        while not self.available:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                pass
+        return True
+
     async def acquire(
         self, timeout_s: float, prompt_token_ids: Sequence[int] = (), cache_salt: str = ""
     ) -> str:
@@ -148,15 +162,10 @@ class Router:
         Raises:
             Unavailable: none could within ``timeout_s`` (the message lists their health).
         """
-        deadline = time.monotonic() + timeout_s
-        while (address := self.pick(prompt_token_ids, cache_salt)) is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise Unavailable(f"scheduler: none can take requests ({self.describe()})")
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except TimeoutError:
-                pass
+        available = await self.wait_available(timeout_s)
+        address = self.pick(prompt_token_ids, cache_salt) if available else None
+        if address is None:
+            raise Unavailable(f"scheduler: none can take requests ({self.describe()})")
         return address
 
     @contextmanager

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zerolayer.kv.owner import OwnerStats
+
 
 @dataclass(frozen=True)
 class KVStats:
@@ -19,3 +21,9 @@ class KVStats:
     num_prefix_hit_tokens: int
     prefix_hit_ratio: float
     num_evictions: int
+    num_owners: int = 0
+    """Owners with a live lease (the default owner counts once it made a call)."""
+    owners: tuple[OwnerStats, ...] = ()
+    """Every owner known since the kvstore started, by id."""
+    recovering: bool = False
+    """The kvstore recovers from a restart: no block is handed out yet."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 
@@ -18,6 +19,8 @@ from zerolayer.kvstore.kv_store import KVStore
 from zerolayer.kvstore.metrics import KVStoreCollector
 from zerolayer.kvstore.server import KVStoreServicer
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 
 async def serve(config: KVStoreConfig, tracing: Tracing) -> None:
@@ -38,11 +41,24 @@ async def serve(config: KVStoreConfig, tracing: Tracing) -> None:
         tracing=tracing,
     )
     received = None
+    sweeper = asyncio.create_task(sweep_leases(store))
     try:
         received = await run_layer(server)
     finally:
+        sweeper.cancel()
         # NOTE: a kvstore whose launcher died (SIGHUP) removes the arena itself: nobody else will.
         store.close(remove_arena=config.remove_arena_on_exit or received == signal.SIGHUP)
+
+
+async def sweep_leases(store: KVStore) -> None:
+    """Expires the owners' lapsed leases every ``store.sweep_interval_s`` until cancelled (on the
+    event loop that serves the calls, so no lock is needed)."""
+    while True:
+        await asyncio.sleep(store.sweep_interval_s)
+        try:
+            store.sweep()
+        except Exception:  # noqa: BLE001 - e.g. the sidecar could not be written: sweep on
+            log.exception("lease sweep failed")
 
 
 PROGRAM = LayerProgram(

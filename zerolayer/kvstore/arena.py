@@ -4,6 +4,8 @@ Its layout is :class:`zerolayer.kv.arena_layout.ArenaLayout`.
 
 The arena outlives the kvstore process: a restarted kvstore reopens the same file (same inode,
 so the scheduler's mapping stays valid) when a sidecar ``<path>.json`` records the same layout.
+The sidecar also records the owners' last epochs (:mod:`zerolayer.kvstore.owners`), which a new
+arena at the same path carries on.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from zerolayer.kv.arena_file import ArenaSizeError, check_arena_fits, free_bytes, sidecar_path
 from zerolayer.kv.arena_layout import ArenaLayout
+from zerolayer.kvstore.owners import OwnerRecord
 
 
 class Arena:
@@ -37,6 +40,7 @@ class Arena:
         self.path = path
         self.layout = layout
         previous = self._read_sidecar()
+        self._owners = _owners_from_json((previous or {}).get("owners"))
         self.reopened = (
             previous is not None
             and previous.get("layout") == dataclasses.asdict(layout)
@@ -53,8 +57,32 @@ class Arena:
         except ArenaSizeError:
             self.unlink()
             raise
-        with open(sidecar_path(path), "w") as f:
-            json.dump({"arena_id": self.arena_id, "layout": dataclasses.asdict(self.layout)}, f)
+        self._write_sidecar()
+
+    def owner_records(self) -> dict[str, OwnerRecord]:
+        """The owners' records the sidecar holds (those of an earlier kvstore process)."""
+        return dict(self._owners)
+
+    def save_owner_records(self, records: dict[str, OwnerRecord]) -> None:
+        """Records the owners in the sidecar (rewritten whole, then renamed over the old one, so
+        a crash leaves the old or the new one).
+
+        Raises:
+            OSError: the sidecar cannot be written.
+        """
+        self._owners = dict(records)
+        self._write_sidecar()
+
+    def _write_sidecar(self) -> None:
+        content = {
+            "arena_id": self.arena_id,
+            "layout": dataclasses.asdict(self.layout),
+            "owners": {k: dataclasses.asdict(v) for k, v in sorted(self._owners.items())},
+        }
+        path = sidecar_path(self.path)
+        with open(path + ".tmp", "w") as f:
+            json.dump(content, f)
+        os.replace(path + ".tmp", path)
 
     def _create(self) -> None:
         """Creates the file (emptying an old one first) and reserves every page of it."""
@@ -86,3 +114,15 @@ class Arena:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
+
+
+def _owners_from_json(owners: object) -> dict[str, OwnerRecord]:
+    """The owner records of a sidecar's ``owners`` (none from an older or damaged sidecar)."""
+    if not isinstance(owners, dict):
+        return {}
+    try:
+        return {
+            str(k): OwnerRecord(int(v["epoch"]), bool(v["released"])) for k, v in owners.items()
+        }
+    except (KeyError, TypeError, ValueError):
+        return {}

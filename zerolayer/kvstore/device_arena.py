@@ -19,6 +19,7 @@ import uuid
 
 from zerolayer.kv.arena_file import ArenaSizeError
 from zerolayer.kv.arena_layout import ArenaLayout
+from zerolayer.kvstore.owners import OwnerRecord
 from zerolayer.sharing import cuda_memory
 from zerolayer.sharing.device_export import ExportedMemory
 from zerolayer.sharing.manifest import HandleKind
@@ -89,6 +90,14 @@ class DeviceArena:
     def device(self) -> str:
         """ "cuda:N"."""
         return self.handle.device
+
+    def owner_records(self) -> dict[str, OwnerRecord]:
+        """None: a device arena has no sidecar, so owner epochs start over with each kvstore
+        process (a zombie from before a kvstore restart is then not told it is one)."""
+        return {}
+
+    def save_owner_records(self, records: dict[str, OwnerRecord]) -> None:
+        """Does nothing (see :meth:`owner_records`)."""
 
     def unlink(self) -> None:
         """Stops serving the descriptor and releases this process's mapping."""

@@ -57,6 +57,10 @@ class LocalBlockAllocator:
         """Rebuilds reference counts."""
         return self.cache.reconcile(held_block_ids)
 
+    def lease_lost(self) -> bool:
+        """False: an in-process pool has one owner, without a lease."""
+        return False
+
 
 def local_arena(layout: ArenaLayout, dtype: torch.dtype) -> torch.Tensor:
     """A zeroed in-process arena tensor of ``layout.shape``.

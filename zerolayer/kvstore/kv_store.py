@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from zerolayer.common.config import KVStoreConfig
 from zerolayer.common.device import fd_socket_path, resolve_device
-from zerolayer.common.errors import FailedPrecondition
 from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.kv.commit import CommitEntry
+from zerolayer.kv.owner import DEFAULT_OWNER, OwnerRef, ReconcileResult, Registration
 from zerolayer.kv.stats import KVStats
 from zerolayer.kvstore.arena import Arena
 from zerolayer.kvstore.block_pool import BlockPool
+from zerolayer.kvstore.owner_blocks import OwnerBlocks
 from zerolayer.kvstore.prefix_cache import HashFn, PrefixCache, xxh3_128
 from zerolayer.sharing.handle_kinds import negotiate, offered_kinds
 from zerolayer.sharing.manifest import HandleKind, WeightManifest
@@ -58,11 +60,12 @@ def open_arena(config: KVStoreConfig, layout: ArenaLayout) -> Arena | DeviceAren
 
 
 class KVStore:
-    """The arena and its blocks.
+    """The arena and its blocks, shared by the owners (schedulers) that register with it.
 
-    After start the store is *unreconciled*: block operations raise FailedPrecondition until the
-    scheduler declares what it holds (:meth:`reconcile`), so a restarted kvstore never hands out a
-    block that a running sequence still uses.
+    Block calls carry the caller's :class:`OwnerRef`; the owners' registrations, epochs, leases,
+    per-owner references and the restart rule are :class:`OwnerBlocks`' (see
+    :mod:`zerolayer.kvstore.owners` and :mod:`zerolayer.kvstore.recovery`). Not thread-safe:
+    the kvstore's event loop drives it.
 
     Raises:
         ArenaSizeError: kv_cache_bytes is too small for one block, or the arena's filesystem
@@ -70,8 +73,19 @@ class KVStore:
     """
 
     def __init__(
-        self, config: KVStoreConfig, manifest: WeightManifest, hash_fn: HashFn = xxh3_128
+        self,
+        config: KVStoreConfig,
+        manifest: WeightManifest,
+        hash_fn: HashFn = xxh3_128,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """
+        Args:
+            config: the kvstore's settings (arena, block size, prefix caching, lease length).
+            manifest: the loader's model (the arena's geometry and the prefix-cache fingerprint).
+            hash_fn: the prefix cache's block hash (tests force collisions with it).
+            clock: seconds, monotonic, for leases and the recovery window (tests inject one).
+        """
         layout = arena_layout(config, manifest)
         self.arena: Arena | DeviceArena = open_arena(config, layout)
         self.cache = PrefixCache(
@@ -81,15 +95,18 @@ class KVStore:
             config.enable_prefix_caching,
             hash_fn,
         )
-        self.reconciled = False
+        self.blocks = OwnerBlocks(self.cache, self.arena, config.owner_lease_s, clock)
         log.info(
-            "arena %s %s: %d blocks of %d tokens, %.1f MB, prefix caching %s",
+            "arena %s %s: %d blocks of %d tokens, %.1f MB, prefix caching %s%s",
             self.arena.path or self.arena.device,
             "reopened" if self.arena.reopened else "created",
             layout.num_blocks,
             config.block_size,
             layout.size_bytes / 1e6,
             "on" if config.enable_prefix_caching else "off",
+            "; recovering: no block is handed out before the owners reconciled"
+            if self.arena.reopened
+            else "",
         )
 
     def arena_info(self, accepted: Sequence[HandleKind]) -> ArenaInfo:
@@ -110,50 +127,56 @@ class KVStore:
             device_memory=handle,
         )
 
-    def _require_reconciled(self) -> None:
-        if not self.reconciled:
-            raise FailedPrecondition(
-                "kvstore: not reconciled since start; call Reconcile with the blocks you hold first"
-            )
+    def register(self, owner_id: str) -> Registration:
+        """See :meth:`OwnerBlocks.register`."""
+        return self.blocks.register(owner_id)
 
-    def allocate(self, num_blocks: int) -> list[int]:
-        """See :meth:`PrefixCache.allocate`."""
-        self._require_reconciled()
-        return self.cache.allocate(num_blocks)
+    def keep_alive(self, owner: OwnerRef) -> float:
+        """See :meth:`OwnerBlocks.keep_alive`."""
+        return self.blocks.keep_alive(owner)
 
-    def free(self, block_ids: list[int]) -> None:
-        """See :meth:`PrefixCache.free`."""
-        self._require_reconciled()
-        self.cache.free(block_ids)
+    def unregister(self, owner: OwnerRef) -> int:
+        """See :meth:`OwnerBlocks.unregister`."""
+        return self.blocks.unregister(owner)
 
-    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
-        """See :meth:`PrefixCache.lookup`."""
-        self._require_reconciled()
-        return self.cache.lookup(token_ids, cache_salt)
+    def allocate(self, num_blocks: int, owner: OwnerRef = DEFAULT_OWNER) -> list[int]:
+        """See :meth:`OwnerBlocks.allocate`."""
+        return self.blocks.allocate(owner, num_blocks)
 
-    def commit(self, entries: Sequence[CommitEntry]) -> int:
-        """Registers full blocks; each entry carries its sequence's cache salt."""
-        self._require_reconciled()
-        return self.cache.commit(entries)
+    def free(self, block_ids: list[int], owner: OwnerRef = DEFAULT_OWNER) -> None:
+        """See :meth:`OwnerBlocks.free`."""
+        self.blocks.free(owner, block_ids)
 
-    def reconcile(self, held_block_ids: list[int]) -> int:
-        """Rebuilds reference counts from the scheduler's declaration and opens the store."""
-        changed = self.cache.reconcile(held_block_ids)
-        if changed or not self.reconciled:
-            # A correction means a restart lost track of blocks: worth a warning. A first
-            # reconcile that changes nothing is the normal start.
-            log.log(
-                logging.WARNING if changed else logging.INFO,
-                "reconcile: %d block(s) held by the scheduler, %d reference count(s) corrected",
-                len(set(held_block_ids)),
-                changed,
-            )
-        self.reconciled = True
-        return changed
+    def lookup(
+        self, token_ids: Sequence[int], cache_salt: str, owner: OwnerRef = DEFAULT_OWNER
+    ) -> list[int]:
+        """See :meth:`OwnerBlocks.lookup`."""
+        return self.blocks.lookup(owner, token_ids, cache_salt)
+
+    def commit(self, entries: Sequence[CommitEntry], owner: OwnerRef = DEFAULT_OWNER) -> int:
+        """See :meth:`OwnerBlocks.commit`."""
+        return self.blocks.commit(owner, entries)
+
+    def reconcile(
+        self, held_block_ids: list[int], owner: OwnerRef = DEFAULT_OWNER
+    ) -> ReconcileResult:
+        """See :meth:`OwnerBlocks.reconcile`."""
+        return self.blocks.reconcile(owner, held_block_ids)
+
+    def sweep(self) -> None:
+        """Expires lapsed leases and releases their owners' references; call every
+        :attr:`sweep_interval_s`."""
+        self.blocks.sweep()
+
+    @property
+    def sweep_interval_s(self) -> float:
+        """How often :meth:`sweep` should run, seconds."""
+        return self.blocks.sweep_interval_s
 
     def stats(self) -> KVStats:
-        """Current counts."""
+        """Current counts, and every owner."""
         pool, s = self.cache.pool, self.cache.stats
+        owners = self.blocks.owner_stats()
         return KVStats(
             pool.num_blocks,
             pool.num_free_blocks,
@@ -165,6 +188,9 @@ class KVStore:
             s.num_hit_tokens,
             s.hit_ratio,
             s.num_evictions,
+            num_owners=sum(not o.lease_expired for o in owners),
+            owners=tuple(owners),
+            recovering=self.blocks.recovering,
         )
 
     def close(self, remove_arena: bool) -> None:

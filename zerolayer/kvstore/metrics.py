@@ -11,7 +11,8 @@ from zerolayer.kvstore.kv_store import KVStore
 
 
 class KVStoreCollector(Collector):
-    """Exports block counts and prefix-cache counters (names prefixed ``zerolayer_kv_``)."""
+    """Exports block counts, prefix-cache counters and the owners (names prefixed
+    ``zerolayer_kv_``)."""
 
     def __init__(self, store: KVStore) -> None:
         self._store = store
@@ -46,4 +47,18 @@ class KVStoreCollector(Collector):
         )
         yield CounterMetricFamily(
             "zerolayer_kv_evictions", "Cached blocks evicted for reuse", value=s.num_evictions
+        )
+        yield GaugeMetricFamily(
+            "zerolayer_kv_owners", "Schedulers (owners) with a live lease", value=s.num_owners
+        )
+        held = GaugeMetricFamily(
+            "zerolayer_kv_owner_blocks_held", "KV blocks each owner holds", labels=["owner"]
+        )
+        for owner in s.owners:
+            held.add_metric([owner.owner_id], owner.num_blocks_held)
+        yield held
+        yield GaugeMetricFamily(
+            "zerolayer_kv_recovering",
+            "1 while a restarted kvstore waits for its owners to reconcile",
+            value=int(s.recovering),
         )

@@ -13,11 +13,16 @@ from zerolayer.common.convert import (
     commit_blocks_response_to_pb,
     free_request_from_pb,
     free_response_to_pb,
+    keep_alive_response_to_pb,
     kv_stats_to_pb,
     lookup_prefix_request_from_pb,
     lookup_prefix_response_to_pb,
+    owner_from_pb,
     reconcile_request_from_pb,
-    reconcile_response_to_pb,
+    reconcile_result_to_pb,
+    register_owner_request_from_pb,
+    registration_to_pb,
+    unregister_owner_response_to_pb,
 )
 from zerolayer.kvstore.kv_store import KVStore
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
@@ -34,34 +39,52 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     ) -> kvstore_pb2.ArenaInfo:
         return arena_info_to_pb(self._store.arena_info(arena_request_from_pb(request)))
 
+    async def RegisterOwner(
+        self, request: kvstore_pb2.RegisterOwnerRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.RegisterOwnerResponse:
+        return registration_to_pb(self._store.register(register_owner_request_from_pb(request)))
+
+    async def KeepAlive(
+        self, request: kvstore_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.KeepAliveResponse:
+        return keep_alive_response_to_pb(self._store.keep_alive(owner_from_pb(request)))
+
+    async def UnregisterOwner(
+        self, request: kvstore_pb2.UnregisterOwnerRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.UnregisterOwnerResponse:
+        num_blocks = self._store.unregister(owner_from_pb(request))
+        return unregister_owner_response_to_pb(num_blocks)
+
     async def Allocate(
         self, request: kvstore_pb2.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.AllocateResponse:
-        return allocate_response_to_pb(self._store.allocate(allocate_request_from_pb(request)))
+        block_ids = self._store.allocate(allocate_request_from_pb(request), owner_from_pb(request))
+        return allocate_response_to_pb(block_ids)
 
     async def Free(
         self, request: kvstore_pb2.FreeRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.FreeResponse:
-        self._store.free(free_request_from_pb(request))
+        self._store.free(free_request_from_pb(request), owner_from_pb(request))
         return free_response_to_pb()
 
     async def LookupPrefix(
         self, request: kvstore_pb2.LookupPrefixRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.LookupPrefixResponse:
-        block_ids = self._store.lookup(*lookup_prefix_request_from_pb(request))
+        token_ids, cache_salt = lookup_prefix_request_from_pb(request)
+        block_ids = self._store.lookup(token_ids, cache_salt, owner_from_pb(request))
         return lookup_prefix_response_to_pb(block_ids, self._store.cache.block_size)
 
     async def CommitBlocks(
         self, request: kvstore_pb2.CommitBlocksRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.CommitBlocksResponse:
-        num_registered = self._store.commit(commit_blocks_request_from_pb(request))
-        return commit_blocks_response_to_pb(num_registered)
+        entries = commit_blocks_request_from_pb(request)
+        return commit_blocks_response_to_pb(self._store.commit(entries, owner_from_pb(request)))
 
     async def Reconcile(
         self, request: kvstore_pb2.ReconcileRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.ReconcileResponse:
-        changed = self._store.reconcile(reconcile_request_from_pb(request))
-        return reconcile_response_to_pb(changed)
+        held = reconcile_request_from_pb(request)
+        return reconcile_result_to_pb(self._store.reconcile(held, owner_from_pb(request)))
 
     async def GetStats(
         self, request: kvstore_pb2.GetStatsRequest, context: grpc.aio.ServicerContext

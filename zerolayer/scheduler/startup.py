@@ -42,9 +42,12 @@ def build_serving_engine(
         torch.cuda.set_device(device.index)
     model_config, weights = load_weights(config.loader_address, device, tracing)
     with tracing.tracer.start_as_current_span("map kv arena"):
-        kv_client = KVStoreClient(config.kvstore_address, tracing=tracing, device=device)
-        # NOTE: a fresh scheduler holds no blocks; references left by a predecessor that died
-        # are released here (one scheduler per kvstore).
+        kv_client = KVStoreClient(
+            config.kvstore_address, tracing=tracing, device=device, owner_id=config.kv_owner_id
+        )
+        # NOTE: a fresh scheduler registers (a new epoch of its owner id) and holds no blocks;
+        # references left by a predecessor with the same owner id are released here, other
+        # schedulers' are not.
         kv_client.reconcile([])
         arena = kv_client.map()
         parts = EngineParts(model_config, weights, kv_client, arena, kv_client.layout, device)

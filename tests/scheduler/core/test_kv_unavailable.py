@@ -10,7 +10,11 @@ from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kvstore.in_process import LocalBlockAllocator
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager, KVStoreUnavailable
+from zerolayer.scheduler.core.kv_cache_manager import (
+    KVCacheManager,
+    KVLeaseLost,
+    KVStoreUnavailable,
+)
 from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 
 BLOCK_SIZE = 4
@@ -37,6 +41,10 @@ class DownableAllocator:
         self.clock = clock
         self.reconciled: list[list[int]] = []
         self.calls: list[str] = []
+        self.lost = False
+        """The scheduler's lease is lost (until its next reconcile, which registers again)."""
+        self.lose_at_allocate = False
+        """The next allocate finds the lease lost."""
 
     def _check(self) -> None:
         self.calls.append(sys._getframe(1).f_code.co_name)
@@ -47,6 +55,9 @@ class DownableAllocator:
 
     def allocate(self, num_blocks: int) -> list[int] | None:
         self._check()
+        if self.lose_at_allocate:
+            self.lost, self.lose_at_allocate = True, False
+            raise KVLeaseLost("FAILED_PRECONDITION: owner-lease-expired")
         return self.local.allocate(num_blocks)
 
     def free(self, block_ids: list[int]) -> None:
@@ -63,8 +74,12 @@ class DownableAllocator:
 
     def reconcile(self, held_block_ids: list[int]) -> int:
         self._check()
+        self.lost = False
         self.reconciled.append(sorted(held_block_ids))
         return self.local.reconcile(held_block_ids)
+
+    def lease_lost(self) -> bool:
+        return self.lost
 
 
 def make_request(request_id: str, num_prompt_tokens: int, max_new_tokens: int) -> EngineRequest:
@@ -199,3 +214,48 @@ def test_a_hung_kvstore_is_probed_once_a_second_and_timed_from_the_first_call() 
     scheduled, failed = step(scheduler)
     assert (scheduled, sorted(failed)) == ([], ["fits", "grows"])
     assert allocator.calls == ["allocate", "reconcile", "reconcile"]
+
+
+def test_a_lost_lease_recomputes_the_running_requests_without_writing_their_blocks() -> None:
+    scheduler, allocator, clock = make_scheduler()
+    scheduler.add_request(make_request("a", 6, max_new_tokens=4))
+    scheduler.add_request(make_request("b", 3, max_new_tokens=4))
+    assert step(scheduler) == (["a", "b"], {})
+    assert step(scheduler) == (["a", "b"], {})
+    # The kvstore released this scheduler's references (its lease expired): the blocks a and b
+    # hold are not theirs any more. Nothing is freed there; both are recomputed from scratch
+    # after the scheduler registered again holding nothing.
+    allocator.lost = True
+    allocator.local.reconcile([])  # what the kvstore did when the lease expired
+    output = scheduler.schedule()
+    assert allocator.reconciled == [[]]
+    assert [(s.request.request_id, s.num_computed_tokens) for s in output.scheduled] == [
+        ("a", 0),
+        ("b", 0),
+    ]
+    assert [s.num_new_tokens for s in output.scheduled] == [8, 5]  # prompt + 2 tokens sampled
+    assert "free" not in allocator.calls
+    assert scheduler.num_preemptions == 2
+    scheduler.update(output, [100 for s in output.scheduled if s.samples])
+    while scheduler.requests:
+        step(scheduler)
+    pool = allocator.local.pool
+    assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_a_lease_found_lost_while_planning_a_step_schedules_nothing_of_it() -> None:
+    scheduler, allocator, clock = make_scheduler()
+    scheduler.add_request(make_request("fits", 2, max_new_tokens=3))
+    scheduler.add_request(make_request("grows", 4, max_new_tokens=4))
+    assert step(scheduler) == (["fits", "grows"], {})
+    # "grows" needs a block: the kvstore refuses it, the lease is lost. "fits" was planned first
+    # and fits its block, but that block is not its own any more: nothing runs this step.
+    allocator.lose_at_allocate = True
+    assert step(scheduler) == ([], {})
+    assert [r.num_computed_tokens for r in scheduler.waiting] == [0, 0]
+    assert step(scheduler) == (["fits", "grows"], {})
+    assert allocator.reconciled[-1] == []
+    while scheduler.requests:
+        step(scheduler)
+    pool = allocator.local.pool
+    assert pool.num_free_blocks == pool.num_blocks

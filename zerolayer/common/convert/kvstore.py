@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from zerolayer.common.convert.kvstore_owners import owner_stats_to_pb, owner_to_pb
 from zerolayer.common.convert.loader import device_memory_from_pb, device_memory_to_pb
 from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.kv.commit import CommitEntry
+from zerolayer.kv.owner import OwnerRef
 from zerolayer.kv.stats import KVStats
 from zerolayer.sharing.manifest import HandleKind
 from zerolayer.v1 import kvstore_pb2
@@ -72,9 +74,11 @@ def arena_info_from_pb(pb: kvstore_pb2.ArenaInfo) -> ArenaInfo:
     )
 
 
-def allocate_request_to_pb(num_blocks: int) -> kvstore_pb2.AllocateRequest:
-    """An Allocate request for ``num_blocks`` blocks."""
-    return kvstore_pb2.AllocateRequest(num_blocks=num_blocks)
+def allocate_request_to_pb(
+    num_blocks: int, owner: OwnerRef | None = None
+) -> kvstore_pb2.AllocateRequest:
+    """An Allocate request for ``num_blocks`` blocks for ``owner`` (None: the default owner)."""
+    return kvstore_pb2.AllocateRequest(num_blocks=num_blocks, owner=owner_to_pb(owner))
 
 
 def allocate_request_from_pb(pb: kvstore_pb2.AllocateRequest) -> int:
@@ -92,9 +96,11 @@ def allocate_response_from_pb(pb: kvstore_pb2.AllocateResponse) -> list[int]:
     return list(pb.block_ids)
 
 
-def free_request_to_pb(block_ids: Sequence[int]) -> kvstore_pb2.FreeRequest:
-    """A Free request dropping one reference from each block."""
-    return kvstore_pb2.FreeRequest(block_ids=block_ids)
+def free_request_to_pb(
+    block_ids: Sequence[int], owner: OwnerRef | None = None
+) -> kvstore_pb2.FreeRequest:
+    """A Free request dropping one of ``owner``'s references from each block."""
+    return kvstore_pb2.FreeRequest(block_ids=block_ids, owner=owner_to_pb(owner))
 
 
 def free_request_from_pb(pb: kvstore_pb2.FreeRequest) -> list[int]:
@@ -108,10 +114,13 @@ def free_response_to_pb() -> kvstore_pb2.FreeResponse:
 
 
 def lookup_prefix_request_to_pb(
-    token_ids: Sequence[int], cache_salt: str
+    token_ids: Sequence[int], cache_salt: str, owner: OwnerRef | None = None
 ) -> kvstore_pb2.LookupPrefixRequest:
-    """A LookupPrefix request for a prompt's token ids in the ``cache_salt`` namespace."""
-    return kvstore_pb2.LookupPrefixRequest(token_ids=token_ids, cache_salt=cache_salt)
+    """A LookupPrefix request for a prompt's token ids in the ``cache_salt`` namespace, the hits
+    referenced for ``owner``."""
+    return kvstore_pb2.LookupPrefixRequest(
+        token_ids=token_ids, cache_salt=cache_salt, owner=owner_to_pb(owner)
+    )
 
 
 def lookup_prefix_request_from_pb(pb: kvstore_pb2.LookupPrefixRequest) -> tuple[list[int], str]:
@@ -134,8 +143,10 @@ def lookup_prefix_response_from_pb(pb: kvstore_pb2.LookupPrefixResponse) -> list
     return list(pb.block_ids)
 
 
-def commit_blocks_request_to_pb(entries: Sequence[CommitEntry]) -> kvstore_pb2.CommitBlocksRequest:
-    """A CommitBlocks request registering full blocks."""
+def commit_blocks_request_to_pb(
+    entries: Sequence[CommitEntry], owner: OwnerRef | None = None
+) -> kvstore_pb2.CommitBlocksRequest:
+    """A CommitBlocks request registering full blocks ``owner`` holds."""
     blocks = [
         kvstore_pb2.CommitBlock(
             block_id=e.block_id,
@@ -145,7 +156,7 @@ def commit_blocks_request_to_pb(entries: Sequence[CommitEntry]) -> kvstore_pb2.C
         )
         for e in entries
     ]
-    return kvstore_pb2.CommitBlocksRequest(blocks=blocks)
+    return kvstore_pb2.CommitBlocksRequest(blocks=blocks, owner=owner_to_pb(owner))
 
 
 def commit_blocks_request_from_pb(pb: kvstore_pb2.CommitBlocksRequest) -> list[CommitEntry]:
@@ -166,9 +177,11 @@ def commit_blocks_response_to_pb(num_registered: int) -> kvstore_pb2.CommitBlock
     return kvstore_pb2.CommitBlocksResponse(num_registered=num_registered)
 
 
-def reconcile_request_to_pb(held_block_ids: Sequence[int]) -> kvstore_pb2.ReconcileRequest:
-    """A Reconcile request declaring every block reference the scheduler holds."""
-    return kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids)
+def reconcile_request_to_pb(
+    held_block_ids: Sequence[int], owner: OwnerRef | None = None
+) -> kvstore_pb2.ReconcileRequest:
+    """A Reconcile request declaring every block reference ``owner`` holds."""
+    return kvstore_pb2.ReconcileRequest(held_block_ids=held_block_ids, owner=owner_to_pb(owner))
 
 
 def reconcile_request_from_pb(pb: kvstore_pb2.ReconcileRequest) -> list[int]:
@@ -199,4 +212,7 @@ def kv_stats_to_pb(s: KVStats) -> kvstore_pb2.KVStats:
         num_prefix_hit_tokens=s.num_prefix_hit_tokens,
         prefix_hit_ratio=s.prefix_hit_ratio,
         num_evictions=s.num_evictions,
+        num_owners=s.num_owners,
+        owners=[owner_stats_to_pb(o) for o in s.owners],
+        recovering=s.recovering,
     )

@@ -18,6 +18,12 @@ class KVStoreUnavailable(Exception):
     """The kvstore cannot be used right now (down, restarting, or not reconciled yet)."""
 
 
+class KVLeaseLost(KVStoreUnavailable):
+    """The kvstore no longer counts this scheduler's block references (its lease expired, a newer
+    registration of its owner id exists, or the kvstore restarted): the blocks its requests hold
+    are not its own any more. The scheduler drops them and recomputes those requests."""
+
+
 class ArenaChanged(Exception):
     """The kvstore came back with a new arena (its file was recreated): the KV of every running
     sequence is gone. Carries the new arena mapping."""
@@ -49,6 +55,10 @@ class BlockAllocator(Protocol):
 
     def reconcile(self, held_block_ids: list[int]) -> int:
         """Declares every block reference held; returns how many counts changed."""
+
+    def lease_lost(self) -> bool:
+        """True when the references held are gone (see :class:`KVLeaseLost`); an allocator
+        without owners never loses them."""
 
 
 class KVCacheManager:
@@ -86,6 +96,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.num_blocks_held = 0
         self.needs_reconcile = False
+        self._lease_lost = False
         self.unusable_since: float | None = None
         """``clock()`` when the first call that failed since the kvstore was last usable began;
         None while it is usable."""
@@ -116,6 +127,17 @@ class KVCacheManager:
         # and a hung one would block the engine for a deadline per call.
         if self.needs_reconcile:
             raise KVStoreUnavailable(f"not reconciled yet ({self.last_error})")
+
+    def lease_lost(self) -> bool:
+        """True when this scheduler's references at the kvstore are gone (see
+        :class:`KVLeaseLost`): every request's blocks must be dropped (:meth:`forget`) and its KV
+        recomputed before the next :meth:`reconcile`, which registers again. The first time it
+        finds the lease lost, that reconcile is due at once (not after the probe interval)."""
+        lost = self.allocator.lease_lost()
+        if lost and not self._lease_lost:
+            self._next_reconcile = 0.0
+        self._lease_lost = lost
+        return lost
 
     def get_computed_blocks(self, request: Request) -> int:
         """Takes the cached prefix of a request that holds no blocks; returns its token count.

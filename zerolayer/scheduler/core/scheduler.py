@@ -144,8 +144,12 @@ class Scheduler:
         While the kvstore is unusable, requests that fit in the blocks they hold keep running;
         those that need a new block, and admissions, wait for it to come back, for at most
         ``policy.kv_unavailable_timeout_s``; then they are ended (``SchedulerOutput.failed``).
+        When the kvstore released this scheduler's references (its lease is lost, before or
+        during planning), every running request is recomputed (:meth:`_recompute_running`).
         """
         output = SchedulerOutput()
+        if self.kv.lease_lost():
+            self._recompute_running()
         num_probes = self.kv.num_reconcile_attempts
         kv_usable = not self.kv.needs_reconcile or self.kv.reconcile(self.running)
         budget = self.policy.max_num_batched_tokens
@@ -184,6 +188,10 @@ class Scheduler:
             self.running.append(request)
             output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
+        if self.kv.lease_lost():
+            # A call of this step found the lease lost: nothing planned may write its blocks.
+            self._recompute_running()
+            return SchedulerOutput()
         if not kv_usable:
             probed = self.kv.num_reconcile_attempts > num_probes
             self._fail_if_kv_down_too_long(blocked, output, probed)
@@ -258,6 +266,21 @@ class Scheduler:
             if victim is request:
                 return False
         return True
+
+    def _recompute_running(self) -> None:
+        """Preempts every running request without touching the kvstore: the blocks they hold
+        are no longer this scheduler's (its lease is lost), so nothing may be written into them;
+        they are recomputed from scratch (the path of a preemption), in their order, admitted
+        again in this step once the scheduler registered again."""
+        for request in reversed(self.running):
+            self.kv.forget(request)
+            request.num_computed_tokens = 0
+            request.num_preemptions += 1
+            request.status = RequestStatus.PREEMPTED
+            self.waiting.appendleft(request)
+            self.num_preemptions += 1
+        self.running.clear()
+        self.kv.needs_reconcile = True  # registers again, holding nothing
 
     def _preempt(self, request: Request) -> None:
         self._release(request)
