@@ -1,11 +1,8 @@
 """Stream failover end to end: two schedulers on one kvstore behind one frontend; ``kill -9`` of
 the scheduler carrying a request mid-stream. The client sees no error and exactly the tokens and
 text of an undisturbed run (greedy and seeded), health follows the schedulers, and a request that
-two schedulers died carrying ends with one error.
-
-NOTE: until the kvstore counts references per owner (issue 13, part 1), both schedulers are the
-same owner: a restarted scheduler's Reconcile frees every block, so these tests restart one only
-while no request is in flight, and do not check that the dead scheduler's blocks are freed.
+two schedulers died carrying ends with one error. Each scheduler is its own kvstore owner (its
+owner id is its address): a dead one's references are released when its lease expires.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from e2e.stack import text_stub
+from e2e.stack import kv_stats, text_stub
 from e2e.two_schedulers import SCHEDULERS, SERVING, TwoSchedulers, start_two_schedulers
 from frontend.test_kserve import make_infer_request, text_output
 from grpc_health.v1 import health_pb2
@@ -61,6 +58,10 @@ def both_serving(cluster: TwoSchedulers):
 def make_request(prompt: str, sampling: str, **fields: object) -> pb.GenerateRequest:
     fields = {"max_new_tokens": NUM_NEW, "ignore_eos": True, **SAMPLINGS[sampling], **fields}
     return pb.GenerateRequest(prompt=prompt, **fields)
+
+
+def owners(cluster: TwoSchedulers) -> dict[str, object]:
+    return {o.owner_id: o for o in kv_stats(cluster.stack).owners}
 
 
 def first_unique_text(text: str, start: int, length: int = 4) -> str:
@@ -146,6 +147,42 @@ def test_a_stop_string_still_stops_a_stream_continued_elsewhere(cluster, stub) -
     assert "".join(r.text for r in responses) == probe.text[: probe.text.index(stop)]
     assert len(responses[0].text) < probe.text.index(stop)  # it stopped after the kill
     assert responses[-1].finish_reason == pb.FINISH_REASON_STOP
+
+
+def test_the_dead_schedulers_references_are_released_and_every_block_ends_free(
+    cluster, stub
+) -> None:
+    call = stub.GenerateStream(make_request("release", "greedy"), timeout=120)
+    first = next(call)
+    dead = cluster.carrier()
+    owner_id = cluster.addresses[dead]
+    assert owners(cluster)[owner_id].num_blocks_held > 0
+    cluster.kill(dead)
+    responses = [first, *call]  # continued on the other scheduler
+    assert sum(len(r.token_ids) for r in responses) == NUM_NEW
+    deadline = time.monotonic() + 15  # the lease, 3 s, and the kvstore's check of it
+    while kv_stats(cluster.stack).num_blocks_used and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stats = kv_stats(cluster.stack)
+    assert (stats.num_blocks_used, stats.num_blocks_free) == (0, stats.num_blocks_total)
+    gone = owners(cluster)[owner_id]
+    assert gone.lease_expired and gone.num_blocks_held == 0
+
+
+def test_a_prefix_computed_via_one_scheduler_is_a_hit_via_the_other(cluster, stub) -> None:
+    prompt = "a prefix shared by both schedulers " * 4
+    served = []
+    responses = []
+    for _ in range(2):  # idle schedulers: ties go round robin, so the two go to different ones
+        before = {name: cluster.stats(name).num_steps for name in SCHEDULERS}
+        responses.append(
+            stub.Generate(make_request(prompt, "greedy", max_new_tokens=4), timeout=30)
+        )
+        served += [n for n in SCHEDULERS if cluster.stats(n).num_steps != before[n]]
+    assert len(served) == 2 and served[0] != served[1]
+    assert responses[0].usage.cached_prompt_tokens == 0
+    assert responses[1].usage.cached_prompt_tokens > 0
+    assert list(responses[1].token_ids) == list(responses[0].token_ids)
 
 
 def test_health_follows_the_schedulers_down_and_back(cluster, stub) -> None:

@@ -110,14 +110,18 @@ class TwoSchedulers:
             stub = health_pb2_grpc.HealthStub(channel)
             return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
 
-    def num_running(self, name: str) -> int:
-        """Requests running in scheduler ``name`` (0 if it cannot be reached)."""
+    def stats(self, name: str) -> scheduler_pb2.SchedulerStats:
+        """Scheduler ``name``'s counters (all 0 if it cannot be reached)."""
         with grpc.insecure_channel(self.addresses[name]) as channel:
             stub = scheduler_pb2_grpc.SchedulerStub(channel)
             try:
-                return stub.GetStats(scheduler_pb2.SchedulerStatsRequest(), timeout=2).num_running
+                return stub.GetStats(scheduler_pb2.SchedulerStatsRequest(), timeout=2)
             except grpc.RpcError:
-                return 0
+                return scheduler_pb2.SchedulerStats()
+
+    def num_running(self, name: str) -> int:
+        """Requests running in scheduler ``name`` (0 if it cannot be reached)."""
+        return self.stats(name).num_running
 
     def carrier(self, timeout_s: float = 30.0, exclude: str = "") -> str:
         """The scheduler that runs a request now (waits for one)."""
