@@ -91,10 +91,11 @@ def main() -> None:
     parser.add_argument("--suffix-tokens", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--policies", default="least-work,prefix-affine", help="in this order")
     args = parser.parse_args()
     model_dir = args.model or ensure_dummy_model(cache_dir=Path(tempfile.mkdtemp()))
     for repeat in range(args.repeats):
-        for policy in ("least-work", "prefix-affine"):
+        for policy in args.policies.split(","):
             result = run(policy, model_dir, args)
             print(
                 f"repeat {repeat} {policy:13s} cached {result['cached_share']:.1%} "
