@@ -3,13 +3,14 @@ parser and config, the config dataclasses' defaults, the checks."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import pytest
 from common.setting_samples import SAMPLES, layer_config, pretend_two_gpus, value, words
 
 from zerolayer.common.config import FrontendConfig, KVStoreConfig, LoaderConfig, SchedulerConfig
-from zerolayer.common.setting import REQUIRED, Setting
+from zerolayer.common.setting import REQUIRED, Setting, positive
 from zerolayer.common.settings import (
     LAYERS,
     MAX_NUM_SEQS,
@@ -154,3 +155,57 @@ def test_stack_config_checks_a_value_by_its_declaration(field, bad, message) -> 
 )
 def test_a_setting_at_its_default_takes_no_words(setting_value: int, argv: list[str]) -> None:
     assert MAX_NUM_SEQS.argv(setting_value) == argv
+
+
+def many(default: object = REQUIRED) -> Setting:
+    """A repeatable setting of the frontend (like ``--scheduler``), with ``default``."""
+    return Setting("addresses", "--address-list", "addresses", default, multiple=True)
+
+
+def parse_many(setting: Setting, argv: list[str]) -> object:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    setting.add_to(parser)
+    return getattr(parser.parse_args(argv), setting.name)
+
+
+def test_a_multiple_setting_adds_up_repeated_flags_and_comma_lists() -> None:
+    argv = ["--address-list", "a", "--address-list", "b, c"]
+    assert parse_many(many(), argv) == ("a", "b", "c")
+    assert parse_many(many(), ["--address-list", "unix:/x.sock"]) == ("unix:/x.sock",)
+    # The first occurrence replaces a default; none keeps it.
+    assert parse_many(many(("d", "e")), ["--address-list", "a"]) == ("a",)
+    assert parse_many(many(("d", "e")), []) == ("d", "e")
+    assert many(("d", "e")).help_text() == "addresses (default d,e)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["--address-list", "a,,b"], "'a,,b' has an empty item"),
+        (["--address-list", "a", "--address-list", "b,a"], "'a' given twice"),
+    ],
+)
+def test_a_multiple_setting_refuses_empty_and_repeated_items(argv, reason) -> None:
+    with pytest.raises(argparse.ArgumentError) as info:
+        parse_many(many(), argv)
+    assert str(info.value) == f"argument --address-list: {reason}"
+
+
+def test_a_multiple_setting_checks_each_item_and_gives_each_its_flag() -> None:
+    setting = Setting("ports", "--ports", "ports", (1,), int, positive, multiple=True)
+    assert parse_many(setting, ["--ports", "2,3"]) == (2, 3)
+    with pytest.raises(argparse.ArgumentError, match="must be > 0"):
+        parse_many(setting, ["--ports", "2,0"])
+    with pytest.raises(ValueError, match="^--ports: must be > 0$"):
+        setting.validate((2, 0))
+    assert setting.argv((2, 3)) == ["--ports", "2", "--ports", "3"]
+    assert setting.argv((1,)) == []
+    assert many().argv("unix:/one.sock") == ["--address-list", "unix:/one.sock"]
+
+
+def test_the_frontend_takes_one_scheduler_as_before_or_several() -> None:
+    one = layer_config("frontend", ["--loader", "l", "--scheduler", "unix:/s.sock"])
+    assert one.scheduler_address == ("unix:/s.sock",)
+    several = ["--loader", "l", "--scheduler", "unix:/s.sock", "--scheduler", "unix:/t.sock"]
+    assert layer_config("frontend", several).scheduler_address == ("unix:/s.sock", "unix:/t.sock")
+    assert FrontendConfig(loader_address="l", scheduler_address="s").scheduler_address == ("s",)

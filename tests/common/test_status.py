@@ -68,6 +68,7 @@ def test_every_domain_error_class_has_its_code_in_the_table() -> None:
         errors.NotFound: Code.NOT_FOUND,
         errors.ResourceExhausted: Code.RESOURCE_EXHAUSTED,
         errors.Unavailable: Code.UNAVAILABLE,
+        errors.SchedulerLost: Code.UNAVAILABLE,
         errors.FailedPrecondition: Code.FAILED_PRECONDITION,
     }
     assert set(STATUS_CODES) == classes

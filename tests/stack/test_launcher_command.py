@@ -56,7 +56,8 @@ def expected_values(stack: Stack, name: str) -> dict[str, object]:
         if setting.name in STACK_FIELDS:
             expected[setting.name] = getattr(config, setting.name)
         elif setting.name in wiring:
-            expected[setting.name] = wiring[setting.name]
+            given = wiring[setting.name]
+            expected[setting.name] = setting.items(given) if setting.multiple else given
         else:
             assert setting.name in NOT_FROM_THE_LAUNCHER, setting.flag
             expected[setting.name] = setting.default

@@ -107,6 +107,18 @@ class ApiSettings:
     """max_new_tokens, in tokens, when a request leaves it 0."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class RoutingSettings:
+    """How the frontend spreads requests over the schedulers and carries them across a lost one."""
+
+    scheduler_wait_s: float = settings.SCHEDULER_WAIT_S.default
+    """Seconds a new request waits for a scheduler that can take it before UNAVAILABLE."""
+    failover_wait_s: float = settings.FAILOVER_WAIT_S.default
+    """Seconds a stream whose scheduler died waits for another (or the restarted) one."""
+    routing: str = settings.ROUTING.default
+    """"least-work" or "prefix-affine" (zerolayer.frontend.router)."""
+
+
 @dataclass(frozen=True)
 class LoaderConfig(ModelSettings, DeviceSettings, LayerSettings):
     """Loader process settings."""
@@ -160,13 +172,13 @@ class SchedulerConfig(EngineSettings, DeviceSettings, LayerSettings):
 
 
 @dataclass(frozen=True)
-class FrontendConfig(ApiSettings, LayerSettings):
+class FrontendConfig(ApiSettings, RoutingSettings, LayerSettings):
     """Frontend process settings."""
 
     loader_address: str
     """Where the loader serves (tokenizer, model info)."""
-    scheduler_address: str
-    """Where the scheduler serves."""
+    scheduler_address: tuple[str, ...]
+    """Where the schedulers serve, one address each (a lone string is taken as one address)."""
     instance_id: str = settings.INSTANCE_ID.default
     """Extra health name ``zerolayer.instance.<id>`` (lets a launcher recognise its own frontend
     on a TCP port another process might hold)."""
@@ -177,6 +189,12 @@ class FrontendConfig(ApiSettings, LayerSettings):
     """Most stop strings per request (a limit of the API, not a flag)."""
     max_cache_salt_bytes: int = 256
     """Longest cache_salt accepted, bytes (a limit of the API, not a flag)."""
+
+    def __post_init__(self) -> None:
+        # NOTE: one address given as a string (as before several were possible) is one address,
+        # not a tuple of its characters.
+        if isinstance(self.scheduler_address, str):
+            object.__setattr__(self, "scheduler_address", (self.scheduler_address,))
 
 
 def default_num_threads(num_cores: int) -> int:

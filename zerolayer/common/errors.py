@@ -37,3 +37,14 @@ class Unavailable(ZerolayerError):
 
 class FailedPrecondition(ZerolayerError):
     """The system is not in a state where the call can run (e.g. arena geometry mismatch)."""
+
+
+class SchedulerLost(Unavailable):
+    """The scheduler carrying a request could not be reached or went away mid-call (it did not
+    answer the error itself): the frontend may continue the request on another scheduler."""
+
+    def __init__(self, message: str, carrying: bool) -> None:
+        super().__init__(message)
+        self.carrying = carrying
+        """True when the scheduler may have had the request (the call was sent on a connected
+        channel, or answered): it died while carrying it. False: the request never reached it."""

@@ -13,6 +13,7 @@ import ipaddress
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 ConfigT = TypeVar("ConfigT")
@@ -58,6 +59,10 @@ class Setting:
     default_note: str = ""
     """What the default means, when the value does not say (``every core but one``); for a
     required flag that ``up`` offers, what ``up`` does without it."""
+    multiple: bool = False
+    """The value is a tuple of items: the flag may be repeated and each occurrence may be a
+    comma-separated list (``--scheduler A --scheduler B,C``); :attr:`parse` and :attr:`check`
+    apply to each item, and an item given twice is refused."""
 
     @property
     def is_switch(self) -> bool:
@@ -72,7 +77,8 @@ class Setting:
         return type(self.default) if type(self.default) in (int, float) else str
 
     def validate(self, value: Any) -> None:
-        """Checks a value given in code (e.g. a ``StackConfig`` field).
+        """Checks a value given in code (e.g. a ``StackConfig`` field); each item of a
+        :attr:`multiple` one (a lone string is one item).
 
         Raises:
             ValueError: the value cannot work; the message starts with the flag
@@ -81,17 +87,23 @@ class Setting:
         if self.check is None:
             return
         try:
-            self.check(value)
+            for item in self.items(value) if self.multiple else (value,):
+                self.check(item)
         except ValueError as exc:
             raise ValueError(f"{self.flag}: {exc}") from None
 
+    @staticmethod
+    def items(value: Any) -> tuple[Any, ...]:
+        """The items of a :attr:`multiple` setting's value: a lone string is one item."""
+        return (value,) if isinstance(value, str) else tuple(value)
+
     def argv(self, value: Any) -> list[str]:
-        """The command-line words that give ``value``: none for the default (or None); a list or
-        tuple gives the flag once per item (``--scheduler A --scheduler B``), in order."""
+        """The command-line words that give ``value``: none for the default (or None); the flag
+        once per item of a :attr:`multiple` setting's value (a lone string is one item)."""
         if value is None or (value == self.default and self.default is not REQUIRED):
             return []
-        if isinstance(value, list | tuple):
-            return [word for item in value for word in (self.flag, str(item))]
+        if self.multiple:
+            return [word for item in self.items(value) for word in (self.flag, str(item))]
         return [self.flag] if self.is_switch else [self.flag, str(value)]
 
     def add_to(self, parser: argparse.ArgumentParser, for_up: bool = False) -> None:
@@ -109,10 +121,12 @@ class Setting:
                 self.flag, dest=self.name, action=action, help=self.help_text(for_up)
             )
             return
+        parse_one = self.parser if for_up else self._parse_and_check
         parser.add_argument(
             self.flag,
             dest=self.name,
-            type=self.parser if for_up else self._parse_and_check,
+            type=partial(_parse_items, parse_one) if self.multiple else parse_one,
+            action=_AddItems if self.multiple else "store",
             default=None if self.default is REQUIRED else self.default,
             required=self.default is REQUIRED and not for_up,
             choices=self.choices or None,
@@ -127,7 +141,10 @@ class Setting:
         text = f"{', '.join(self.layers)}: {self.help}" if for_up and self.layers else self.help
         details = [self.unit] if self.unit else []
         if not self.is_switch and (self.default is not REQUIRED or for_up):
-            shown = "" if self.default in (None, "", REQUIRED) else f" {self.default}"
+            default = self.default
+            if self.multiple and default not in (None, REQUIRED):
+                default = ",".join(map(str, default))
+            shown = "" if default in (None, "", REQUIRED) else f" {default}"
             note = f": {self.default_note}" if self.default_note else ""
             details.append(f"default{shown}{note}")
         if details:
@@ -152,6 +169,41 @@ class Setting:
             except ValueError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
         return value
+
+
+def _parse_items(parse_one: Callable[[str], Any], text: str) -> tuple[Any, ...]:
+    """``type=`` of a :attr:`Setting.multiple` flag: a comma-separated list, each item parsed.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty item, or one that does not parse.
+    """
+    words = [word.strip() for word in text.split(",")]
+    if not all(words):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item")
+    try:
+        return tuple(parse_one(word) for word in words)
+    except ValueError as exc:  # as argparse words a failed ``type=``
+        raise argparse.ArgumentTypeError(f"invalid value in {text!r}: {exc}") from None
+
+
+class _AddItems(argparse.Action):
+    """``action=`` of a :attr:`Setting.multiple` flag: each occurrence adds its items to those of
+    the earlier ones (the first replaces the default); an item given twice is an error."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        items = getattr(namespace, self.dest, None)
+        items = () if items is None or items is self.default else tuple(items)
+        for item in values:
+            if item in items:
+                raise argparse.ArgumentError(self, f"{item!r} given twice")
+            items += (item,)
+        setattr(namespace, self.dest, items)
 
 
 def positive(value: float) -> None:

@@ -40,7 +40,13 @@ KVSTORE_ADDRESS = Setting(
     "kvstore_address", "--kvstore", "the kvstore's gRPC address", layers=(SCHEDULER,)
 )
 SCHEDULER_ADDRESS = Setting(
-    "scheduler_address", "--scheduler", "the scheduler's gRPC address", layers=(FRONTEND,)
+    "scheduler_address",
+    "--scheduler",
+    "the schedulers' gRPC addresses: repeat the flag or give a comma list; each request goes to "
+    "the one with the least outstanding work",
+    metavar="ADDRESS",
+    multiple=True,
+    layers=(FRONTEND,),
 )
 SHM_PATH = Setting(
     "shm_path",
@@ -268,6 +274,41 @@ DEFAULT_MAX_NEW_TOKENS = Setting(
     check=positive,
     unit="tokens",
     metavar="N",
+    layers=(FRONTEND,),
+    up=True,
+)
+
+SCHEDULER_WAIT_S = Setting(
+    "scheduler_wait_s",
+    "--scheduler-wait-s",
+    "how long a new request waits for a scheduler that can take it (all down, restarting or "
+    "starting) before it ends with UNAVAILABLE",
+    default=2.0,
+    check=positive,
+    unit="s",
+    metavar="S",
+    layers=(FRONTEND,),
+    up=True,
+)
+FAILOVER_WAIT_S = Setting(
+    "failover_wait_s",
+    "--failover-wait-s",
+    "how long a stream whose scheduler died waits for another one (or the restarted one) to "
+    "continue on before it ends with UNAVAILABLE",
+    default=30.0,
+    check=positive,
+    unit="s",
+    metavar="S",
+    layers=(FRONTEND,),
+    up=True,
+)
+ROUTING = Setting(
+    "routing",
+    "--routing",
+    "how a request's scheduler is chosen: least-work (the least outstanding tokens) or "
+    "prefix-affine (the one its prompt's first tokens hash to, unless that one is far busier)",
+    default="least-work",
+    choices=("least-work", "prefix-affine"),
     layers=(FRONTEND,),
     up=True,
 )

@@ -25,6 +25,7 @@ from zerolayer.common.errors import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    SchedulerLost,
     Unavailable,
     ZerolayerError,
 )
@@ -39,6 +40,7 @@ STATUS_CODES = MappingProxyType(
         NotFound: grpc.StatusCode.NOT_FOUND,
         ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
         Unavailable: grpc.StatusCode.UNAVAILABLE,
+        SchedulerLost: grpc.StatusCode.UNAVAILABLE,
         FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     }
 )

@@ -1,37 +1,56 @@
-"""``python -m zerolayer.frontend --listen HOST:PORT --loader unix:PATH --scheduler unix:PATH``."""
+"""``python -m zerolayer.frontend --listen HOST:PORT --loader unix:PATH --scheduler unix:PATH``
+(``--scheduler`` repeated, or a comma list, for several schedulers)."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 
 from zerolayer.common.clients import fetch_manifest
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
-from zerolayer.common.server import LayerServer, ServiceBinding, run_layer
+from zerolayer.common.server import ServiceBinding, run_layer
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.generation import TextGenerator
 from zerolayer.frontend.kserve import kserve_binding
 from zerolayer.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
+from zerolayer.frontend.public_health import FrontendServer
+from zerolayer.frontend.router import Router
 from zerolayer.frontend.scheduler_client import SchedulerClient
+from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
 from zerolayer.frontend.server import TextGenerationServicer
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
 PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
 """Largest public request accepted; prompts are far smaller (see validation.check_text_length)."""
+STARTUP_SCHEDULER_WAIT_S = 30.0
+"""How long a starting frontend waits to see a scheduler serve before it reports SERVING (on its
+instance name; its public names say SERVING only while a scheduler does), seconds."""
+
+
+def scheduler_pool(
+    config: FrontendConfig, tracing: Tracing, on_change: Callable[[], None]
+) -> SchedulerPool:
+    """The schedulers of ``config`` behind one router that calls ``on_change`` when whether one
+    can take requests may have changed (nothing connects yet)."""
+    router = Router(config.scheduler_address, config.routing, on_change)
+    clients = {a: SchedulerClient(a, tracing=tracing) for a in config.scheduler_address}
+    return SchedulerPool(clients, router, Waits(config.scheduler_wait_s, config.failover_wait_s))
 
 
 async def serve(config: FrontendConfig, tracing: Tracing) -> None:
-    """Loads the tokenizer from the loader, then serves until SIGTERM."""
+    """Loads the tokenizer from the loader, then serves until SIGTERM; its public health follows
+    the schedulers' (see zerolayer.frontend.public_health)."""
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
-    scheduler = SchedulerClient(config.scheduler_address, tracing=tracing)
+    pool = scheduler_pool(config, tracing, lambda: server.health_changed())
     metrics = FrontendMetrics(
         serve_metrics(config.metrics_port, host=config.metrics_host, collectors=[])
     )
-    generator = TextGenerator(config, manifest, scheduler, tracing.tracer, metrics)
+    generator = TextGenerator(config, manifest, pool, tracing.tracer, metrics)
     name = generation_pb2.DESCRIPTOR.services_by_name["TextGeneration"].full_name
-    server = LayerServer(
+    server = FrontendServer(
         config.listen,
         [
             ServiceBinding(
@@ -46,12 +65,21 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         interceptors=[RequestCountingInterceptor(metrics, ("/zerolayer.", "/inference."))],
         instance_id=config.instance_id,
         reuse_port=config.reuse_port,
+        ready=lambda: pool.router.available,
     )
 
-    async def on_stop() -> None:
-        await scheduler.close()
+    async def on_start() -> None:
+        for client in pool.clients.values():
+            client.watch_health(pool.router)
+        # NOTE: a frontend started with its schedulers reports SERVING once it has seen one
+        # serve (the channel's reconnect backoff can delay that by a second), so that a stack
+        # that is "up" answers at once; without any, it serves anyway after the bound.
+        await pool.router.wait_available(STARTUP_SCHEDULER_WAIT_S)
 
-    await run_layer(server, on_stop=on_stop)
+    async def on_stop() -> None:
+        await pool.close()
+
+    await run_layer(server, on_start=on_start, on_stop=on_stop)
 
 
 PROGRAM = LayerProgram("frontend", FrontendConfig, serve, __doc__)

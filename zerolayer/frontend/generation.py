@@ -25,7 +25,7 @@ from zerolayer.common.generation import (
 )
 from zerolayer.frontend.detokenizer import IncrementalDetokenizer
 from zerolayer.frontend.metrics import FrontendMetrics
-from zerolayer.frontend.scheduler_client import SchedulerClient
+from zerolayer.frontend.scheduler_pool import SchedulerPool
 from zerolayer.frontend.stop_strings import StopStringMatcher
 from zerolayer.frontend.telemetry import GenerationTelemetry
 from zerolayer.frontend.tokenizer import TextTokenizer
@@ -40,7 +40,7 @@ class TextGenerator:
         self,
         config: FrontendConfig,
         manifest: WeightManifest,
-        scheduler: SchedulerClient,
+        scheduler: SchedulerPool,
         tracer: trace.Tracer | None = None,
         metrics: FrontendMetrics | None = None,
     ) -> None:
@@ -58,6 +58,11 @@ class TextGenerator:
             manifest.model, self.model_config.vocab_size, self.model_config.max_position_embeddings
         )
         self.scheduler = scheduler
+
+    @property
+    def ready(self) -> bool:
+        """True while some scheduler can take requests (the public health and readiness)."""
+        return self.scheduler.router.available
 
     def tokenize(self, params: TokenizeParams) -> TokenizeResult:
         """Tokenizes ``params.text`` with the model's tokenizer.
@@ -99,14 +104,16 @@ class TextGenerator:
 
         Text never ends inside a UTF-8 character, and never contains a stop string (text stops
         right before it; ``token_ids`` still include the tokens that completed it). Closing the
-        iterator early aborts the request in the scheduler.
+        iterator early aborts the request in the scheduler. A scheduler that dies mid-stream is
+        invisible here: the stream continues on another (see ``SchedulerPool``).
 
         Args:
             stream: recorded in the trace (``gen_ai.request.stream``).
 
         Raises:
             InvalidArgument, NotFound: from validation.
-            Unavailable: the scheduler is down.
+            Unavailable: no scheduler can take the request, or it was in flight on two that
+                died.
         """
         telemetry = GenerationTelemetry(self.tracer, self.metrics, self.served.name, stream)
         with telemetry.tokenize_span():
@@ -119,7 +126,8 @@ class TextGenerator:
         stops = StopStringMatcher(params.stop)
         last: RequestOutput | None = None
         num_generated = 0
-        async with aclosing(self.scheduler.generate(request, timeout_s)) as outputs:
+        max_model_len = self.served.max_model_len
+        async with aclosing(self.scheduler.generate(request, timeout_s, max_model_len)) as outputs:
             async for output in outputs:
                 last = output
                 num_generated += len(output.new_token_ids)

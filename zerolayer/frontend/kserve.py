@@ -76,13 +76,13 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerReadyResponse:
-        return server_ready_response()
+        return server_ready_response(self._generator.ready)
 
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelReadyResponse:
-        ready = request.name == self._model and request.version in ("", MODEL_VERSION)
-        return model_ready_response(ready)
+        served = request.name == self._model and request.version in ("", MODEL_VERSION)
+        return model_ready_response(served and self._generator.ready)
 
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext

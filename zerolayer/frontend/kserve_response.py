@@ -24,13 +24,14 @@ def server_live_response() -> pb.ServerLiveResponse:
     return pb.ServerLiveResponse(live=True)
 
 
-def server_ready_response() -> pb.ServerReadyResponse:
-    """ServerReady: the frontend serves only once its layers do."""
-    return pb.ServerReadyResponse(ready=True)
+def server_ready_response(ready: bool) -> pb.ServerReadyResponse:
+    """ServerReady: whether some scheduler can take requests."""
+    return pb.ServerReadyResponse(ready=ready)
 
 
 def model_ready_response(ready: bool) -> pb.ModelReadyResponse:
-    """ModelReady: whether the named model and version are served."""
+    """ModelReady: whether the named model and version are served and some scheduler can take
+    requests."""
     return pb.ModelReadyResponse(ready=ready)
 
 

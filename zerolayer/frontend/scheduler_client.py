@@ -1,9 +1,8 @@
-"""The frontend's asynchronous client of the scheduler."""
+"""The frontend's asynchronous client of one scheduler: its Generate stream, its block size, and
+its health, which it follows for the router (:mod:`zerolayer.frontend.health_client`)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
 
@@ -15,32 +14,47 @@ from zerolayer.common.convert import (
     request_output_from_pb,
     scheduler_stats_request_to_pb,
 )
-from zerolayer.common.errors import Unavailable
+from zerolayer.common.errors import SchedulerLost, Unavailable
 from zerolayer.common.generation import EngineRequest, RequestOutput
 from zerolayer.common.server import CHANNEL_OPTIONS
 from zerolayer.common.status import answered_by_handler
 from zerolayer.common.tracing import Tracing
+from zerolayer.frontend.health_client import HealthWatcher
+from zerolayer.frontend.router import Router
 from zerolayer.v1 import scheduler_pb2_grpc
+
+LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+"""Codes of a call whose scheduler went away, when no handler chose them: unreachable, the
+connection broke (UNAVAILABLE), or the server cancelled the call as it shut down (CANCELLED)."""
 
 
 class SchedulerClient:
-    """Streams engine outputs; closing the stream early cancels the call, which aborts the request
-    in the scheduler and frees its KV blocks."""
+    """Streams engine outputs from one scheduler; closing the stream early cancels the call, which
+    aborts the request in the scheduler and frees its KV blocks."""
 
-    def __init__(
-        self, address: str, connect_grace_s: float = 2.0, tracing: Tracing | None = None
-    ) -> None:
+    def __init__(self, address: str, tracing: Tracing | None = None) -> None:
         """
         Args:
             address: the scheduler's gRPC address.
-            connect_grace_s: how long a call retries while the scheduler is unreachable (e.g.
-                restarting) before UNAVAILABLE; retrying is safe because nothing was sent yet.
             tracing: a CLIENT span around each call, its context sent in the call's metadata.
         """
-        self._connect_grace_s = connect_grace_s
+        self.address = address
         self._tracing = tracing
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._health: HealthWatcher | None = None
+
+    def watch_health(self, router: Router) -> None:
+        """Starts reporting this scheduler's health to ``router`` (on the running loop), over
+        the channel the calls use, so a broken connection shows in both at once."""
+        self._health = HealthWatcher(self._channel, self.address, router)
+        self._health.start()
+
+    def watch_again(self) -> None:
+        """Asks the scheduler's health afresh (after a call found it gone while the health
+        stream said nothing yet); a scheduler that still serves reports SERVING again."""
+        if self._health is not None:
+            self._health.restart()
 
     async def generate(
         self, request: EngineRequest, timeout_s: float | None
@@ -48,7 +62,9 @@ class SchedulerClient:
         """Yields the request's outputs until the finished one.
 
         Raises:
-            Unavailable: the scheduler cannot be reached.
+            SchedulerLost: the scheduler cannot be reached or went away (see :data:`LOST_CODES`).
+            Unavailable: the scheduler answered UNAVAILABLE itself (its kvstore is down, its GPU
+                failed).
             grpc.aio.AioRpcError: the scheduler rejected the request (INVALID_ARGUMENT,
                 RESOURCE_EXHAUSTED) or the deadline passed.
         """
@@ -57,40 +73,20 @@ class SchedulerClient:
             if self._tracing is not None
             else nullcontext(None)
         ) as metadata:
-            async for output in self._generate(request, timeout_s, metadata):
-                yield output
-
-    async def _generate(
-        self,
-        request: EngineRequest,
-        timeout_s: float | None,
-        metadata: list[tuple[str, str]] | None,
-    ) -> AsyncIterator[RequestOutput]:
-        start = time.monotonic()
-        give_up = start + self._connect_grace_s
-        while True:
-            remaining = (
-                None if timeout_s is None else max(timeout_s - (time.monotonic() - start), 0.001)
-            )
+            # NOTE: on a connected channel the request is on its way as soon as the call starts:
+            # a failure from then on may mean the scheduler died carrying it.
+            carrying = self._channel.get_state() == grpc.ChannelConnectivity.READY
             call = self._stub.Generate(
-                engine_request_to_pb(request), timeout=remaining, metadata=metadata
+                engine_request_to_pb(request), timeout=timeout_s, metadata=metadata
             )
-            received = False
             try:
                 async for pb in call:
-                    received = True
+                    carrying = True
                     yield request_output_from_pb(request.request_id, pb)
-                return
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise
-                # NOTE: only an unreachable scheduler (restarting) is retried; one that answered
-                # UNAVAILABLE itself (its kvstore is down, its GPU failed) has said no.
-                if received or answered_by_handler(exc) or time.monotonic() > give_up:
-                    raise Unavailable(f"scheduler: {exc.details()}") from None
+                raise _error_of(exc, self.address, carrying) from None
             finally:
                 call.cancel()
-            await asyncio.sleep(0.1)
 
     async def block_size(self) -> int:
         """The KV block size the scheduler runs with (0 if it is unreachable)."""
@@ -101,5 +97,18 @@ class SchedulerClient:
         return block_size_from_stats_pb(stats)
 
     async def close(self) -> None:
-        """Closes the channel."""
+        """Stops following health and closes the channel."""
+        if self._health is not None:
+            await self._health.close()
         await self._channel.close()
+
+
+def _error_of(exc: grpc.aio.AioRpcError, address: str, carrying: bool) -> Exception:
+    """What a failed Generate call raises (see :meth:`SchedulerClient.generate`)."""
+    if answered_by_handler(exc):
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            return Unavailable(f"scheduler: {exc.details()}")
+        return exc
+    if exc.code() in LOST_CODES:
+        return SchedulerLost(f"scheduler {address}: {exc.details()}", carrying)
+    return exc

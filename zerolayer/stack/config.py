@@ -12,6 +12,7 @@ from zerolayer.common.config import (
     EngineSettings,
     MetricsSettings,
     ModelSettings,
+    RoutingSettings,
 )
 from zerolayer.common.device import resolve_device
 from zerolayer.common.settings import SETTINGS
@@ -32,7 +33,13 @@ SHM_DIR = "/dev/shm"
 
 @dataclass(frozen=True, kw_only=True)
 class StackConfig(
-    ModelSettings, ArenaSettings, EngineSettings, ApiSettings, DeviceSettings, MetricsSettings
+    ModelSettings,
+    ArenaSettings,
+    EngineSettings,
+    ApiSettings,
+    RoutingSettings,
+    DeviceSettings,
+    MetricsSettings,
 ):
     """How to run the four layers: every layer setting ``zerolayer up`` offers (the groups it
     inherits, which the layers' configs share), and the stack's own."""

@@ -13,6 +13,11 @@ from zerolayer.common.convert.generation import (
     tokenize_request_from_pb,
     tokenize_result_to_pb,
 )
+from zerolayer.common.convert.health import (
+    health_request_to_pb,
+    serving_from_health_pb,
+    serving_status_to_pb,
+)
 from zerolayer.common.convert.kvstore import (
     allocate_request_from_pb,
     allocate_request_to_pb,
@@ -107,6 +112,7 @@ __all__ = [
     "free_response_to_pb",
     "generate_params_from_pb",
     "get_stats_request_to_pb",
+    "health_request_to_pb",
     "keep_alive_request_to_pb",
     "keep_alive_response_from_pb",
     "keep_alive_response_to_pb",
@@ -141,6 +147,8 @@ __all__ = [
     "residency_to_pb",
     "role_from_stats_pb",
     "scheduler_stats_request_to_pb",
+    "serving_from_health_pb",
+    "serving_status_to_pb",
     "scheduler_stats_to_pb",
     "tokenize_request_from_pb",
     "tokenize_result_to_pb",

@@ -1,0 +1,245 @@
+"""Stream failover end to end: two schedulers on one kvstore behind one frontend; ``kill -9`` of
+the scheduler carrying a request mid-stream. The client sees no error and exactly the tokens and
+text of an undisturbed run (greedy and seeded), health follows the schedulers, and a request that
+two schedulers died carrying ends with one error. Each scheduler is its own kvstore owner (its
+owner id is its address): a dead one's references are released when its lease expires.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from e2e.stack import kv_stats, text_stub
+from e2e.two_schedulers import SCHEDULERS, SERVING, TwoSchedulers, start_two_schedulers
+from frontend.test_kserve import make_infer_request, text_output
+from grpc_health.v1 import health_pb2
+
+from zerolayer.checkpoints.dummy import ensure_dummy_model
+from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
+from zerolayer.v1 import generation_pb2 as pb
+
+pytestmark = pytest.mark.e2e
+
+NUM_NEW = 400
+SAMPLINGS = {"greedy": {}, "seeded": {"temperature": 0.9, "top_p": 0.95, "seed": 77}}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+    cluster = start_two_schedulers(model_dir, tmp_path_factory.mktemp("run"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(cluster: TwoSchedulers):
+    return text_stub(cluster.stack)
+
+
+@pytest.fixture(autouse=True)
+def both_serving(cluster: TwoSchedulers):
+    """Each test starts with both schedulers up (restarted while nothing is in flight)."""
+    dead = [name for name in SCHEDULERS if cluster.processes[name].poll() is not None]
+    for name in dead:
+        cluster.start(name)
+    cluster.wait_health(cluster.listen, "", SERVING, 30)
+    if dead:
+        # The frontend's health watch reconnects within MAX_RETRY_S plus the channel's backoff.
+        time.sleep(2.5)
+
+
+def make_request(prompt: str, sampling: str, **fields: object) -> pb.GenerateRequest:
+    fields = {"max_new_tokens": NUM_NEW, "ignore_eos": True, **SAMPLINGS[sampling], **fields}
+    return pb.GenerateRequest(prompt=prompt, **fields)
+
+
+def owners(cluster: TwoSchedulers) -> dict[str, object]:
+    return {o.owner_id: o for o in kv_stats(cluster.stack).owners}
+
+
+def first_unique_text(text: str, start: int, length: int = 4) -> str:
+    """The first substring of ``text`` from ``start`` on that occurs nowhere before it."""
+    for i in range(start, len(text) - length):
+        candidate = text[i : i + length]
+        if "\ufffd" not in candidate and text.find(candidate) == i:
+            return candidate
+    raise AssertionError("no unique text in the output")
+
+
+def unary_killed(cluster: TwoSchedulers, stub, request: pb.GenerateRequest):
+    future = stub.Generate.future(request, timeout=120)
+    cluster.kill(cluster.carrier())
+    return future.result()
+
+
+def stream_killed(cluster: TwoSchedulers, stub, request: pb.GenerateRequest):
+    call = stub.GenerateStream(request, timeout=120)
+    responses = [next(call)]
+    cluster.kill(cluster.carrier())
+    responses += list(call)
+    return responses
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_a_unary_request_survives_the_death_of_its_scheduler(cluster, stub, sampling) -> None:
+    request = make_request(f"unary {sampling}", sampling)
+    response = unary_killed(cluster, stub, request)
+    undisturbed = stub.Generate(request, timeout=60)
+    assert list(response.token_ids) == list(undisturbed.token_ids)
+    assert len(response.token_ids) == NUM_NEW
+    assert response.text == undisturbed.text
+    assert response.finish_reason == pb.FINISH_REASON_LENGTH
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (
+        undisturbed.usage.prompt_tokens,
+        NUM_NEW,
+    )
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_a_stream_survives_the_death_of_its_scheduler(cluster, stub, sampling) -> None:
+    request = make_request(f"stream {sampling}", sampling)
+    responses = stream_killed(cluster, stub, request)
+    undisturbed = stub.Generate(request, timeout=60)
+    assert [t for r in responses for t in r.token_ids] == list(undisturbed.token_ids)
+    assert "".join(r.text for r in responses) == undisturbed.text
+    last = responses[-1]
+    assert last.finish_reason == pb.FINISH_REASON_LENGTH
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (
+        undisturbed.usage.prompt_tokens,
+        NUM_NEW,
+    )
+
+
+def test_a_sampled_stream_without_a_seed_survives_the_death_of_its_scheduler(cluster, stub) -> None:
+    # The frontend drew the seed (no undisturbed run to compare with): all tokens, no error.
+    request = make_request("unseeded", "greedy", temperature=0.9)
+    responses = stream_killed(cluster, stub, request)
+    assert sum(len(r.token_ids) for r in responses) == NUM_NEW
+    assert responses[-1].usage.completion_tokens == NUM_NEW
+
+
+def test_a_kserve_model_infer_survives_the_death_of_its_scheduler(cluster, stub) -> None:
+    model = stub.GetModelInfo(pb.GetModelInfoRequest()).model
+    request = make_infer_request(model, "kserve", max_tokens=NUM_NEW, ignore_eos=True)
+    with grpc.insecure_channel(cluster.listen) as channel:
+        future = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(
+            request, timeout=120
+        )
+        cluster.kill(cluster.carrier())
+        response = future.result()
+    undisturbed = stub.Generate(make_request("kserve", "greedy"), timeout=60)
+    assert text_output(response) == undisturbed.text
+    assert response.parameters["num_output_tokens"].int64_param == NUM_NEW
+
+
+def test_a_stop_string_still_stops_a_stream_continued_elsewhere(cluster, stub) -> None:
+    probe = stub.Generate(make_request("stop here", "greedy"), timeout=60)
+    stop = first_unique_text(probe.text, 24)
+    request = make_request("stop here", "greedy", stop=[stop])
+    responses = stream_killed(cluster, stub, request)
+    assert "".join(r.text for r in responses) == probe.text[: probe.text.index(stop)]
+    assert len(responses[0].text) < probe.text.index(stop)  # it stopped after the kill
+    assert responses[-1].finish_reason == pb.FINISH_REASON_STOP
+
+
+def test_the_dead_schedulers_references_are_released_and_every_block_ends_free(
+    cluster, stub
+) -> None:
+    call = stub.GenerateStream(make_request("release", "greedy"), timeout=120)
+    first = next(call)
+    dead = cluster.carrier()
+    owner_id = cluster.addresses[dead]
+    assert owners(cluster)[owner_id].num_blocks_held > 0
+    cluster.kill(dead)
+    responses = [first, *call]  # continued on the other scheduler
+    assert sum(len(r.token_ids) for r in responses) == NUM_NEW
+    deadline = time.monotonic() + 15  # the lease, 3 s, and the kvstore's check of it
+    while kv_stats(cluster.stack).num_blocks_used and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stats = kv_stats(cluster.stack)
+    assert (stats.num_blocks_used, stats.num_blocks_free) == (0, stats.num_blocks_total)
+    gone = owners(cluster)[owner_id]
+    assert gone.lease_expired and gone.num_blocks_held == 0
+
+
+def test_a_prefix_computed_via_one_scheduler_is_a_hit_via_the_other(cluster, stub) -> None:
+    prompt = "a prefix shared by both schedulers " * 4
+    served = []
+    responses = []
+    for _ in range(2):  # idle schedulers: ties go round robin, so the two go to different ones
+        before = {name: cluster.stats(name).num_steps for name in SCHEDULERS}
+        responses.append(
+            stub.Generate(make_request(prompt, "greedy", max_new_tokens=4), timeout=30)
+        )
+        served += [n for n in SCHEDULERS if cluster.stats(n).num_steps != before[n]]
+    assert len(served) == 2 and served[0] != served[1]
+    assert responses[0].usage.cached_prompt_tokens == 0
+    assert responses[1].usage.cached_prompt_tokens > 0
+    assert list(responses[1].token_ids) == list(responses[0].token_ids)
+
+
+def test_health_follows_the_schedulers_down_and_back(cluster, stub) -> None:
+    assert cluster.public_health() == SERVING
+    cluster.kill(SCHEDULERS[0])
+    assert cluster.public_health() == SERVING  # the other one still takes requests
+    cluster.kill(SCHEDULERS[1])
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    cluster.wait_health(cluster.listen, "", not_serving, 10)
+    cluster.wait_health(cluster.listen, "zerolayer.v1.TextGeneration", not_serving, 10)
+    # The frontend process itself is up: the launcher's name for it stays SERVING.
+    cluster.wait_health(
+        cluster.listen, f"zerolayer.instance.{cluster.stack.instance_id}", SERVING, 1
+    )
+    cluster.start(SCHEDULERS[1])
+    cluster.wait_health(cluster.listen, "", SERVING, 10)
+    response = stub.Generate(make_request("back", "greedy", max_new_tokens=4), timeout=30)
+    assert len(response.token_ids) == 4
+
+
+def test_a_request_two_schedulers_died_carrying_ends_with_one_error(cluster, stub) -> None:
+    request = make_request("poison", "greedy", request_id="poison-1")
+    call = stub.GenerateStream(request, timeout=120)
+    next(call)
+    first = cluster.carrier()
+    cluster.kill(first)
+    next(call)  # continued on the other one
+    cluster.kill(cluster.carrier(exclude=first))
+    with pytest.raises(grpc.RpcError) as info:
+        list(call)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "'poison-1'" in info.value.details() and "2 schedulers" in info.value.details()
+
+
+def test_requests_spread_over_both_schedulers(cluster, stub) -> None:
+    # Two long requests at once: least outstanding work puts the second on the idle scheduler.
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.update(name for name in SCHEDULERS if cluster.num_running(name) > 0)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    futures = [
+        stub.Generate.future(make_request(f"spread {i}", "greedy"), timeout=60) for i in range(2)
+    ]
+    try:
+        assert [len(f.result().token_ids) for f in futures] == [NUM_NEW, NUM_NEW]
+    finally:
+        done.set()
+        watcher.join()
+    assert seen == set(SCHEDULERS)
+
+
+def test_schedulers_are_distinct_processes(cluster: TwoSchedulers) -> None:
+    pids = {cluster.processes[name].pid for name in SCHEDULERS}
+    assert len(pids) == 2
+    assert all(Path(cluster.addresses[n].removeprefix("unix:")).exists() for n in SCHEDULERS)

@@ -1,0 +1,105 @@
+"""Failover bookkeeping: what a resubmission sends, what the client is told, when it stops."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zerolayer.common.errors import Unavailable
+from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.frontend.failover import MAX_SCHEDULER_LOSSES, InFlight, with_seed
+
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=None)
+
+
+def make_request(**fields: object) -> EngineRequest:
+    values: dict[str, object] = {
+        "request_id": "r1",
+        "prompt_token_ids": (1, 10, 11, 12),
+        "max_new_tokens": 6,
+        "sampling": SamplingParams(),
+        "ignore_eos": True,
+        "cache_salt": "tenant",
+    }
+    return EngineRequest(**{**values, **fields})
+
+
+def output(*token_ids: int, cached: int = 0, num_prompt: int = 4, finished: bool = False):
+    reason = FinishReason.LENGTH if finished else FinishReason.UNSPECIFIED
+    return RequestOutput("any", token_ids, reason, num_prompt, cached)
+
+
+def test_a_resubmission_sends_prompt_plus_generated_and_the_rest_of_the_budget() -> None:
+    request = make_request(sampling=dataclasses.replace(SAMPLED, seed=7))
+    flight = InFlight(request, max_model_len=64)
+    assert flight.submission() == request
+    flight.received(output(20, cached=0))
+    flight.received(output(21, 22))
+    flight.lost(carrying=True)
+    again = flight.submission()
+    assert again == dataclasses.replace(
+        request, request_id="r1~1", prompt_token_ids=(1, 10, 11, 12, 20, 21, 22), max_new_tokens=3
+    )
+    flight.lost(carrying=False)  # never reached the next one
+    assert flight.submission().request_id == "r1~2"
+    assert flight.num_losses == 1
+
+
+def test_outputs_keep_the_original_prompt_length_and_first_cached_count() -> None:
+    flight = InFlight(make_request(), max_model_len=64)
+    flight.submission()
+    first = flight.received(output(20, cached=2))
+    assert (first.request_id, first.num_prompt_tokens, first.num_cached_tokens) == ("r1", 4, 2)
+    flight.lost(carrying=True)
+    flight.submission()
+    # The second admission found prompt + generated in the cache; the client is told of the first.
+    later = flight.received(output(21, 22, cached=4, num_prompt=5, finished=True))
+    assert later == RequestOutput("r1", (21, 22), FinishReason.LENGTH, 4, 2)
+    assert flight.generated_token_ids == [20, 21, 22]
+
+
+def test_outstanding_work_is_the_prompt_until_answered_then_the_tokens_still_to_come() -> None:
+    flight = InFlight(make_request(max_new_tokens=6), max_model_len=64)
+    assert flight.num_outstanding_tokens == 4 + 6
+    flight.submission()
+    flight.received(output(20, 21))
+    assert flight.num_outstanding_tokens == 4
+    flight.lost(carrying=True)
+    flight.submission()
+    assert flight.num_outstanding_tokens == 6 + 4  # prompt + generated to prefill again
+
+
+def test_the_budget_ends_at_the_context_length_and_a_spent_one_finishes_with_length() -> None:
+    flight = InFlight(make_request(max_new_tokens=100), max_model_len=8)
+    assert flight.num_remaining_tokens == 4
+    flight.submission()
+    assert flight.finish_if_spent() is None
+    flight.received(output(20, 21, 22, 23, cached=1))
+    flight.lost(carrying=True)
+    assert flight.finish_if_spent() == RequestOutput("r1", (), FinishReason.LENGTH, 4, 1)
+    with pytest.raises(ValueError):
+        flight.submission()
+
+
+def test_a_request_two_schedulers_died_carrying_is_not_retried() -> None:
+    flight = InFlight(make_request(), max_model_len=64)
+    flight.lost(carrying=False)
+    flight.lost(carrying=True)
+    assert flight.num_losses == 1
+    with pytest.raises(Unavailable) as info:
+        flight.lost(carrying=True)
+    assert flight.num_losses == MAX_SCHEDULER_LOSSES == 2
+    assert str(info.value) == (
+        "scheduler: request 'r1' was in flight on 2 schedulers that died; it is not retried "
+        "(it may be what killed them)"
+    )
+
+
+def test_only_sampled_requests_without_a_seed_get_one_drawn() -> None:
+    greedy = make_request()
+    seeded = make_request(sampling=dataclasses.replace(SAMPLED, seed=5))
+    assert with_seed(greedy, lambda: 42) is greedy
+    assert with_seed(seeded, lambda: 42) is seeded
+    drawn = with_seed(make_request(sampling=SAMPLED), lambda: 42)
+    assert drawn == make_request(sampling=dataclasses.replace(SAMPLED, seed=42))

@@ -1,0 +1,148 @@
+"""The scheduler pool with scripted schedulers: routing, resubmission after a loss, the wait for a
+scheduler, the poison rule, ids in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from zerolayer.common.errors import InvalidArgument, SchedulerLost, Unavailable
+from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.frontend.router import Router
+from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
+
+A, B = "unix:/a.sock", "unix:/b.sock"
+
+
+class ScriptedScheduler:
+    """Answers each call with the next script: tokens, one per output, then ``end``: "finish",
+    "lost" (SchedulerLost, carrying) or "unreachable" (SchedulerLost before anything)."""
+
+    def __init__(self, *scripts: tuple[list[int], str]) -> None:
+        self.scripts = list(scripts)
+        self.requests: list[EngineRequest] = []
+        self.num_watch_again = 0
+
+    async def generate(
+        self, request: EngineRequest, timeout_s: float | None
+    ) -> AsyncIterator[RequestOutput]:
+        self.requests.append(request)
+        token_ids, end = self.scripts.pop(0)
+        if end == "unreachable":
+            raise SchedulerLost("scheduler x: failed to connect", carrying=False)
+        for i, token_id in enumerate(token_ids):
+            last = end == "finish" and i == len(token_ids) - 1
+            reason = FinishReason.LENGTH if last else FinishReason.UNSPECIFIED
+            cached = 16 if len(self.requests) == 1 else 0
+            yield RequestOutput(request.request_id, (token_id,), reason, 99, cached)
+            await asyncio.sleep(0)
+        if end == "lost":
+            raise SchedulerLost("scheduler x: Socket closed", carrying=True)
+
+    def watch_again(self) -> None:
+        self.num_watch_again += 1
+
+    async def close(self) -> None:
+        pass
+
+
+def make_request(max_new_tokens: int = 5, **sampling: object) -> EngineRequest:
+    return EngineRequest("r1", (1, 2, 3), max_new_tokens, SamplingParams(**sampling))
+
+
+def make_pool(schedulers: dict[str, ScriptedScheduler], *active: str) -> SchedulerPool:
+    router = Router(tuple(schedulers))
+    for address in active:
+        router.set_health(address, active=True, warm=True)
+    return SchedulerPool(schedulers, router, Waits(0.2, 1.0), draw=lambda: 1234)
+
+
+async def run(pool: SchedulerPool, request: EngineRequest) -> list[RequestOutput]:
+    return [o async for o in pool.generate(request, timeout_s=10, max_model_len=64)]
+
+
+def test_a_stream_continues_on_another_scheduler_without_a_gap_or_repeat() -> None:
+    a = ScriptedScheduler(([7, 8], "lost"))
+    b = ScriptedScheduler(([9, 10, 11], "finish"))
+    pool = make_pool({A: a, B: b}, A, B)
+    request = make_request(temperature=0.7)
+    outputs = asyncio.run(run(pool, request))
+    assert [o.new_token_ids for o in outputs] == [(7,), (8,), (9,), (10,), (11,)]
+    assert {(o.request_id, o.num_prompt_tokens, o.num_cached_tokens) for o in outputs} == {
+        ("r1", 3, 16)
+    }
+    assert outputs[-1].finish_reason == FinishReason.LENGTH
+    (first,), (second,) = a.requests, b.requests
+    assert first.sampling.seed == second.sampling.seed == 1234  # drawn once, sent both times
+    assert (second.request_id, second.prompt_token_ids, second.max_new_tokens) == (
+        "r1~1",
+        (1, 2, 3, 7, 8),
+        3,
+    )
+    assert (pool.router.states[A].active, a.num_watch_again) == (False, 1)
+    assert [s.num_outstanding_tokens for s in pool.router.states.values()] == [0, 0]
+
+
+def test_a_stream_waits_for_the_restarted_scheduler_when_it_was_the_only_one() -> None:
+    a = ScriptedScheduler(([7], "lost"), ([8, 9], "finish"))
+    pool = make_pool({A: a}, A)
+
+    async def restart_later() -> list[RequestOutput]:
+        generation = asyncio.create_task(run(pool, make_request(max_new_tokens=3)))
+        await asyncio.sleep(0.3)  # longer than a new request would wait
+        assert not generation.done()
+        pool.router.set_health(A, active=True, warm=True)
+        return await generation
+
+    outputs = asyncio.run(restart_later())
+    assert [t for o in outputs for t in o.new_token_ids] == [7, 8, 9]
+    assert a.requests[1].prompt_token_ids == (1, 2, 3, 7)
+
+
+def test_a_request_two_schedulers_died_carrying_ends_with_one_error() -> None:
+    a = ScriptedScheduler(([7], "lost"))
+    b = ScriptedScheduler(([], "lost"))
+    pool = make_pool({A: a, B: b}, A, B)
+
+    async def poison() -> list[int]:
+        received = []
+        with pytest.raises(Unavailable) as info:
+            async for o in pool.generate(make_request(), timeout_s=10, max_model_len=64):
+                received.extend(o.new_token_ids)
+        assert "was in flight on 2 schedulers that died; it is not retried" in str(info.value)
+        return received
+
+    assert asyncio.run(poison()) == [7]
+    assert not pool.router.available  # both are left to their health streams
+
+
+def test_a_scheduler_that_was_never_reached_costs_no_loss() -> None:
+    a = ScriptedScheduler(([], "unreachable"))
+    b = ScriptedScheduler(([5], "finish"))
+    pool = make_pool({A: a, B: b}, A, B)
+    outputs = asyncio.run(run(pool, make_request(max_new_tokens=1)))
+    assert [o.new_token_ids for o in outputs] == [(5,)]
+    assert b.requests[0].request_id == "r1~1"
+
+
+def test_no_scheduler_is_unavailable_after_the_new_request_wait() -> None:
+    pool = make_pool({A: ScriptedScheduler()})
+    with pytest.raises(Unavailable, match="^scheduler: none can take requests"):
+        asyncio.run(run(pool, make_request()))
+
+
+def test_a_request_id_in_flight_is_refused() -> None:
+    a = ScriptedScheduler(([7, 8], "finish"))
+    pool = make_pool({A: a}, A)
+
+    async def twice() -> None:
+        first = pool.generate(make_request(), timeout_s=10, max_model_len=64)
+        await anext(first)
+        with pytest.raises(InvalidArgument, match="^request_id: 'r1' is in flight$"):
+            await anext(pool.generate(make_request(), timeout_s=10, max_model_len=64))
+        await first.aclose()
+        assert pool.router.states[A].num_requests == 0
+
+    asyncio.run(twice())

@@ -1,0 +1,144 @@
+"""Continuing a generation on another scheduler when the one carrying it dies.
+
+The frontend keeps what a resubmission needs (:class:`InFlight`): the original request and every
+token generated so far. A resubmission sends the original prompt plus those tokens as its prompt,
+the rest of the token budget, and the same sampling settings; the scheduler recomputes their KV
+(or finds it in the shared prefix cache) and goes on. Greedy output is then the same token for
+token, as the engine's recompute preemption is; sampled output is too because every sampled
+request carries a seed (:func:`with_seed` draws one where the client gave none) and the sampler
+draws from (seed, position). The frontend's detokenizer and stop strings continue as they were.
+
+A request whose scheduler died :data:`MAX_SCHEDULER_LOSSES` times while carrying it may be what
+kills them: it ends with UNAVAILABLE instead of being sent to the next one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Callable
+
+from zerolayer.common.errors import Unavailable
+from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput
+
+MAX_SCHEDULER_LOSSES = 2
+"""Deaths of a scheduler carrying the same request after which it is not retried."""
+
+
+def draw_seed() -> int:
+    """A fresh random seed in the uint64 range of ``SamplingParams.seed``."""
+    return secrets.randbits(64)
+
+
+def with_seed(request: EngineRequest, draw_seed: Callable[[], int]) -> EngineRequest:
+    """``request`` with a seed from ``draw_seed`` when it samples without one (greedy and seeded
+    requests are returned as they are), so that a resubmission continues the same random
+    stream. The drawn seed is the frontend's own: it is not shown to the client or traced."""
+    sampling = request.sampling
+    if sampling.is_greedy or sampling.seed is not None:
+        return request
+    return dataclasses.replace(request, sampling=dataclasses.replace(sampling, seed=draw_seed()))
+
+
+class InFlight:
+    """One request's progress across the schedulers that carry it, from the frontend's side."""
+
+    def __init__(self, request: EngineRequest, max_model_len: int) -> None:
+        """
+        Args:
+            request: the request as validated (with its seed, see :func:`with_seed`).
+            max_model_len: the model's context length, tokens.
+        """
+        self.request = request
+        self.max_model_len = max_model_len
+        self.generated_token_ids: list[int] = []
+        self.num_cached_tokens: int | None = None
+        """Prompt tokens found in the prefix cache by the first admission (None: not yet)."""
+        self.num_losses = 0
+        """Schedulers that died while carrying the request."""
+        self.num_submissions = 0
+        self._answered = False
+        """The current submission has produced an output (its prompt is prefilled)."""
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        """Tokens the request may still generate: its budget, within the context length."""
+        num_generated = len(self.generated_token_ids)
+        num_tokens = len(self.request.prompt_token_ids) + num_generated
+        return min(self.request.max_new_tokens - num_generated, self.max_model_len - num_tokens)
+
+    @property
+    def num_outstanding_tokens(self) -> int:
+        """Work still ahead of the request at its scheduler, tokens: its prompt (the original one
+        plus the tokens generated before this submission) until the first output, then the
+        tokens still to generate."""
+        if self._answered:
+            return self.num_remaining_tokens
+        num_prompt = len(self.request.prompt_token_ids) + len(self.generated_token_ids)
+        return num_prompt + self.num_remaining_tokens
+
+    def submission(self) -> EngineRequest:
+        """The request to send next: the original prompt followed by every token generated so
+        far, the remaining budget and the same sampling settings. The first keeps the request id;
+        a resubmission's is ``<id>~<n>``, so it can never meet the first in a scheduler that has
+        not noticed the first call end.
+
+        Raises:
+            ValueError: nothing remains to generate (see :meth:`finish_if_spent`).
+        """
+        if self.num_remaining_tokens <= 0:
+            raise ValueError("the request has no tokens left to generate")
+        n = self.num_submissions
+        self.num_submissions += 1
+        self._answered = False
+        request = self.request
+        return dataclasses.replace(
+            request,
+            request_id=request.request_id if n == 0 else f"{request.request_id}~{n}",
+            prompt_token_ids=(*request.prompt_token_ids, *self.generated_token_ids),
+            max_new_tokens=self.num_remaining_tokens,
+        )
+
+    def received(self, output: RequestOutput) -> RequestOutput:
+        """Records one output of the current submission and returns it as the original request's:
+        its id, its prompt length, and the cached prompt tokens of the first admission."""
+        self._answered = True
+        self.generated_token_ids.extend(output.new_token_ids)
+        if self.num_cached_tokens is None:
+            self.num_cached_tokens = output.num_cached_tokens
+        return dataclasses.replace(
+            output,
+            request_id=self.request.request_id,
+            num_prompt_tokens=len(self.request.prompt_token_ids),
+            num_cached_tokens=self.num_cached_tokens,
+        )
+
+    def lost(self, carrying: bool) -> None:
+        """The current submission's scheduler went away; ``carrying``: it may have had the
+        request (see :class:`zerolayer.common.errors.SchedulerLost`).
+
+        Raises:
+            Unavailable: it was the :data:`MAX_SCHEDULER_LOSSES`-th scheduler to die carrying it.
+        """
+        if not carrying:
+            return
+        self.num_losses += 1
+        if self.num_losses >= MAX_SCHEDULER_LOSSES:
+            raise Unavailable(
+                f"scheduler: request {self.request.request_id!r} was in flight on "
+                f"{self.num_losses} schedulers that died; it is not retried (it may be what "
+                "killed them)"
+            )
+
+    def finish_if_spent(self) -> RequestOutput | None:
+        """The last output, finished with LENGTH, when the budget is spent but the scheduler died
+        before it said so; None while tokens remain."""
+        if self.num_remaining_tokens > 0:
+            return None
+        return RequestOutput(
+            self.request.request_id,
+            (),
+            FinishReason.LENGTH,
+            len(self.request.prompt_token_ids),
+            self.num_cached_tokens or 0,
+        )

@@ -1,0 +1,148 @@
+"""The frontend's schedulers as one engine: each request is routed to one of them
+(:mod:`zerolayer.frontend.router`), and a stream whose scheduler dies continues on another, or on
+the restarted one (:mod:`zerolayer.frontend.failover`). The caller sees one stream of outputs: no
+error, no token twice or missing, the original request's id and counts."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from zerolayer.common.errors import InvalidArgument, SchedulerLost
+from zerolayer.common.generation import EngineRequest, RequestOutput
+from zerolayer.frontend.failover import InFlight, draw_seed, with_seed
+from zerolayer.frontend.router import Router
+from zerolayer.frontend.scheduler_client import SchedulerClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Waits:
+    """How long requests wait for a scheduler that can take them."""
+
+    new_request_s: float
+    """A request not sent yet (``--scheduler-wait-s``), seconds."""
+    failover_s: float
+    """A request whose scheduler died carrying it, from that moment (``--failover-wait-s``)."""
+
+
+class SchedulerPool:
+    """Routes requests to the schedulers and resubmits those of a scheduler that dies."""
+
+    def __init__(
+        self,
+        clients: Mapping[str, SchedulerClient],
+        router: Router,
+        waits: Waits,
+        draw: Callable[[], int] = draw_seed,
+    ) -> None:
+        """
+        Args:
+            clients: one per scheduler address of ``router``.
+            router: chooses a scheduler per (re)submission; told of schedulers found gone.
+            waits: how long requests wait for a scheduler.
+            draw: draws the seed of a sampled request without one (see ``with_seed``).
+        """
+        self.clients = dict(clients)
+        self.router = router
+        self._waits = waits
+        self._draw = draw
+        self._request_ids: set[str] = set()
+
+    async def generate(
+        self, request: EngineRequest, timeout_s: float | None, max_model_len: int
+    ) -> AsyncIterator[RequestOutput]:
+        """Yields the request's outputs until the finished one, whichever schedulers carry it.
+
+        Args:
+            request: the validated request.
+            timeout_s: the call's remaining time (None: no deadline), seconds.
+            max_model_len: the model's context length, tokens.
+
+        Raises:
+            InvalidArgument: ``request_id`` is in flight in this frontend.
+            Unavailable: no scheduler could take it in time, one answered UNAVAILABLE itself,
+                or the request was in flight on two schedulers that died.
+            grpc.aio.AioRpcError: a scheduler rejected it, or the deadline passed.
+        """
+        if request.request_id in self._request_ids:
+            raise InvalidArgument("request_id", f"{request.request_id!r} is in flight")
+        self._request_ids.add(request.request_id)
+        try:
+            flight = InFlight(with_seed(request, self._draw), max_model_len)
+            # NOTE: aclosing, here and below: a caller that stops early must end the call (and
+            # the work counted) at once, not when the garbage collector finalizes the generators.
+            async with aclosing(self._carry(flight, timeout_s)) as outputs:
+                async for output in outputs:
+                    yield output
+        finally:
+            self._request_ids.discard(request.request_id)
+
+    async def _carry(
+        self, flight: InFlight, timeout_s: float | None
+    ) -> AsyncIterator[RequestOutput]:
+        start = time.monotonic()
+        deadline = None if timeout_s is None else start + timeout_s
+        wait_until = start + self._waits.new_request_s
+        while True:
+            wait_s = wait_until - time.monotonic()
+            if deadline is not None:
+                wait_s = min(wait_s, deadline - time.monotonic())
+            address = await self.router.acquire(
+                wait_s, flight.request.prompt_token_ids, flight.request.cache_salt
+            )
+            try:
+                left_s = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                async with aclosing(self._submit(address, flight, left_s)) as outputs:
+                    async for output in outputs:
+                        yield output
+                return
+            except SchedulerLost as lost:
+                self._forget(address)
+                flight.lost(lost.carrying)
+                if lost.carrying:
+                    wait_until = time.monotonic() + self._waits.failover_s
+                    log.warning(
+                        "request %s: %s after %d tokens; resubmitting",
+                        flight.request.request_id,
+                        lost,
+                        len(flight.generated_token_ids),
+                    )
+            if (last := flight.finish_if_spent()) is not None:
+                yield last
+                return
+
+    async def _submit(
+        self, address: str, flight: InFlight, timeout_s: float | None
+    ) -> AsyncIterator[RequestOutput]:
+        """One (re)submission of ``flight`` to ``address``, its work counted there."""
+        request = flight.submission()
+        with self.router.working(address, flight.num_outstanding_tokens) as work:
+            client = self.clients[address]
+            async with aclosing(client.generate(request, timeout_s)) as outputs:
+                async for output in outputs:
+                    output = flight.received(output)
+                    work.set(flight.num_outstanding_tokens)
+                    yield output
+                    if output.finished:
+                        return
+
+    def _forget(self, address: str) -> None:
+        """A call found ``address`` gone: route nothing there until its health says SERVING
+        again (asked afresh, in case only the call's connection broke)."""
+        self.router.set_health(address, active=False, warm=False)
+        self.clients[address].watch_again()
+
+    async def block_size(self) -> int:
+        """The KV block size of a scheduler that can take requests (0 when none can)."""
+        address = self.router.pick()
+        return 0 if address is None else await self.clients[address].block_size()
+
+    async def close(self) -> None:
+        """Closes every client."""
+        for client in self.clients.values():
+            await client.close()
