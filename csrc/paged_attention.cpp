@@ -668,21 +668,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       pybind11::arg("block_tables"),
       pybind11::arg("scale"),
       pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def(
-      "skinny_linear",
-      &zerolayer::skinny_linear,
-      "x [M, K] @ w [N, K]^T in bfloat16 for M <= max_skinny_rows (decode GEMV), float32 "
-      "accumulation -> [M, N]",
-      pybind11::arg("x"),
-      pybind11::arg("w"),
-      pybind11::call_guard<pybind11::gil_scoped_release>());
+  // The y [M, N] = x [M, K] @ w [N, K]^T kernels, each called as f(x, w) without the GIL.
+  struct Linear {
+    const char* name;
+    at::Tensor (*fn)(const at::Tensor&, const at::Tensor&);
+    const char* doc;
+  };
+  const Linear linears[] = {
+      {"skinny_linear",
+       &zerolayer::skinny_linear,
+       "x [M, K] @ w [N, K]^T in bfloat16 for M <= max_skinny_rows (decode GEMV), float32 "
+       "accumulation -> [M, N]"},
+      {"invariant_linear",
+       &zerolayer::invariant_linear,
+       "x [M, K] @ w [N, K]^T in bfloat16 or float32 with a fixed reduction order per output "
+       "(batch invariant: row m depends only on x[m] and w) -> [M, N]"},
+  };
+  for (const Linear& linear : linears) {
+    m.def(
+        linear.name,
+        linear.fn,
+        linear.doc,
+        pybind11::arg("x"),
+        pybind11::arg("w"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  }
   m.attr("max_skinny_rows") = zerolayer::kMaxSkinnyRows;
-  m.def(
-      "invariant_linear",
-      &zerolayer::invariant_linear,
-      "x [M, K] @ w [N, K]^T in bfloat16 or float32 with a fixed reduction order per output "
-      "(batch invariant: row m depends only on x[m] and w) -> [M, N]",
-      pybind11::arg("x"),
-      pybind11::arg("w"),
-      pybind11::call_guard<pybind11::gil_scoped_release>());
 }
