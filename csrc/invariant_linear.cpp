@@ -6,7 +6,8 @@
 // Inference"). This kernel fixes the reduction order of every output (m, r) whatever M is: a
 // float32 vector of kLanes accumulators, lane l summing x[m, j] * w[r, j] for j = l, l + kLanes,
 // ... in increasing j (one fused multiply-add each where the CPU has FMA), then the lanes summed
-// left to right, then rounded once to the output dtype (bfloat16: to nearest even, as torch).
+// by a fixed tree (tree_sum), then rounded once to the output dtype (bfloat16: to nearest even,
+// as torch).
 // K need not be a multiple of kLanes: the last partial chunk is loaded into a zeroed vector, and
 // adding 0 * w to a lane leaves it unchanged.
 //
@@ -14,7 +15,7 @@
 // order inside one: a tile of kTileM rows of x times kTileN rows of w keeps its kTileM * kTileN
 // accumulators in registers and reads each loaded vector several times; rows of x are taken in
 // blocks of kBlockM so a block (float32) stays in L2 while every weight tile of a thread's range
-// passes over it. Threads split the weight rows (at::parallel_for), so each output is computed by
+// passes over it, each bfloat16 weight tile widened once per block into a float32 copy in L1. Threads split the weight rows (at::parallel_for), so each output is computed by
 // exactly one thread and the thread count does not change it either.
 //
 // Compiled like skinny_linear.cpp (GCC vector extensions, target_clones for x86-64-v4, -v3 and
