@@ -11,4 +11,8 @@ constexpr int64_t kMaxSkinnyRows = 4;
 // y [M, N] = x [M, K] @ w [N, K]^T in bfloat16, float32 accumulation; M <= kMaxSkinnyRows.
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w);
 
+// y [M, N] = x [M, K] @ w [N, K]^T, bfloat16 or float32 (both the same), float32 accumulation in
+// a fixed order per output: row m of y depends only on row m of x and on w, for any M.
+at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w);
+
 }  // namespace zerolayer

@@ -25,6 +25,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "kernels.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <atomic>
@@ -34,18 +35,6 @@
 #include <limits>
 #include <vector>
 
-#if defined(__GNUC__) && !defined(__clang__)
-// The 64-byte vectors only live in always-inline helpers, so the ABI note does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
-// -DZL_NO_MULTIVERSION builds for the compiler's target only (to test one ISA with -march=...).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(ZL_NO_MULTIVERSION)
-#define ZL_MULTIVERSION \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define ZL_MULTIVERSION
-#endif
 #define ZL_INLINE inline __attribute__((always_inline))
 
 #if defined(__clang__)
@@ -679,13 +668,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       pybind11::arg("block_tables"),
       pybind11::arg("scale"),
       pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def(
-      "skinny_linear",
-      &zerolayer::skinny_linear,
-      "x [M, K] @ w [N, K]^T in bfloat16 for M <= max_skinny_rows (decode GEMV), float32 "
-      "accumulation -> [M, N]",
-      pybind11::arg("x"),
-      pybind11::arg("w"),
-      pybind11::call_guard<pybind11::gil_scoped_release>());
+  // The y [M, N] = x [M, K] @ w [N, K]^T kernels, each called as f(x, w) without the GIL.
+  struct Linear {
+    const char* name;
+    at::Tensor (*fn)(const at::Tensor&, const at::Tensor&);
+    const char* doc;
+  };
+  const Linear linears[] = {
+      {"skinny_linear",
+       &zerolayer::skinny_linear,
+       "x [M, K] @ w [N, K]^T in bfloat16 for M <= max_skinny_rows (decode GEMV), float32 "
+       "accumulation -> [M, N]"},
+      {"invariant_linear",
+       &zerolayer::invariant_linear,
+       "x [M, K] @ w [N, K]^T in bfloat16 or float32 with a fixed reduction order per output "
+       "(batch invariant: row m depends only on x[m] and w) -> [M, N]"},
+  };
+  for (const Linear& linear : linears) {
+    m.def(
+        linear.name,
+        linear.fn,
+        linear.doc,
+        pybind11::arg("x"),
+        pybind11::arg("w"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  }
   m.attr("max_skinny_rows") = zerolayer::kMaxSkinnyRows;
 }

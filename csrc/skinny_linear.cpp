@@ -19,49 +19,16 @@
 #include <cstring>
 
 #include "kernels.h"
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(ZL_NO_MULTIVERSION)
-#define ZL_MULTIVERSION \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define ZL_MULTIVERSION
-#endif
+#include "simd.h"
 
 namespace zerolayer {
 namespace {
 
-constexpr int64_t kLanes = 16;
-typedef float VecF __attribute__((vector_size(64)));
-typedef uint32_t VecU __attribute__((vector_size(64)));
-typedef uint16_t VecH __attribute__((vector_size(32)));
-
-inline __attribute__((always_inline)) VecF widen(const uint16_t* src) {
-  VecH h;
-  std::memcpy(&h, src, sizeof(h));
-  VecU u = __builtin_convertvector(h, VecU) << 16;
-  VecF f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-inline __attribute__((always_inline)) float hsum(VecF v) {
-  float s = 0.f;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
-  return s;
-}
-
-inline __attribute__((always_inline)) uint16_t to_bf16(float f) {
-  // Round to nearest even, as torch does; NaN stays NaN.
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+using simd::hsum;
+using simd::kLanes;
+using simd::to_bf16;
+using simd::VecF;
+using simd::widen;
 
 // Rows [n0, n1) of w against all M rows of x32 (float32 [M, K]); K a multiple of kLanes.
 template <int M>

@@ -41,6 +41,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "kv_unavailable_timeout_s": ("2.5", 2.5),
     "owner_id": ("scheduler-0", "scheduler-0"),
     "attention_backend": ("reference", "reference"),
+    "batch_invariant": (None, True),
     "nvml_script": ("/tmp/nvml.jsonl", "/tmp/nvml.jsonl"),
     "listen": ("127.0.0.1:50999", "127.0.0.1:50999"),
     "default_max_new_tokens": ("17", 17),

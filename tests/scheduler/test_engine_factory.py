@@ -90,6 +90,13 @@ def test_engine_config_refuses_what_no_engine_could_run() -> None:
         EngineConfig(max_num_seqs=0, max_num_batched_tokens=16)
     with pytest.raises(ValueError, match="kv_unavailable_timeout_s"):
         EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, kv_unavailable_timeout_s=0.0)
+    with pytest.raises(ValueError, match="batch_invariant: needs attention_backend native"):
+        EngineConfig(
+            max_num_seqs=4,
+            max_num_batched_tokens=16,
+            attention_backend="reference",
+            batch_invariant=True,
+        )
 
 
 def test_the_local_engines_arena_is_the_one_the_kvstore_would_make(

@@ -212,6 +212,7 @@ def run_case(
         schedulers=args.schedulers,
         standby_schedulers=standby,
         max_num_seqs=max(MAX_NUM_SEQS.default, len(prompts) + 1),
+        batch_invariant=args.batch_invariant,
     )
     with Stack(config) as stack:
         warm_up(config.listen, vocab)
@@ -250,7 +251,11 @@ def main(args: argparse.Namespace) -> dict:
             "kill_after_tokens": args.kill_after_tokens,
             "ignore_eos": True,
         },
-        "stack": {"schedulers": args.schedulers, "torch_threads_each": measured_threads(args)},
+        "stack": {
+            "schedulers": args.schedulers,
+            "torch_threads_each": measured_threads(args),
+            "batch_invariant": args.batch_invariant,
+        },
         "cases": cases,
         "undisturbed_outputs_equal_across_cases": all(r == references[0] for r in references),
         "goals": {
@@ -295,4 +300,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="kill -9 the busiest scheduler once every stream has this many tokens",
     )
     p.add_argument("--schedulers", type=int, default=2, help="active schedulers of the stacks")
+    p.add_argument(
+        "--batch-invariant",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the schedulers with --batch-invariant (identical outputs after a failover "
+        "need it on the CPU; --no-batch-invariant shows torch's GEMM without it)",
+    )
     add_threads_argument(p)

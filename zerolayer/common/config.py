@@ -92,6 +92,9 @@ class EngineSettings:
     attention_backend: str = settings.ATTENTION_BACKEND.default
     """"native" (the csrc kernel, built on first start; falls back to "reference" when it cannot
     be built) or "reference" (pure torch)."""
+    batch_invariant: bool = settings.BATCH_INVARIANT.default
+    """Run every projection and the lm_head through the batch-invariant native kernel (CPU), so a
+    token's logits do not depend on the batch it is computed in."""
     nvml_script: str = settings.NVML_SCRIPT.default
     """Test only (hidden ``--nvml-script``): read GPU events and samples from this JSON-lines file
     (zerolayer.scheduler.gpu_health.script) instead of NVML; empty: NVML where a GPU exists."""

@@ -246,6 +246,17 @@ ATTENTION_BACKEND = Setting(
     layers=(SCHEDULER,),
     up=True,
 )
+BATCH_INVARIANT = Setting(
+    "batch_invariant",
+    "--batch-invariant",
+    "batch-invariant CPU forward: every projection and the lm_head through the csrc kernel whose "
+    "result for a token does not depend on the batch, so greedy and seeded outputs are identical "
+    "token for token alone, batched, or continued on another scheduler after a failover; slower "
+    "prefill and batched decode than torch's GEMM (docs/benchmarks.md); needs the native kernels",
+    default=False,
+    layers=(SCHEDULER,),
+    up=True,
+)
 NVML_SCRIPT = Setting(
     "nvml_script",
     "--nvml-script",

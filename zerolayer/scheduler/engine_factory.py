@@ -51,7 +51,8 @@ class EngineConfig(EngineSettings):
         return cls(**{**values, **overrides})
 
     def __post_init__(self) -> None:
-        """Raises ValueError for a limit below 1, a timeout not above 0 or an unknown backend."""
+        """Raises ValueError for a limit below 1, a timeout not above 0, an unknown backend, or
+        batch invariance without the native attention."""
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens: must be > 0")
         if not self.kv_unavailable_timeout_s > 0:
@@ -60,6 +61,10 @@ class EngineConfig(EngineSettings):
             raise ValueError(
                 f"attention_backend: {self.attention_backend!r} is not native or reference"
             )
+        # NOTE: the reference attention (scaled_dot_product_attention) is not batch invariant;
+        # the native kernel computes each output row in a fixed order.
+        if self.batch_invariant and self.attention_backend != "native":
+            raise ValueError("batch_invariant: needs attention_backend native")
 
 
 @dataclass(frozen=True)
@@ -123,12 +128,16 @@ def _model_runner(model: LlamaModel, parts: EngineParts, config: EngineConfig) -
     block_size = parts.layout.block_size
     # The csrc kernels are CPU code: on a GPU attention goes through Triton (attention.py).
     native = config.attention_backend == "native" and not parts.device.is_cuda
-    kernels = KernelLoader(enabled=native)
+    invariant = config.batch_invariant and native
+    kernels = KernelLoader(enabled=native, batch_invariant=invariant)
     if native and kernels.load() is None:
         log.warning(
-            "native attention unavailable (%s): using the reference path",
+            "native kernels unavailable (%s): using the reference path%s",
             kernels.unavailable_reason,
+            ", NOT batch invariant" if invariant else "",
         )
+    if config.batch_invariant and parts.device.is_cuda:
+        log.warning("--batch-invariant applies to the CPU forward only; the CUDA path is not")
     buffers = StepBuffers(
         block_size,
         max_tokens=config.max_num_batched_tokens,

@@ -406,3 +406,45 @@ def test_model_runner_logits_match_the_reference_path(native: KernelLoader, tmp_
             runner.execute(SchedulerOutput(scheduled)) for runner in runners
         )
         torch.testing.assert_close(native_logits, reference_logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_a_query_row_is_the_same_in_decode_prefill_chunks_and_batches(
+    native: KernelLoader, dtype: torch.dtype, head_dim: int
+) -> None:
+    """Batch invariance (what failover exactness needs): the output of the query at position p
+    is bitwise the same as a decode row, inside a prefill or a later chunk, and next to other
+    sequences, for 1 and 2 threads."""
+    g = torch.Generator().manual_seed(9)
+    length, block_size, hq, hkv = 70, 16, 12, 4
+    shape = (12, block_size, hkv, head_dim)
+    k_cache = torch.randn(shape, generator=g).to(dtype)
+    v_cache = torch.randn(shape, generator=g).to(dtype)
+    q = torch.randn(length, hq, head_dim, generator=g).to(dtype)
+    other_q = torch.randn(20, hq, head_dim, generator=g).to(dtype)
+    table = torch.tensor([[7, 2, 9, 0, 4]])  # the sequence's 5 blocks, shuffled
+    both = torch.tensor([[7, 2, 9, 0, 4], [11, 5, 0, 0, 0]])  # then another of 20 tokens
+
+    def attend(queries: torch.Tensor, starts: list[int], lens: list[int], tables: torch.Tensor):
+        return native.paged_attention_native(
+            queries, k_cache, v_cache, torch.tensor(starts), torch.tensor(lens), tables, 0.125
+        )
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        prefill = attend(q, [0, length], [length], table)
+        for num_threads in (1, 2):
+            torch.set_num_threads(num_threads)
+            chunk = attend(q[30:], [0, length - 30], [length], table)
+            assert torch.equal(chunk, prefill[30:])
+            for p in (0, 15, 16, 33, length - 1):
+                decode = attend(q[p : p + 1], [0, 1], [p + 1], table)
+                assert torch.equal(decode[0], prefill[p]), (num_threads, p)
+                batch = attend(
+                    torch.cat([other_q, q[p : p + 1]]), [0, 20, 21], [20, p + 1], both[[1, 0]]
+                )
+                assert torch.equal(batch[20], prefill[p]), (num_threads, p)
+    finally:
+        torch.set_num_threads(threads)

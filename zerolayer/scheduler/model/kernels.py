@@ -1,9 +1,10 @@
 """Native CPU kernels from ``csrc/``, compiled on first use, with the pure-torch path as fallback.
 
-A :class:`KernelLoader` builds ``csrc/paged_attention.cpp`` with torch's C++ extension tooling
-(ninja and the host C++ compiler) into a per-user cache, once per machine and torch version, and
-loads it. When the toolchain or the source is missing or the build fails it logs why, once, and
-answers None, so callers use the reference in :mod:`zerolayer.scheduler.model.attention`.
+A :class:`KernelLoader` builds ``csrc/*.cpp`` (paged attention, the decode GEMV, the
+batch-invariant linear) with torch's C++ extension tooling (ninja and the host C++ compiler) into
+a per-user cache, once per machine and torch version, and loads it. When the toolchain or the
+source is missing or the build fails it logs why, once, and answers None, so callers use the
+reference in :mod:`zerolayer.scheduler.model.attention` and ``F.linear``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 CSRC_DIR = Path(__file__).resolve().parents[3] / "csrc"
 PAGED_ATTENTION_SOURCE = CSRC_DIR / "paged_attention.cpp"
 SKINNY_LINEAR_SOURCE = CSRC_DIR / "skinny_linear.cpp"
+INVARIANT_LINEAR_SOURCE = CSRC_DIR / "invariant_linear.cpp"
+SOURCES = (PAGED_ATTENTION_SOURCE, SKINNY_LINEAR_SOURCE, INVARIANT_LINEAR_SOURCE)
 EXTENSION_NAME = "zerolayer_paged_attention"
 # NOTE: no -march: the source multiversions its hot functions (target_clones), so a cached build
 # stays valid if the cache moves to another CPU. -ffp-contract=fast lets vector a * b + c be an FMA.
@@ -65,6 +68,7 @@ class KernelLoader:
         build_dir: Path | None = None,
         *,
         enabled: bool = True,
+        batch_invariant: bool = False,
         which: Callable[[str], str | None] = shutil.which,
     ) -> None:
         """
@@ -72,11 +76,15 @@ class KernelLoader:
             build_dir: where the extension is compiled and cached; default
                 :func:`default_build_dir` (resolved on first use).
             enabled: False: never build, always answer None (the reference path).
+            batch_invariant: :meth:`linear` runs every CPU bfloat16/float32 product through
+                the batch-invariant kernel (``csrc/invariant_linear.cpp``), whatever the rows.
             which: looks a program up on PATH (``shutil.which``); tests pass one that finds
                 nothing to act out a machine without a toolchain.
         """
         self._build_dir = build_dir
         self._enabled = enabled
+        self.batch_invariant = batch_invariant
+        """Whether :meth:`linear` is batch invariant (when the kernels load)."""
         self._which = which
         self._lock = threading.Lock()
         self._loaded = False
@@ -112,11 +120,16 @@ class KernelLoader:
         return self.load() is not None
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """``F.linear(x, weight)``, through the native bfloat16 GEMV when it applies.
+        """``F.linear(x, weight)``, through a native kernel when one applies.
 
-        The native path (``csrc/skinny_linear.cpp``) takes bfloat16 ``x`` [M, K] with M at most
-        the module's ``max_skinny_rows`` (batch-1 and small-batch decode, where a step is bound by
-        reading the weights), K a multiple of 16 and a contiguous ``weight`` [N, K]; it
+        With :attr:`batch_invariant`, CPU ``x`` [M, K] and ``weight`` [N, K] of the same dtype,
+        bfloat16 or float32, go to ``csrc/invariant_linear.cpp``: any M and K, float32
+        accumulation in a fixed order per output, so row m of the result depends only on row m
+        of ``x`` and on ``weight`` (not on M, the other rows or the thread count).
+
+        Otherwise the bfloat16 GEMV (``csrc/skinny_linear.cpp``) takes bfloat16 ``x`` with M at
+        most the module's ``max_skinny_rows`` (batch-1 and small-batch decode, where a step is
+        bound by reading the weights), K a multiple of 16 and a contiguous ``weight``; it
         accumulates in float32 like torch's kernel. Anything else, or no native module, goes to
         ``F.linear``.
 
@@ -124,6 +137,16 @@ class KernelLoader:
             [M, N] in the dtype of ``x``.
         """
         module = self._module if self._loaded else self.load()
+        if (
+            self.batch_invariant
+            and module is not None
+            and not x.is_cuda
+            and not weight.is_cuda
+            and x.dim() == 2
+            and x.dtype == weight.dtype
+            and x.dtype in NATIVE_DTYPES
+        ):
+            return module.invariant_linear(x, weight)
         if (
             module is not None
             and not x.is_cuda
@@ -182,7 +205,7 @@ class KernelLoader:
     def _build(self) -> tuple[ModuleType | None, str | None]:
         if not self._enabled:
             return None, "disabled"
-        for source in (PAGED_ATTENTION_SOURCE, SKINNY_LINEAR_SOURCE):
+        for source in SOURCES:
             if not source.is_file():
                 return None, f"{source} not found"
         compiler = os.environ.get("CXX", "c++")
@@ -200,7 +223,7 @@ class KernelLoader:
             with _build_lock(build_dir), _path_with(ninja_dir):
                 module = cpp_extension.load(
                     name=EXTENSION_NAME,
-                    sources=[str(PAGED_ATTENTION_SOURCE), str(SKINNY_LINEAR_SOURCE)],
+                    sources=[str(source) for source in SOURCES],
                     extra_include_paths=[str(CSRC_DIR)],
                     build_directory=str(build_dir),
                     extra_cflags=list(EXTRA_CFLAGS),

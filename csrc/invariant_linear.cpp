@@ -1,0 +1,202 @@
+// y = x @ w^T whose every row depends only on that row of x and on w: batch invariant.
+//
+// torch's CPU GEMM picks its blocking, its K split and its micro-kernel from the number of rows M
+// (and the thread count), so the same row of x gives a differently rounded result in a batch of 1,
+// of 16 or in a prefill chunk of 512 (Thinking Machines 2025, "Defeating Nondeterminism in LLM
+// Inference"). This kernel fixes the reduction order of every output (m, r) whatever M is: a
+// float32 vector of kLanes accumulators, lane l summing x[m, j] * w[r, j] for j = l, l + kLanes,
+// ... in increasing j (one fused multiply-add each where the CPU has FMA), then the lanes summed
+// by a fixed tree (tree_sum), then rounded once to the output dtype (bfloat16: to nearest even,
+// as torch).
+// K need not be a multiple of kLanes: the last partial chunk is loaded into a zeroed vector, and
+// adding 0 * w to a lane leaves it unchanged.
+//
+// Speed comes from tiling, which changes only which outputs are computed together, never the
+// order inside one: a tile of kTileM rows of x times kTileN rows of w keeps its kTileM * kTileN
+// accumulators in registers and reads each loaded vector several times; rows of x are taken in
+// blocks of kBlockM so a block (float32) stays in L2 while every weight tile of a thread's range
+// passes over it, each bfloat16 weight tile widened once per block into a float32 copy in L1. Threads split the weight rows (at::parallel_for), so each output is computed by
+// exactly one thread and the thread count does not change it either.
+//
+// Compiled like skinny_linear.cpp (GCC vector extensions, target_clones for x86-64-v4, -v3 and
+// baseline). The clone chosen differs between CPUs (the baseline has no FMA), so results are
+// invariant on one machine, not bitwise equal across CPU generations.
+//
+// Python reference this is tested against: torch.nn.functional.linear (close, not bitwise).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels.h"
+#include "simd.h"
+
+namespace zerolayer {
+namespace {
+
+using simd::kLanes;
+using simd::to_bf16;
+using simd::VecF;
+typedef float Vec8 __attribute__((vector_size(32)));
+typedef float Vec4 __attribute__((vector_size(16)));
+
+constexpr int kTileM = 4;
+constexpr int kTileN = 4;
+constexpr int64_t kBlockM = 64;
+
+// kLanes weights starting at src, as float32; `count` < kLanes loads a partial chunk, zero-filled.
+inline __attribute__((always_inline)) VecF load_w(const uint16_t* src, int64_t count) {
+  if (count == kLanes) return simd::widen(src);
+  uint16_t h[kLanes] = {};
+  std::memcpy(h, src, count * sizeof(uint16_t));
+  return simd::widen(h);
+}
+
+inline __attribute__((always_inline)) VecF load_w(const float* src, int64_t count) {
+  VecF f = VecF{};
+  std::memcpy(&f, src, count * sizeof(float));
+  return f;
+}
+
+// The lanes summed as a tree: lane i + lane i + 8, then i + 4, i + 2, i + 1 (4 vector steps
+// instead of 15 dependent adds). Fixed, like every other step of an output's reduction.
+inline __attribute__((always_inline)) float tree_sum(VecF v) {
+  Vec8 lo8, hi8;
+  std::memcpy(&lo8, &v, sizeof(lo8));
+  std::memcpy(&hi8, reinterpret_cast<const char*>(&v) + sizeof(lo8), sizeof(hi8));
+  const Vec8 s8 = lo8 + hi8;
+  Vec4 lo4, hi4;
+  std::memcpy(&lo4, &s8, sizeof(lo4));
+  std::memcpy(&hi4, reinterpret_cast<const char*>(&s8) + sizeof(lo4), sizeof(hi4));
+  const Vec4 s4 = lo4 + hi4;
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+inline void store(uint16_t* y, float v) { *y = to_bf16(v); }
+inline void store(float* y, float v) { *y = v; }
+
+// Outputs [m0, m0 + TM) x [r0, r0 + TN). x32: float32 rows of stride kp (K padded with zeros to a
+// multiple of kLanes); w: weight rows r0 ... r0 + TN - 1, of stride k; y: rows of stride n.
+template <typename W, typename Y, int TM, int TN>
+ZL_MULTIVERSION void tile_kernel(
+    const float* x32, int64_t kp, const W* w, int64_t k, Y* y, int64_t n, int64_t m0, int64_t r0) {
+  VecF acc[TM][TN];
+  for (int a = 0; a < TM; ++a)
+    for (int b = 0; b < TN; ++b) acc[a][b] = VecF{};
+  // One chunk of kLanes columns from j (count of them real, the rest zeros).
+  auto step = [&](int64_t j, int64_t count) __attribute__((always_inline)) {
+    VecF wv[TN];
+    for (int b = 0; b < TN; ++b) wv[b] = load_w(w + b * k + j, count);
+    for (int a = 0; a < TM; ++a) {
+      VecF xv;
+      std::memcpy(&xv, x32 + (m0 + a) * kp + j, sizeof(xv));
+      for (int b = 0; b < TN; ++b) acc[a][b] += wv[b] * xv;
+    }
+  };
+  const int64_t full = k - k % kLanes;
+  for (int64_t j = 0; j < full; j += kLanes) step(j, kLanes);
+  if (full < k) step(full, k - full);
+  for (int a = 0; a < TM; ++a)
+    for (int b = 0; b < TN; ++b) store(y + (m0 + a) * n + r0 + b, tree_sum(acc[a][b]));
+}
+
+template <typename W, typename Y>
+using TileFn = void (*)(const float*, int64_t, const W*, int64_t, Y*, int64_t, int64_t, int64_t);
+
+template <typename W, typename Y, int TM>
+TileFn<W, Y> tile_for_n(int tn) {
+  switch (tn) {
+    case 1: return &tile_kernel<W, Y, TM, 1>;
+    case 2: return &tile_kernel<W, Y, TM, 2>;
+    case 3: return &tile_kernel<W, Y, TM, 3>;
+    default: return &tile_kernel<W, Y, TM, kTileN>;
+  }
+}
+
+template <typename W, typename Y>
+TileFn<W, Y> tile_for(int tm, int tn) {
+  switch (tm) {
+    case 1: return tile_for_n<W, Y, 1>(tn);
+    case 2: return tile_for_n<W, Y, 2>(tn);
+    case 3: return tile_for_n<W, Y, 3>(tn);
+    default: return tile_for_n<W, Y, kTileM>(tn);
+  }
+}
+
+// The widened rows [r, r + tn) of w, zero-padded to kp columns, in pack [tn, kp].
+template <typename W>
+ZL_MULTIVERSION void pack_rows(const W* w, int64_t k, int64_t kp, int64_t r, int tn, float* pack) {
+  for (int b = 0; b < tn; ++b)
+    for (int64_t j = 0; j < kp; j += kLanes)
+      simd::store(pack + b * kp + j, load_w(w + (r + b) * k + j, std::min(kLanes, k - j)));
+}
+
+// Weight rows [n0, n1) against every row of x. A weight tile that meets several tiles of x is
+// widened once into `pack` (float32, exact), which changes no result.
+template <typename W, typename Y>
+void rows_range(
+    const float* x32, int64_t m, int64_t kp, const W* w, int64_t k, Y* y, int64_t n, int64_t n0,
+    int64_t n1) {
+  std::vector<float> pack(m > kTileM ? kTileN * kp : 0);
+  for (int64_t mb = 0; mb < m; mb += kBlockM) {
+    const int64_t me = std::min(m, mb + kBlockM);
+    for (int64_t r = n0; r < n1; r += kTileN) {
+      const int tn = static_cast<int>(std::min<int64_t>(kTileN, n1 - r));
+      if (me - mb > kTileM) pack_rows(w, k, kp, r, tn, pack.data());
+      for (int64_t i = mb; i < me; i += kTileM) {
+        const int tm = static_cast<int>(std::min<int64_t>(kTileM, me - i));
+        if (me - mb > kTileM) {
+          tile_for<float, Y>(tm, tn)(x32, kp, pack.data(), kp, y, n, i, r);
+        } else {
+          tile_for<W, Y>(tm, tn)(x32, kp, w + r * k, k, y, n, i, r);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "invariant_linear: x [M, K] and w [N, K] expected");
+  TORCH_CHECK(
+      x.scalar_type() == w.scalar_type() &&
+          (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
+      "invariant_linear: x and w both bfloat16 or both float32 expected, got ", x.scalar_type(),
+      " and ", w.scalar_type());
+  TORCH_CHECK(
+      x.size(1) == w.size(1), "invariant_linear: x has ", x.size(1), " columns, w ", w.size(1));
+  TORCH_CHECK(!x.is_cuda() && !w.is_cuda(), "invariant_linear: CPU tensors expected");
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  const int64_t kp = (k + kLanes - 1) / kLanes * kLanes;
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return y;
+  // x widened to float32 once, padded to kp columns with zeros (the partial last chunk).
+  at::Tensor x32 = at::zeros({m, kp}, x.options().dtype(at::kFloat));
+  x32.narrow(1, 0, k).copy_(x);
+  const at::Tensor wc = w.contiguous();
+  const float* xp = x32.data_ptr<float>();
+  // Grain: about 256 KiB of weights times rows of x per task, so small matrices stay on one thread.
+  const int64_t work_per_row = k * w.element_size() * std::max<int64_t>(1, m / kTileM);
+  const int64_t grain = std::max<int64_t>(kTileN, (256 << 10) / work_per_row / kTileN * kTileN);
+  if (x.scalar_type() == at::kBFloat16) {
+    const auto* wp = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
+    auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
+      rows_range<uint16_t, uint16_t>(xp, m, kp, wp, k, yp, n, n0, n1);
+    });
+  } else {
+    const float* wp = wc.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
+      rows_range<float, float>(xp, m, kp, wp, k, yp, n, n0, n1);
+    });
+  }
+  return y;
+}
+
+}  // namespace zerolayer
