@@ -33,7 +33,7 @@ from zerolayer.bench.scenario import (
     warm_up,
 )
 from zerolayer.bench.streams import random_prompts
-from zerolayer.common.settings import MAX_NUM_SEQS
+from zerolayer.common.settings import BATCH_INVARIANT, MAX_NUM_SEQS
 from zerolayer.stack.launcher import Stack
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
@@ -303,8 +303,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch-invariant",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=BATCH_INVARIANT.default,
         help="run the schedulers with --batch-invariant (identical outputs after a failover "
-        "need it on the CPU; --no-batch-invariant shows torch's GEMM without it)",
+        "need it on the CPU); default: the product's default (off), as a user gets it",
     )
     add_threads_argument(p)
