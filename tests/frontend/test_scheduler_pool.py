@@ -20,10 +20,11 @@ class ScriptedScheduler:
     """Answers each call with the next script: tokens, one per output, then ``end``: "finish",
     "lost" (SchedulerLost, carrying) or "unreachable" (SchedulerLost before anything)."""
 
-    def __init__(self, *scripts: tuple[list[int], str]) -> None:
+    def __init__(self, *scripts: tuple[list[int], str], not_serving_reason: str = "") -> None:
         self.scripts = list(scripts)
         self.requests: list[EngineRequest] = []
         self.num_watch_again = 0
+        self.reason = not_serving_reason
 
     async def generate(
         self, request: EngineRequest, timeout_s: float | None
@@ -43,6 +44,9 @@ class ScriptedScheduler:
 
     def watch_again(self) -> None:
         self.num_watch_again += 1
+
+    async def not_serving_reason(self) -> str:
+        return self.reason
 
     async def close(self) -> None:
         pass
@@ -131,6 +135,19 @@ def test_no_scheduler_is_unavailable_after_the_new_request_wait() -> None:
     pool = make_pool({A: ScriptedScheduler()})
     with pytest.raises(Unavailable, match="^scheduler: none can take requests"):
         asyncio.run(run(pool, make_request()))
+
+
+def test_no_scheduler_is_unavailable_with_the_reasons_the_schedulers_gave() -> None:
+    xid = "GPU fatal event: Xid 79 (GPU has fallen off the bus)"
+    schedulers = {
+        A: ScriptedScheduler(not_serving_reason=xid),
+        B: ScriptedScheduler(not_serving_reason=xid),
+    }
+    pool = make_pool(schedulers)
+    with pytest.raises(Unavailable) as refused:
+        asyncio.run(run(pool, make_request()))
+    assert str(refused.value).startswith("scheduler: none can take requests")
+    assert str(refused.value).endswith(f"): {xid}")  # said once, not once per scheduler
 
 
 def test_a_request_id_in_flight_is_refused() -> None:

@@ -11,6 +11,7 @@ import grpc
 from zerolayer.common.convert import (
     block_size_from_stats_pb,
     engine_request_to_pb,
+    not_serving_reason_from_stats_pb,
     request_output_from_pb,
     scheduler_stats_request_to_pb,
 )
@@ -95,6 +96,15 @@ class SchedulerClient:
         except grpc.aio.AioRpcError:
             return 0
         return block_size_from_stats_pb(stats)
+
+    async def not_serving_reason(self) -> str:
+        """Why the scheduler stopped serving while it runs (e.g. a fatal GPU event), from
+        GetStats; "" when it serves, did not say, or cannot be reached within a second."""
+        try:
+            stats = await self._stub.GetStats(scheduler_stats_request_to_pb(), timeout=1)
+        except grpc.aio.AioRpcError:
+            return ""
+        return not_serving_reason_from_stats_pb(stats)
 
     async def close(self) -> None:
         """Stops following health and closes the channel."""

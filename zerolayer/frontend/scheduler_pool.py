@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from zerolayer.common.errors import InvalidArgument, SchedulerLost
+from zerolayer.common.errors import InvalidArgument, SchedulerLost, Unavailable
 from zerolayer.common.generation import EngineRequest, RequestOutput
 from zerolayer.frontend.failover import InFlight, draw_seed, with_seed
 from zerolayer.frontend.router import Router
@@ -92,9 +92,7 @@ class SchedulerPool:
             wait_s = wait_until - time.monotonic()
             if deadline is not None:
                 wait_s = min(wait_s, deadline - time.monotonic())
-            address = await self.router.acquire(
-                wait_s, flight.request.prompt_token_ids, flight.request.cache_salt
-            )
+            address = await self._acquire(wait_s, flight)
             try:
                 left_s = None if deadline is None else max(deadline - time.monotonic(), 0.001)
                 async with aclosing(self._submit(address, flight, left_s)) as outputs:
@@ -115,6 +113,24 @@ class SchedulerPool:
             if (last := flight.finish_if_spent()) is not None:
                 yield last
                 return
+
+    async def _acquire(self, wait_s: float, flight: InFlight) -> str:
+        """The scheduler for ``flight``'s next submission (see :meth:`Router.acquire`).
+
+        Raises:
+            Unavailable: none can take it within ``wait_s`` seconds; the message carries the
+                reasons the schedulers that stopped serving gave (e.g. a fatal GPU event).
+        """
+        try:
+            return await self.router.acquire(
+                wait_s, flight.request.prompt_token_ids, flight.request.cache_salt
+            )
+        except Unavailable as none:
+            reasons = [await client.not_serving_reason() for client in self.clients.values()]
+            said = "; ".join(dict.fromkeys(reason for reason in reasons if reason))
+            if not said:
+                raise
+            raise Unavailable(f"{none}: {said}") from None
 
     async def _submit(
         self, address: str, flight: InFlight, timeout_s: float | None

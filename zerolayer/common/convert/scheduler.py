@@ -101,6 +101,11 @@ def block_size_from_stats_pb(pb: scheduler_pb2.SchedulerStats) -> int:
     return pb.block_size
 
 
+def not_serving_reason_from_stats_pb(pb: scheduler_pb2.SchedulerStats) -> str:
+    """Why the scheduler stopped serving while it runs ("" when it did not), from GetStats."""
+    return pb.not_serving_reason
+
+
 def role_from_stats_pb(pb: scheduler_pb2.SchedulerStats) -> SchedulerRole:
     """The role a GetStats answer reports (UNSPECIFIED from a scheduler that predates roles)."""
     return SchedulerRole(pb.role)
