@@ -1,8 +1,9 @@
 """Stream failover end to end: two schedulers on one kvstore behind one frontend; ``kill -9`` of
 the scheduler carrying a request mid-stream. The client sees no error and exactly the tokens and
-text of an undisturbed run (greedy and seeded), health follows the schedulers, and a request that
-two schedulers died carrying ends with one error. Each scheduler is its own kvstore owner (its
-owner id is its address): a dead one's references are released when its lease expires.
+text of an undisturbed run (greedy and seeded), health follows the schedulers, a client's id cannot
+collide with a resubmission's, and a request that two schedulers died carrying ends with one error.
+Each scheduler is its own kvstore owner (its owner id is its address): a dead one's references are
+released when its lease expires.
 """
 
 from __future__ import annotations
@@ -215,6 +216,25 @@ def test_a_request_two_schedulers_died_carrying_ends_with_one_error(cluster, stu
         list(call)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "'poison-1'" in info.value.details() and "2 schedulers" in info.value.details()
+
+
+def test_a_client_id_like_a_resubmission_id_does_not_break_failover(cluster, stub) -> None:
+    request = make_request("collide", "greedy", request_id="x")
+    call = stub.GenerateStream(request, timeout=120)
+    responses = [next(call)]
+    first = cluster.carrier()
+    # Another client's request, with the id "x~1", on the other scheduler (the least busy).
+    other = stub.GenerateStream(
+        make_request("other", "greedy", request_id="x~1", max_new_tokens=1500), timeout=120
+    )
+    next(other)
+    cluster.carrier(exclude=first)
+    cluster.kill(first)
+    responses += list(call)
+    other.cancel()
+    undisturbed = stub.Generate(make_request("collide", "greedy"), timeout=60)
+    assert [t for r in responses for t in r.token_ids] == list(undisturbed.token_ids)
+    assert {r.request_id for r in responses} == {"x"}  # the client only sees its own id
 
 
 def test_requests_spread_over_both_schedulers(cluster, stub) -> None:

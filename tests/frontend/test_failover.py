@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -39,11 +40,29 @@ def test_a_resubmission_sends_prompt_plus_generated_and_the_rest_of_the_budget()
     flight.lost(carrying=True)
     again = flight.submission()
     assert again == dataclasses.replace(
-        request, request_id="r1~1", prompt_token_ids=(1, 10, 11, 12, 20, 21, 22), max_new_tokens=3
+        request,
+        request_id=again.request_id,
+        prompt_token_ids=(1, 10, 11, 12, 20, 21, 22),
+        max_new_tokens=3,
     )
     flight.lost(carrying=False)  # never reached the next one
-    assert flight.submission().request_id == "r1~2"
+    flight.submission()
     assert flight.num_losses == 1
+
+
+def test_resubmission_ids_are_drawn_afresh_and_no_client_id_pattern() -> None:
+    # A client may send "x~1" (or any other string) as its own id; a resubmission of "x" must
+    # never be refused as a duplicate of it.
+    flight = InFlight(make_request(request_id="x"), max_model_len=64)
+    assert flight.submission().request_id == "x"
+    ids = []
+    for _ in range(3):
+        flight.lost(carrying=False)
+        ids.append(flight.submission().request_id)
+    assert all(re.fullmatch("x~[0-9a-f]{32}", i) for i in ids), ids
+    assert len(set(ids)) == 3
+    # The client only ever sees its own id.
+    assert flight.received(output(20)).request_id == "x"
 
 
 def test_outputs_keep_the_original_prompt_length_and_first_cached_count() -> None:

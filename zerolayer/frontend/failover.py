@@ -23,11 +23,21 @@ from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutp
 
 MAX_SCHEDULER_LOSSES = 2
 """Deaths of a scheduler carrying the same request after which it is not retried."""
+RESUBMISSION_ID_BYTES = 16
+"""Random bytes (hex in the id) that make a resubmission's request id unlike any a client sends."""
 
 
 def draw_seed() -> int:
     """A fresh random seed in the uint64 range of ``SamplingParams.seed``."""
     return secrets.randbits(64)
+
+
+def resubmission_id(request_id: str) -> str:
+    """The request id of one resubmission of ``request_id``: ``<id>~<32 hex digits>``, drawn afresh
+    each time. A client's own id (any string) equals it only by guessing 128 random bits, so no
+    client request in flight can refuse it, and it never meets an earlier submission of the same
+    request in a scheduler that has not noticed that one end."""
+    return f"{request_id}~{secrets.token_hex(RESUBMISSION_ID_BYTES)}"
 
 
 def with_seed(request: EngineRequest, draw_seed: Callable[[], int]) -> EngineRequest:
@@ -80,21 +90,21 @@ class InFlight:
     def submission(self) -> EngineRequest:
         """The request to send next: the original prompt followed by every token generated so
         far, the remaining budget and the same sampling settings. The first keeps the request id;
-        a resubmission's is ``<id>~<n>``, so it can never meet the first in a scheduler that has
-        not noticed the first call end.
+        a resubmission's is :func:`resubmission_id` (the client only ever sees its own id: see
+        :meth:`received`).
 
         Raises:
             ValueError: nothing remains to generate (see :meth:`finish_if_spent`).
         """
         if self.num_remaining_tokens <= 0:
             raise ValueError("the request has no tokens left to generate")
-        n = self.num_submissions
+        first = self.num_submissions == 0
         self.num_submissions += 1
         self._answered = False
         request = self.request
         return dataclasses.replace(
             request,
-            request_id=request.request_id if n == 0 else f"{request.request_id}~{n}",
+            request_id=request.request_id if first else resubmission_id(request.request_id),
             prompt_token_ids=(*request.prompt_token_ids, *self.generated_token_ids),
             max_new_tokens=self.num_remaining_tokens,
         )
