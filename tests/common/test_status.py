@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.empty_pb2 import Empty
 
 from zerolayer.common import errors
 from zerolayer.common.server import LayerServer
@@ -145,34 +146,52 @@ def test_a_reason_travels_as_trailing_metadata(tmp_path: Path) -> None:
     assert reason_of(plain) == ""
 
 
-async def raise_after_the_deadline(socket: Path) -> None:
-    """A handler that fails once its call is past the client's deadline (as the frontend's
-    upstream call does when the client's deadline passes mid-stream)."""
-    left = asyncio.Event()
+def failing_after_the_deadline(kind: str, left: asyncio.Event) -> grpc.RpcMethodHandler:
+    """A ``kind`` handler that fails once its call is past the client's deadline (as the
+    frontend's wait for a scheduler, or its upstream call, does when the client's deadline
+    passes), with a protobuf serializer, which cannot serialize None."""
 
-    async def handler(request: bytes, context: grpc.aio.ServicerContext):  # noqa: ANN202
+    def wait_out(context: grpc.aio.ServicerContext) -> None:
         # NOTE: blocks the loop (no await), so gRPC cannot cancel this task before it raises.
         while context.time_remaining() > 0:
             time.sleep(0.01)
         left.set()
-        raise upstream(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        yield b"never"  # a server-streaming handler that had sent nothing yet
 
+    async def unary(request: bytes, context: grpc.aio.ServicerContext) -> Empty:
+        wait_out(context)
+        raise errors.Unavailable("scheduler: none can take requests")
+
+    async def stream(request: bytes, context: grpc.aio.ServicerContext):  # noqa: ANN202
+        wait_out(context)
+        raise upstream(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        yield Empty()  # a server-streaming handler that had sent nothing yet
+
+    if kind == "unary_unary":
+        return grpc.unary_unary_rpc_method_handler(
+            unary, response_serializer=Empty.SerializeToString
+        )
+    return grpc.unary_stream_rpc_method_handler(stream, response_serializer=Empty.SerializeToString)
+
+
+async def raise_after_the_deadline(socket: Path, kind: str) -> None:
+    left = asyncio.Event()
     server = LayerServer(f"unix:{socket}", [])
     server.server.add_generic_rpc_handlers(
         (
             grpc.method_handlers_generic_handler(
-                "test.Raiser", {"Raise": grpc.unary_stream_rpc_method_handler(handler)}
+                "test.Raiser", {"Raise": failing_after_the_deadline(kind, left)}
             ),
         )
     )
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
-            call = channel.unary_stream(METHOD)(b"", timeout=0.3)
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for _ in call:
-                    pass
+                if kind == "unary_unary":
+                    await channel.unary_unary(METHOD)(b"", timeout=0.3)
+                else:
+                    async for _ in channel.unary_stream(METHOD)(b"", timeout=0.3):
+                        pass
             assert info.value.code() == Code.DEADLINE_EXCEEDED
             await asyncio.wait_for(left.wait(), 5)
             await asyncio.sleep(0.2)  # where gRPC would log its failed attempt to answer
@@ -180,11 +199,12 @@ async def raise_after_the_deadline(socket: Path) -> None:
         await server.stop(0)
 
 
+@pytest.mark.parametrize("kind", ["unary_unary", "unary_stream"])
 def test_an_error_after_the_call_is_over_is_not_answered_again(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
     with caplog.at_level(logging.DEBUG):
-        asyncio.run(raise_after_the_deadline(tmp_path / "s.sock"))
+        asyncio.run(raise_after_the_deadline(tmp_path / "s.sock", kind))
     errors_logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors_logged == []
     assert any(r.getMessage().startswith("call over (cancelled or past") for r in caplog.records)

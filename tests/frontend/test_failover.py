@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
-from zerolayer.frontend.failover import MAX_SCHEDULER_LOSSES, InFlight, with_seed
+from zerolayer.frontend.failover import INCIDENT_WINDOW_S, MAX_INCIDENTS, InFlight, with_seed
 
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=None)
 
@@ -36,14 +37,32 @@ def test_a_resubmission_sends_prompt_plus_generated_and_the_rest_of_the_budget()
     assert flight.submission() == request
     flight.received(output(20, cached=0))
     flight.received(output(21, 22))
-    flight.lost(carrying=True)
+    flight.lost(carrying=True, at_s=0.0)
     again = flight.submission()
     assert again == dataclasses.replace(
-        request, request_id="r1~1", prompt_token_ids=(1, 10, 11, 12, 20, 21, 22), max_new_tokens=3
+        request,
+        request_id=again.request_id,
+        prompt_token_ids=(1, 10, 11, 12, 20, 21, 22),
+        max_new_tokens=3,
     )
-    flight.lost(carrying=False)  # never reached the next one
-    assert flight.submission().request_id == "r1~2"
+    flight.lost(carrying=False, at_s=5.0)  # never reached the next one
+    flight.submission()
     assert flight.num_losses == 1
+
+
+def test_resubmission_ids_are_drawn_afresh_and_no_client_id_pattern() -> None:
+    # A client may send "x~1" (or any other string) as its own id; a resubmission of "x" must
+    # never be refused as a duplicate of it.
+    flight = InFlight(make_request(request_id="x"), max_model_len=64)
+    assert flight.submission().request_id == "x"
+    ids = []
+    for _ in range(3):
+        flight.lost(carrying=False, at_s=0.0)
+        ids.append(flight.submission().request_id)
+    assert all(re.fullmatch("x~[0-9a-f]{32}", i) for i in ids), ids
+    assert len(set(ids)) == 3
+    # The client only ever sees its own id.
+    assert flight.received(output(20)).request_id == "x"
 
 
 def test_outputs_keep_the_original_prompt_length_and_first_cached_count() -> None:
@@ -51,7 +70,7 @@ def test_outputs_keep_the_original_prompt_length_and_first_cached_count() -> Non
     flight.submission()
     first = flight.received(output(20, cached=2))
     assert (first.request_id, first.num_prompt_tokens, first.num_cached_tokens) == ("r1", 4, 2)
-    flight.lost(carrying=True)
+    flight.lost(carrying=True, at_s=0.0)
     flight.submission()
     # The second admission found prompt + generated in the cache; the client is told of the first.
     later = flight.received(output(21, 22, cached=4, num_prompt=5, finished=True))
@@ -65,7 +84,7 @@ def test_outstanding_work_is_the_prompt_until_answered_then_the_tokens_still_to_
     flight.submission()
     flight.received(output(20, 21))
     assert flight.num_outstanding_tokens == 4
-    flight.lost(carrying=True)
+    flight.lost(carrying=True, at_s=0.0)
     flight.submission()
     assert flight.num_outstanding_tokens == 6 + 4  # prompt + generated to prefill again
 
@@ -76,24 +95,35 @@ def test_the_budget_ends_at_the_context_length_and_a_spent_one_finishes_with_len
     flight.submission()
     assert flight.finish_if_spent() is None
     flight.received(output(20, 21, 22, 23, cached=1))
-    flight.lost(carrying=True)
+    flight.lost(carrying=True, at_s=0.0)
     assert flight.finish_if_spent() == RequestOutput("r1", (), FinishReason.LENGTH, 4, 1)
     with pytest.raises(ValueError):
         flight.submission()
 
 
-def test_a_request_two_schedulers_died_carrying_is_not_retried() -> None:
+def test_a_request_lost_in_two_separate_incidents_is_not_retried() -> None:
     flight = InFlight(make_request(), max_model_len=64)
-    flight.lost(carrying=False)
-    flight.lost(carrying=True)
-    assert flight.num_losses == 1
+    flight.lost(carrying=False, at_s=0.0)
+    flight.lost(carrying=True, at_s=10.0)
+    assert (flight.num_losses, flight.num_incidents) == (1, 1)
     with pytest.raises(Unavailable) as info:
-        flight.lost(carrying=True)
-    assert flight.num_losses == MAX_SCHEDULER_LOSSES == 2
+        flight.lost(carrying=True, at_s=10.0 + INCIDENT_WINDOW_S + 0.001)
+    assert (flight.num_losses, flight.num_incidents) == (2, MAX_INCIDENTS) == (2, 2)
     assert str(info.value) == (
-        "scheduler: request 'r1' was in flight on 2 schedulers that died; it is not retried "
-        "(it may be what killed them)"
+        "scheduler: request 'r1' was in flight on 2 schedulers that died in 2 separate "
+        "incidents; it is not retried (it may be what killed them)"
     )
+
+
+def test_a_second_loss_within_the_window_is_the_same_incident_and_a_third_loss_is_not() -> None:
+    # Two schedulers killed together: the request was resubmitted to the one dying second.
+    flight = InFlight(make_request(), max_model_len=64)
+    flight.lost(carrying=True, at_s=10.0)
+    flight.lost(carrying=True, at_s=10.0 + INCIDENT_WINDOW_S)
+    assert (flight.num_losses, flight.num_incidents) == (2, 1)
+    # A poison request quick to kill: the third death ends it, however soon.
+    with pytest.raises(Unavailable, match="on 3 schedulers that died in 2 separate incidents"):
+        flight.lost(carrying=True, at_s=10.0 + INCIDENT_WINDOW_S)
 
 
 def test_only_sampled_requests_without_a_seed_get_one_drawn() -> None:

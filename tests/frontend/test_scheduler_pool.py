@@ -4,12 +4,15 @@ scheduler, the poison rule, ids in flight."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from collections.abc import AsyncIterator
 
 import pytest
 
 from zerolayer.common.errors import InvalidArgument, SchedulerLost, Unavailable
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.frontend import failover
 from zerolayer.frontend.router import Router
 from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
 
@@ -80,11 +83,8 @@ def test_a_stream_continues_on_another_scheduler_without_a_gap_or_repeat() -> No
     assert outputs[-1].finish_reason == FinishReason.LENGTH
     (first,), (second,) = a.requests, b.requests
     assert first.sampling.seed == second.sampling.seed == 1234  # drawn once, sent both times
-    assert (second.request_id, second.prompt_token_ids, second.max_new_tokens) == (
-        "r1~1",
-        (1, 2, 3, 7, 8),
-        3,
-    )
+    assert (second.prompt_token_ids, second.max_new_tokens) == ((1, 2, 3, 7, 8), 3)
+    assert re.fullmatch("r1~[0-9a-f]{32}", second.request_id)
     assert (pool.router.states[A].active, a.num_watch_again) == (False, 1)
     assert [s.num_outstanding_tokens for s in pool.router.states.values()] == [0, 0]
 
@@ -105,7 +105,45 @@ def test_a_stream_waits_for_the_restarted_scheduler_when_it_was_the_only_one() -
     assert a.requests[1].prompt_token_ids == (1, 2, 3, 7)
 
 
-def test_a_request_two_schedulers_died_carrying_ends_with_one_error() -> None:
+async def restarted_later(pool: SchedulerPool, address: str) -> list[int]:
+    """The tokens a request gets when ``address`` comes back 0.1 s after it started (every
+    scheduler having died under it meanwhile); raises what the request ends with."""
+    generation = asyncio.create_task(run(pool, make_request()))
+    await asyncio.sleep(0.1)
+    pool.router.set_health(address, active=True, warm=True)
+    return [t for o in await generation for t in o.new_token_ids]
+
+
+def test_two_schedulers_dying_together_cost_one_incident(caplog) -> None:
+    a = ScriptedScheduler(([7], "lost"), ([8, 9, 10, 11], "finish"))
+    b = ScriptedScheduler(([], "lost"))  # resubmitted to it as it was dying too
+    pool = make_pool({A: a, B: b}, A, B)
+    with caplog.at_level(logging.WARNING):
+        assert asyncio.run(restarted_later(pool, A)) == [7, 8, 9, 10, 11]
+    assert [r.getMessage().endswith("; resubmitting") for r in caplog.records] == [True, True]
+
+
+def test_a_poison_request_ends_with_one_error_after_three_deaths_at_most(caplog) -> None:
+    a = ScriptedScheduler(([7], "lost"), ([], "lost"))
+    b = ScriptedScheduler(([], "lost"))
+    pool = make_pool({A: a, B: b}, A, B)
+    with caplog.at_level(logging.WARNING), pytest.raises(Unavailable) as info:
+        asyncio.run(restarted_later(pool, A))
+    assert str(info.value) == (
+        "scheduler: request 'r1' was in flight on 3 schedulers that died in 2 separate "
+        "incidents; it is not retried (it may be what killed them)"
+    )
+    *resubmitted, verdict = caplog.records
+    assert len(resubmitted) == 2
+    assert (verdict.levelno, verdict.getMessage()) == (
+        logging.WARNING,
+        f"request r1: scheduler x: Socket closed; given up as poison: {info.value}",
+    )
+    assert not pool.router.available  # both are left to their health streams
+
+
+def test_a_request_lost_in_two_separate_incidents_ends_with_one_error(monkeypatch) -> None:
+    monkeypatch.setattr(failover, "INCIDENT_WINDOW_S", -1.0)  # no two losses are one incident
     a = ScriptedScheduler(([7], "lost"))
     b = ScriptedScheduler(([], "lost"))
     pool = make_pool({A: a, B: b}, A, B)
@@ -115,11 +153,10 @@ def test_a_request_two_schedulers_died_carrying_ends_with_one_error() -> None:
         with pytest.raises(Unavailable) as info:
             async for o in pool.generate(make_request(), timeout_s=10, max_model_len=64):
                 received.extend(o.new_token_ids)
-        assert "was in flight on 2 schedulers that died; it is not retried" in str(info.value)
+        assert "was in flight on 2 schedulers that died in 2 separate incidents" in str(info.value)
         return received
 
     assert asyncio.run(poison()) == [7]
-    assert not pool.router.available  # both are left to their health streams
 
 
 def test_a_scheduler_that_was_never_reached_costs_no_loss() -> None:
@@ -128,7 +165,7 @@ def test_a_scheduler_that_was_never_reached_costs_no_loss() -> None:
     pool = make_pool({A: a, B: b}, A, B)
     outputs = asyncio.run(run(pool, make_request(max_new_tokens=1)))
     assert [o.new_token_ids for o in outputs] == [(5,)]
-    assert b.requests[0].request_id == "r1~1"
+    assert re.fullmatch("r1~[0-9a-f]{32}", b.requests[0].request_id)
 
 
 def test_no_scheduler_is_unavailable_after_the_new_request_wait() -> None:

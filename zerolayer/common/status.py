@@ -11,6 +11,7 @@ https://grpc.github.io/grpc/core/md_doc_statuscodes.html
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -149,9 +150,11 @@ async def _answering_errors(context: grpc.aio.ServicerContext) -> AsyncIterator[
         if call_is_over(context):
             # NOTE: the client cancelled or the deadline passed: gRPC has ended the call with
             # that status already, and sending another one fails inside gRPC (a logged
-            # ExecuteBatchError traceback). What the handler raised is the consequence.
+            # ExecuteBatchError traceback). What the handler raised is the consequence. The call
+            # ends as one gRPC cancels itself: nothing more is sent, and a unary handler does not
+            # return None for gRPC to serialize (a logged TypeError traceback).
             log.debug("call over (cancelled or past its deadline): %s", exc)
-            return
+            raise asyncio.CancelledError from exc
         await abort_with(context, exc)
 
 

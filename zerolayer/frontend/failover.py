@@ -8,8 +8,19 @@ token, as the engine's recompute preemption is; sampled output is too because ev
 request carries a seed (:func:`with_seed` draws one where the client gave none) and the sampler
 draws from (seed, position). The frontend's detokenizer and stop strings continue as they were.
 
-A request whose scheduler died :data:`MAX_SCHEDULER_LOSSES` times while carrying it may be what
-kills them: it ends with UNAVAILABLE instead of being sent to the next one.
+A request that schedulers keep dying under may be what kills them (a *poison* request): it ends
+with UNAVAILABLE instead of being sent to the next one, at its :data:`MAX_INCIDENTS`-th loss
+*incident*. A loss is one scheduler dying (or going away) while it may have had the request. The
+first loss begins an incident; the second belongs to it when the frontend sees it within
+:data:`INCIDENT_WINDOW_S` of the first: schedulers killed together (a host going down, an
+operator's ``kill``) lose the request on the first and then, resubmitted within a millisecond, on
+the next, which was dying too. Every other loss begins a new incident. Hence:
+
+- a poison request that kills each scheduler it reaches ends after killing two when it takes
+  longer than :data:`INCIDENT_WINDOW_S` to kill the second, and after three at most otherwise;
+- an honest request ends only when three schedulers die under it, or two more than
+  :data:`INCIDENT_WINDOW_S` apart (e.g. three schedulers killed together, with the request
+  resubmitted to each of the others as they die).
 """
 
 from __future__ import annotations
@@ -21,13 +32,25 @@ from collections.abc import Callable
 from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput
 
-MAX_SCHEDULER_LOSSES = 2
-"""Deaths of a scheduler carrying the same request after which it is not retried."""
+MAX_INCIDENTS = 2
+"""Loss incidents of the same request after which it is not retried (see the module docstring)."""
+INCIDENT_WINDOW_S = 1.0
+"""A request's second scheduler loss this soon after its first, seconds, is the same incident."""
+RESUBMISSION_ID_BYTES = 16
+"""Random bytes (hex in the id) that make a resubmission's request id unlike any a client sends."""
 
 
 def draw_seed() -> int:
     """A fresh random seed in the uint64 range of ``SamplingParams.seed``."""
     return secrets.randbits(64)
+
+
+def resubmission_id(request_id: str) -> str:
+    """The request id of one resubmission of ``request_id``: ``<id>~<32 hex digits>``, drawn afresh
+    each time. A client's own id (any string) equals it only by guessing 128 random bits, so no
+    client request in flight can refuse it, and it never meets an earlier submission of the same
+    request in a scheduler that has not noticed that one end."""
+    return f"{request_id}~{secrets.token_hex(RESUBMISSION_ID_BYTES)}"
 
 
 def with_seed(request: EngineRequest, draw_seed: Callable[[], int]) -> EngineRequest:
@@ -56,6 +79,10 @@ class InFlight:
         """Prompt tokens found in the prefix cache by the first admission (None: not yet)."""
         self.num_losses = 0
         """Schedulers that died while carrying the request."""
+        self.num_incidents = 0
+        """Loss incidents among those (see the module docstring)."""
+        self._incident_at_s: float | None = None
+        """When the latest incident began (time.monotonic), seconds."""
         self.num_submissions = 0
         self._answered = False
         """The current submission has produced an output (its prompt is prefilled)."""
@@ -80,21 +107,21 @@ class InFlight:
     def submission(self) -> EngineRequest:
         """The request to send next: the original prompt followed by every token generated so
         far, the remaining budget and the same sampling settings. The first keeps the request id;
-        a resubmission's is ``<id>~<n>``, so it can never meet the first in a scheduler that has
-        not noticed the first call end.
+        a resubmission's is :func:`resubmission_id` (the client only ever sees its own id: see
+        :meth:`received`).
 
         Raises:
             ValueError: nothing remains to generate (see :meth:`finish_if_spent`).
         """
         if self.num_remaining_tokens <= 0:
             raise ValueError("the request has no tokens left to generate")
-        n = self.num_submissions
+        first = self.num_submissions == 0
         self.num_submissions += 1
         self._answered = False
         request = self.request
         return dataclasses.replace(
             request,
-            request_id=request.request_id if n == 0 else f"{request.request_id}~{n}",
+            request_id=request.request_id if first else resubmission_id(request.request_id),
             prompt_token_ids=(*request.prompt_token_ids, *self.generated_token_ids),
             max_new_tokens=self.num_remaining_tokens,
         )
@@ -113,21 +140,31 @@ class InFlight:
             num_cached_tokens=self.num_cached_tokens,
         )
 
-    def lost(self, carrying: bool) -> None:
+    def lost(self, carrying: bool, at_s: float) -> None:
         """The current submission's scheduler went away; ``carrying``: it may have had the
-        request (see :class:`zerolayer.common.errors.SchedulerLost`).
+        request (see :class:`zerolayer.common.errors.SchedulerLost`); ``at_s``: when the frontend
+        saw it (time.monotonic), seconds.
 
         Raises:
-            Unavailable: it was the :data:`MAX_SCHEDULER_LOSSES`-th scheduler to die carrying it.
+            Unavailable: the loss begins the :data:`MAX_INCIDENTS`-th incident (the request may be
+                what kills schedulers; see the module docstring).
         """
         if not carrying:
             return
         self.num_losses += 1
-        if self.num_losses >= MAX_SCHEDULER_LOSSES:
+        if (
+            self._incident_at_s is not None
+            and self.num_losses == 2
+            and at_s - self._incident_at_s <= INCIDENT_WINDOW_S
+        ):
+            return  # NOTE: the scheduler it was resubmitted to was dying with the first one
+        self.num_incidents += 1
+        self._incident_at_s = at_s
+        if self.num_incidents >= MAX_INCIDENTS:
             raise Unavailable(
                 f"scheduler: request {self.request.request_id!r} was in flight on "
-                f"{self.num_losses} schedulers that died; it is not retried (it may be what "
-                "killed them)"
+                f"{self.num_losses} schedulers that died in {self.num_incidents} separate "
+                "incidents; it is not retried (it may be what killed them)"
             )
 
     def finish_if_spent(self) -> RequestOutput | None:

@@ -112,8 +112,8 @@ class TextGenerator:
 
         Raises:
             InvalidArgument, NotFound: from validation.
-            Unavailable: no scheduler can take the request, or it was in flight on two that
-                died.
+            Unavailable: no scheduler can take the request, or schedulers died under it in two
+                separate incidents (see ``zerolayer.frontend.failover``).
         """
         telemetry = GenerationTelemetry(self.tracer, self.metrics, self.served.name, stream)
         with telemetry.tokenize_span():

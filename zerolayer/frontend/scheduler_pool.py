@@ -66,7 +66,8 @@ class SchedulerPool:
         Raises:
             InvalidArgument: ``request_id`` is in flight in this frontend.
             Unavailable: no scheduler could take it in time, one answered UNAVAILABLE itself,
-                or the request was in flight on two schedulers that died.
+                or schedulers died under the request in two separate incidents (see
+                :mod:`zerolayer.frontend.failover`).
             grpc.aio.AioRpcError: a scheduler rejected it, or the deadline passed.
         """
         if request.request_id in self._request_ids:
@@ -101,15 +102,9 @@ class SchedulerPool:
                 return
             except SchedulerLost as lost:
                 self._forget(address)
-                flight.lost(lost.carrying)
+                self._count_loss(flight, lost)
                 if lost.carrying:
                     wait_until = time.monotonic() + self._waits.failover_s
-                    log.warning(
-                        "request %s: %s after %d tokens; resubmitting",
-                        flight.request.request_id,
-                        lost,
-                        len(flight.generated_token_ids),
-                    )
             if (last := flight.finish_if_spent()) is not None:
                 yield last
                 return
@@ -146,6 +141,25 @@ class SchedulerPool:
                     yield output
                     if output.finished:
                         return
+
+    @staticmethod
+    def _count_loss(flight: InFlight, lost: SchedulerLost) -> None:
+        """Counts the loss against ``flight`` and logs what follows, one WARNING line.
+
+        Raises:
+            Unavailable: the request is given up (see :meth:`InFlight.lost`).
+        """
+        request_id = flight.request.request_id
+        try:
+            flight.lost(lost.carrying, time.monotonic())
+        except Unavailable as verdict:
+            log.warning("request %s: %s; given up as poison: %s", request_id, lost, verdict)
+            raise
+        if lost.carrying:
+            num_tokens = len(flight.generated_token_ids)
+            log.warning(
+                "request %s: %s after %d tokens; resubmitting", request_id, lost, num_tokens
+            )
 
     def _forget(self, address: str) -> None:
         """A call found ``address`` gone: route nothing there until its health says SERVING
