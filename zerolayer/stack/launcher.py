@@ -171,7 +171,8 @@ class Stack:
             CheckpointError: the model directory is not a loadable checkpoint.
             StackError: a process exited or was not healthy within ``startup_timeout_s``; every
                 started process is stopped again.
-            StartupInterrupted: :meth:`interrupt` was called; every started process is stopped.
+            StartupInterrupted: :meth:`interrupt` was called (before the next process starts,
+                or while they start up); every started process is stopped.
         """
         read_checkpoint(Path(self.config.model_dir))  # a bad --model fails here, not in a child
         try:
@@ -180,6 +181,9 @@ class Stack:
                 # loader or kvstore maps the same device memory (zerolayer.sharing.fd_keeper).
                 self._fd_keeper = FdKeeper(self.run_dir / "fds.sock")
             for name in self.slots:
+                # NOTE: checked per process, so a signal stops a start-up of many at once
+                if self._interrupted.is_set():
+                    raise StartupInterrupted(f"interrupted before starting the {name}")
                 self.start_layer(name)
             deadline = time.monotonic() + self.config.startup_timeout_s
             for name in self.slots:
