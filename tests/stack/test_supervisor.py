@@ -61,12 +61,16 @@ def make_stack(run_dir: Path) -> Stack:
     return stack
 
 
-def after_a_first_takeover(stack: Stack) -> None:
+def second_death(stack: Stack, schedulers: FakeSchedulers) -> Supervisor:
     """``scheduler`` died and ``scheduler-1`` took over; ``scheduler`` restarted as the standby
-    and is still starting; now ``scheduler-1`` dies too."""
+    and is still starting; now ``scheduler-1`` dies too, and the supervisor has seen it."""
     stack.standby = {"scheduler"}
     stack.processes["scheduler"] = FakeProcess(200)
     stack.processes["scheduler-1"] = FakeProcess(101, returncode=-9)
+    schedulers.starting.add(stack.address("scheduler"))
+    watch = Supervisor(stack)
+    watch._check_exit("scheduler-1")
+    return watch
 
 
 def test_a_takeover_activates_a_warmed_standby_and_the_dead_slot_restarts_as_standby(
@@ -86,10 +90,7 @@ def test_a_standby_still_starting_takes_over_once_it_serves(
     tmp_path: Path, schedulers: FakeSchedulers
 ) -> None:
     stack = make_stack(tmp_path)
-    after_a_first_takeover(stack)
-    schedulers.starting.add(stack.address("scheduler"))
-    watch = Supervisor(stack)
-    watch._check_exit("scheduler-1")
+    watch = second_death(stack, schedulers)
     # the dead slot comes back as the standby: still one active scheduler, not two
     assert stack.standby == {"scheduler-1"}
     assert "--standby" in stack.command("scheduler-1")
@@ -111,10 +112,7 @@ def test_an_activation_that_fails_after_the_standby_serves_is_retried(
     tmp_path: Path, schedulers: FakeSchedulers
 ) -> None:
     stack = make_stack(tmp_path)
-    after_a_first_takeover(stack)
-    schedulers.starting.add(stack.address("scheduler"))
-    watch = Supervisor(stack)
-    watch._check_exit("scheduler-1")
+    watch = second_death(stack, schedulers)
     watch._back.put("scheduler")
     watch._activate_ready()  # serves on "" but does not answer Activate yet
     schedulers.starting.clear()
@@ -128,10 +126,7 @@ def test_a_standby_that_dies_before_it_was_activated_hands_the_role_on(
     tmp_path: Path, schedulers: FakeSchedulers
 ) -> None:
     stack = make_stack(tmp_path)
-    after_a_first_takeover(stack)
-    schedulers.starting.add(stack.address("scheduler"))
-    watch = Supervisor(stack)
-    watch._check_exit("scheduler-1")
+    watch = second_death(stack, schedulers)
     stack.processes["scheduler-1"] = FakeProcess(300)  # restarted as the standby, starting
     schedulers.starting.add(stack.address("scheduler-1"))
     stack.processes["scheduler"] = FakeProcess(200, returncode=-9)
