@@ -29,3 +29,9 @@ def test_an_interrupt_while_the_processes_spawn_starts_no_further_one(
         stack.start()
     assert started == ["loader", "kvstore"]
     assert stopped == ["stop"]
+
+
+def test_the_health_poll_sees_a_process_that_starts_listening_within_100_ms() -> None:
+    options = dict(launcher.POLL_CHANNEL_OPTIONS)
+    assert len(options) == len(launcher.POLL_CHANNEL_OPTIONS)  # gRPC would take the first
+    assert options["grpc.max_reconnect_backoff_ms"] == 100

@@ -25,6 +25,7 @@ import grpc
 
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.common.server import (
+    CHANNEL_OPTIONS,
     LAUNCHER_PID_ENV,
     instance_address,
     instance_health_name,
@@ -47,6 +48,15 @@ from zerolayer.stack.probes import SERVING, health_status
 from zerolayer.stack.supervisor import Supervisor
 
 __all__ = ["LAYERS", "Stack", "StackConfig", "StackError", "StartupInterrupted"]
+
+
+POLL_CHANNEL_OPTIONS = (
+    *(option for option in CHANNEL_OPTIONS if option[0] != "grpc.max_reconnect_backoff_ms"),
+    ("grpc.max_reconnect_backoff_ms", 100),
+)
+"""Options of the channel :meth:`Stack.wait_healthy` polls on: a process starts listening after
+the first tries, and gRPC's reconnect backoff (up to 1 s with ``CHANNEL_OPTIONS``, 1.6 s and more
+by default) would see it that much later; a takeover by a standby still starting waits on it."""
 
 
 class StackError(RuntimeError):
@@ -232,7 +242,7 @@ class Stack:
             StartupInterrupted: :meth:`interrupt` was called during :meth:`start`.
         """
         target = self.health_target(name)
-        with grpc.insecure_channel(target.address) as channel:
+        with grpc.insecure_channel(target.address, options=POLL_CHANNEL_OPTIONS) as channel:
             while True:
                 # start() only: a restart by the supervisor is not interrupted
                 if self._interrupted.is_set() and self._supervisor is None:
