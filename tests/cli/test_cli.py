@@ -146,6 +146,9 @@ def test_generate_against_nothing_reports_unavailable() -> None:
             "/dev/shm, but only ",
         ),
         (["--run-dir", "/proc/foo"], "--run-dir: /proc/foo: cannot create it"),
+        (["--schedulers", "1000000"], "--schedulers: must be at most 64"),
+        (["--owner-lease-s", "1e12"], "--owner-lease-s: must be at most 3600"),
+        (["--failover-wait-s", "inf"], "--failover-wait-s: must be a finite number > 0"),
     ],
 )
 def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from common.setting_samples import pretend_two_gpus, value, words
 
 from zerolayer.cli.main import _stack_config, build_parser
-from zerolayer.common.setting import REQUIRED, config_from_args
+from zerolayer.common.setting import REQUIRED, AtMost, config_from_args
 from zerolayer.common.settings import up_settings
 from zerolayer.stack.config import StackConfig
 
@@ -60,6 +60,8 @@ def test_up_help_lists_every_up_setting_with_its_default() -> None:
     assert "(bytes; default 536870912: 512 MiB)" in text
     assert "--max-num-seqs N scheduler: most requests in the running set (default 64)" in text
     assert "--model DIR loader: Hugging Face model directory" in text
+    assert "--schedulers N active schedulers" in text and "(at most 64; default 1)" in text
+    assert "(s; at most 3600; default 3.0)" in text
 
 
 def test_up_flags_reach_stack_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,3 +106,15 @@ def test_the_readme_names_every_up_flag_and_quotes_its_declared_default() -> Non
         if isinstance(setting.default, float):
             declared.add(f"{setting.default:g}")
         assert word in declared, (setting.flag, word)
+
+
+def test_the_readme_states_the_bound_of_each_bounded_up_flag() -> None:
+    paragraph = readme_up_flags()
+    bounded = [setting for setting in up_settings() if isinstance(setting.check, AtMost)]
+    assert {"--schedulers", "--standby-schedulers", "--frontends", "--owner-lease-s"} <= {
+        setting.flag for setting in bounded
+    }
+    for setting in bounded:
+        start = paragraph.index(f"`{setting.flag}")
+        end = paragraph.find("`--", start + 1)
+        assert f"at most {setting.check.maximum}," in paragraph[start:end], setting.flag

@@ -10,10 +10,11 @@ import pytest
 from common.setting_samples import SAMPLES, layer_config, pretend_two_gpus, value, words
 
 from zerolayer.common.config import FrontendConfig, KVStoreConfig, LoaderConfig, SchedulerConfig
-from zerolayer.common.setting import REQUIRED, Setting, positive
+from zerolayer.common.setting import REQUIRED, AtMost, Setting, positive
 from zerolayer.common.settings import (
     LAYERS,
     MAX_NUM_SEQS,
+    OWNER_LEASE_S,
     SETTINGS,
     layer_settings,
     up_settings,
@@ -107,7 +108,9 @@ def test_the_scheduler_defaults_are_the_declared_ones() -> None:
     ("flag", "text", "reason"),
     [
         ("--max-num-seqs", "0", "must be > 0"),
-        ("--kv-unavailable-timeout-s", "inf", "must be > 0"),
+        ("--kv-unavailable-timeout-s", "inf", "must be a finite number > 0"),
+        ("--kv-unavailable-timeout-s", "1e12", "must be at most 3600"),
+        ("--max-num-seqs", "-1", "must be > 0"),
         ("--num-threads", "-1", "must be >= 0"),
         ("--max-num-batched-tokens", "many", "invalid int value: 'many'"),
         ("--attention-backend", "fast", "invalid choice: 'fast'"),
@@ -137,7 +140,18 @@ def test_the_frontend_refuses_a_listen_address_grpc_cannot_bind(
     [
         ("kv_cache_bytes", 0, "--kv-cache-bytes: must be > 0"),
         ("max_num_batched_tokens", -5, "--max-num-batched-tokens: must be > 0"),
-        ("kv_unavailable_timeout_s", float("nan"), "--kv-unavailable-timeout-s: must be > 0"),
+        (
+            "kv_unavailable_timeout_s",
+            float("nan"),
+            "--kv-unavailable-timeout-s: must be a finite number > 0",
+        ),
+        ("owner_lease_s", float("inf"), "--owner-lease-s: must be a finite number > 0"),
+        ("owner_lease_s", 1e12, "--owner-lease-s: must be at most 3600"),
+        ("owner_lease_s", 3600.5, "--owner-lease-s: must be at most 3600"),
+        ("scheduler_wait_s", 1e12, "--scheduler-wait-s: must be at most 3600"),
+        ("failover_wait_s", 1e12, "--failover-wait-s: must be at most 3600"),
+        ("kv_unavailable_timeout_s", 1e12, "--kv-unavailable-timeout-s: must be at most 3600"),
+        ("default_max_new_tokens", 2**32, "--default-max-new-tokens: must be at most 4294967295"),
         ("default_max_new_tokens", 0, "--default-max-new-tokens: must be > 0"),
         ("metrics_port_base", 65533, "--metrics-port-base: must be in 1..65532 (or 0: off)"),
         ("metrics_port_base", -1, "--metrics-port-base: must be in 1..65532 (or 0: off)"),
@@ -209,3 +223,22 @@ def test_the_frontend_takes_one_scheduler_as_before_or_several() -> None:
     several = ["--loader", "l", "--scheduler", "unix:/s.sock", "--scheduler", "unix:/t.sock"]
     assert layer_config("frontend", several).scheduler_address == ("unix:/s.sock", "unix:/t.sock")
     assert FrontendConfig(loader_address="l", scheduler_address="s").scheduler_address == ("s",)
+
+
+def test_a_lease_in_milliseconds_fits_the_kvstores_uint32_field_at_the_bound() -> None:
+    assert StackConfig(model_dir="/m", owner_lease_s=3600).owner_lease_s == 3600
+    assert round(OWNER_LEASE_S.check.maximum * 1000) <= 2**32 - 1
+
+
+def test_at_most_checks_the_lower_end_first_and_shows_the_bound_in_help() -> None:
+    setting = Setting("wait_s", "--wait-s", "a wait", 2.0, check=AtMost(positive, 60), unit="s")
+    setting.validate(60)
+    with pytest.raises(ValueError, match="^--wait-s: must be > 0$"):
+        setting.validate(0.0)
+    with pytest.raises(ValueError, match="^--wait-s: must be at most 60$"):
+        setting.validate(60.5)
+    assert setting.help_text() == "a wait (s; at most 60; default 2.0)"
+
+
+def test_positive_takes_an_int_too_large_for_a_float() -> None:
+    positive(10**400)

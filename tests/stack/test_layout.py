@@ -75,6 +75,9 @@ def test_the_metrics_port_base_leaves_a_port_for_every_process(
         ("schedulers", 0, "--schedulers: must be > 0"),
         ("standby_schedulers", -1, "--standby-schedulers: must be >= 0"),
         ("frontends", 0, "--frontends: must be > 0"),
+        ("schedulers", 65, "--schedulers: must be at most 64"),
+        ("standby_schedulers", 65, "--standby-schedulers: must be at most 64"),
+        ("frontends", 100000, "--frontends: must be at most 64"),
     ],
 )
 def test_the_process_counts_are_checked(field: str, bad: int, message: str) -> None:

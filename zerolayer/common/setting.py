@@ -140,6 +140,8 @@ class Setting:
             return argparse.SUPPRESS
         text = f"{', '.join(self.layers)}: {self.help}" if for_up and self.layers else self.help
         details = [self.unit] if self.unit else []
+        if isinstance(self.check, AtMost):
+            details.append(f"at most {self.check.maximum}")
         if not self.is_switch and (self.default is not REQUIRED or for_up):
             default = self.default
             if self.multiple and default not in (None, REQUIRED):
@@ -207,9 +209,27 @@ class _AddItems(argparse.Action):
 
 
 def positive(value: float) -> None:
-    """Check: a finite number > 0."""
-    if not (math.isfinite(value) and value > 0):
+    """Check: a finite number > 0 (inf and nan are refused as not finite)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("must be a finite number > 0")
+    if not value > 0:
         raise ValueError("must be > 0")
+
+
+@dataclass(frozen=True)
+class AtMost:
+    """Check: :attr:`check` (e.g. :func:`positive`), then a value <= :attr:`maximum`; ``--help``
+    shows the maximum (:meth:`Setting.help_text`)."""
+
+    check: Callable[[Any], None]
+    """The check of the value's lower end, run first."""
+    maximum: int
+    """The largest value allowed, in the setting's unit."""
+
+    def __call__(self, value: Any) -> None:
+        self.check(value)
+        if value > self.maximum:
+            raise ValueError(f"must be at most {self.maximum}")
 
 
 def non_negative(value: int) -> None:

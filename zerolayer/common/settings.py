@@ -13,12 +13,19 @@ from __future__ import annotations
 from zerolayer.common import stack_settings
 from zerolayer.common.device import device_argument
 from zerolayer.common.setting import (
+    AtMost,
     Setting,
     host_port,
     non_negative,
     port_or_zero,
     positive,
 )
+
+MAX_WAIT_S = 3600
+"""Longest lease or wait a ``*_s`` setting takes, seconds: the lease goes to the kvstore in
+milliseconds as a uint32, and the waits become timers."""
+MAX_UINT32 = 2**32 - 1
+"""Largest value of a protobuf ``uint32`` field."""
 
 LAYERS = ("loader", "kvstore", "scheduler", "frontend")
 """The layers, in start order (``zerolayer up`` stops them in the reverse one)."""
@@ -167,7 +174,7 @@ OWNER_LEASE_S = Setting(
     "long loses its KV block references (its blocks stay cached); also how long a restarted "
     "kvstore waits for its schedulers to reconcile before it hands out blocks again",
     default=3.0,
-    check=positive,
+    check=AtMost(positive, MAX_WAIT_S),
     unit="s",
     metavar="S",
     layers=(KVSTORE,),
@@ -221,7 +228,7 @@ KV_UNAVAILABLE_TIMEOUT_S = Setting(
     "how long requests that need KV blocks wait for an unusable kvstore (down, restarting) "
     "before they end with UNAVAILABLE",
     default=30.0,
-    check=positive,
+    check=AtMost(positive, MAX_WAIT_S),
     unit="s",
     metavar="S",
     layers=(SCHEDULER,),
@@ -282,7 +289,7 @@ DEFAULT_MAX_NEW_TOKENS = Setting(
     "--default-max-new-tokens",
     "max_new_tokens of a request that leaves it 0",
     default=64,
-    check=positive,
+    check=AtMost(positive, MAX_UINT32),
     unit="tokens",
     metavar="N",
     layers=(FRONTEND,),
@@ -295,7 +302,7 @@ SCHEDULER_WAIT_S = Setting(
     "how long a new request waits for a scheduler that can take it (all down, restarting or "
     "starting) before it ends with UNAVAILABLE",
     default=2.0,
-    check=positive,
+    check=AtMost(positive, MAX_WAIT_S),
     unit="s",
     metavar="S",
     layers=(FRONTEND,),
@@ -307,7 +314,7 @@ FAILOVER_WAIT_S = Setting(
     "how long a stream whose scheduler died waits for another one (or the restarted one) to "
     "continue on before it ends with UNAVAILABLE",
     default=30.0,
-    check=positive,
+    check=AtMost(positive, MAX_WAIT_S),
     unit="s",
     metavar="S",
     layers=(FRONTEND,),

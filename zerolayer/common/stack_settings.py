@@ -4,7 +4,11 @@ layers' flags and collects these into its ``SETTINGS``."""
 
 from __future__ import annotations
 
-from zerolayer.common.setting import Setting, non_negative, positive
+from zerolayer.common.setting import AtMost, Setting, non_negative, positive
+
+MAX_PROCESSES = 64
+"""Most processes of each kind ``--schedulers``, ``--standby-schedulers`` and ``--frontends``
+ask for: each is a process with its own memory, started one after another."""
 
 RUN_DIR = Setting(
     "run_dir",
@@ -39,7 +43,7 @@ SCHEDULERS = Setting(
     "active schedulers, each a process of its own on the one kvstore and the same mapped "
     "weights; --num-threads applies to each",
     default=1,
-    check=positive,
+    check=AtMost(positive, MAX_PROCESSES),
     metavar="N",
     up=True,
 )
@@ -49,7 +53,7 @@ STANDBY_SCHEDULERS = Setting(
     "warmed schedulers that take no traffic until an active one dies: the supervisor then "
     "promotes one at once and starts the dead one again as the new standby",
     default=0,
-    check=non_negative,
+    check=AtMost(non_negative, MAX_PROCESSES),
     metavar="K",
     up=True,
 )
@@ -59,7 +63,7 @@ FRONTENDS = Setting(
     "frontend processes sharing the --listen port (SO_REUSEPORT): one that dies fails only the "
     "calls it carried",
     default=1,
-    check=positive,
+    check=AtMost(positive, MAX_PROCESSES),
     metavar="M",
     up=True,
 )

@@ -25,6 +25,7 @@ import grpc
 
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.common.server import (
+    CHANNEL_OPTIONS,
     LAUNCHER_PID_ENV,
     instance_address,
     instance_health_name,
@@ -47,6 +48,15 @@ from zerolayer.stack.probes import SERVING, health_status
 from zerolayer.stack.supervisor import Supervisor
 
 __all__ = ["LAYERS", "Stack", "StackConfig", "StackError", "StartupInterrupted"]
+
+
+POLL_CHANNEL_OPTIONS = (
+    *(option for option in CHANNEL_OPTIONS if option[0] != "grpc.max_reconnect_backoff_ms"),
+    ("grpc.max_reconnect_backoff_ms", 100),
+)
+"""Options of the channel :meth:`Stack.wait_healthy` polls on: a process starts listening after
+the first tries, and gRPC's reconnect backoff (up to 1 s with ``CHANNEL_OPTIONS``, 1.6 s and more
+by default) would see it that much later; a takeover by a standby still starting waits on it."""
 
 
 class StackError(RuntimeError):
@@ -171,7 +181,8 @@ class Stack:
             CheckpointError: the model directory is not a loadable checkpoint.
             StackError: a process exited or was not healthy within ``startup_timeout_s``; every
                 started process is stopped again.
-            StartupInterrupted: :meth:`interrupt` was called; every started process is stopped.
+            StartupInterrupted: :meth:`interrupt` was called (before the next process starts,
+                or while they start up); every started process is stopped.
         """
         read_checkpoint(Path(self.config.model_dir))  # a bad --model fails here, not in a child
         try:
@@ -180,6 +191,9 @@ class Stack:
                 # loader or kvstore maps the same device memory (zerolayer.sharing.fd_keeper).
                 self._fd_keeper = FdKeeper(self.run_dir / "fds.sock")
             for name in self.slots:
+                # NOTE: checked per process, so a signal stops a start-up of many at once
+                if self._interrupted.is_set():
+                    raise StartupInterrupted(f"interrupted before starting the {name}")
                 self.start_layer(name)
             deadline = time.monotonic() + self.config.startup_timeout_s
             for name in self.slots:
@@ -228,7 +242,7 @@ class Stack:
             StartupInterrupted: :meth:`interrupt` was called during :meth:`start`.
         """
         target = self.health_target(name)
-        with grpc.insecure_channel(target.address) as channel:
+        with grpc.insecure_channel(target.address, options=POLL_CHANNEL_OPTIONS) as channel:
             while True:
                 # start() only: a restart by the supervisor is not interrupted
                 if self._interrupted.is_set() and self._supervisor is None:

@@ -8,8 +8,11 @@ work to a standby when it dies, and logs processes that stop serving while alive
   which logs when it is back.
 - **Takeover**: when an active scheduler exits and a standby lives, the supervisor activates the
   standby at once (``Scheduler/Activate``: its health turns SERVING on ``zerolayer.v1.Scheduler``,
-  where the frontends route) and restarts the dead slot as the new standby. Without a live
-  standby the dead slot restarts as an active scheduler, as a lone scheduler always did.
+  where the frontends route) and restarts the dead slot as the new standby. A standby that is
+  still starting (a restart of its own) cannot be activated yet: it is given the active role at
+  once all the same, and activated when it reports SERVING on "", so the dead slot still comes
+  back as the standby and the number of active schedulers stays ``--schedulers``. Without a
+  live standby the dead slot restarts as an active scheduler, as a lone scheduler always did.
 - **Health** of live processes is watched by :class:`HealthWatch` on a thread of its own, so a
   hung process (its checks time out) never delays a takeover.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import select
 import threading
 import time
@@ -66,6 +70,15 @@ class Supervisor:
         self._slots = {name: _Slot(up_since=time.monotonic()) for name in stack.slots}
         self._pidfds: dict[int, int] = {}
         """pid -> pidfd of the processes being watched for their exit."""
+        self._to_activate: set[str] = set()
+        """Active scheduler slots whose process started as a standby and is not activated yet
+        (it was still starting when it took over); activated once it serves."""
+        self._ready: set[str] = set()
+        """Those of :attr:`_to_activate` whose process serves: activation is due."""
+        self._failed_once: set[str] = set()
+        """Those of :attr:`_ready` whose activation failed (logged once)."""
+        self._back: queue.SimpleQueue[str] = queue.SimpleQueue()
+        """Restarted processes that serve again, from their ``wait-<name>`` threads."""
 
     def run(self) -> None:
         """Supervises until the stack stops; then waits until its processes are down.
@@ -82,6 +95,7 @@ class Supervisor:
                 for name in self._stack.slots:
                     self._check_exit(name)
                 self._restart_due()
+                self._activate_ready()
         finally:
             for fd in self._pidfds.values():
                 os.close(fd)
@@ -131,6 +145,8 @@ class Supervisor:
         if not exited or state.handled_pid == process.pid:
             return
         state.handled_pid = process.pid
+        self._to_activate.discard(name)
+        self._ready.discard(name)
         took_over = self._take_over(name, process) if self._is_active_scheduler(name) else ""
         if not stack.config.supervise:
             log.error(
@@ -148,9 +164,11 @@ class Supervisor:
     def _take_over(self, dead: str, process: Popen) -> str:
         """Activates a live standby scheduler (a warmed one first) in place of the active
         scheduler ``dead``, and makes ``dead``'s slot the standby's; logs how long that took.
+        When none answers, the first is still starting: it gets the role and is activated by
+        :meth:`_activate_ready` once it serves.
 
         Returns:
-            The promoted slot's name; "" when no standby could be activated.
+            The promoted slot's name; "" when no standby lives.
         """
         start = time.monotonic()
         stack = self._stack
@@ -164,9 +182,7 @@ class Supervisor:
             except grpc.RpcError as exc:
                 log.warning("zerolayer: could not activate the standby %s: %s", name, exc.code())
                 continue
-            with stack.lock:
-                stack.standby.discard(name)
-                stack.standby.add(dead)
+            self._swap_roles(name, dead)
             log.warning(
                 "zerolayer: %s (pid %d) exited with code %s; the standby %s (pid %d) took over "
                 "as active in %.0f ms",
@@ -178,7 +194,49 @@ class Supervisor:
                 (time.monotonic() - start) * 1e3,
             )
             return name
-        return ""
+        if not candidates:
+            return ""
+        # NOTE: a standby that does not answer yet is starting (a restart): it takes the role
+        # now and is activated when it serves, so that the dead slot comes back as the standby.
+        name = candidates[0]
+        self._swap_roles(name, dead)
+        self._to_activate.add(name)
+        log.warning(
+            "zerolayer: %s (pid %d) exited with code %s; the standby %s (pid %d) is still "
+            "starting: it takes over as active once it serves",
+            dead,
+            process.pid,
+            process.returncode,
+            name,
+            live[name],
+        )
+        return name
+
+    def _swap_roles(self, standby: str, dead: str) -> None:
+        """Makes the slot ``standby`` an active one and ``dead`` (an active one) the standby."""
+        with self._stack.lock:
+            self._stack.standby.discard(standby)
+            self._stack.standby.add(dead)
+
+    def _activate_ready(self) -> None:
+        """Activates the slots of :attr:`_to_activate` whose process serves (retried each round
+        until it answers); a failed try is logged once."""
+        while not self._back.empty():
+            name = self._back.get()
+            if name in self._to_activate:
+                self._ready.add(name)
+        for name in sorted(self._ready):
+            try:
+                activate_scheduler(self._stack.address(name))
+            except grpc.RpcError as exc:
+                if name not in self._failed_once:
+                    log.warning("zerolayer: could not activate %s yet: %s", name, exc.code())
+                self._failed_once.add(name)
+                continue
+            self._ready.discard(name)
+            self._to_activate.discard(name)
+            self._failed_once.discard(name)
+            log.warning("zerolayer: %s took over as active", name)
 
     def _schedule_restart(self, name: str, process: Popen, role: str) -> None:
         """Plans the restart of ``name`` after its backoff, and logs it."""
@@ -223,6 +281,7 @@ class Supervisor:
         stack = self._stack
         try:
             stack.wait_healthy(name, time.monotonic() + stack.config.startup_timeout_s)
+            self._back.put(name)
             role = " as a standby" if name in stack.standby else ""
             log.warning("zerolayer: %s is back%s (pid %d)", name, role, stack.processes[name].pid)
         except Exception as exc:  # noqa: BLE001 - StackError, or the stack stopping under it

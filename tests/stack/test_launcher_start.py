@@ -1,0 +1,37 @@
+"""``Stack.start`` without real processes: what an interruption during start-up does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import zerolayer.stack.launcher as launcher
+from zerolayer.stack.launcher import Stack, StackConfig, StartupInterrupted
+
+
+def test_an_interrupt_while_the_processes_spawn_starts_no_further_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launcher, "read_checkpoint", lambda path: None)
+    stack = Stack(StackConfig(model_dir="/models/llama", run_dir=str(tmp_path), schedulers=3))
+    started: list[str] = []
+    stopped: list[str] = []
+
+    def start_layer(name: str) -> None:
+        started.append(name)
+        if name == "kvstore":
+            stack.interrupt()  # as up's SIGINT/SIGTERM handler does
+
+    monkeypatch.setattr(stack, "start_layer", start_layer)
+    monkeypatch.setattr(stack, "stop", lambda: stopped.append("stop"))
+    with pytest.raises(StartupInterrupted, match="^interrupted before starting the scheduler$"):
+        stack.start()
+    assert started == ["loader", "kvstore"]
+    assert stopped == ["stop"]
+
+
+def test_the_health_poll_sees_a_process_that_starts_listening_within_100_ms() -> None:
+    options = dict(launcher.POLL_CHANNEL_OPTIONS)
+    assert len(options) == len(launcher.POLL_CHANNEL_OPTIONS)  # gRPC would take the first
+    assert options["grpc.max_reconnect_backoff_ms"] == 100
