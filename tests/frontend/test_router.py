@@ -62,25 +62,32 @@ def test_a_standby_takes_no_traffic_until_it_reports_serving_on_the_scheduler_se
     router = Router((A, B))
     router.set_health(A, warm=True)  # a standby: SERVING on "", NOT_SERVING on the service name
     assert (router.available, router.pick()) == (False, None)
-    assert router.describe() == f"{A}: standby; {B}: down or starting"
+    assert router.describe() == "#0 standby; #1 down or starting"
+    assert router.describe(by_address=True) == f"{A}: standby; {B}: down or starting"
     router.set_health(B, active=True, warm=True)
     with router.working(B, 500):
         assert [router.pick() for _ in range(3)] == [B, B, B]  # however busy, not the standby
     router.set_health(A, active=True)  # activated
     with router.working(B, 500):
         assert router.pick() == A
-    assert router.describe() == f"{A}: serving; {B}: serving"
+    assert router.describe() == "#0 serving; #1 serving"
 
 
-def test_acquire_waits_for_a_scheduler_and_gives_up_after_its_timeout() -> None:
+def test_acquire_waits_for_a_scheduler_and_gives_up_after_its_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     router = Router((A, B))
 
     async def scheduler_comes_back() -> str:
         with pytest.raises(Unavailable) as info:
             await router.acquire(0.05)
+        # NOTE: public clients read this: schedulers by index, their addresses only in the log.
         assert str(info.value) == (
-            f"scheduler: none can take requests ({A}: down or starting; {B}: down or starting)"
+            "scheduler: none can take requests (#0 down or starting; #1 down or starting)"
         )
+        assert caplog.messages == [
+            f"no scheduler can take a request: {A}: down or starting; {B}: down or starting"
+        ]
         waiting = asyncio.create_task(router.acquire(5.0))
         await asyncio.sleep(0.05)
         assert not waiting.done()

@@ -22,16 +22,18 @@ def make_request() -> EngineRequest:
 
 
 class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
-    """Answers UNAVAILABLE as a handler would (``answer``), or sends one output and dies."""
+    """Answers UNAVAILABLE as a handler would (``answer``, with ``details``), or sends one output
+    and dies."""
 
-    def __init__(self, answer: bool) -> None:
+    def __init__(self, answer: bool, details: str = "kvstore: down") -> None:
         self.answer = answer
+        self.details = details
         self.server: grpc.aio.Server | None = None
 
     async def Generate(self, request, context):
         if self.answer:
             await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "kvstore: down", trailing_metadata=(ANSWERED_METADATA,)
+                grpc.StatusCode.UNAVAILABLE, self.details, trailing_metadata=(ANSWERED_METADATA,)
             )
         yield scheduler_pb2.EngineOutput(new_token_ids=[7], num_prompt_tokens=3)
         asyncio.get_running_loop().create_task(self.server.stop(0))
@@ -80,3 +82,25 @@ def test_unavailable_answered_by_the_scheduler_is_not_a_lost_scheduler(tmp_path:
         asyncio.run(generate_with(f"unix:{tmp_path / 's.sock'}", FakeScheduler(answer=True)))
     assert not isinstance(info.value, SchedulerLost)
     assert str(info.value) == "scheduler: kvstore: down"
+
+
+@pytest.mark.parametrize(
+    ("details", "public"),
+    [
+        ("scheduler: the engine is still starting", "scheduler: the engine is still starting"),
+        (
+            "kvstore: unusable for more than 2 s (UNAVAILABLE: failed to connect to all addresses;"
+            " last error: UNKNOWN: unix:/tmp/zerolayer-x1/kvstore.sock: No such file or directory)",
+            "scheduler: kvstore: unusable for more than 2 s (UNAVAILABLE: failed to connect to all"
+            " addresses; last error: UNKNOWN: <internal>: No such file or directory)",
+        ),
+    ],
+)
+def test_unavailable_answered_by_the_scheduler_reaches_clients_without_internals(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, details: str, public: str
+) -> None:
+    address = f"unix:{tmp_path / 's.sock'}"
+    with pytest.raises(Unavailable) as info:
+        asyncio.run(generate_with(address, FakeScheduler(answer=True, details=details)))
+    assert str(info.value) == public  # the prefix once, no socket path
+    assert f"scheduler {address} answered UNAVAILABLE: {details}" in caplog.messages

@@ -187,6 +187,23 @@ def test_no_scheduler_is_unavailable_with_the_reasons_the_schedulers_gave() -> N
     assert str(refused.value).endswith(f"): {xid}")  # said once, not once per scheduler
 
 
+def test_no_scheduler_is_unavailable_without_addresses_or_paths_and_logs_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    schedulers = {
+        A: ScriptedScheduler(not_serving_reason="GPU fatal event: Xid 79 on /dev/nvidia0"),
+        B: ScriptedScheduler(),
+    }
+    pool = make_pool(schedulers)
+    with pytest.raises(Unavailable) as refused:
+        asyncio.run(run(pool, make_request()))
+    assert str(refused.value) == (
+        "scheduler: none can take requests (#0 down or starting; #1 down or starting): "
+        "GPU fatal event: Xid 79 on <internal>"
+    )
+    assert f"{A}: down or starting; {B}: down or starting" in caplog.text
+
+
 def test_a_request_id_in_flight_is_refused() -> None:
     a = ScriptedScheduler(([7, 8], "finish"))
     pool = make_pool({A: a}, A)

@@ -33,6 +33,21 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
 
+MIN_CLIENT_PING_INTERVAL_MS = 500
+"""Shortest interval between a client's HTTP/2 keepalive pings that the servers accept, ms."""
+
+SERVER_KEEPALIVE_OPTIONS = (
+    # NOTE: gRPC's defaults accept a ping at most every 5 min while calls are open and none at all
+    # on an idle connection, and answer the third early ping with GOAWAY "too_many_pings": a
+    # client that pings every 1 s (a common setting for long streams) was cut after a few
+    # seconds of waiting behind other requests. Pings every MIN_CLIENT_PING_INTERVAL_MS or
+    # slower are accepted, with or without calls in flight; faster ones still earn strikes.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+    ("grpc.http2.max_ping_strikes", 2),
+)
+"""The keepalive policy every layer's server enforces on its clients (README: "Keepalive")."""
+
 
 @dataclass(frozen=True)
 class ServiceBinding:
@@ -133,6 +148,7 @@ class LayerServer:
             # CHANNEL_OPTIONS' instead of following it.
             options=(
                 *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
+                *SERVER_KEEPALIVE_OPTIONS,
                 ("grpc.so_reuseport", int(reuse_port)),
                 ("grpc.max_receive_message_length", max_receive_bytes),
             ),

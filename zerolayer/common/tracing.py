@@ -9,6 +9,8 @@ endpoint from ``OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT``, e.g. Jaeger's ``http://l
 Spans leave through a BatchSpanProcessor: a background thread with a bounded queue, so exporting
 never blocks a request (spans are dropped, not waited for, when the queue is full); they are
 flushed on shutdown. No global tracer provider is installed: the provider is passed explicitly.
+Attribute values OTLP cannot hold (an int outside int64, e.g. a uint64 seed) are exported as their
+decimal string (:class:`OtlpSafeExporter`), so no attribute is dropped.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
     SpanExporter,
+    SpanExportResult,
 )
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import Attributes, AttributeValue
 
 from zerolayer.common.interceptors import Wrapping, WrappingInterceptor
 
@@ -94,7 +98,7 @@ class Tracing:
         else:
             resource = Resource.create({"service.name": config.service_name})
             self._provider = TracerProvider(resource=resource)
-            self._provider.add_span_processor(BatchSpanProcessor(exporter))
+            self._provider.add_span_processor(BatchSpanProcessor(OtlpSafeExporter(exporter)))
             self.tracer = self._provider.get_tracer("zerolayer")
         self._propagator = TraceContextTextMapPropagator()
 
@@ -143,6 +147,97 @@ class Tracing:
         """Flushes pending spans and stops the exporter."""
         if self._provider is not None:
             self._provider.shutdown()
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The range of OTLP's integer attribute value (``AnyValue.int_value``, an int64)."""
+
+
+def otlp_safe_value(value: AttributeValue) -> AttributeValue:
+    """``value`` as OTLP can hold it losslessly: an int outside int64 (or a sequence holding
+    one) becomes its decimal string (each element's, so the sequence stays homogeneous);
+    anything else is returned as it is."""
+    if _out_of_int64(value):
+        return str(value)
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if any(_out_of_int64(v) for v in value):
+            return tuple(str(v) for v in value)
+    return value
+
+
+def otlp_safe_attributes(attributes: Attributes) -> Attributes:
+    """``attributes`` with each value made :func:`otlp_safe_value`; the same object when none
+    needs it."""
+    if not attributes:
+        return attributes
+    safe = {key: otlp_safe_value(value) for key, value in attributes.items()}
+    changed = any(safe[key] is not value for key, value in attributes.items())
+    return safe if changed else attributes
+
+
+def _out_of_int64(value: object) -> bool:
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and not INT64_MIN <= value <= INT64_MAX
+    )
+
+
+class OtlpSafeExporter(SpanExporter):
+    """Passes spans on to ``exporter`` with every attribute (of the span, its events and links)
+    made :func:`otlp_safe_attributes`: the OTLP encoder would otherwise drop the attribute and
+    log a traceback ("Value out of range") for each span. Spans that need nothing are passed on
+    as they are."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self._exporter = exporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Exports ``spans`` through the wrapped exporter."""
+        return self._exporter.export([_otlp_safe_span(span) for span in spans])
+
+    def shutdown(self) -> None:
+        """Shuts the wrapped exporter down."""
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Flushes the wrapped exporter."""
+        return self._exporter.force_flush(timeout_millis)
+
+
+def _otlp_safe_span(span: ReadableSpan) -> ReadableSpan:
+    read = span.attributes  # NOTE: a fresh read-only view at each read
+    attributes = otlp_safe_attributes(read)
+    events = [_otlp_safe_event(event) for event in span.events]
+    links = [_otlp_safe_link(link) for link in span.links]
+    pairs = zip((*events, *links), (*span.events, *span.links), strict=True)
+    if attributes is read and all(safe is given for safe, given in pairs):
+        return span
+    # NOTE: the copy no longer knows how many attributes, events and links the limits dropped.
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=attributes,
+        events=events,
+        links=links,
+        kind=span.kind,
+        status=span.status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
+def _otlp_safe_event(event: Event) -> Event:
+    safe = otlp_safe_attributes(event.attributes)
+    return event if safe is event.attributes else Event(event.name, safe, event.timestamp)
+
+
+def _otlp_safe_link(link: Link) -> Link:
+    safe = otlp_safe_attributes(link.attributes)
+    return link if safe is link.attributes else Link(link.context, safe)
 
 
 def now_ns() -> int:

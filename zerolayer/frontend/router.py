@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from zerolayer.common.errors import Unavailable
+
+log = logging.getLogger(__name__)
 
 SCHEDULER_SERVICE = "zerolayer.v1.Scheduler"
 """Health name on which a scheduler that takes requests reports SERVING."""
@@ -160,11 +163,13 @@ class Router:
         request.
 
         Raises:
-            Unavailable: none could within ``timeout_s`` (the message lists their health).
+            Unavailable: none could within ``timeout_s`` (the message lists their health by
+                index; the frontend's log, by address).
         """
         available = await self.wait_available(timeout_s)
         address = self.pick(prompt_token_ids, cache_salt) if available else None
         if address is None:
+            log.warning("no scheduler can take a request: %s", self.describe(by_address=True))
             raise Unavailable(f"scheduler: none can take requests ({self.describe()})")
         return address
 
@@ -180,12 +185,16 @@ class Router:
             work.set(0)
             state.num_requests -= 1
 
-    def describe(self) -> str:
-        """Each scheduler's health in words, e.g. ``unix:/a.sock: down; unix:/b.sock: standby``."""
+    def describe(self, by_address: bool = False) -> str:
+        """Each scheduler's health in words, named by its index in the order given (what public
+        clients may read), e.g. ``#0 down or starting; #1 standby``; ``by_address``: named by
+        address (for the log), e.g. ``unix:/a.sock: down or starting; unix:/b.sock: standby``."""
         words = {(True, True): "serving", (False, True): "standby", (True, False): "serving"}
+        states = self.states.values()
+        names = [f"{s.address}:" if by_address else f"#{i}" for i, s in enumerate(states)]
         return "; ".join(
-            f"{s.address}: {words.get((s.active, s.warm), 'down or starting')}"
-            for s in self.states.values()
+            f"{name} {words.get((s.active, s.warm), 'down or starting')}"
+            for name, s in zip(names, states, strict=True)
         )
 
     def _candidates(self) -> list[SchedulerState]:

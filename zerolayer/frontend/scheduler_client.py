@@ -3,6 +3,7 @@ its health, which it follows for the router (:mod:`zerolayer.frontend.health_cli
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
 
@@ -21,8 +22,11 @@ from zerolayer.common.server import CHANNEL_OPTIONS
 from zerolayer.common.status import answered_by_handler
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.health_client import HealthWatcher
+from zerolayer.frontend.public_errors import public_message
 from zerolayer.frontend.router import Router
 from zerolayer.v1 import scheduler_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 """Codes of a call whose scheduler went away, when no handler chose them: unreachable, the
@@ -114,10 +118,13 @@ class SchedulerClient:
 
 
 def _error_of(exc: grpc.aio.AioRpcError, address: str, carrying: bool) -> Exception:
-    """What a failed Generate call raises (see :meth:`SchedulerClient.generate`)."""
+    """What a failed Generate call raises (see :meth:`SchedulerClient.generate`). The message of
+    an UNAVAILABLE the scheduler answered reaches public clients: it is made a
+    :func:`public_message`, its full detail logged here."""
     if answered_by_handler(exc):
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
-            return Unavailable(f"scheduler: {exc.details()}")
+            log.warning("scheduler %s answered UNAVAILABLE: %s", address, exc.details())
+            return Unavailable(public_message("scheduler", exc.details() or ""))
         return exc
     if exc.code() in LOST_CODES:
         return SchedulerLost(f"scheduler {address}: {exc.details()}", carrying)

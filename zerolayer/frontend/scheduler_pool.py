@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from zerolayer.common.errors import InvalidArgument, SchedulerLost, Unavailable
 from zerolayer.common.generation import EngineRequest, RequestOutput
 from zerolayer.frontend.failover import InFlight, draw_seed, with_seed
+from zerolayer.frontend.public_errors import redacted
 from zerolayer.frontend.router import Router
 from zerolayer.frontend.scheduler_client import SchedulerClient
 
@@ -122,7 +123,7 @@ class SchedulerPool:
             )
         except Unavailable as none:
             reasons = [await client.not_serving_reason() for client in self.clients.values()]
-            said = "; ".join(dict.fromkeys(reason for reason in reasons if reason))
+            said = "; ".join(dict.fromkeys(redacted(reason) for reason in reasons if reason))
             if not said:
                 raise
             raise Unavailable(f"{none}: {said}") from None
