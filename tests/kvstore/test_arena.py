@@ -1,5 +1,5 @@
 """Tests for the KV arena: layout byte math, the reserved 0600 file, refusing an arena that does not
-fit, and sharing across processes."""
+fit or that someone else put at its path, and sharing across processes."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerolayer.kv.arena_file import ArenaSizeError, free_bytes, map_arena
+from zerolayer.kv.arena_file import ArenaSizeError, free_bytes, map_arena, sidecar_path
 from zerolayer.kv.arena_layout import ArenaLayout, blocks_for_bytes
+from zerolayer.kv.private_file import UntrustedFileError
 from zerolayer.kvstore.arena import Arena
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -104,6 +105,7 @@ def test_arena_larger_than_the_free_space_is_refused_and_removed(tmp_path: Path)
     path = tmp_path / "kv" / "arena"
     path.parent.mkdir()
     Path(str(path) + ".json").write_text("{}")  # a stale sidecar of an older arena
+    Path(str(path) + ".json").chmod(0o600)
     free = free_bytes(str(tmp_path))
     assert free < 2**50
     with pytest.raises(ArenaSizeError) as info:
@@ -163,11 +165,113 @@ def test_a_reopened_arena_keeps_its_id_and_contents_without_reserving_again(
     assert result.stdout.split() == ["True", arena.arena_id, "2.5"]
 
 
-def test_arena_truncates_an_existing_file(tmp_path: Path) -> None:
+def test_arena_replaces_this_users_arena_of_another_layout(tmp_path: Path) -> None:
     path = tmp_path / "arena"
     path.write_bytes(b"\xff" * 10_000)
-    Arena(str(path), make_layout())
+    path.chmod(0o600)
+    arena = Arena(str(path), make_layout())
+    assert not arena.reopened
     assert path.read_bytes() == b"\0" * 1536
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def reason_of_refusal(path: Path, layout: ArenaLayout) -> str:
+    with pytest.raises(UntrustedFileError) as info:
+        Arena(str(path), layout)
+    return info.value.reason
+
+
+def chmod_arena(arena: Arena, arena_mode: int, sidecar_mode: int) -> None:
+    os.chmod(arena.path, arena_mode)
+    os.chmod(sidecar_path(arena.path), sidecar_mode)
+
+
+@pytest.mark.parametrize(
+    ("arena_mode", "sidecar_mode", "refused"),
+    [(0o666, 0o666, ".json"), (0o644, 0o600, ""), (0o600, 0o666, ".json")],
+)
+def test_a_matching_arena_open_to_others_is_refused_not_adopted(
+    tmp_path: Path, arena_mode: int, sidecar_mode: int, refused: str
+) -> None:
+    # As another user would leave it: a file of the right size and a sidecar that matches.
+    arena = make_arena(tmp_path)
+    map_arena(arena.path, arena.layout)[0, 0, 0] = 1.0
+    contents = Path(arena.path).read_bytes(), Path(sidecar_path(arena.path)).read_bytes()
+    chmod_arena(arena, arena_mode, sidecar_mode)
+    mode = sidecar_mode if refused else arena_mode
+    assert reason_of_refusal(Path(arena.path), arena.layout) == (
+        f"{arena.path}{refused} has mode {mode:04o}, open to other users "
+        "(the stack makes its files 0600)"
+    )
+    assert (Path(arena.path).read_bytes(), Path(sidecar_path(arena.path)).read_bytes()) == contents
+    assert stat.S_IMODE(os.stat(arena.path).st_mode) == arena_mode
+    assert stat.S_IMODE(os.stat(sidecar_path(arena.path)).st_mode) == sidecar_mode
+
+
+def test_an_arena_of_another_user_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arena = make_arena(tmp_path)
+    owner = os.stat(arena.path).st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 1)
+    assert reason_of_refusal(Path(arena.path), arena.layout) == (
+        f"{sidecar_path(arena.path)} is owned by uid {owner}, not by this user (uid {owner + 1})"
+    )
+    os.unlink(sidecar_path(arena.path))
+    assert reason_of_refusal(Path(arena.path), arena.layout) == (
+        f"{arena.path} is owned by uid {owner}, not by this user (uid {owner + 1})"
+    )
+    assert os.path.exists(arena.path)
+
+
+@pytest.mark.parametrize("name", ["arena", "arena.json"])
+def test_a_symlink_at_the_arena_or_sidecar_path_is_refused_and_its_target_kept(
+    tmp_path: Path, name: str
+) -> None:
+    target = tmp_path / "victim"
+    target.write_bytes(b"precious")
+    target.chmod(0o600)
+    (tmp_path / name).symlink_to(target)
+    assert reason_of_refusal(tmp_path / "arena", make_layout()) == (
+        f"{tmp_path / name} is a symbolic link (not followed)"
+    )
+    assert target.read_bytes() == b"precious"
+    assert (tmp_path / name).is_symlink()
+
+
+def test_a_symlink_to_a_matching_arena_is_refused_by_the_kvstore_and_the_scheduler(
+    tmp_path: Path,
+) -> None:
+    arena = make_arena(tmp_path)
+    link = tmp_path / "link"
+    link.symlink_to(arena.path)
+    Path(sidecar_path(str(link))).symlink_to(sidecar_path(arena.path))
+    assert reason_of_refusal(link, arena.layout) == (
+        f"{sidecar_path(str(link))} is a symbolic link (not followed)"
+    )
+    with pytest.raises(UntrustedFileError, match="is a symbolic link"):
+        map_arena(str(link), arena.layout)
+
+
+def test_the_scheduler_maps_no_arena_open_to_others(tmp_path: Path) -> None:
+    arena = make_arena(tmp_path)
+    os.chmod(arena.path, 0o660)
+    with pytest.raises(UntrustedFileError, match="has mode 0660"):
+        map_arena(arena.path, arena.layout)
+
+
+def test_a_symlink_at_the_sidecars_temporary_path_is_removed_not_followed(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "victim"
+    target.write_bytes(b"precious")
+    (tmp_path / "arena.json.tmp").symlink_to(target)
+    arena = Arena(str(tmp_path / "arena"), make_layout())
+    assert target.read_bytes() == b"precious"
+    assert not (tmp_path / "arena.json.tmp").exists()
+    sidecar = Path(sidecar_path(arena.path))
+    assert json.loads(sidecar.read_text())["arena_id"] == arena.arena_id
+    assert stat.S_IMODE(sidecar.stat().st_mode) == 0o600
 
 
 def test_arena_with_no_blocks_is_refused(tmp_path: Path) -> None:

@@ -150,3 +150,52 @@ def test_a_restarted_kvstore_reopens_its_reserved_arena(
     # refuses a new arena does not stop a restart.
     log = serve_once(loader_address, shm_path, limited=True)
     assert f"arena {shm_path} reopened: {num_blocks} blocks of 16 tokens" in log
+
+
+def assert_refused_with(
+    result: subprocess.CompletedProcess[str], shm_path: Path, reason: str
+) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"zerolayer kvstore: error: --shm-path {shm_path}: {reason}"
+    )
+
+
+def test_an_arena_left_open_to_others_is_refused_at_start_not_adopted(
+    loader_address: str, tmp_path: Path
+) -> None:
+    shm_path = tmp_path / "zl.kv"
+    serve_once(loader_address, shm_path)  # a matching arena and sidecar, then opened to all
+    sidecar = Path(f"{shm_path}.json")
+    shm_path.chmod(0o666)
+    sidecar.chmod(0o666)
+    contents = shm_path.read_bytes(), sidecar.read_bytes()
+    result = run_kvstore(loader_address, shm_path, 4 << 20)
+    assert_refused_with(
+        result,
+        shm_path,
+        f"{sidecar} has mode 0666, open to other users (the stack makes its files 0600)",
+    )
+    sidecar.chmod(0o600)
+    result = run_kvstore(loader_address, shm_path, 4 << 20)
+    assert_refused_with(
+        result,
+        shm_path,
+        f"{shm_path} has mode 0666, open to other users (the stack makes its files 0600)",
+    )
+    assert (shm_path.read_bytes(), sidecar.read_bytes()) == contents
+
+
+def test_a_symlink_at_the_arena_path_is_refused_at_start_and_its_target_kept(
+    loader_address: str, tmp_path: Path
+) -> None:
+    shm_path = tmp_path / "zl.kv"
+    target = tmp_path / "victim"
+    target.write_bytes(b"precious")
+    target.chmod(0o600)
+    shm_path.symlink_to(target)
+    result = run_kvstore(loader_address, shm_path, 4 << 20)
+    assert_refused_with(result, shm_path, f"{shm_path} is a symbolic link (not followed)")
+    assert target.read_bytes() == b"precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim", "zl.kv"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -266,3 +267,38 @@ def test_listen_hosts_grpc_cannot_bind_are_refused(
 @pytest.mark.parametrize("listen", ["[::1]:52345", "[::]:52345", "0.0.0.0:52345", "localhost:1"])
 def test_bindable_listen_hosts_pass_the_host_check(model_dir: Path, listen: str) -> None:
     assert make_config(model_dir, listen=listen).listen == listen
+
+
+def test_a_run_dir_whose_arena_path_another_user_took_is_refused(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    from zerolayer.stack.launcher import stack_instance_id
+
+    run_dir, shm_dir = tmp_path / "run", tmp_path / "shm"
+    shm_dir.mkdir()
+    shm_path = shm_dir / f"{stack_instance_id(run_dir, owned=False)}.kv"
+    config = make_config(model_dir, run_dir=str(run_dir))
+    shm_path.write_bytes(b"")
+    shm_path.chmod(0o600)  # an arena this user's stopped kvstore left: reopened or replaced
+    check_stack(config, str(shm_dir))
+    shm_path.chmod(0o666)
+    assert refusal(config, str(shm_dir)) == (
+        f"--run-dir: {run_dir}: its KV arena's path is taken: {shm_path} has mode 0666, open to "
+        "other users (the stack makes its files 0600)"
+    )
+    shm_path.unlink()
+    Path(f"{shm_path}.json").symlink_to(tmp_path / "victim")
+    assert refusal(config, str(shm_dir)) == (
+        f"--run-dir: {run_dir}: its KV arena's path is taken: {shm_path}.json is a symbolic link "
+        "(not followed)"
+    )
+
+
+def test_a_run_dir_of_another_user_is_refused(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner = tmp_path.stat().st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 1)
+    assert refusal(make_config(model_dir, run_dir=str(tmp_path)), str(tmp_path)) == (
+        f"--run-dir: {tmp_path}: owned by uid {owner}, not by this user (uid {owner + 1})"
+    )

@@ -59,7 +59,7 @@ SHM_PATH = Setting(
     "shm_path",
     "--shm-path",
     "file of the KV arena, on a shared-memory filesystem (reopened if it exists with the same "
-    "layout)",
+    "layout and is this user's mode-0600 regular file; anything else there is refused)",
     layers=(KVSTORE,),
 )
 FD_KEEPER = Setting(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from zerolayer.checkpoints.dtypes import torch_dtype
 from zerolayer.kv.arena_layout import ArenaLayout
+from zerolayer.kv.private_file import open_private
 
 if TYPE_CHECKING:
     import torch
@@ -57,17 +58,25 @@ def map_arena(path: str, layout: ArenaLayout) -> torch.Tensor:
     """Maps an arena file read-write and shared; returns it as a tensor of ``layout.shape``.
 
     Writes through the tensor land in the shared file (MAP_SHARED), visible to every process
-    mapping it.
+    mapping it. Only this user's private regular file is mapped, never a symlink's target.
 
     Raises:
         FileNotFoundError: no such file.
+        UntrustedFileError: the file is not this user's private regular file.
         ValueError: the file's size does not match the layout.
     """
-    size = os.path.getsize(path)
-    if size != layout.size_bytes:
-        raise ValueError(f"{path}: {size} bytes, layout needs {layout.size_bytes}")
-    numel = layout.size_bytes // layout.itemsize
-    import torch
+    fd = open_private(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size != layout.size_bytes:
+            raise ValueError(f"{path}: {size} bytes, layout needs {layout.size_bytes}")
+        numel = layout.size_bytes // layout.itemsize
+        import torch
 
-    flat = torch.from_file(path, shared=True, size=numel, dtype=torch_dtype(layout.dtype))
+        # NOTE: through the checked descriptor, so a file swapped in at the path is not mapped.
+        flat = torch.from_file(
+            f"/proc/self/fd/{fd}", shared=True, size=numel, dtype=torch_dtype(layout.dtype)
+        )
+    finally:
+        os.close(fd)
     return flat.view(layout.shape)

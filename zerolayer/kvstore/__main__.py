@@ -12,9 +12,10 @@ from zerolayer.common.config import KVStoreConfig
 from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
 from zerolayer.common.server import LayerServer, ServiceBinding, run_layer
-from zerolayer.common.settings import KV_CACHE_BYTES
+from zerolayer.common.settings import KV_CACHE_BYTES, SHM_PATH
 from zerolayer.common.tracing import Tracing
 from zerolayer.kv.arena_file import ArenaSizeError
+from zerolayer.kv.private_file import UntrustedFileError
 from zerolayer.kvstore.kv_store import KVStore
 from zerolayer.kvstore.metrics import KVStoreCollector
 from zerolayer.kvstore.server import KVStoreServicer
@@ -66,8 +67,9 @@ PROGRAM = LayerProgram(
     KVStoreConfig,
     serve,
     __doc__,
-    # NOTE: --kv-cache-bytes holds no block or does not fit the arena's filesystem.
-    setting_errors=((ArenaSizeError, KV_CACHE_BYTES),),
+    # NOTE: --kv-cache-bytes holds no block or does not fit the arena's filesystem; the file at
+    # --shm-path (or its sidecar) is not this user's private file.
+    setting_errors=((ArenaSizeError, KV_CACHE_BYTES), (UntrustedFileError, SHM_PATH)),
 )
 
 if __name__ == "__main__":

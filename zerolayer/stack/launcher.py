@@ -9,6 +9,7 @@ supervisor that restarts them and promotes standby schedulers is
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -218,7 +219,10 @@ class Stack:
         stderr = None
         if self.config.log_dir is not None:
             Path(self.config.log_dir).mkdir(parents=True, exist_ok=True)
-            stderr = open(Path(self.config.log_dir) / f"{name}.log", "ab")  # noqa: SIM115
+            # NOTE: this user's only (logs may quote prompts); a symlink there is not followed.
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            log_path = Path(self.config.log_dir) / f"{name}.log"
+            stderr = open(os.open(log_path, flags, 0o600), "ab")  # noqa: SIM115
         # NOTE: own session, so a terminal's Ctrl-C reaches only the launcher, which then stops
         # the layers in order; the layers exit by themselves if the launcher dies.
         process = subprocess.Popen(
@@ -294,7 +298,9 @@ class Stack:
             self._fd_keeper.close()  # the device memory is freed with the last mapping
             self._fd_keeper = None
         for path in (self.shm_path, sidecar_path(self.shm_path)):
-            if os.path.exists(path):
+            # NOTE: removes the name only (a symlink is not followed); another user's file in the
+            # sticky /dev/shm, which the kvstore refused to use, cannot be removed and stays.
+            with contextlib.suppress(FileNotFoundError, PermissionError):
                 os.unlink(path)
         if self._owns_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)

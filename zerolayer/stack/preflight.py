@@ -3,7 +3,8 @@
 :class:`zerolayer.stack.config.StackConfig` checks what a setting is on its own (ranges, syntax);
 this module checks what it means here: the model can be read, the KV arena holds the blocks of
 the scheduler's warm-up request and fits its filesystem, the TCP ports are free, the run directory
-can be made and no running stack uses it. Each failure is one :class:`PreflightError` naming the
+can be made, is this user's and no running stack uses it, and nothing but this user's private
+files sits at its KV arena's path. Each failure is one :class:`PreflightError` naming the
 flag, so ``up`` fails with one line instead of a layer crashing after the others started.
 """
 
@@ -18,9 +19,11 @@ from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.config import warm_up_num_blocks
 from zerolayer.common.settings import INTERNAL
-from zerolayer.kv.arena_file import ArenaSizeError, check_arena_fits
+from zerolayer.kv.arena_file import ArenaSizeError, check_arena_fits, sidecar_path
 from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
+from zerolayer.kv.private_file import UntrustedFileError, open_private
 from zerolayer.stack.config import SHM_DIR, StackConfig
+from zerolayer.stack.launcher import stack_instance_id
 
 MAX_UNIX_SOCKET_PATH = 107
 """Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with the NUL)."""
@@ -51,6 +54,8 @@ def check_stack(config: StackConfig, shm_dir: str = SHM_DIR) -> None:
     layout, max_model_len = _arena_layout(config)
     _check_kv_cache_bytes(config, layout, max_model_len, shm_dir)
     _check_ports(config)
+    if config.run_dir is not None and config.device == "cpu":
+        _check_arena_path(config.run_dir, shm_dir)
     if config.run_dir is not None:
         _make_run_dir(
             config.run_dir, [slot.name for slot in config.slots if slot.layer in INTERNAL]
@@ -100,6 +105,21 @@ def _describe_block(layout: ArenaLayout) -> str:
         f"{layout.block_size} tokens x {layout.num_kv_heads} KV heads x {layout.head_dim} dims "
         f"x {layout.itemsize} bytes"
     )
+
+
+def _check_arena_path(run_dir: str, shm_dir: str) -> None:
+    """Checks that whatever sits at the arena's path of ``run_dir`` (a name anyone can predict),
+    and at its sidecar's, is this user's private regular file (an arena a stopped kvstore left)."""
+    shm_path = f"{shm_dir}/{stack_instance_id(Path(run_dir), owned=False)}.kv"
+    for path in (shm_path, sidecar_path(shm_path)):
+        try:
+            os.close(open_private(path, os.O_RDONLY))
+        except FileNotFoundError:
+            pass
+        except UntrustedFileError as exc:
+            raise PreflightError(
+                "--run-dir", f"{run_dir}: its KV arena's path is taken: {exc.reason}"
+            ) from None
 
 
 def _check_ports(config: StackConfig) -> None:
@@ -179,6 +199,11 @@ def _make_run_dir(run_dir: str, socket_names: list[str]) -> None:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise PreflightError("--run-dir", f"{run_dir}: cannot create it ({exc.strerror})") from None
+    owner = path.stat().st_uid
+    if owner != os.geteuid():  # its owner could swap the sockets in it
+        raise PreflightError(
+            "--run-dir", f"{run_dir}: owned by uid {owner}, not by this user (uid {os.geteuid()})"
+        )
     if not os.access(path, os.W_OK | os.X_OK):
         raise PreflightError("--run-dir", f"{run_dir}: not writable")
 
