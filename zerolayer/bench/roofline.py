@@ -35,7 +35,7 @@ from zerolayer.stack.launcher import Stack
 
 SMOKE = {
     "prompt_tokens": 16,
-    "max_new_tokens": 64,
+    "max_new_tokens": 256,
     "batch_size": 4,
     "repeats": 1,
     "gemv_bytes": 8 << 20,
