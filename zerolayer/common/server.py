@@ -129,6 +129,7 @@ class LayerServer:
         self.instance_id = instance_id
         self.reuse_port = reuse_port
         self._held_services = set(held_services)
+        self._outages: dict[str, str] = {}
         self._serving = False
         self.address = address
         self._bindings = list(bindings)
@@ -204,7 +205,12 @@ class LayerServer:
             await self.health.set(name, self._status(name))
 
     def _status(self, name: str) -> int:
-        serving = self._serving and not self.not_serving_reason and name not in self._held_services
+        serving = (
+            self._serving
+            and not self.not_serving_reason
+            and name not in self._held_services
+            and name not in self._outages
+        )
         return (
             health_pb2.HealthCheckResponse.SERVING
             if serving
@@ -217,6 +223,20 @@ class LayerServer:
         if name in self._held_services:
             self._held_services.discard(name)
             await self.health.set(name, self._status(name))
+
+    async def set_outage(self, name: str, reason: str) -> None:
+        """Reports the service ``name`` NOT_SERVING while ``reason`` is not empty (something it
+        needs is down, e.g. a scheduler's kvstore), and what the server reports again once it
+        is empty. "" and the other names are left alone: the process itself is fine."""
+        if reason:
+            self._outages[name] = reason
+        else:
+            self._outages.pop(name, None)
+        await self.health.set(name, self._status(name))
+
+    def outage(self, name: str) -> str:
+        """The reason of the outage :meth:`set_outage` set on ``name``; "" when none."""
+        return self._outages.get(name, "")
 
     async def stop_serving(self, reason: str) -> None:
         """Reports NOT_SERVING from now on, though the process keeps running (e.g. its GPU failed:

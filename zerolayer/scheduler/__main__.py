@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+import grpc
 import torch
 from prometheus_client import CollectorRegistry
 
@@ -14,11 +15,12 @@ from zerolayer.common.config import WARM_UP_PROMPT_TOKENS, SchedulerConfig, defa
 from zerolayer.common.device import resolve_device
 from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
-from zerolayer.common.server import LayerServer, ServiceBinding, run_layer
+from zerolayer.common.server import CHANNEL_OPTIONS, LayerServer, ServiceBinding, run_layer
 from zerolayer.common.tracing import Tracing
 from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
 from zerolayer.scheduler.gpu_health.watch import watch_gpu
 from zerolayer.scheduler.kv_client import KVStoreClient
+from zerolayer.scheduler.kv_health import KVStoreReadiness
 from zerolayer.scheduler.role import RoleSwitch
 from zerolayer.scheduler.server import SchedulerServicer
 from zerolayer.scheduler.startup import build_serving_engine
@@ -43,7 +45,7 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
     name = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
     # NOTE: a standby holds its service's health NOT_SERVING until Activate releases it.
     role = RoleSwitch(config.standby, lambda: server.release_service(name))
-    servicer = SchedulerServicer(role, tracing)
+    servicer = SchedulerServicer(role, tracing, outage=lambda: server.outage(name))
     server = LayerServer(
         config.address,
         [ServiceBinding(scheduler_pb2_grpc.add_SchedulerServicer_to_server, servicer, name)],
@@ -62,6 +64,15 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
         warm_up_s = await asyncio.to_thread(engine.start, WARM_UP_PROMPT_TOKENS)
         log.info("warm-up took %.0f ms", warm_up_s * 1e3)
         servicer.attach(engine)
+        # NOTE: started once the engine serves: before, the kvstore's state is start-up's.
+        channel = grpc.aio.insecure_channel(config.kvstore_address, options=CHANNEL_OPTIONS)
+        readiness = KVStoreReadiness(
+            channel,
+            config.kv_unavailable_timeout_s,
+            lambda reason: server.set_outage(name, reason),
+        )
+        holder["kv_channel"] = channel
+        holder["kv_readiness"] = asyncio.create_task(readiness.follow(), name="kvstore health")
         stats = engine.stats()
         log.info(
             "engine started with %d torch threads; attention: %s, %d decode CUDA graphs; %s",
@@ -84,6 +95,9 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
         )
 
     async def on_stop() -> None:
+        if "kv_readiness" in holder:
+            holder["kv_readiness"].cancel()  # type: ignore[attr-defined]
+            await holder["kv_channel"].close()  # type: ignore[attr-defined]
         for monitor in holder.get("gpu", ()):  # type: ignore[union-attr]
             monitor.stop()
         if "engine" in holder:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from opentelemetry import context as otel_context
@@ -26,10 +26,24 @@ from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     """zerolayer.v1.Scheduler over an :class:`Engine`."""
 
-    def __init__(self, role: RoleSwitch, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self,
+        role: RoleSwitch,
+        tracing: Tracing | None = None,
+        outage: Callable[[], str] = str,
+    ) -> None:
+        """
+        Args:
+            role: active or standby.
+            tracing: None: no request spans.
+            outage: why the scheduler's service reports NOT_SERVING though the engine is fine
+                (its kvstore is down, see :mod:`zerolayer.scheduler.kv_health`); "" when it is
+                not. GetStats reports it as the not-serving reason.
+        """
         self._engine: Engine | None = None
         self._role = role
         self._tracing = tracing
+        self._outage = outage
 
     def attach(self, engine: Engine) -> None:
         """Starts serving requests with ``engine`` (until then calls get UNAVAILABLE)."""
@@ -76,7 +90,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.SchedulerStats:
         engine = self._require_engine()
         return scheduler_stats_to_pb(
-            engine.stats(), engine.runner.block_size, engine.not_serving_reason, self._role.role
+            engine.stats(),
+            engine.runner.block_size,
+            engine.not_serving_reason or self._outage(),
+            self._role.role,
         )
 
     async def Activate(
