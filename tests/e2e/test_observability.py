@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from e2e.stack import free_port, running_stack, text_stub
+from e2e.stack import free_port, running_stack, scheduler_stats, text_stub
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
@@ -94,10 +94,10 @@ def attrs(span: trace_pb2.Span) -> dict[str, object]:
 
 
 def trace_of(
-    receiver: Receiver, request_id: str, names: set[str], timeout_s: float = 20
+    receiver: Receiver, request_id: str, names: set[str | tuple[str, str]], timeout_s: float = 20
 ) -> list[tuple[str, trace_pb2.Span]]:
     """The spans of the trace whose frontend root span answered ``request_id``, once all
-    ``names`` arrived."""
+    ``names`` (span names, or (service, span name) pairs) arrived."""
     deadline = time.monotonic() + timeout_s
     while True:
         spans = receiver.snapshot()
@@ -109,7 +109,8 @@ def trace_of(
         ]
         if roots:
             trace = [(svc, s) for svc, s in spans if s.trace_id == roots[0].trace_id]
-            if names <= {s.name for _, s in trace} or time.monotonic() > deadline:
+            arrived = {s.name for _, s in trace} | {(svc, s.name) for svc, s in trace}
+            if names <= arrived or time.monotonic() > deadline:
                 return trace
         elif time.monotonic() > deadline:
             return []
@@ -146,7 +147,9 @@ def test_one_trace_across_layers_separates_loading_from_inference(stack, receive
         "detokenize",
         "zerolayer.v1.KVStore/LookupPrefix",
     }
-    trace = trace_of(rcv, "traced-request", wanted)
+    # NOTE: the scheduler's SERVER span ends after its decode span, maybe in a later export.
+    server = ("zerolayer-scheduler", "zerolayer.v1.Scheduler/Generate")
+    trace = trace_of(rcv, "traced-request", {*wanted, server})
     by_name = {s.name: (svc, s) for svc, s in trace}
     assert wanted <= set(by_name)
     assert len({s.trace_id for _, s in trace}) == 1
@@ -344,3 +347,114 @@ def test_model_stream_infer_calls_get_a_server_span_that_roots_their_trace(stack
     assert root.kind == SERVER and not root.parent_span_id
     assert attrs(root)["rpc.method"] == "ModelStreamInfer"
     assert [s.kind for s in calls] == [SERVER]  # the generation joined the stream's trace
+
+
+def traceparent(trace_id: int) -> tuple[str, str]:
+    """W3C trace context metadata of a sampled client span in trace ``trace_id``."""
+    return ("traceparent", f"00-{trace_id:032x}-{CLIENT_SPAN_ID:016x}-01")
+
+
+CLIENT_SPAN_ID = 0xC11E47
+
+
+def test_every_span_joins_the_trace_of_the_request_or_start_up_that_caused_it(
+    stack, receiver
+) -> None:
+    """A unary, a streaming and a KServe stream call, each sent in its own client trace and
+    long enough to need a block during decode: every span they cause is in that trace; the
+    engine thread's kvstore calls make no trace of their own; the start-up is one trace."""
+    rcv, _ = receiver
+    stub = text_stub(stack)
+    unary, stream, kserve_id = 0xA1, 0xB2, 0xC3
+    new_tokens = 2 * scheduler_stats(stack).block_size  # the decode needs another block
+
+    def request(prompt: str) -> pb.GenerateRequest:
+        return pb.GenerateRequest(prompt=prompt, max_new_tokens=new_tokens, ignore_eos=True)
+
+    stub.Generate(request("unary"), metadata=[traceparent(unary)], timeout=30)
+    list(stub.GenerateStream(request("stream"), metadata=[traceparent(stream)], timeout=30))
+    model = stub.GetModelInfo(pb.GetModelInfoRequest()).model
+    infer = kserve_pb2.ModelInferRequest(model_name=model, id="kserve-traced")
+    infer.inputs.add(
+        name="text_input", datatype="BYTES", shape=[1], contents={"bytes_contents": [b"kserve"]}
+    )
+    infer.parameters["max_tokens"].int64_param = new_tokens
+    infer.parameters["ignore_eos"].bool_param = True
+    with grpc.insecure_channel(stack.config.listen) as channel:
+        kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+        (response,) = kserve.ModelStreamInfer(
+            iter([infer]), metadata=[traceparent(kserve_id)], timeout=30
+        )
+    assert response.error_message == ""
+    first_layer = {
+        unary: "zerolayer.v1.TextGeneration/Generate",
+        stream: "zerolayer.v1.TextGeneration/GenerateStream",
+        kserve_id: "inference.GRPCInferenceService/ModelStreamInfer",
+    }
+
+    def by_trace() -> dict[int, list[tuple[str, trace_pb2.Span]]]:
+        traces: dict[int, list[tuple[str, trace_pb2.Span]]] = {}
+        for svc, s in rcv.snapshot():
+            traces.setdefault(int.from_bytes(s.trace_id, "big"), []).append((svc, s))
+        return traces
+
+    def names(spans: list[tuple[str, trace_pb2.Span]]) -> list[tuple[str, str, int]]:
+        return sorted((svc, s.name, s.kind) for svc, s in spans)
+
+    kv_allocate = ("zerolayer-kvstore", "zerolayer.v1.KVStore/Allocate", SERVER)
+    wanted = [
+        ("zerolayer-frontend", "tokenize", INTERNAL),
+        ("zerolayer-frontend", "detokenize", INTERNAL),
+        ("zerolayer-scheduler", "zerolayer.v1.Scheduler/Generate", SERVER),
+        ("zerolayer-scheduler", "decode", INTERNAL),
+        ("zerolayer-scheduler", "zerolayer.v1.KVStore/Free", CLIENT),
+        ("zerolayer-kvstore", "zerolayer.v1.KVStore/Free", SERVER),
+    ]
+
+    def whole(spans: list[tuple[str, trace_pb2.Span]], server_name: str) -> bool:
+        got = names(spans)
+        return (
+            all(w in got for w in wanted)
+            and ("zerolayer-frontend", server_name, SERVER) in got
+            and got.count(kv_allocate) >= 2
+        )
+
+    # NOTE: each layer exports on its own schedule: wait until every request's trace is whole.
+    deadline = time.monotonic() + 20
+    while True:
+        traces = by_trace()
+        done = all(whole(traces.get(t, []), name) for t, name in first_layer.items())
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for trace_id, server_name in first_layer.items():
+        spans = traces.get(trace_id, [])
+        got = names(spans)
+        for w in wanted:
+            assert w in got, (hex(trace_id), w, got)
+        # Admission's Allocate and at least one during decode.
+        assert got.count(kv_allocate) >= 2, (hex(trace_id), got)
+        # The first layer's SERVER span is the child of the client's span: no root in the trace.
+        assert [s.name for _, s in spans if not s.parent_span_id] == [], got
+        (server,) = [s for _, s in spans if s.name == server_name and s.kind == SERVER]
+        assert server.parent_span_id == CLIENT_SPAN_ID.to_bytes(8, "big")
+    # The start-up is one trace: a root span over "load weights" and "map kv arena".
+    start_up = {
+        s.name: s
+        for svc, s in rcv.snapshot()
+        if svc == "zerolayer-scheduler" and s.name in ("start-up", "load weights", "map kv arena")
+    }
+    assert set(start_up) == {"start-up", "load weights", "map kv arena"}
+    root = start_up["start-up"]
+    assert not root.parent_span_id
+    assert start_up["load weights"].parent_span_id == root.span_id
+    assert start_up["map kv arena"].parent_span_id == root.span_id
+    assert len({s.trace_id for s in start_up.values()}) == 1
+    # Every other trace is a public call's, rooted at the frontend's SERVER span: none is
+    # rooted at an internal layer's call (the engine thread's CommitBlocks, Free, Allocate).
+    start_up_trace = int.from_bytes(root.trace_id, "big")
+    for trace_id, spans in by_trace().items():
+        if trace_id in first_layer or trace_id == start_up_trace:
+            continue
+        roots = [(svc, s.kind) for svc, s in spans if not s.parent_span_id]
+        assert roots in ([], [("zerolayer-frontend", SERVER)]), (hex(trace_id), names(spans))

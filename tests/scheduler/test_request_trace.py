@@ -36,6 +36,11 @@ class RecordingTrace:
         yield
         self.calls.append(("context_load_end",))
 
+    @contextmanager
+    def attached(self) -> Iterator[None]:
+        self.calls.append(("attached",))
+        yield
+
     def set_context(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
         self.calls.append(("set_context", num_prompt_tokens, num_cached_tokens))
 
@@ -87,6 +92,7 @@ def test_request_trace_has_every_hook_with_the_protocols_parameters() -> None:
     assert sorted(hooks) == [
         "add_event",
         "admitted",
+        "attached",
         "context_load",
         "finished",
         "first_token",
@@ -110,19 +116,29 @@ def test_the_scheduler_calls_the_hooks_in_a_requests_order_with_its_counts() -> 
     scheduler.schedule()  # both admitted; "second" hits the two blocks "first" committed
     scheduler.annotate("gpu event", {"xid": 79})
     scheduler.abort_request("second")
-    admission = [("context_load",), ("set_context", 9, 0), ("context_load_end",), ("admitted",)]
+    # The allocation (inside context load) and the free at the end join the request's trace.
+    admission = [
+        ("context_load",),
+        ("attached",),
+        ("set_context", 9, 0),
+        ("context_load_end",),
+        ("admitted",),
+    ]
     assert first.calls == [
         *admission,
         ("first_token",),
         ("finished", FinishReason.LENGTH, 9, 0, 2, 0),
+        ("attached",),
     ]
     assert second.calls == [
         ("context_load",),
+        ("attached",),
         ("set_context", 9, 8),
         ("context_load_end",),
         ("admitted",),
         ("add_event", "gpu event", {"xid": 79}),
         ("finished", FinishReason.ABORT, 9, 8, 0, 0),
+        ("attached",),
     ]
 
 
@@ -144,3 +160,21 @@ def test_request_trace_records_the_cached_tokens_on_its_context_load_span() -> N
         "zerolayer.uncached_tokens": 1,
     }
     assert spans["decode"].attributes["gen_ai.usage.output_tokens"] == 2
+
+
+def test_kvstore_calls_made_for_a_request_alone_are_children_of_its_server_span() -> None:
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingConfig("none", "test"), exporter=exporter)
+    with tracing.tracer.start_as_current_span("server") as server:
+        trace = RequestTrace(tracing, otel_context.get_current())
+    # On the engine thread nothing is current: attached() makes the request's span current.
+    with trace.attached(), tracing.client_span("/zerolayer.v1.KVStore/Free"):
+        pass
+    with trace.context_load(), trace.attached(), tracing.client_span("/x.v1.KVStore/Allocate"):
+        pass
+    tracing.shutdown()
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    assert spans["zerolayer.v1.KVStore/Free"].parent.span_id == server.get_span_context().span_id
+    load = spans["context load"].context.span_id
+    assert spans["x.v1.KVStore/Allocate"].parent.span_id == load
+    assert {s.context.trace_id for s in spans.values()} == {server.get_span_context().trace_id}

@@ -103,6 +103,7 @@ class LayerServer:
         instance_id: str = "",
         reuse_port: bool = False,
         held_services: Sequence[str] = (),
+        starts_traces: bool = False,
     ) -> None:
         """
         Args:
@@ -110,6 +111,9 @@ class LayerServer:
             bindings: the services to serve.
             max_receive_bytes: largest request message accepted (RESOURCE_EXHAUSTED above).
             tracing: opens a SERVER span per call and is flushed on stop; None: no tracing.
+            starts_traces: a call that carries no trace context starts a trace (the public
+                frontend); False: only calls of a caller's trace are traced (see
+                :class:`TracingServerInterceptor`).
             interceptors: more interceptors, run inside error mapping (they see domain errors) and
                 outside the refusal of requests that do not parse (they see it as an abort).
             instance_id: also report health under ``zerolayer.instance.<id>``, so a launcher can
@@ -140,7 +144,7 @@ class LayerServer:
             MalformedRequestInterceptor(),
         ]
         if tracing is not None:
-            chain.insert(0, TracingServerInterceptor(tracing))
+            chain.insert(0, TracingServerInterceptor(tracing, starts_traces))
         # NOTE: SO_REUSEPORT off unless asked for, so a second stack on a taken port fails
         # instead of silently sharing it.
         self.server = grpc.aio.server(

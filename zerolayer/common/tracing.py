@@ -246,21 +246,37 @@ def now_ns() -> int:
 
 
 class TracingServerInterceptor(WrappingInterceptor):
-    """Opens a SERVER span for every call of zerolayer's and KServe's services (any kind of
+    """Opens a SERVER span for the calls of zerolayer's and KServe's services (any kind of
     method), child of the caller's trace context (from its metadata), current while the handler
-    runs. Errors set the span status."""
+    runs. Errors set the span status.
 
-    def __init__(self, tracing: Tracing, prefix: str = "/zerolayer.") -> None:
+    A call whose caller sent no trace context starts a trace of its own only where the server
+    ``starts_traces`` (the public frontend: each client request is a trace). The internal layers
+    only continue their caller's trace: a call made outside any request or start-up (the engine's
+    per-step CommitBlocks, the kvstore lease's keep-alive, the frontend's GetStats) makes no span,
+    where it would otherwise be a one-span trace of its own.
+    """
+
+    def __init__(
+        self, tracing: Tracing, starts_traces: bool = False, prefix: str = "/zerolayer."
+    ) -> None:
         super().__init__((prefix, "/inference."))
         self._tracing = tracing
+        self._starts_traces = starts_traces
 
     def wrapping(
         self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails
     ) -> Wrapping | None:
-        """A span around each call; None while tracing is off."""
+        """A span around each call; None while tracing is off, or for a call that carries no
+        trace context where this server does not start traces."""
         if not self._tracing.enabled:
             return None
         parent = self._tracing.extract(details.invocation_metadata)
+        if (
+            not self._starts_traces
+            and not trace.get_current_span(parent).get_span_context().is_valid
+        ):
+            return None
         name = details.method.strip("/")
         service, _, method = name.partition("/")
         attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}

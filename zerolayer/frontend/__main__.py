@@ -62,6 +62,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         ],
         max_receive_bytes=PUBLIC_MAX_RECEIVE_BYTES,
         tracing=tracing,
+        starts_traces=True,
         interceptors=[RequestCountingInterceptor(metrics, ("/zerolayer.", "/inference."))],
         instance_id=config.instance_id,
         reuse_port=config.reuse_port,

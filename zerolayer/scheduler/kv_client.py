@@ -108,7 +108,11 @@ class KVStoreClient:
 
     def _get_arena(self) -> ArenaInfo:
         request = arena_request_to_pb(self._accepted_kinds)
-        return arena_info_from_pb(self._stub.GetArena(request, timeout=60.0, wait_for_ready=True))
+        with self._traced("GetArena") as metadata:
+            response = self._stub.GetArena(
+                request, timeout=60.0, wait_for_ready=True, metadata=metadata
+            )
+        return arena_info_from_pb(response)
 
     @property
     def layout(self) -> ArenaLayout:
@@ -136,8 +140,12 @@ class KVStoreClient:
 
     @contextmanager
     def _traced(self, method: str) -> Iterator[list[tuple[str, str]] | None]:
-        """A CLIENT span and its metadata when the call belongs to a traced request (a span is
-        current, e.g. a request's context load); per-step calls outside one are not traced."""
+        """A CLIENT span and its metadata when the call belongs to a traced request or to the
+        start-up (a span is current: the start-up's "map kv arena", a request's context load, or
+        its SERVER span around a call made for it alone, see
+        :meth:`zerolayer.scheduler.request_trace.RequestTrace.attached`). Calls outside one are
+        not traced: the per-step CommitBlocks (one call for the blocks of every request that
+        filled one), reconciles and the lease's keep-alive belong to no single request."""
         if self._tracing is None or not trace.get_current_span().get_span_context().is_valid:
             yield None
             return

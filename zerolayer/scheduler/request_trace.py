@@ -5,7 +5,10 @@ kvstore calls are its children) and inference (*prefill* up to the first token, 
 separate INTERNAL spans under the scheduler's SERVER span, so a trace viewer shows where time went
 instead of one opaque call. The engine thread records timestamps; queue, prefill and decode spans
 are emitted with explicit start and end times, context load is live (current while the kvstore is
-called, so those CLIENT spans nest under it).
+called, so those CLIENT spans nest under it). The kvstore calls made later for this request alone
+(an allocation during decode, the free at its end) are children of the SERVER span
+(:meth:`RequestTrace.attached`); the per-step CommitBlocks, one call for the blocks of many
+requests, belongs to no request and is not traced.
 """
 
 from __future__ import annotations
@@ -63,6 +66,21 @@ class RequestTrace:
                 yield
             finally:
                 self._load_span = None
+
+    @contextmanager
+    def attached(self) -> Iterator[None]:
+        """Makes the request's context (its scheduler SERVER span) current on this thread
+        around a kvstore call made for this request alone (an allocation during decode, a
+        free), so that its CLIENT span, and the kvstore's SERVER span, join the request's trace;
+        inside :meth:`context_load` the live context load span stays current."""
+        if self._load_span is not None:
+            yield
+            return
+        token = otel_context.attach(self._parent)
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
 
     def admitted(self) -> None:
         """The request got its blocks: prefill starts now."""

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 from opentelemetry import context as otel_context
+from opentelemetry.trace import get_current_span
 
 from zerolayer.common.convert import (
     activate_response_to_pb,
@@ -61,9 +62,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         engine_request = engine_request_from_pb(request)
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        # NOTE: only a call of a caller's trace is traced (the frontend's; see
+        # TracingServerInterceptor): spans without a current one would each be a root.
+        parent = otel_context.get_current()
         trace = (
-            RequestTrace(self._tracing, otel_context.get_current())
-            if self._tracing is not None and self._tracing.enabled
+            RequestTrace(self._tracing, parent)
+            if self._tracing is not None
+            and self._tracing.enabled
+            and get_current_span(parent).get_span_context().is_valid
             else None
         )
         engine.submit(

@@ -1,9 +1,9 @@
 """The scheduler process's engine: the weights from the loader, the KV arena and the block pool
 from the kvstore, assembled by :func:`zerolayer.scheduler.engine_factory.assemble_engine`.
 
-The start-up is one trace: "load weights" (the loader's manifest, then mapping its files or
-importing its device memory) and "map kv arena" (the kvstore's arena, then the engine built on
-it).
+The start-up is one trace, rooted at a "start-up" span: its children "load weights" (the loader's
+manifest, then mapping its files or importing its device memory) and "map kv arena" (the kvstore's
+arena, then the engine built on it).
 """
 
 from __future__ import annotations
@@ -40,18 +40,19 @@ def build_serving_engine(
     device = resolve_device(config.device)
     if device.is_cuda:
         torch.cuda.set_device(device.index)
-    model_config, weights = load_weights(config.loader_address, device, tracing)
-    with tracing.tracer.start_as_current_span("map kv arena"):
-        kv_client = KVStoreClient(
-            config.kvstore_address, tracing=tracing, device=device, owner_id=config.kv_owner_id
-        )
-        # NOTE: a fresh scheduler registers (a new epoch of its owner id) and holds no blocks;
-        # references left by a predecessor with the same owner id are released here, other
-        # schedulers' are not.
-        kv_client.reconcile([])
-        arena = kv_client.map()
-        parts = EngineParts(model_config, weights, kv_client, arena, kv_client.layout, device)
-        return assemble_engine(parts, EngineConfig.of(config), registry), kv_client
+    with tracing.tracer.start_as_current_span("start-up"):
+        model_config, weights = load_weights(config.loader_address, device, tracing)
+        with tracing.tracer.start_as_current_span("map kv arena"):
+            kv_client = KVStoreClient(
+                config.kvstore_address, tracing=tracing, device=device, owner_id=config.kv_owner_id
+            )
+            # NOTE: a fresh scheduler registers (a new epoch of its owner id) and holds no
+            # blocks; references left by a predecessor with the same owner id are released here,
+            # other schedulers' are not.
+            kv_client.reconcile([])
+            arena = kv_client.map()
+            parts = EngineParts(model_config, weights, kv_client, arena, kv_client.layout, device)
+            return assemble_engine(parts, EngineConfig.of(config), registry), kv_client
 
 
 def load_weights(

@@ -121,6 +121,9 @@ class FailingTrace:
     def context_load(self) -> nullcontext:
         return nullcontext()
 
+    def attached(self) -> nullcontext:
+        return nullcontext()
+
     def set_context(self, *counts: int) -> None:
         pass
 

@@ -71,6 +71,9 @@ class FakeTrace:
     def context_load(self) -> nullcontext:
         return nullcontext(None)
 
+    def attached(self) -> nullcontext:
+        return nullcontext()
+
     def set_context(self, *args: object) -> None:
         pass
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from zerolayer.kv.commit import CommitEntry
@@ -174,7 +175,8 @@ class KVCacheManager:
         self._check_usable()
         started = self.clock()
         try:
-            block_ids = self.allocator.allocate(missing)
+            with _in_trace_of(request):
+                block_ids = self.allocator.allocate(missing)
         except KVStoreUnavailable as exc:
             self._failed("allocate", exc, started)
             raise
@@ -199,7 +201,8 @@ class KVCacheManager:
             return  # the next reconcile declares the blocks no longer held
         started = self.clock()
         try:
-            self.allocator.free(block_ids[::-1])
+            with _in_trace_of(request):
+                self.allocator.free(block_ids[::-1])
         except KVStoreUnavailable as exc:
             self._failed("free", exc, started)
 
@@ -263,3 +266,8 @@ class KVCacheManager:
         self.needs_reconcile = False
         self.unusable_since = None
         return True
+
+
+def _in_trace_of(request: Request) -> AbstractContextManager[object]:
+    """Around an allocator call made for ``request`` alone: the call joins its trace (if any)."""
+    return request.trace.attached() if request.trace is not None else nullcontext()

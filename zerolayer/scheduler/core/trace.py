@@ -27,6 +27,11 @@ class RequestTraceHooks(Protocol):
         nothing."""
         ...
 
+    def attached(self) -> AbstractContextManager[object]:
+        """Wraps a kvstore call made for this request alone (a block allocation, a free), on
+        the engine thread, so that the call joins the request's trace."""
+        ...
+
     def set_context(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
         """Inside :meth:`context_load`: how many of the prompt's tokens the prefix cache held."""
         ...
