@@ -21,6 +21,7 @@ from zerolayer.frontend.router import Router
 from zerolayer.frontend.scheduler_client import SchedulerClient
 from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
 from zerolayer.frontend.server import TextGenerationServicer
+from zerolayer.frontend.tls import read_server_tls
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
 PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
@@ -42,7 +43,12 @@ def scheduler_pool(
 
 async def serve(config: FrontendConfig, tracing: Tracing) -> None:
     """Loads the tokenizer from the loader, then serves until SIGTERM; its public health follows
-    the schedulers' (see zerolayer.frontend.public_health)."""
+    the schedulers' (see zerolayer.frontend.public_health).
+
+    Raises:
+        SettingError: a TLS file cannot be used (zerolayer.frontend.tls), before anything else.
+    """
+    tls = read_server_tls(config)  # NOTE: first, so that a bad file fails before any wait
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
     pool = scheduler_pool(config, tracing, lambda: server.health_changed())
     metrics = FrontendMetrics(
@@ -65,6 +71,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         interceptors=[RequestCountingInterceptor(metrics, ("/zerolayer.", "/inference."))],
         instance_id=config.instance_id,
         reuse_port=config.reuse_port,
+        credentials=tls.credentials() if tls is not None else None,
         ready=lambda: pool.router.available,
     )
 
