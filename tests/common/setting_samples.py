@@ -51,6 +51,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "tls_cert": ("/etc/zl/server.pem", "/etc/zl/server.pem"),
     "tls_key": ("/etc/zl/server.key", "/etc/zl/server.key"),
     "tls_client_ca": ("/etc/zl/clients.pem", "/etc/zl/clients.pem"),
+    "tenants": ("/etc/zl/tenants.json", "/etc/zl/tenants.json"),
     "metrics_port": ("9300", 9300),
     "metrics_host": ("0.0.0.0", "0.0.0.0"),
     "run_dir": ("/tmp/zl-run", "/tmp/zl-run"),

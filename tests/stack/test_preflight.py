@@ -311,3 +311,9 @@ def test_tls_flags_are_checked_before_anything_starts(model_dir: Path, tmp_path:
     (tmp_path / "cert.pem").write_text("not a certificate\n")
     config = make_config(model_dir, tls_cert=str(tmp_path / "cert.pem"), tls_key="/key.pem")
     assert refusal(config).startswith("--tls-cert: not PEM certificates (")
+
+
+def test_the_tenants_file_is_checked_before_anything_starts(model_dir: Path) -> None:
+    assert refusal(make_config(model_dir, tenants="/nonexistent.json")) == (
+        "--tenants: cannot read /nonexistent.json: No such file or directory"
+    )

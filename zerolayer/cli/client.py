@@ -66,6 +66,19 @@ def open_channel(
     return grpc.secure_channel(address, credentials)
 
 
+def bearer_metadata(token_file: str) -> tuple[tuple[str, str], ...]:
+    """The call metadata ``authorization: Bearer <token>`` of the token in ``token_file`` (its
+    first line, without surrounding white space); none when ``token_file`` is "".
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    if not token_file:
+        return ()
+    with open(token_file, encoding="utf-8") as file:
+        return (("authorization", f"Bearer {file.readline().strip()}"),)
+
+
 def _read_optional(path: str) -> bytes | None:
     if not path:
         return None
@@ -89,7 +102,7 @@ def rpc_error_line(command: str, exc: grpc.RpcError) -> str:
 
 def run_generate(args: argparse.Namespace) -> int:
     """``zerolayer generate``: prints the text (streamed or whole); exit code 1 on a gRPC error,
-    2 when a TLS file cannot be read, 130 on Ctrl-C."""
+    2 when a TLS or token file cannot be read, 130 on Ctrl-C."""
     request = build_request(
         args.prompt,
         args.max_new_tokens,
@@ -101,6 +114,7 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     try:
         channel = open_channel(args.address, args.tls_ca, args.tls_cert, args.tls_key)
+        metadata = bearer_metadata(args.token_file)
     except OSError as exc:
         print(f"zerolayer generate: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
@@ -108,12 +122,14 @@ def run_generate(args: argparse.Namespace) -> int:
         with channel:
             stub = generation_pb2_grpc.TextGenerationStub(channel)
             if args.stream:
-                for part in stub.GenerateStream(request, timeout=args.timeout):
+                for part in stub.GenerateStream(request, timeout=args.timeout, metadata=metadata):
                     sys.stdout.write(printable(part.text))
                     sys.stdout.flush()
                 sys.stdout.write("\n")
             else:
-                print(printable(stub.Generate(request, timeout=args.timeout).text))
+                print(
+                    printable(stub.Generate(request, timeout=args.timeout, metadata=metadata).text)
+                )
     except grpc.RpcError as exc:
         print(rpc_error_line("generate", exc), file=sys.stderr)
         return 1

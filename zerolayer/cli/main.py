@@ -67,6 +67,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "--tls-cert", default="", metavar="PEM", help="client certificate (mTLS; with --tls-key)"
     )
     p.add_argument("--tls-key", default="", metavar="PEM", help="private key of --tls-cert")
+    p.add_argument(
+        "--token-file",
+        default="",
+        metavar="FILE",
+        help="send the bearer token in FILE (a frontend with --tenants)",
+    )
 
 
 def _add_tools(sub: argparse._SubParsersAction) -> None:

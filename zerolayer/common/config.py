@@ -120,6 +120,8 @@ class AccessSettings:
     """PEM private key of ``tls_cert``."""
     tls_client_ca: str = settings.TLS_CLIENT_CA.default
     """PEM CA certificates a client certificate must be signed by (mTLS); empty: none asked."""
+    tenants: str = settings.TENANTS.default
+    """JSON file of tenants and their bearer tokens' SHA-256 digests; empty: none."""
 
     @property
     def tls(self) -> bool:

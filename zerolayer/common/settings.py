@@ -362,6 +362,19 @@ TLS_CLIENT_CA = Setting(
     up=True,
 )
 
+TENANTS = Setting(
+    "tenants",
+    "--tenants",
+    "JSON file of tenants and the SHA-256 digests of their bearer tokens: a Generate call must "
+    "then carry 'authorization: Bearer TOKEN' (or an mTLS client certificate) and reuses only "
+    "its own tenant's cached prefixes",
+    default="",
+    metavar="FILE",
+    default_note="callers are not identified",
+    layers=(FRONTEND,),
+    up=True,
+)
+
 # -- every layer
 METRICS_PORT = Setting(
     "metrics_port",

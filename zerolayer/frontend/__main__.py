@@ -21,6 +21,7 @@ from zerolayer.frontend.router import Router
 from zerolayer.frontend.scheduler_client import SchedulerClient
 from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
 from zerolayer.frontend.server import TextGenerationServicer
+from zerolayer.frontend.tenants import TenantPolicy, read_tenants
 from zerolayer.frontend.tls import read_server_tls
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
@@ -46,9 +47,15 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
     the schedulers' (see zerolayer.frontend.public_health).
 
     Raises:
-        SettingError: a TLS file cannot be used (zerolayer.frontend.tls), before anything else.
+        SettingError: a TLS file or the tenants file cannot be used (zerolayer.frontend.tls,
+            .tenants), before anything else.
     """
-    tls = read_server_tls(config)  # NOTE: first, so that a bad file fails before any wait
+    # NOTE: first, so that a bad file fails before any wait
+    tls = read_server_tls(config)
+    tenants = TenantPolicy(
+        read_tenants(config.tenants) if config.tenants else None,
+        client_certificates=tls is not None and tls.client_ca is not None,
+    )
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
     pool = scheduler_pool(config, tracing, lambda: server.health_changed())
     metrics = FrontendMetrics(
@@ -61,10 +68,10 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         [
             ServiceBinding(
                 generation_pb2_grpc.add_TextGenerationServicer_to_server,
-                TextGenerationServicer(generator),
+                TextGenerationServicer(generator, tenants),
                 name,
             ),
-            kserve_binding(generator),
+            kserve_binding(generator, tenants),
         ],
         max_receive_bytes=PUBLIC_MAX_RECEIVE_BYTES,
         tracing=tracing,
