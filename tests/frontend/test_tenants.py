@@ -1,71 +1,21 @@
-"""The server-side tenant of a public call: the ``--tenants`` file, bearer tokens, mTLS common
-names, and the prefix-cache namespace they make. Against a real stack:
-tests/e2e/test_public_access.py."""
+"""The server-side tenant of a public call: bearer tokens, mTLS common names, and the
+prefix-cache namespace they make (the ``--tenants`` file: tests/common/test_access.py). Against a
+real stack: tests/e2e/test_public_access.py."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-from pathlib import Path
 
 import pytest
 
 from zerolayer.common.errors import Unauthenticated
-from zerolayer.common.setting import SettingError
-from zerolayer.frontend.tenants import TenantPolicy, read_tenants, scoped_cache_salt
-
-
-def sha256_hex(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def tenants_file(tmp_path: Path, document: object) -> str:
-    path = tmp_path / "tenants.json"
-    path.write_text(json.dumps(document))
-    return str(path)
+from zerolayer.frontend.tenants import TenantPolicy, scoped_cache_salt
 
 
 def make_policy(client_certificates: bool = False) -> TenantPolicy:
     digests = {hashlib.sha256(b"token-a").digest(): "tenant-a"}
     digests[hashlib.sha256(b"token-b").digest()] = "tenant-b"
     return TenantPolicy(digests, client_certificates)
-
-
-def test_the_file_maps_each_tokens_digest_to_its_tenant(tmp_path: Path) -> None:
-    document = {"tenant-a": [sha256_hex("a1"), sha256_hex("a2")], "tenant-b": [], "c": []}
-    assert read_tenants(tenants_file(tmp_path, document)) == {
-        hashlib.sha256(b"a1").digest(): "tenant-a",
-        hashlib.sha256(b"a2").digest(): "tenant-a",
-    }
-
-
-@pytest.mark.parametrize(
-    ("document", "reason"),
-    [
-        ([], "not an object of tenant -> token digests"),
-        ({"": []}, "tenant '': 1..128 bytes"),
-        ({"t" * 129: []}, f"tenant {'t' * 129!r}: 1..128 bytes"),
-        ({"a": "abc"}, "tenant 'a': not a list of digests"),
-        ({"a": ["token-a"]}, "tenant 'a': not a lower-case hex SHA-256 digest"),
-        ({"a": [sha256_hex("x").upper()]}, "tenant 'a': not a lower-case hex SHA-256 digest"),
-        ({"a": [sha256_hex("x")], "b": [sha256_hex("x")]}, "tenant 'b': a digest listed twice"),
-    ],
-)
-def test_a_bad_tenants_file_is_refused_naming_the_flag(
-    tmp_path: Path, document: object, reason: str
-) -> None:
-    path = tenants_file(tmp_path, document)
-    with pytest.raises(SettingError) as raised:
-        read_tenants(path)
-    assert str(raised.value) == f"--tenants: {path}: {reason}"
-
-
-def test_an_unreadable_or_non_json_tenants_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(SettingError, match="^--tenants: cannot read /nonexistent: No such file"):
-        read_tenants("/nonexistent")
-    (tmp_path / "t.json").write_text("{")
-    with pytest.raises(SettingError, match="^--tenants: .*t.json: not JSON"):
-        read_tenants(str(tmp_path / "t.json"))
 
 
 def test_without_tenants_nobody_is_identified_and_the_salt_is_used_as_sent() -> None:

@@ -112,7 +112,8 @@ class ApiSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class AccessSettings:
-    """Who may call the public API, and over what (zerolayer.frontend.tls, .tenants)."""
+    """Who may call the public API, and over what (the files: zerolayer.common.access; what the
+    frontend does with tenants: zerolayer.frontend.tenants)."""
 
     tls_cert: str = settings.TLS_CERT.default
     """PEM certificate chain of the public port; empty: plaintext."""

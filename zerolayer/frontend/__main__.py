@@ -7,6 +7,7 @@ import asyncio
 import sys
 from collections.abc import Callable
 
+from zerolayer.common.access import read_server_tls, read_tenants
 from zerolayer.common.clients import fetch_manifest
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.layer_main import LayerProgram, main
@@ -21,8 +22,7 @@ from zerolayer.frontend.router import Router
 from zerolayer.frontend.scheduler_client import SchedulerClient
 from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
 from zerolayer.frontend.server import TextGenerationServicer
-from zerolayer.frontend.tenants import TenantPolicy, read_tenants
-from zerolayer.frontend.tls import read_server_tls
+from zerolayer.frontend.tenants import TenantPolicy
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
 PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
@@ -47,8 +47,8 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
     the schedulers' (see zerolayer.frontend.public_health).
 
     Raises:
-        SettingError: a TLS file or the tenants file cannot be used (zerolayer.frontend.tls,
-            .tenants), before anything else.
+        SettingError: a TLS file or the tenants file cannot be used (zerolayer.common.access),
+            before anything else.
     """
     # NOTE: first, so that a bad file fails before any wait
     tls = read_server_tls(config)

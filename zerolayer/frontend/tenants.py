@@ -6,29 +6,19 @@ listed in the ``--tenants`` file, or the subject common name of an mTLS client c
 tenant's cached blocks. Without either, callers are not identified and ``cache_salt`` is used as
 sent.
 
-The ``--tenants`` file is JSON: an object of tenant name -> list of the lower-case hex SHA-256
-digests of that tenant's bearer tokens (``printf %s "$TOKEN" | sha256sum``), so the file holds
-no token itself; e.g. ``{"tenant-a": ["9f86d081..."], "tenant-b": ["..."]}``. Bearer tokens:
-RFC 6750, sent as gRPC metadata ``authorization: Bearer <token>``.
+The ``--tenants`` file is read by ``zerolayer.common.access.read_tenants``. Bearer tokens: RFC
+6750, sent as gRPC metadata ``authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from zerolayer.common.errors import Unauthenticated
-from zerolayer.common.setting import SettingError
-from zerolayer.common.settings import TENANTS
-
-MAX_TENANT_NAME_BYTES = 128
-"""Longest tenant name, bytes (file entry or certificate common name)."""
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -95,40 +85,6 @@ def scoped_cache_salt(tenant: str, cache_salt: str) -> str:
     salt; the tenant's length in characters says where its name ends, so no tenant and salt
     make another pair's namespace."""
     return f"tenant:{len(tenant)}:{tenant}{cache_salt}" if tenant else cache_salt
-
-
-def read_tenants(path: str) -> dict[bytes, str]:
-    """The ``--tenants`` file: token digest -> tenant (see the module docstring for the format).
-
-    Raises:
-        SettingError: the file cannot be read, is not that JSON, names a tenant "" or longer
-            than :data:`MAX_TENANT_NAME_BYTES`, holds a digest that is not 64 lower-case hex
-            digits, or lists one digest twice.
-    """
-    try:
-        with open(path, "rb") as file:
-            document: Any = json.load(file)
-    except OSError as exc:
-        raise SettingError(TENANTS, f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise SettingError(TENANTS, f"{path}: not JSON ({exc})") from None
-    if not isinstance(document, dict):
-        raise SettingError(TENANTS, f"{path}: not an object of tenant -> token digests")
-    tenants: dict[bytes, str] = {}
-    for tenant, digests in document.items():
-        if not tenant or len(tenant.encode()) > MAX_TENANT_NAME_BYTES:
-            raise SettingError(TENANTS, f"{path}: tenant {tenant!r}: 1..128 bytes")
-        if not isinstance(digests, list):
-            raise SettingError(TENANTS, f"{path}: tenant {tenant!r}: not a list of digests")
-        for digest in digests:
-            if not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
-                raise SettingError(
-                    TENANTS, f"{path}: tenant {tenant!r}: not a lower-case hex SHA-256 digest"
-                )
-            if bytes.fromhex(digest) in tenants:
-                raise SettingError(TENANTS, f"{path}: tenant {tenant!r}: a digest listed twice")
-            tenants[bytes.fromhex(digest)] = tenant
-    return tenants
 
 
 def call_tenant(policy: TenantPolicy, context: Any) -> str:

@@ -18,11 +18,10 @@ from pathlib import Path
 
 from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
 from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.common.access import read_server_tls, read_tenants
 from zerolayer.common.config import warm_up_num_blocks
 from zerolayer.common.setting import SettingError
 from zerolayer.common.settings import INTERNAL
-from zerolayer.frontend.tenants import read_tenants
-from zerolayer.frontend.tls import read_server_tls
 from zerolayer.kv.arena_file import ArenaSizeError, check_arena_fits, sidecar_path
 from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.kv.private_file import UntrustedFileError, open_private

@@ -1,11 +1,14 @@
-"""TLS of the public port: the PEM files checked at start-up (one line naming the flag), and a real
-TLS server (LayerServer with the checked credentials) that a TLS client with the right CA reaches
-while a plaintext client or one trusting another CA is refused; its private address serves health
-alone, in plaintext. mTLS and the whole stack: tests/e2e/test_public_access.py."""
+"""The access files: the TLS PEM files and the ``--tenants`` file, checked at start-up (one line
+naming the flag); and a real TLS server (LayerServer with the checked credentials) that a TLS
+client with the right CA reaches while a plaintext client or one trusting another CA is refused,
+its private address serving health alone, in plaintext. mTLS, tenants and the whole stack:
+tests/e2e/test_public_access.py."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import uuid
 from pathlib import Path
 
@@ -15,10 +18,10 @@ from common.test_server_health import SERVICE, SERVING, make_server, statuses
 from e2e.stack import free_port
 from tls_certs import CertSet, make_test_certs
 
+from zerolayer.common.access import read_server_tls, read_tenants
 from zerolayer.common.config import AccessSettings
 from zerolayer.common.server import instance_address
 from zerolayer.common.setting import SettingError
-from zerolayer.frontend.tls import read_server_tls
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
 
@@ -132,3 +135,50 @@ def test_a_tls_port_serves_tls_clients_only_and_its_private_address_health_alone
         "private health": [SERVING],
         "private tokenize": "UNIMPLEMENTED",
     }
+
+
+def sha256_hex(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def tenants_file(tmp_path: Path, document: object) -> str:
+    path = tmp_path / "tenants.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def test_the_file_maps_each_tokens_digest_to_its_tenant(tmp_path: Path) -> None:
+    document = {"tenant-a": [sha256_hex("a1"), sha256_hex("a2")], "tenant-b": [], "c": []}
+    assert read_tenants(tenants_file(tmp_path, document)) == {
+        hashlib.sha256(b"a1").digest(): "tenant-a",
+        hashlib.sha256(b"a2").digest(): "tenant-a",
+    }
+
+
+@pytest.mark.parametrize(
+    ("document", "reason"),
+    [
+        ([], "not an object of tenant -> token digests"),
+        ({"": []}, "tenant '': 1..128 bytes"),
+        ({"t" * 129: []}, f"tenant {'t' * 129!r}: 1..128 bytes"),
+        ({"a": "abc"}, "tenant 'a': not a list of digests"),
+        ({"a": ["token-a"]}, "tenant 'a': not a lower-case hex SHA-256 digest"),
+        ({"a": [sha256_hex("x").upper()]}, "tenant 'a': not a lower-case hex SHA-256 digest"),
+        ({"a": [sha256_hex("x")], "b": [sha256_hex("x")]}, "tenant 'b': a digest listed twice"),
+    ],
+)
+def test_a_bad_tenants_file_is_refused_naming_the_flag(
+    tmp_path: Path, document: object, reason: str
+) -> None:
+    path = tenants_file(tmp_path, document)
+    with pytest.raises(SettingError) as raised:
+        read_tenants(path)
+    assert str(raised.value) == f"--tenants: {path}: {reason}"
+
+
+def test_an_unreadable_or_non_json_tenants_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SettingError, match="^--tenants: cannot read /nonexistent: No such file"):
+        read_tenants("/nonexistent")
+    (tmp_path / "t.json").write_text("{")
+    with pytest.raises(SettingError, match="^--tenants: .*t.json: not JSON"):
+        read_tenants(str(tmp_path / "t.json"))

@@ -1,20 +1,34 @@
-"""TLS and mTLS of the public port, from the PEM files of ``--tls-cert``, ``--tls-key`` and
-``--tls-client-ca``: read and checked once at start-up (by the frontend, and before any process
-starts by ``zerolayer up``'s pre-flight check), then handed to gRPC's own
-``grpc.ssl_server_credentials``. The internal layers talk over unix sockets in a 0700 run
-directory and stay plaintext.
+"""The files of :class:`AccessSettings`, read and checked once at start-up (by the frontend, and
+before any process starts by ``zerolayer up``'s pre-flight check), each failure a
+:class:`SettingError` naming its flag.
+
+TLS and mTLS of the public port come from the PEM files of ``--tls-cert``, ``--tls-key`` and
+``--tls-client-ca`` and go to gRPC's own ``grpc.ssl_server_credentials``; the internal layers talk
+over unix sockets in a 0700 run directory and stay plaintext.
+
+The ``--tenants`` file is JSON: an object of tenant name -> list of the lower-case hex SHA-256
+digests of that tenant's bearer tokens (``printf %s "$TOKEN" | sha256sum``), so the file holds no
+token itself; e.g. ``{"tenant-a": ["9f86d081..."], "tenant-b": []}``. What the frontend does with
+it: ``zerolayer.frontend.tenants``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import ssl
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from zerolayer.common.config import AccessSettings
 from zerolayer.common.setting import Setting, SettingError
-from zerolayer.common.settings import TLS_CERT, TLS_CLIENT_CA, TLS_KEY
+from zerolayer.common.settings import TENANTS, TLS_CERT, TLS_CLIENT_CA, TLS_KEY
+
+MAX_TENANT_NAME_BYTES = 128
+"""Longest tenant name in the ``--tenants`` file, bytes."""
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -96,3 +110,37 @@ def _check_certificates(setting: Setting, pem: bytes) -> None:
 def _why(exc: Exception) -> str:
     """An ssl error's short reason (OpenSSL's reason code), else the exception's text."""
     return getattr(exc, "reason", None) or str(exc)
+
+
+def read_tenants(path: str) -> dict[bytes, str]:
+    """The ``--tenants`` file: token digest -> tenant (format: the module docstring).
+
+    Raises:
+        SettingError: the file cannot be read, is not that JSON, names a tenant "" or longer
+            than :data:`MAX_TENANT_NAME_BYTES`, holds a digest that is not 64 lower-case hex
+            digits, or lists one digest twice.
+    """
+    try:
+        with open(path, "rb") as file:
+            document: Any = json.load(file)
+    except OSError as exc:
+        raise SettingError(TENANTS, f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise SettingError(TENANTS, f"{path}: not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise SettingError(TENANTS, f"{path}: not an object of tenant -> token digests")
+    tenants: dict[bytes, str] = {}
+    for tenant, digests in document.items():
+        if not tenant or len(tenant.encode()) > MAX_TENANT_NAME_BYTES:
+            raise SettingError(TENANTS, f"{path}: tenant {tenant!r}: 1..128 bytes")
+        if not isinstance(digests, list):
+            raise SettingError(TENANTS, f"{path}: tenant {tenant!r}: not a list of digests")
+        for digest in digests:
+            if not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
+                raise SettingError(
+                    TENANTS, f"{path}: tenant {tenant!r}: not a lower-case hex SHA-256 digest"
+                )
+            if bytes.fromhex(digest) in tenants:
+                raise SettingError(TENANTS, f"{path}: tenant {tenant!r}: a digest listed twice")
+            tenants[bytes.fromhex(digest)] = tenant
+    return tenants
