@@ -153,6 +153,7 @@ def test_generate_against_nothing_reports_unavailable() -> None:
             ["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"],
             "--tls-cert: cannot read /nonexistent.pem: No such file or directory",
         ),
+        (["--generate", "hi", "--tls-cert", "/c.pem"], "--generate: not with --tls-cert"),
     ],
 )
 def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_path) -> None:
