@@ -248,6 +248,16 @@ def test_published_frontend_port_is_the_one_it_listens_on(
     assert str(published).split(":")[-1] == port
 
 
+def test_the_public_port_is_published_on_the_hosts_loopback_unless_asked(compose: dict) -> None:
+    [published] = compose["services"]["frontend"]["ports"]
+    host, host_port, container_port = published.rsplit(":", 2)
+    assert host == "${ZEROLAYER_PUBLISH_HOST:-127.0.0.1}"
+    assert host_port == container_port == "50051"
+    for service in compose["services"].values():  # Jaeger's and Prometheus's ports as well
+        for entry in service.get("ports", []):
+            assert entry.startswith(("127.0.0.1:", "${ZEROLAYER_PUBLISH_HOST:-127.0.0.1}:"))
+
+
 @pytest.mark.parametrize("layer", LAYERS)
 def test_layer_exports_traces_to_jaeger(compose: dict, layer: str) -> None:
     env = environment(compose["services"][layer])

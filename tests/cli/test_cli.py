@@ -149,6 +149,11 @@ def test_generate_against_nothing_reports_unavailable() -> None:
         (["--schedulers", "1000000"], "--schedulers: must be at most 64"),
         (["--owner-lease-s", "1e12"], "--owner-lease-s: must be at most 3600"),
         (["--failover-wait-s", "inf"], "--failover-wait-s: must be a finite number > 0"),
+        (
+            ["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"],
+            "--tls-cert: cannot read /nonexistent.pem: No such file or directory",
+        ),
+        (["--generate", "hi", "--tls-cert", "/c.pem"], "--generate: not with --tls-cert"),
     ],
 )
 def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_path) -> None:

@@ -59,6 +59,19 @@ def test_a_setting_error_is_one_line_naming_the_flag_and_its_value_and_exit_code
     )
 
 
+def test_the_frontend_refuses_an_unreadable_tls_file_at_once_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    program = importlib.import_module("zerolayer.frontend.__main__").PROGRAM
+    flags = ["--loader", "unix:/nonexistent/l.sock", "--scheduler", "unix:/nonexistent/s.sock"]
+    flags += ["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"]
+    assert main(program, flags) == 2
+    assert capsys.readouterr().err == (
+        "zerolayer frontend: error: --tls-cert /nonexistent.pem: cannot read /nonexistent.pem: "
+        "No such file or directory\n"
+    )
+
+
 def test_any_other_error_of_serve_is_raised() -> None:
     with pytest.raises(RuntimeError, match="^boom$"):
         main(make_program(RuntimeError("boom"), []), KVSTORE_FLAGS)

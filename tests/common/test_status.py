@@ -71,6 +71,7 @@ def test_every_domain_error_class_has_its_code_in_the_table() -> None:
         errors.Unavailable: Code.UNAVAILABLE,
         errors.SchedulerLost: Code.UNAVAILABLE,
         errors.FailedPrecondition: Code.FAILED_PRECONDITION,
+        errors.Unauthenticated: Code.UNAUTHENTICATED,
     }
     assert set(STATUS_CODES) == classes
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
 import urllib.request
@@ -253,6 +254,29 @@ def test_metrics_endpoints_answer_and_move(stack) -> None:
     loader = scrape(stack, "loader")
     assert 0 < loader["zerolayer_loader_resident_bytes"] <= loader["zerolayer_loader_weight_bytes"]
     assert scrape(stack, "kvstore")["zerolayer_kv_blocks_total"] > 0
+
+
+def listening_hosts(port: int) -> set[str]:
+    """The local addresses on which some socket listens on TCP ``port`` (/proc/net/tcp, tcp6)."""
+    hosts = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                if len(raw) == 4:
+                    hosts.add(str(ipaddress.IPv4Address(raw[::-1])))
+                else:  # four little-endian 32-bit words
+                    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                    hosts.add(str(ipaddress.IPv6Address(words)))
+    return hosts
+
+
+def test_metrics_endpoints_listen_on_loopback_only_by_default(stack) -> None:
+    assert stack.config.metrics_host == "127.0.0.1"
+    for name in stack.slots:
+        assert listening_hosts(stack.config.metrics_port(name)) == {"127.0.0.1"}, name
 
 
 def test_a_bad_request_is_counted_with_its_code(stack) -> None:

@@ -36,7 +36,11 @@ class ScriptedGenerator:
         self._failures = failures
 
     async def generate(
-        self, params: GenerateParams, timeout_s: float | None, stream: bool = False
+        self,
+        params: GenerateParams,
+        timeout_s: float | None,
+        stream: bool = False,
+        tenant: str = "",
     ) -> AsyncIterator[object]:
         raise self._failures[params.prompt or ""]
         yield  # an async generator, like TextGenerator.generate

@@ -193,6 +193,17 @@ def test_the_frontends_are_checked_alone_only_when_they_share_the_port(tmp_path:
     assert two.health_target("scheduler") == HealthTarget(two.address("scheduler"), "", "scheduler")
 
 
+def test_a_tls_frontend_is_checked_on_its_private_plaintext_address(tmp_path: Path) -> None:
+    stack = make_stack(run_dir=str(tmp_path), tls_cert="/c.pem", tls_key="/k.pem")
+    instance = f"zerolayer.instance.{stack.instance_id}"
+    assert stack.health_target("frontend") == HealthTarget(
+        f"unix-abstract:{instance}", instance, "frontend"
+    )
+    command = stack.command("frontend")
+    assert command[command.index("--tls-cert") + 1] == "/c.pem"
+    assert "--reuse-port" not in command
+
+
 def test_a_standby_slot_restarts_with_the_role_the_supervisor_gave_it(tmp_path: Path) -> None:
     stack = make_stack(run_dir=str(tmp_path), standby_schedulers=1)
     assert (stack.standby, "--standby" in stack.command("scheduler-1")) == ({"scheduler-1"}, True)

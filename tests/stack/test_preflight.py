@@ -302,3 +302,18 @@ def test_a_run_dir_of_another_user_is_refused(
     assert refusal(make_config(model_dir, run_dir=str(tmp_path)), str(tmp_path)) == (
         f"--run-dir: {tmp_path}: owned by uid {owner}, not by this user (uid {owner + 1})"
     )
+
+
+def test_tls_flags_are_checked_before_anything_starts(model_dir: Path, tmp_path: Path) -> None:
+    assert refusal(make_config(model_dir, tls_client_ca="/ca.pem")) == (
+        "--tls-client-ca: needs --tls-cert and --tls-key"
+    )
+    (tmp_path / "cert.pem").write_text("not a certificate\n")
+    config = make_config(model_dir, tls_cert=str(tmp_path / "cert.pem"), tls_key="/key.pem")
+    assert refusal(config).startswith("--tls-cert: not PEM certificates (")
+
+
+def test_the_tenants_file_is_checked_before_anything_starts(model_dir: Path) -> None:
+    assert refusal(make_config(model_dir, tenants="/nonexistent.json")) == (
+        "--tenants: cannot read /nonexistent.json: No such file or directory"
+    )

@@ -60,6 +60,19 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=_non_negative_int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--timeout", type=_positive_float, default=300.0, help="deadline in seconds")
+    p.add_argument(
+        "--tls-ca", default="", metavar="PEM", help="connect with TLS, verifying the server by it"
+    )
+    p.add_argument(
+        "--tls-cert", default="", metavar="PEM", help="client certificate (mTLS; with --tls-key)"
+    )
+    p.add_argument("--tls-key", default="", metavar="PEM", help="private key of --tls-cert")
+    p.add_argument(
+        "--token-file",
+        default="",
+        metavar="FILE",
+        help="send the bearer token in FILE (a frontend with --tenants)",
+    )
 
 
 def _add_tools(sub: argparse._SubParsersAction) -> None:
@@ -138,6 +151,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     from zerolayer.stack.launcher import Stack, StackError, StartupInterrupted
 
     logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
+    if args.generate is not None and args.tls_cert:
+        print(
+            "zerolayer up: error: --generate: not with --tls-cert (use zerolayer generate "
+            "--tls-ca ... once it serves)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         config = _stack_config(args)
     except ValueError as exc:

@@ -111,6 +111,26 @@ class ApiSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AccessSettings:
+    """Who may call the public API, and over what (the files: zerolayer.common.access; what the
+    frontend does with tenants: zerolayer.frontend.tenants)."""
+
+    tls_cert: str = settings.TLS_CERT.default
+    """PEM certificate chain of the public port; empty: plaintext."""
+    tls_key: str = settings.TLS_KEY.default
+    """PEM private key of ``tls_cert``."""
+    tls_client_ca: str = settings.TLS_CLIENT_CA.default
+    """PEM CA certificates a client certificate must be signed by (mTLS); empty: none asked."""
+    tenants: str = settings.TENANTS.default
+    """JSON file of tenants and their bearer tokens' SHA-256 digests; empty: none."""
+
+    @property
+    def tls(self) -> bool:
+        """The public port serves TLS (``--tls-cert`` given)."""
+        return bool(self.tls_cert)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RoutingSettings:
     """How the frontend spreads requests over the schedulers and carries them across a lost one."""
 
@@ -175,7 +195,7 @@ class SchedulerConfig(EngineSettings, DeviceSettings, LayerSettings):
 
 
 @dataclass(frozen=True)
-class FrontendConfig(ApiSettings, RoutingSettings, LayerSettings):
+class FrontendConfig(ApiSettings, AccessSettings, RoutingSettings, LayerSettings):
     """Frontend process settings."""
 
     loader_address: str

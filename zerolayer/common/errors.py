@@ -35,6 +35,11 @@ class Unavailable(ZerolayerError):
     """A layer this request needs is down or not serving."""
 
 
+class Unauthenticated(ZerolayerError):
+    """The caller is not identified where it must be (no or an unknown credential); the message
+    says what is missing and never quotes the credential."""
+
+
 class FailedPrecondition(ZerolayerError):
     """The system is not in a state where the call can run (e.g. arena geometry mismatch)."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerolayer.common.server import exit_with_launcher, setup_logging
-from zerolayer.common.setting import Setting, add_arguments, config_from_args
+from zerolayer.common.setting import Setting, SettingError, add_arguments, config_from_args
 from zerolayer.common.settings import layer_settings
 from zerolayer.common.tracing import Tracing, TracingConfig
 
@@ -56,8 +56,9 @@ def main(program: LayerProgram, argv: Sequence[str] | None = None) -> int:
 
 
 def run(program: LayerProgram, args: argparse.Namespace) -> int:
-    """Runs the layer with parsed flags until SIGTERM; returns the exit code: 0, or 2 for one of
-    ``program.setting_errors`` (printed as one line on stderr)."""
+    """Runs the layer with parsed flags until SIGTERM; returns the exit code: 0, or 2 for a
+    :class:`SettingError` or one of ``program.setting_errors`` (printed as one line on
+    stderr)."""
     exit_with_launcher(dict(os.environ))
     setup_logging(program.layer)
     config = config_from_args(program.config_type, layer_settings(program.layer), args)
@@ -66,6 +67,8 @@ def run(program: LayerProgram, args: argparse.Namespace) -> int:
         asyncio.run(program.serve(config, tracing))
     except Exception as exc:
         setting = next((s for error, s in program.setting_errors if isinstance(exc, error)), None)
+        if isinstance(exc, SettingError):
+            setting = exc.setting
         if setting is None:
             raise
         reason = getattr(exc, "reason", str(exc))

@@ -82,8 +82,9 @@ def instance_health_name(instance_id: str) -> str:
 
 
 def instance_address(instance_id: str) -> str:
-    """The private address of a server started with ``instance_id`` and ``reuse_port``: the
-    abstract unix socket ``zerolayer.instance.<id>`` (Linux; no file, gone with the process)."""
+    """The private address of a server started with ``instance_id`` and ``reuse_port`` or TLS:
+    the abstract unix socket ``zerolayer.instance.<id>`` (Linux; no file, gone with the
+    process)."""
     return f"unix-abstract:{instance_health_name(instance_id)}"
 
 
@@ -104,6 +105,7 @@ class LayerServer:
         reuse_port: bool = False,
         held_services: Sequence[str] = (),
         starts_traces: bool = False,
+        credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         """
         Args:
@@ -124,6 +126,10 @@ class LayerServer:
                 Off: a taken port is an error, so a second stack cannot share it by mistake.
             held_services: service names that report NOT_SERVING even while the server
                 serves, until :meth:`release_service` (a standby scheduler's service).
+            credentials: serve ``address`` with TLS (``grpc.ssl_server_credentials``); None:
+                plaintext. With an ``instance_id``, :func:`instance_address` is then listened
+                on too, but it serves ``grpc.health.v1`` alone, in plaintext: the launcher's
+                probes need no certificate, and nothing else is reachable without TLS.
 
         Raises:
             ValueError: ``reuse_port`` without an ``instance_id``.
@@ -132,6 +138,9 @@ class LayerServer:
             raise ValueError("reuse_port: needs an instance_id (its private address)")
         self.instance_id = instance_id
         self.reuse_port = reuse_port
+        self.credentials = credentials
+        self._private: grpc.aio.Server | None = None
+        """The health-only plaintext server on :func:`instance_address` (with TLS)."""
         self._held_services = set(held_services)
         self._outages: dict[str, str] = {}
         self._serving = False
@@ -178,12 +187,17 @@ class LayerServer:
         )
         prepare_unix_socket(self.address)
         try:
-            port = self.server.add_insecure_port(self.address)
+            if self.credentials is None:
+                port = self.server.add_insecure_port(self.address)
+            else:
+                port = self.server.add_secure_port(self.address, self.credentials)
         except RuntimeError:  # gRPC's "Failed to bind to address ..."
             port = 0
         if port == 0:
             raise RuntimeError(f"cannot listen on {self.address} ({self._bind_failure()})")
-        if self.reuse_port:
+        if self.credentials is not None and self.instance_id:
+            await self._start_private_health()
+        elif self.reuse_port:
             self.server.add_insecure_port(instance_address(self.instance_id))
         await self.server.start()
         socket_path = _unix_socket_path(self.address)
@@ -192,6 +206,13 @@ class LayerServer:
             raise RuntimeError(f"cannot listen on {self.address} ({self._bind_failure()})")
         await self.set_serving(False)
         log.info("listening on %s", self.address)
+
+    async def _start_private_health(self) -> None:
+        """Serves this server's health alone, in plaintext, on :func:`instance_address`."""
+        self._private = grpc.aio.server(options=SERVER_KEEPALIVE_OPTIONS)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._private)
+        self._private.add_insecure_port(instance_address(self.instance_id))
+        await self._private.start()
 
     def _bind_failure(self) -> str:
         if _unix_socket_path(self.address):
@@ -256,6 +277,8 @@ class LayerServer:
         """Stops accepting calls and waits up to ``grace_s`` seconds for calls in flight."""
         await self.set_serving(False)
         await self.server.stop(grace_s)
+        if self._private is not None:
+            await self._private.stop(0)
         if self.tracing is not None:
             self.tracing.shutdown()
 

@@ -173,6 +173,19 @@ class Setting:
         return value
 
 
+class SettingError(ValueError):
+    """A setting's value cannot work on this machine (a file it names is unreadable or not what
+    it must be); found when a layer starts, or by ``zerolayer up``'s pre-flight check. The
+    message starts with the flag (``--tls-cert: cannot read ...``)."""
+
+    def __init__(self, setting: Setting, reason: str) -> None:
+        super().__init__(f"{setting.flag}: {reason}")
+        self.setting = setting
+        """The setting at fault."""
+        self.reason = reason
+        """Why, without the flag."""
+
+
 def _parse_items(parse_one: Callable[[str], Any], text: str) -> tuple[Any, ...]:
     """``type=`` of a :attr:`Setting.multiple` flag: a comma-separated list, each item parsed.
 

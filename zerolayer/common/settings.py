@@ -331,6 +331,50 @@ ROUTING = Setting(
     up=True,
 )
 
+TLS_CERT = Setting(
+    "tls_cert",
+    "--tls-cert",
+    "PEM certificate chain of the public port, which then serves TLS only (with --tls-key)",
+    default="",
+    metavar="PEM",
+    default_note="plaintext",
+    layers=(FRONTEND,),
+    up=True,
+)
+TLS_KEY = Setting(
+    "tls_key",
+    "--tls-key",
+    "PEM private key of --tls-cert (unencrypted; keep it mode 0600)",
+    default="",
+    metavar="PEM",
+    layers=(FRONTEND,),
+    up=True,
+)
+TLS_CLIENT_CA = Setting(
+    "tls_client_ca",
+    "--tls-client-ca",
+    "PEM CA certificates: with --tls-cert, require a client certificate signed by one of them "
+    "(mTLS); its subject's common name is then the caller's tenant",
+    default="",
+    metavar="PEM",
+    default_note="no client certificates",
+    layers=(FRONTEND,),
+    up=True,
+)
+
+TENANTS = Setting(
+    "tenants",
+    "--tenants",
+    "JSON file of tenants and the SHA-256 digests of their bearer tokens: a Generate call must "
+    "then carry 'authorization: Bearer TOKEN' (or an mTLS client certificate) and reuses only "
+    "its own tenant's cached prefixes",
+    default="",
+    metavar="FILE",
+    default_note="callers are not identified",
+    layers=(FRONTEND,),
+    up=True,
+)
+
 # -- every layer
 METRICS_PORT = Setting(
     "metrics_port",

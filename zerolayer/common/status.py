@@ -27,6 +27,7 @@ from zerolayer.common.errors import (
     NotFound,
     ResourceExhausted,
     SchedulerLost,
+    Unauthenticated,
     Unavailable,
     ZerolayerError,
 )
@@ -43,6 +44,7 @@ STATUS_CODES = MappingProxyType(
         Unavailable: grpc.StatusCode.UNAVAILABLE,
         SchedulerLost: grpc.StatusCode.UNAVAILABLE,
         FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+        Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     }
 )
 """The status code of each domain error class (a subclass answers with its nearest base's)."""

@@ -7,6 +7,7 @@ import asyncio
 import sys
 from collections.abc import Callable
 
+from zerolayer.common.access import read_server_tls, read_tenants
 from zerolayer.common.clients import fetch_manifest
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.layer_main import LayerProgram, main
@@ -21,6 +22,7 @@ from zerolayer.frontend.router import Router
 from zerolayer.frontend.scheduler_client import SchedulerClient
 from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
 from zerolayer.frontend.server import TextGenerationServicer
+from zerolayer.frontend.tenants import TenantPolicy
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
 PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
@@ -42,7 +44,18 @@ def scheduler_pool(
 
 async def serve(config: FrontendConfig, tracing: Tracing) -> None:
     """Loads the tokenizer from the loader, then serves until SIGTERM; its public health follows
-    the schedulers' (see zerolayer.frontend.public_health)."""
+    the schedulers' (see zerolayer.frontend.public_health).
+
+    Raises:
+        SettingError: a TLS file or the tenants file cannot be used (zerolayer.common.access),
+            before anything else.
+    """
+    # NOTE: first, so that a bad file fails before any wait
+    tls = read_server_tls(config)
+    tenants = TenantPolicy(
+        read_tenants(config.tenants) if config.tenants else None,
+        client_certificates=tls is not None and tls.client_ca is not None,
+    )
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
     pool = scheduler_pool(config, tracing, lambda: server.health_changed())
     metrics = FrontendMetrics(
@@ -55,10 +68,10 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         [
             ServiceBinding(
                 generation_pb2_grpc.add_TextGenerationServicer_to_server,
-                TextGenerationServicer(generator),
+                TextGenerationServicer(generator, tenants),
                 name,
             ),
-            kserve_binding(generator),
+            kserve_binding(generator, tenants),
         ],
         max_receive_bytes=PUBLIC_MAX_RECEIVE_BYTES,
         tracing=tracing,
@@ -66,6 +79,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         interceptors=[RequestCountingInterceptor(metrics, ("/zerolayer.", "/inference."))],
         instance_id=config.instance_id,
         reuse_port=config.reuse_port,
+        credentials=tls.credentials() if tls is not None else None,
         ready=lambda: pool.router.available,
     )
 

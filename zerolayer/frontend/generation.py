@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 
 from opentelemetry import trace
 
@@ -28,6 +29,7 @@ from zerolayer.frontend.metrics import FrontendMetrics
 from zerolayer.frontend.scheduler_pool import SchedulerPool
 from zerolayer.frontend.stop_strings import StopStringMatcher
 from zerolayer.frontend.telemetry import GenerationTelemetry
+from zerolayer.frontend.tenants import scoped_cache_salt
 from zerolayer.frontend.tokenizer import TextTokenizer
 from zerolayer.frontend.validation import ServedModel, check_text_length, validate
 from zerolayer.sharing.manifest import WeightManifest, model_dtype_name
@@ -98,7 +100,11 @@ class TextGenerator:
         )
 
     async def generate(
-        self, params: GenerateParams, timeout_s: float | None, stream: bool = False
+        self,
+        params: GenerateParams,
+        timeout_s: float | None,
+        stream: bool = False,
+        tenant: str = "",
     ) -> AsyncIterator[GenerationChunk]:
         """Streams a generation: one chunk per engine step, the last with finish reason and usage.
 
@@ -109,6 +115,9 @@ class TextGenerator:
 
         Args:
             stream: recorded in the trace (``gen_ai.request.stream``).
+            tenant: the caller's tenant, said by the server (zerolayer.frontend.tenants); the
+                prompt's cached prefixes are then that tenant's alone, ``cache_salt`` narrowing
+                them; "": none, ``cache_salt`` as sent.
 
         Raises:
             InvalidArgument, NotFound: from validation.
@@ -121,6 +130,7 @@ class TextGenerator:
             request = await asyncio.to_thread(
                 validate, params, self.served, self.tokenizer, self.config
             )
+        request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))
         telemetry.validated(request)
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
         stops = StopStringMatcher(params.stop)

@@ -41,15 +41,19 @@ from zerolayer.frontend.kserve_response import (
     stream_error_response,
     stream_response,
 )
+from zerolayer.frontend.tenants import TenantPolicy, call_tenant
 from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as pb_grpc
 
 
-def kserve_binding(generator: TextGenerator) -> ServiceBinding:
-    """The binding that serves ``inference.GRPCInferenceService`` over ``generator``."""
+def kserve_binding(generator: TextGenerator, tenants: TenantPolicy | None = None) -> ServiceBinding:
+    """The binding that serves ``inference.GRPCInferenceService`` over ``generator``; ``tenants``:
+    who callers are (see :class:`KServeServicer`)."""
     name = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
     return ServiceBinding(
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server, KServeServicer(generator), name
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server,
+        KServeServicer(generator, tenants),
+        name,
     )
 
 
@@ -60,8 +64,14 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     (:mod:`zerolayer.common.status`), as for every other service.
     """
 
-    def __init__(self, generator: TextGenerator) -> None:
+    def __init__(self, generator: TextGenerator, tenants: TenantPolicy | None = None) -> None:
+        """
+        Args:
+            tenants: who callers are (ModelInfer and ModelStreamInfer need a tenant when it is
+                enabled, a stream once before its first request); None: nobody is identified.
+        """
         self._generator = generator
+        self._tenants = tenants or TenantPolicy()
         self._model = generator.served.name
         try:
             self._version = metadata.version("zerolayer")
@@ -99,8 +109,11 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         """The whole generated text in one response (``stream`` is ignored here)."""
+        tenant = call_tenant(self._tenants, context)
         text_request = self._read(request)
-        generation = self._generator.generate(text_request.params, context.time_remaining())
+        generation = self._generator.generate(
+            text_request.params, context.time_remaining(), tenant=tenant
+        )
         whole = join_chunks([chunk async for chunk in generation])
         text = text_request.output_prefix + whole.text
         return infer_response(self._model, request, text_request, text, whole, final=None)
@@ -113,11 +126,12 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Serves requests concurrently as they arrive; responses of different requests may
         interleave (each echoes its request's ``id``). Errors become ``error_message`` responses.
         """
+        tenant = call_tenant(self._tenants, context)
         responses: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
         async def serve(request: pb.ModelInferRequest) -> None:
-            async for response in self._stream_one(request, context.time_remaining()):
+            async for response in self._stream_one(request, context.time_remaining(), tenant):
                 await responses.put(response)
 
         async def read_requests() -> None:
@@ -142,12 +156,13 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _stream_one(
-        self, request: pb.ModelInferRequest, timeout_s: float | None
+        self, request: pb.ModelInferRequest, timeout_s: float | None, tenant: str
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         try:
             text_request = self._read(request)
             prefix, pieces = text_request.output_prefix, []
-            async for chunk in self._generator.generate(text_request.params, timeout_s):
+            generation = self._generator.generate(text_request.params, timeout_s, tenant=tenant)
+            async for chunk in generation:
                 final = chunk.finish_reason != FinishReason.UNSPECIFIED
                 if not text_request.stream:
                     pieces.append(chunk.text)

@@ -16,27 +16,37 @@ from zerolayer.common.convert import (
 )
 from zerolayer.common.generation import join_chunks
 from zerolayer.frontend.generation import TextGenerator
+from zerolayer.frontend.tenants import TenantPolicy, call_tenant
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
 
 class TextGenerationServicer(generation_pb2_grpc.TextGenerationServicer):
     """zerolayer.v1.TextGeneration over a :class:`TextGenerator`."""
 
-    def __init__(self, generator: TextGenerator) -> None:
+    def __init__(self, generator: TextGenerator, tenants: TenantPolicy | None = None) -> None:
+        """
+        Args:
+            tenants: who callers are (Generate and GenerateStream need a tenant when it is
+                enabled); None: nobody is identified.
+        """
         self._generator = generator
+        self._tenants = tenants or TenantPolicy()
 
     async def Generate(
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> generation_pb2.GenerateResponse:
+        tenant = call_tenant(self._tenants, context)
         params = generate_params_from_pb(request)
-        generation = self._generator.generate(params, context.time_remaining())
+        generation = self._generator.generate(params, context.time_remaining(), tenant=tenant)
         return chunk_to_pb(join_chunks([chunk async for chunk in generation]))
 
     async def GenerateStream(
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        tenant = call_tenant(self._tenants, context)
         params = generate_params_from_pb(request)
-        async for chunk in self._generator.generate(params, context.time_remaining(), stream=True):
+        timeout_s = context.time_remaining()
+        async for chunk in self._generator.generate(params, timeout_s, True, tenant):
             yield chunk_to_pb(chunk)
 
     async def Tokenize(

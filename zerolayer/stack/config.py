@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, fields
 
 from zerolayer.common.config import (
+    AccessSettings,
     ApiSettings,
     ArenaSettings,
     DeviceSettings,
@@ -37,6 +38,7 @@ class StackConfig(
     ArenaSettings,
     EngineSettings,
     ApiSettings,
+    AccessSettings,
     RoutingSettings,
     DeviceSettings,
     MetricsSettings,

@@ -160,14 +160,16 @@ class Stack:
 
     def health_target(self, name: str) -> HealthTarget:
         """Where process ``name`` reports its health: a frontend under its instance name, on
-        its private address when the frontends share the public port."""
+        its private address when the frontends share the public port or it serves TLS."""
         slot = self.slots[name]
         if slot.layer != FRONTEND:
             return HealthTarget(self.address(name), layer=slot.layer)
         instance_id = frontend_instance_id(self.instance_id, slot.index)
         # NOTE: the frontend is asked by instance name: on its TCP port another stack could
-        # answer (the other layers' unix sockets are private to this stack).
-        address = instance_address(instance_id) if self.config.frontends > 1 else self.address(name)
+        # answer (the other layers' unix sockets are private to this stack). With TLS, its
+        # private address serves health in plaintext, so no probe needs a certificate.
+        private = self.config.frontends > 1 or self.config.tls
+        address = instance_address(instance_id) if private else self.address(name)
         return HealthTarget(address, instance_health_name(instance_id), slot.layer)
 
     def health_targets(self) -> dict[str, HealthTarget]:

@@ -1,11 +1,12 @@
 """Checks of ``zerolayer up``'s settings against this machine, before any process starts.
 
 :class:`zerolayer.stack.config.StackConfig` checks what a setting is on its own (ranges, syntax);
-this module checks what it means here: the model can be read, the KV arena holds the blocks of
-the scheduler's warm-up request and fits its filesystem, the TCP ports are free, the run directory
-can be made, is this user's and no running stack uses it, and nothing but this user's private
-files sits at its KV arena's path. Each failure is one :class:`PreflightError` naming the
-flag, so ``up`` fails with one line instead of a layer crashing after the others started.
+this module checks what it means here: the frontend's TLS and tenants files can be used, the
+model can be read, the KV arena holds the blocks of the scheduler's warm-up request and fits its
+filesystem, the TCP ports are free, the run directory can be made, is this user's and no running
+stack uses it, and nothing but this user's private files sits at its KV arena's path. Each failure
+is one :class:`PreflightError` naming the flag, so ``up`` fails with one line instead of a layer
+crashing after the others started.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 
 from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
 from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.common.access import read_server_tls, read_tenants
 from zerolayer.common.config import warm_up_num_blocks
+from zerolayer.common.setting import SettingError
 from zerolayer.common.settings import INTERNAL
 from zerolayer.kv.arena_file import ArenaSizeError, check_arena_fits, sidecar_path
 from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
@@ -51,6 +54,7 @@ def check_stack(config: StackConfig, shm_dir: str = SHM_DIR) -> None:
     Raises:
         PreflightError: the first setting that cannot work.
     """
+    _check_access(config)
     layout, max_model_len = _arena_layout(config)
     _check_kv_cache_bytes(config, layout, max_model_len, shm_dir)
     _check_ports(config)
@@ -60,6 +64,16 @@ def check_stack(config: StackConfig, shm_dir: str = SHM_DIR) -> None:
         _make_run_dir(
             config.run_dir, [slot.name for slot in config.slots if slot.layer in INTERNAL]
         )
+
+
+def _check_access(config: StackConfig) -> None:
+    """The frontend's TLS files and tenants file, read and checked as the frontend will."""
+    try:
+        read_server_tls(config)
+        if config.tenants:
+            read_tenants(config.tenants)
+    except SettingError as exc:
+        raise PreflightError(exc.setting.flag, exc.reason) from None
 
 
 def _arena_layout(config: StackConfig) -> tuple[ArenaLayout, int]:
