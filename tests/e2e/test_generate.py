@@ -17,6 +17,7 @@ from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, generate
 
 from zerolayer.bench.inprocess import local_engine_for_stack
 from zerolayer.checkpoints.dummy import ensure_dummy_model
+from zerolayer.frontend.tokenizer import TextTokenizer
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
 
@@ -93,6 +94,27 @@ def test_seeded_sampling_repeats(stub) -> None:
         prompt="seed", temperature=1.0, top_p=0.9, seed=1234, max_new_tokens=16, ignore_eos=True
     )
     assert list(stub.Generate(request).token_ids) == list(stub.Generate(request).token_ids)
+
+
+def test_seeded_sampled_bytes_stream_as_unary_and_as_the_full_decode(stub, model_dir) -> None:
+    # Sampling a random model emits byte tokens that are not valid UTF-8; both answers render
+    # them as the tokenizer's decode of the generated ids does (after a BOS-only prompt).
+    request = make_request(
+        ids=[1],
+        temperature=1.0,
+        seed=7,
+        max_new_tokens=48,
+        ignore_eos=True,
+        stop=["\ufffd\ufffd\ufffd"],
+    )
+    unary = stub.Generate(request)
+    parts = list(stub.GenerateStream(request))
+    assert "".join(p.text for p in parts) == unary.text
+    assert [t for p in parts for t in p.token_ids] == list(unary.token_ids)
+    tokenizer = TextTokenizer.from_json((model_dir / "tokenizer.json").read_text())
+    full = tokenizer.decode(unary.token_ids)
+    assert "\ufffd" in full
+    assert unary.text == full.split("\ufffd\ufffd\ufffd")[0]
 
 
 def test_greedy_ids_equal_transformers(stub, model_dir: Path) -> None:
