@@ -89,6 +89,10 @@ def test_a_stream_closed_after_one_message_is_cancelled(time_remaining, code) ->
         (2.5, "CANCELLED"),
         (0.0, "DEADLINE_EXCEEDED"),
         (-0.01, "DEADLINE_EXCEEDED"),
+        # The client's deadline cancelled the call just before the server's deadline passed.
+        (2.6e-05, "DEADLINE_EXCEEDED"),
+        (0.03, "DEADLINE_EXCEEDED"),
+        (0.5, "CANCELLED"),
     ],
 )
 def test_a_cancelled_handler_is_counted_by_what_cancelled_it(kind, time_remaining, code) -> None:
