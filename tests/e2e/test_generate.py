@@ -372,6 +372,29 @@ def test_many_cancels_and_deadlines_leave_no_error_in_the_frontend_log(stack, st
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
 
 
+def test_clients_that_stop_reading_then_cancel_leave_no_error_and_free_everything(
+    stack, stub
+) -> None:
+    # Each stops reading after one message, and the server's writes soon wait on flow control
+    # (a 1 KiB receive window), then cancels.
+    options = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+    request = make_request(prompt="stop reading", max_new_tokens=300, ignore_eos=True)
+    with grpc.insecure_channel(stack.config.listen, options=options) as channel:
+        slow_reader = generation_pb2_grpc.TextGenerationStub(channel)
+        calls = [slow_reader.GenerateStream(request) for _ in range(50)]
+        for call in calls:
+            next(call)
+        time.sleep(1.0)
+        for call in calls:
+            call.cancel()
+    assert wait_all_blocks_free(stack).num_blocks_used == 0
+    stats = scheduler_stats(stack)
+    assert (stats.num_running, stats.num_waiting, stats.num_blocks_held) == (0, 0, 0)
+    time.sleep(0.5)
+    log = (Path(stack.config.log_dir) / "frontend.log").read_text()
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+
+
 def test_the_scheduler_leaves_one_core_to_the_other_layers(stack) -> None:
     log = (Path(stack.config.log_dir) / "scheduler.log").read_text()
     expected = max(1, len(os.sched_getaffinity(0)) - 1)
