@@ -47,7 +47,7 @@ class TextTokenizer:
         added = tokenizer.get_added_tokens_decoder()
         self._special_ids = frozenset(i for i, token in added.items() if token.special)
         decoder = json.loads(tokenizer.to_str()).get("decoder")
-        self._byte_fallback = "ByteFallback" in json.dumps(decoder)
+        self._byte_fallback = '"type": "ByteFallback"' in json.dumps(decoder)
 
     @classmethod
     def from_json(cls, tokenizer_json: str, tokenizer_config_json: str = "") -> TextTokenizer:
