@@ -17,6 +17,7 @@ from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, generate
 
 from zerolayer.bench.inprocess import local_engine_for_stack
 from zerolayer.checkpoints.dummy import ensure_dummy_model
+from zerolayer.frontend.tokenizer import TextTokenizer
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
 
@@ -93,6 +94,27 @@ def test_seeded_sampling_repeats(stub) -> None:
         prompt="seed", temperature=1.0, top_p=0.9, seed=1234, max_new_tokens=16, ignore_eos=True
     )
     assert list(stub.Generate(request).token_ids) == list(stub.Generate(request).token_ids)
+
+
+def test_seeded_sampled_bytes_stream_as_unary_and_as_the_full_decode(stub, model_dir) -> None:
+    # Sampling a random model emits byte tokens that are not valid UTF-8; both answers render
+    # them as the tokenizer's decode of the generated ids does (after a BOS-only prompt).
+    request = make_request(
+        ids=[1],
+        temperature=1.0,
+        seed=7,
+        max_new_tokens=48,
+        ignore_eos=True,
+        stop=["\ufffd\ufffd\ufffd"],
+    )
+    unary = stub.Generate(request)
+    parts = list(stub.GenerateStream(request))
+    assert "".join(p.text for p in parts) == unary.text
+    assert [t for p in parts for t in p.token_ids] == list(unary.token_ids)
+    tokenizer = TextTokenizer.from_json((model_dir / "tokenizer.json").read_text())
+    full = tokenizer.decode(unary.token_ids)
+    assert "\ufffd" in full
+    assert unary.text == full.split("\ufffd\ufffd\ufffd")[0]
 
 
 def test_greedy_ids_equal_transformers(stub, model_dir: Path) -> None:
@@ -345,6 +367,29 @@ def test_many_cancels_and_deadlines_leave_no_error_in_the_frontend_log(stack, st
             for _ in call:
                 pass
     assert wait_all_blocks_free(stack).num_blocks_used == 0
+    time.sleep(0.5)
+    log = (Path(stack.config.log_dir) / "frontend.log").read_text()
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+
+
+def test_clients_that_stop_reading_then_cancel_leave_no_error_and_free_everything(
+    stack, stub
+) -> None:
+    # Each stops reading after one message, and the server's writes soon wait on flow control
+    # (a 1 KiB receive window), then cancels.
+    options = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+    request = make_request(prompt="stop reading", max_new_tokens=300, ignore_eos=True)
+    with grpc.insecure_channel(stack.config.listen, options=options) as channel:
+        slow_reader = generation_pb2_grpc.TextGenerationStub(channel)
+        calls = [slow_reader.GenerateStream(request) for _ in range(50)]
+        for call in calls:
+            next(call)
+        time.sleep(1.0)
+        for call in calls:
+            call.cancel()
+    assert wait_all_blocks_free(stack).num_blocks_used == 0
+    stats = scheduler_stats(stack)
+    assert (stats.num_running, stats.num_waiting, stats.num_blocks_held) == (0, 0, 0)
     time.sleep(0.5)
     log = (Path(stack.config.log_dir) / "frontend.log").read_text()
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]

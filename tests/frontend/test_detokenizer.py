@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from zerolayer.checkpoints.byte_tokenizer import build_byte_level_tokenizer
+from zerolayer.checkpoints.llama2c import build_tokenizer, read_tokenizer
+from zerolayer.common.generation import FinishReason, RequestOutput, Usage
 from zerolayer.frontend.detokenizer import IncrementalDetokenizer
+from zerolayer.frontend.generation import TextGenerator
+from zerolayer.frontend.stop_strings import StopStringMatcher
 from zerolayer.frontend.tokenizer import TextTokenizer
 
 BOS = 1
@@ -24,6 +30,13 @@ def make_byte_tokenizer() -> TextTokenizer:
 
 def make_sentencepiece_like() -> TextTokenizer:
     """Llama-like: byte-fallback tokens <0xNN> at 3 + NN, WORDS from 259, strips one space."""
+    return TextTokenizer.from_json(
+        tokenizer_json_of_sentencepiece_like(), '{"add_bos_token": true, "bos_token": "<s>"}'
+    )
+
+
+def tokenizer_json_of_sentencepiece_like() -> str:
+    """The tokenizer.json of :func:`make_sentencepiece_like`."""
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     vocab.update({f"<0x{byte:02X}>": 3 + byte for byte in range(256)})
     vocab.update({word: 259 + i for i, word in enumerate(WORDS)})
@@ -38,9 +51,7 @@ def make_sentencepiece_like() -> TextTokenizer:
         ]
     )
     tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
-    return TextTokenizer.from_json(
-        tokenizer.to_str(), '{"add_bos_token": true, "bos_token": "<s>"}'
-    )
+    return tokenizer.to_str()
 
 
 def byte_ids(text: str) -> list[int]:
@@ -188,3 +199,130 @@ def test_sentencepiece_pieces_match_full_decode(
     pieces = [*run_steps(detokenizer, data.draw(chunked(generated))), detokenizer.flush()]
     assert "".join(pieces) == expected
     assert not any("\ufffd" in piece for piece in pieces)
+
+
+def make_stories_tokenizer(stories_dir: Path) -> TextTokenizer:
+    """stories260K's llama2.c tokenizer (512 pieces, byte fallback) as the converter builds it."""
+    tokenizer = build_tokenizer(*read_tokenizer(stories_dir / "tok512.bin", 512))
+    return TextTokenizer.from_json(
+        tokenizer.to_str(), '{"add_bos_token": true, "bos_token": "<s>"}'
+    )
+
+
+def byte_piece_ids(data: bytes) -> list[int]:
+    """Ids of the byte tokens <0xNN> of ``data`` (3 + NN in both Llama-like vocabs)."""
+    return [byte + 3 for byte in data]
+
+
+def test_invalid_bytes_decode_to_one_replacement_char_per_maximal_subpart() -> None:
+    tokenizer = make_sentencepiece_like()
+    for data in [b"h\xe6", b"\xe6\x97h", b"\xff\xfeab", b"\xed\xa0\x80", b"a\xe6\x97\xa5"]:
+        text = data.decode("utf-8", errors="replace")
+        assert tokenizer.decode(byte_piece_ids(data)) == text
+        assert tokenizer.decode([BOS, HI, *byte_piece_ids(data), WORLD]) == f"Hi{text} world"
+
+
+def test_stories260k_stream_of_byte_tokens_equals_the_full_decode(stories_dir: Path) -> None:
+    # The case of the issue: "h" then the first byte of a 3-byte character, as byte tokens.
+    tokenizer = make_stories_tokenizer(stories_dir)
+    generated = byte_piece_ids(b"h\xe6")
+    detokenizer = IncrementalDetokenizer(tokenizer, [BOS])
+    pieces = [*run_steps(detokenizer, [[token_id] for token_id in generated]), detokenizer.flush()]
+    assert pieces == ["h", "", "\ufffd"]
+    assert tokenizer.decode(generated) == "h\ufffd"
+
+
+def any_ids(vocab_size: int) -> st.SearchStrategy[list[int]]:
+    """Random generated ids: mostly byte tokens (ids 3..258), any id of the vocab (specials
+    included), and ids just past it (a padded model vocab)."""
+    return st.lists(
+        st.one_of(
+            st.integers(3, 258),
+            st.integers(3, 258),
+            st.integers(0, vocab_size + 2),
+        ),
+        max_size=24,
+    )
+
+
+def assert_stream_equals_full_decode(
+    tokenizer: TextTokenizer, prompt: list[int], generated: list[int], chunks: list[list[int]]
+) -> None:
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt)
+    pieces = [*run_steps(detokenizer, chunks), detokenizer.flush()]
+    full = tokenizer.decode(prompt + generated)
+    assert "".join(pieces) == full[len(tokenizer.decode(prompt)) :]
+    if prompt == [BOS]:
+        assert "".join(pieces) == tokenizer.decode(generated)
+
+
+PROMPTS = st.one_of(
+    st.just([BOS]),
+    st.lists(st.sampled_from([HELLO, WORLD, HI, BANG]), max_size=6).map(lambda ids: [BOS, *ids]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=PROMPTS, generated=any_ids(264), data=st.data())
+def test_any_ids_stream_as_the_full_decode_sentencepiece(
+    prompt: list[int], generated: list[int], data: st.DataObject
+) -> None:
+    chunks = data.draw(chunked(generated))
+    assert_stream_equals_full_decode(make_sentencepiece_like(), prompt, generated, chunks)
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompt_text=TEXT, generated=any_ids(259), data=st.data())
+def test_any_ids_stream_as_the_full_decode_byte_level(
+    prompt_text: str, generated: list[int], data: st.DataObject
+) -> None:
+    tokenizer = make_byte_tokenizer()
+    prompt = tokenizer.encode(prompt_text, add_special_tokens=True)
+    chunks = data.draw(chunked(generated))
+    assert_stream_equals_full_decode(tokenizer, prompt, generated, chunks)
+
+
+def test_any_ids_stream_as_the_full_decode_stories260k(stories_dir: Path) -> None:
+    tokenizer = make_stories_tokenizer(stories_dir)
+
+    @settings(max_examples=200, deadline=None)
+    @given(generated=any_ids(512), data=st.data())
+    def check(generated: list[int], data: st.DataObject) -> None:
+        prompt = data.draw(st.sampled_from([[BOS], tokenizer.encode("Once upon a time", True)]))
+        chunks = data.draw(chunked(generated))
+        assert_stream_equals_full_decode(tokenizer, prompt, generated, chunks)
+
+    check()
+
+
+@settings(max_examples=200, deadline=None)
+@given(generated=any_ids(264))
+def test_decode_is_the_tokenizers_decode_when_the_bytes_are_valid(generated: list[int]) -> None:
+    tokenizer = make_sentencepiece_like()
+    reference = Tokenizer.from_str(tokenizer_json_of_sentencepiece_like())
+    expected = reference.decode([i for i in generated if i < 264], skip_special_tokens=True)
+    assume("\ufffd" not in expected)
+    assert tokenizer.decode(generated) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(generated=any_ids(264), stop=st.text("HWlo! \ufffd", min_size=1, max_size=3), data=st.data())
+def test_stream_chunks_truncate_at_a_stop_string_as_the_full_decode(
+    generated: list[int], stop: str, data: st.DataObject
+) -> None:
+    # What the unary Generate answers is the concatenation of these same chunks.
+    tokenizer = make_sentencepiece_like()
+    full = tokenizer.decode(generated)
+    expected = full[: full.find(stop)] if stop in full else full
+    detokenizer = IncrementalDetokenizer(tokenizer, [BOS])
+    stops = StopStringMatcher([stop])
+    chunks = [*data.draw(chunked(generated)), [EOS]]
+    texts = []
+    for i, chunk in enumerate(chunks):
+        reason = FinishReason.LENGTH if i == len(chunks) - 1 else FinishReason.UNSPECIFIED
+        output = RequestOutput("r", tuple(chunk), reason, 1, 0)
+        result = TextGenerator._chunk("r", output, Usage(1, 1, 0), detokenizer, stops)
+        texts.append(result.text)
+        if result.finish_reason != FinishReason.UNSPECIFIED:
+            break
+    assert "".join(texts) == expected

@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc._cython import cygrpc
 from prometheus_client import CollectorRegistry
 
 from zerolayer.common.errors import InvalidArgument
@@ -18,11 +19,26 @@ METHOD = "/zerolayer.v1.TextGeneration/GenerateStream"
 
 
 class FakeContext:
-    """What the counter asks a servicer context: the deadline left and the status set."""
+    """What the counter asks a servicer context: the deadline left and the status set; and where
+    a wrapped response stream writes (``num_sendable`` messages, then the send fails as gRPC's
+    does for a call that is over)."""
 
-    def __init__(self, time_remaining: float | None, code: grpc.StatusCode | None = None) -> None:
+    def __init__(
+        self,
+        time_remaining: float | None,
+        code: grpc.StatusCode | None = None,
+        num_sendable: int | None = None,
+    ) -> None:
         self._time_remaining = time_remaining
         self._code = code
+        self._num_sendable = num_sendable
+        self.written: list[Any] = []
+
+    async def write(self, message: Any) -> None:
+        if self._num_sendable is not None and len(self.written) >= self._num_sendable:
+            raise cygrpc.ExecuteBatchError("Failed 'execute_batch': (<grpc_call_error>, 1)")
+        self.written.append(message)
+        await asyncio.sleep(0)
 
     def time_remaining(self) -> float | None:
         return self._time_remaining
@@ -69,15 +85,12 @@ async def endless_call(request: Any, context: Any) -> str:
 
 
 @pytest.mark.parametrize(("time_remaining", "code"), [(None, "CANCELLED"), (5.0, "CANCELLED")])
-def test_a_stream_closed_after_one_message_is_cancelled(time_remaining, code) -> None:
+def test_a_stream_whose_message_cannot_be_sent_is_cancelled(time_remaining, code) -> None:
     handler, registry = make_counted(grpc.unary_stream_rpc_method_handler(endless_stream))
-
-    async def client_leaves() -> None:
-        stream = handler.unary_stream(object(), FakeContext(time_remaining))
-        assert await anext(stream) == "piece"
-        await stream.aclose()  # what gRPC does to the generator of a stream whose client left
-
-    asyncio.run(client_leaves())
+    context = FakeContext(time_remaining, num_sendable=1)  # the client left after one message
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(handler.unary_stream(object(), context))
+    assert context.written == ["piece"]
     assert counts(registry) == {code: 1}
 
 
@@ -89,6 +102,10 @@ def test_a_stream_closed_after_one_message_is_cancelled(time_remaining, code) ->
         (2.5, "CANCELLED"),
         (0.0, "DEADLINE_EXCEEDED"),
         (-0.01, "DEADLINE_EXCEEDED"),
+        # The client's deadline cancelled the call just before the server's deadline passed.
+        (2.6e-05, "DEADLINE_EXCEEDED"),
+        (0.03, "DEADLINE_EXCEEDED"),
+        (0.5, "CANCELLED"),
     ],
 )
 def test_a_cancelled_handler_is_counted_by_what_cancelled_it(kind, time_remaining, code) -> None:
@@ -97,10 +114,7 @@ def test_a_cancelled_handler_is_counted_by_what_cancelled_it(kind, time_remainin
         call = handler.unary_unary
     else:
         handler, registry = make_counted(grpc.unary_stream_rpc_method_handler(endless_stream))
-
-        async def call(request: Any, context: Any) -> None:
-            async for _ in handler.unary_stream(request, context):
-                await asyncio.sleep(3600)
+        call = handler.unary_stream
 
     async def cancel_it() -> None:
         task = asyncio.create_task(call(object(), FakeContext(time_remaining)))
@@ -157,10 +171,9 @@ def test_every_kind_of_call_is_counted_once_with_its_final_code(kind, text, code
     request = requests(*text) if kind.startswith("stream") else text
 
     async def call() -> Any:
-        answer = getattr(handler, kind)(request, FakeContext(None))
-        if kind.endswith("unary"):
-            return await answer
-        return [piece async for piece in answer]
+        context = FakeContext(None)
+        answer = await getattr(handler, kind)(request, context)
+        return answer if kind.endswith("unary") else context.written
 
     if code == "OK":
         assert asyncio.run(call()) == ("okok" if kind.endswith("unary") else ["ok", "ok"])

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from zerolayer.frontend.tokenizer import TextTokenizer
+from zerolayer.frontend.tokenizer import REPLACEMENT_CHAR, TextTokenizer
 
 NUM_PREFIX_CONTEXT_TOKENS = 5
 """How many trailing prompt tokens are decoded as left context for the first generated tokens."""
-
-REPLACEMENT_CHAR = "\ufffd"
 
 
 class IncrementalDetokenizer:
@@ -28,6 +26,15 @@ class IncrementalDetokenizer:
 
     Decoding skips special tokens, so after a BOS-only prompt the first word has no leading space
     (the decoder strips it, as ``tokenizer.decode(generated_ids)`` would).
+
+    The text, for any generated ids (special tokens, ids past the vocab, invalid UTF-8 bytes):
+    the concatenation of all pieces, :meth:`flush` included, is
+    ``decode(context + ids)[len(decode(context)):]`` where ``context`` is the last
+    :data:`NUM_PREFIX_CONTEXT_TOKENS` prompt tokens and ``decode`` is
+    :meth:`TextTokenizer.decode` (one U+FFFD per maximal invalid byte subpart); after a
+    BOS-only or empty prompt that is ``decode(ids)``. This holds because that decode never
+    changes text it decoded before except a trailing U+FFFD (an incomplete character), which is
+    held here.
 
     Edge cases: a generated text that really contains U+FFFD at the end of a step is held until
     the next non-U+FFFD character or :meth:`flush`. A prompt whose last tokens end inside a UTF-8

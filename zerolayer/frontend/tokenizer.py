@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tokenizers import Tokenizer
+
+REPLACEMENT_CHAR = "\ufffd"
+"""What one maximal invalid UTF-8 byte subsequence decodes to (U+FFFD)."""
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+"""A byte-fallback token, as the ``tokenizers`` ByteFallback decoder recognises one."""
 
 
 class TextTokenizer:
@@ -38,6 +44,10 @@ class TextTokenizer:
         self._add_bos_token = add_bos_token
         self._bos_token_id = bos_token_id
         self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        added = tokenizer.get_added_tokens_decoder()
+        self._special_ids = frozenset(i for i, token in added.items() if token.special)
+        decoder = json.loads(tokenizer.to_str()).get("decoder")
+        self._byte_fallback = '"type": "ByteFallback"' in json.dumps(decoder)
 
     @classmethod
     def from_json(cls, tokenizer_json: str, tokenizer_config_json: str = "") -> TextTokenizer:
@@ -78,13 +88,27 @@ class TextTokenizer:
         return token_ids
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Text of ``token_ids``; an incomplete or invalid UTF-8 byte sequence decodes to U+FFFD.
+        """Text of ``token_ids``, as ``tokenizers`` decodes it, except for invalid UTF-8.
+
+        Invalid bytes: each maximal subpart of an ill-formed UTF-8 byte sequence (an incomplete
+        tail included) decodes to one U+FFFD, the rest to its characters, as
+        ``bytes.decode("utf-8", errors="replace")`` does (the Unicode Standard's "U+FFFD
+        substitution of maximal subparts", ch. 3, "U+FFFD Substitution"). ByteLevel decoders
+        (GPT-2 style) already do this; the ByteFallback decoder (``<0xNN>`` tokens, Llama 2,
+        llama2.c) would turn a whole run of byte tokens into one U+FFFD per byte as soon as
+        one byte of it is invalid, so that text already decoded could change as tokens are
+        appended: here the run is split first, so a valid prefix never changes.
 
         Ids the tokenizer does not know are dropped (a model's vocab may be padded past the
         tokenizer's, so it can emit ids that have no text).
         """
         ids = [i for i in token_ids if self._known(i)]
-        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        if not self._byte_fallback:
+            return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self._special_ids]
+        tokens = [self._tokenizer.id_to_token(i) for i in ids]
+        return self._tokenizer.decoder.decode(list(_split_invalid_bytes(tokens)))
 
     def pieces(self, token_ids: Sequence[int]) -> list[str]:
         """The vocab string of each id (``id_to_token``), e.g. ``"Ġhi"`` or ``"▁the"``.
@@ -115,6 +139,31 @@ class TextTokenizer:
             if not self._known(token_id):
                 raise ValueError(f"token_ids: id {token_id} is not in the vocab")
         return ids
+
+
+def _split_invalid_bytes(tokens: Sequence[str]) -> Iterator[str]:
+    """``tokens`` with each maximal invalid subpart of a run of byte tokens replaced by one
+    U+FFFD token (which ends the run for the ByteFallback decoder); valid bytes stay as they are.
+    """
+    run: list[str] = []
+    for token in [*tokens, ""]:
+        if _BYTE_TOKEN.fullmatch(token):
+            run.append(token)
+            continue
+        data = bytes(int(t[3:5], 16) for t in run)
+        start = 0
+        while start < len(data):
+            try:
+                data[start:].decode("utf-8")
+                yield from run[start:]
+                break
+            except UnicodeDecodeError as exc:
+                yield from run[start : start + exc.start]
+                yield REPLACEMENT_CHAR
+                start += exc.end
+        run = []
+        if token:
+            yield token
 
 
 def _parse_config(tokenizer_config_json: str) -> dict[str, Any]:
