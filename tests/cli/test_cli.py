@@ -167,6 +167,23 @@ def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_pa
     assert time.monotonic() - started < 60
 
 
+def test_up_refuses_a_run_dir_open_to_others_and_leaves_it_alone(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "scheduler.sock").write_text("precious")
+    proc = zerolayer("up", "--run-dir", str(shared), env=isolated_env(tmp_path))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert err.rstrip().splitlines()[-1] == (
+        f"zerolayer up: error: --run-dir: {shared}: mode 1777 lets other users in; give a new "
+        "path (created with mode 0700) or a directory of mode 0700"
+    )
+    assert "Traceback" not in err and "listening on" not in err
+    assert shared.stat().st_mode & 0o7777 == 0o1777
+    assert (shared / "scheduler.sock").read_text() == "precious"
+
+
 @pytest.mark.parametrize("flag", ["--listen", "--metrics-port-base"])
 def test_up_on_a_taken_port_fails_before_starting_anything(flag: str, tmp_path: Path) -> None:
     with socket.socket() as server:

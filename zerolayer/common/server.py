@@ -4,9 +4,11 @@ graceful shutdown on SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import stat
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,15 +60,42 @@ class ServiceBinding:
     service_name: str
 
 
+class BindError(RuntimeError):
+    """A server cannot listen on its address; the message names the address and why."""
+
+
 def prepare_unix_socket(address: str) -> None:
-    """Removes a stale socket file behind a ``unix:`` address so that bind succeeds.
+    """Removes a stale socket behind a ``unix:`` address so that bind succeeds: only a socket
+    of this user (a stopped process's), never a file of another kind or another user's.
 
     Args:
         address: gRPC address; only ``unix:PATH`` addresses are touched.
+
+    Raises:
+        BindError: something else sits at the path (:func:`socket_path_error`).
     """
     path = _unix_socket_path(address)
-    if path and os.path.exists(path):
+    if not path:
+        return
+    reason = socket_path_error(path)
+    if reason:
+        raise BindError(f"cannot listen on {address} ({reason})")
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def socket_path_error(path: str) -> str:
+    """Why a unix socket cannot be bound at ``path`` after removing what is there ("" when
+    nothing, or a socket of this user, is there; a symlink is not followed)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return ""
+    if not stat.S_ISSOCK(info.st_mode):
+        return f"{path} is there and is not a socket: remove it yourself"
+    if info.st_uid != os.geteuid():
+        return f"{path} is a socket of uid {info.st_uid}, not of this user"
+    return ""
 
 
 def _unix_socket_path(address: str) -> str:
@@ -172,7 +201,7 @@ class LayerServer:
         """Set by :meth:`stop_serving`: why the process, alive, must get no work."""
 
     async def start(self) -> None:
-        """Binds and starts the server. Raises RuntimeError if the address cannot be bound."""
+        """Binds and starts the server. Raises BindError if the address cannot be bound."""
         for binding in self._bindings:
             binding.add(binding.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -194,7 +223,7 @@ class LayerServer:
         except RuntimeError:  # gRPC's "Failed to bind to address ..."
             port = 0
         if port == 0:
-            raise RuntimeError(f"cannot listen on {self.address} ({self._bind_failure()})")
+            raise BindError(f"cannot listen on {self.address} ({self._bind_failure()})")
         if self.credentials is not None and self.instance_id:
             await self._start_private_health()
         elif self.reuse_port:
@@ -203,7 +232,7 @@ class LayerServer:
         socket_path = _unix_socket_path(self.address)
         if socket_path and not os.path.exists(socket_path):
             await self.server.stop(0)
-            raise RuntimeError(f"cannot listen on {self.address} ({self._bind_failure()})")
+            raise BindError(f"cannot listen on {self.address} ({self._bind_failure()})")
         await self.set_serving(False)
         log.info("listening on %s", self.address)
 

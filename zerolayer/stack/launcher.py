@@ -14,6 +14,7 @@ import hashlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,7 @@ from zerolayer.stack.config import SHM_DIR, StackConfig
 from zerolayer.stack.health_watch import HealthTarget
 from zerolayer.stack.layout import frontend_instance_id
 from zerolayer.stack.probes import SERVING, health_status
+from zerolayer.stack.run_dir import RunDirError, make_run_dir
 from zerolayer.stack.supervisor import Supervisor
 
 __all__ = ["LAYERS", "Stack", "StackConfig", "StackError", "StartupInterrupted"]
@@ -90,8 +92,11 @@ class Stack:
         self.config = config
         self._owns_run_dir = config.run_dir is None
         self.run_dir = Path(config.run_dir or tempfile.mkdtemp(prefix="zerolayer-"))
-        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.run_dir, 0o700)
+        # NOTE: an existing directory is checked, never chmodded (see zerolayer.stack.run_dir).
+        try:
+            make_run_dir(self.run_dir)
+        except RunDirError as exc:
+            raise StackError(f"--run-dir: {exc.reason}") from None
         self.instance_id = stack_instance_id(self.run_dir, self._owns_run_dir)
         """The arena file's name and the first frontend's ``--instance-id``: one per run
         directory."""
@@ -220,11 +225,16 @@ class Stack:
         self.held.discard(name)
         stderr = None
         if self.config.log_dir is not None:
-            Path(self.config.log_dir).mkdir(parents=True, exist_ok=True)
-            # NOTE: this user's only (logs may quote prompts); a symlink there is not followed.
+            Path(self.config.log_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            # NOTE: this user's only (logs may quote prompts); a symlink there is not followed,
+            # and a file another user put there (in a shared directory) is not written to.
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
             log_path = Path(self.config.log_dir) / f"{name}.log"
             stderr = open(os.open(log_path, flags, 0o600), "ab")  # noqa: SIM115
+            info = os.fstat(stderr.fileno())
+            if info.st_uid != os.geteuid() or not stat.S_ISREG(info.st_mode):
+                stderr.close()
+                raise StackError(f"{log_path}: not a file of this user; not writing logs to it")
         # NOTE: own session, so a terminal's Ctrl-C reaches only the launcher, which then stops
         # the layers in order; the layers exit by themselves if the launcher dies.
         process = subprocess.Popen(
