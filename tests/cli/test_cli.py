@@ -172,8 +172,14 @@ def test_up_refuses_a_run_dir_open_to_others_and_leaves_it_alone(tmp_path: Path)
     shared.mkdir()
     shared.chmod(0o1777)
     (shared / "scheduler.sock").write_text("precious")
-    proc = zerolayer("up", "--run-dir", str(shared), env=isolated_env(tmp_path))
-    _, err = proc.communicate(timeout=120)
+    listen = f"127.0.0.1:{free_port()}"
+    proc = zerolayer("up", "--run-dir", str(shared), "--listen", listen, env=isolated_env(tmp_path))
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:  # a stack that started anyway is stopped
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=60)
     assert proc.returncode == 2, err
     assert err.rstrip().splitlines()[-1] == (
         f"zerolayer up: error: --run-dir: {shared}: mode 1777 lets other users in; give a new "

@@ -29,7 +29,6 @@ from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.common.server import (
     CHANNEL_OPTIONS,
     LAUNCHER_PID_ENV,
-    instance_address,
     instance_health_name,
 )
 from zerolayer.common.setting import command_line
@@ -134,6 +133,14 @@ class Stack:
             return self.config.listen
         return f"unix:{self.run_dir / f'{name}.sock'}"
 
+    def private_address(self, name: str) -> str:
+        """Where frontend ``name`` alone is reached, when the frontends share the public port or
+        serve TLS: a unix socket named after the slot in the private run directory; "" for
+        every other process and setup."""
+        if self.slots[name].layer != FRONTEND or not (self.config.frontends > 1 or self.config.tls):
+            return ""
+        return f"unix:{self.run_dir / f'{name}.sock'}"
+
     def wiring(self, name: str) -> dict[str, object]:
         """The settings the launcher gives process ``name`` from the stack's layout (by setting
         name), beside the user's in ``config``; its layer takes those it declares."""
@@ -152,6 +159,7 @@ class Stack:
             "instance_id": frontend_instance_id(self.instance_id, slot.index),
             "standby": name in self.standby,
             "reuse_port": self.config.frontends > 1,
+            "private_address": self.private_address(name),
         }
 
     def command(self, name: str) -> list[str]:
@@ -173,8 +181,7 @@ class Stack:
         # NOTE: the frontend is asked by instance name: on its TCP port another stack could
         # answer (the other layers' unix sockets are private to this stack). With TLS, its
         # private address serves health in plaintext, so no probe needs a certificate.
-        private = self.config.frontends > 1 or self.config.tls
-        address = instance_address(instance_id) if private else self.address(name)
+        address = self.private_address(name) or self.address(name)
         return HealthTarget(address, instance_health_name(instance_id), slot.layer)
 
     def health_targets(self) -> dict[str, HealthTarget]:
@@ -318,8 +325,11 @@ class Stack:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         else:
             for name, slot in self.slots.items():
-                if slot.layer != FRONTEND:
-                    Path(self.address(name).removeprefix("unix:")).unlink(missing_ok=True)
+                address = (
+                    self.address(name) if slot.layer != FRONTEND else self.private_address(name)
+                )
+                if address:
+                    Path(address.removeprefix("unix:")).unlink(missing_ok=True)
 
     def __enter__(self) -> Stack:
         self.start()

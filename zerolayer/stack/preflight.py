@@ -64,8 +64,10 @@ def check_stack(config: StackConfig, shm_dir: str = SHM_DIR) -> None:
     if config.run_dir is not None and config.device == "cpu":
         _check_arena_path(config.run_dir, shm_dir)
     if config.run_dir is not None:
-        internal = [slot.name for slot in config.slots if slot.layer in INTERNAL]
-        _make_run_dir(config.run_dir, internal + (["fds"] if config.device != "cpu" else []))
+        # NOTE: the frontends' private sockets too (several frontends, or TLS)
+        private = config.frontends > 1 or config.tls
+        sockets = [s.name for s in config.slots if s.layer in INTERNAL or private]
+        _make_run_dir(config.run_dir, sockets + (["fds"] if config.device != "cpu" else []))
 
 
 def _check_access(config: StackConfig) -> None:
