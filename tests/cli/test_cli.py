@@ -71,7 +71,10 @@ def test_up_stops_every_layer_on_sigint(tmp_path: Path) -> None:
     assert children == ""
 
 
-def test_sigint_during_start_up_stops_the_started_layers_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_start_up_stops_the_started_layers_at_once(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     proc = zerolayer(
         "up",
@@ -87,11 +90,11 @@ def test_sigint_during_start_up_stops_the_started_layers_at_once(tmp_path: Path)
     while "listening on unix:" not in line:  # the first layer is up, the stack is not
         line = proc.stderr.readline()
         assert line or proc.poll() is None, proc.stdout.read()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     interrupted = time.monotonic()
     out, err = proc.communicate(timeout=60)
     assert time.monotonic() - interrupted < 15, err
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err  # as a shell reports a process the signal killed
     assert "zerolayer up: interrupted during start-up" in err
     assert "serving on" not in out and out.strip() == ""  # --generate was not sent
     assert not list(run_dir.glob("*.sock"))
