@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,27 @@ def test_a_run_dir_open_to_others_is_refused_not_chmodded(tmp_path: Path) -> Non
 def test_a_new_run_dir_is_made_private(tmp_path: Path) -> None:
     stack = Stack(StackConfig(model_dir="/models/llama", run_dir=str(tmp_path / "a" / "run")))
     assert stack.run_dir.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_log_file_another_user_put_in_the_log_dir_is_not_written_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    logs.chmod(0o1777)  # a shared directory
+    (logs / "loader.log").write_text("")
+    os.chown(logs / "loader.log", 65534, -1)
+    stack = Stack(StackConfig(model_dir="/m", run_dir=str(tmp_path / "run"), log_dir=str(logs)))
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    with pytest.raises(StackError, match=f"^{logs / 'loader.log'}: not a file of this user"):
+        stack.start_layer("loader")
+    assert (logs / "loader.log").read_text() == ""
+
+
+def test_a_new_log_dir_is_made_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    logs = tmp_path / "logs"
+    stack = Stack(StackConfig(model_dir="/m", run_dir=str(tmp_path / "run"), log_dir=str(logs)))
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: None)
+    stack.start_layer("loader")
+    assert logs.stat().st_mode & 0o777 == 0o700
