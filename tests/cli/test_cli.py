@@ -71,7 +71,10 @@ def test_up_stops_every_layer_on_sigint(tmp_path: Path) -> None:
     assert children == ""
 
 
-def test_sigint_during_start_up_stops_the_started_layers_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_start_up_stops_the_started_layers_at_once(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     proc = zerolayer(
         "up",
@@ -87,11 +90,11 @@ def test_sigint_during_start_up_stops_the_started_layers_at_once(tmp_path: Path)
     while "listening on unix:" not in line:  # the first layer is up, the stack is not
         line = proc.stderr.readline()
         assert line or proc.poll() is None, proc.stdout.read()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     interrupted = time.monotonic()
     out, err = proc.communicate(timeout=60)
     assert time.monotonic() - interrupted < 15, err
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err  # as a shell reports a process the signal killed
     assert "zerolayer up: interrupted during start-up" in err
     assert "serving on" not in out and out.strip() == ""  # --generate was not sent
     assert not list(run_dir.glob("*.sock"))
@@ -165,6 +168,29 @@ def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_pa
     assert "Traceback" not in err
     assert "zerolayer: stopping" not in err and "listening on" not in err  # no layer started
     assert time.monotonic() - started < 60
+
+
+def test_up_refuses_a_run_dir_open_to_others_and_leaves_it_alone(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "scheduler.sock").write_text("precious")
+    listen = f"127.0.0.1:{free_port()}"
+    proc = zerolayer("up", "--run-dir", str(shared), "--listen", listen, env=isolated_env(tmp_path))
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:  # a stack that started anyway is stopped
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert err.rstrip().splitlines()[-1] == (
+        f"zerolayer up: error: --run-dir: {shared}: mode 1777 lets other users in; give a new "
+        "path (created with mode 0700) or a directory of mode 0700"
+    )
+    assert "Traceback" not in err and "listening on" not in err
+    assert shared.stat().st_mode & 0o7777 == 0o1777
+    assert (shared / "scheduler.sock").read_text() == "precious"
 
 
 @pytest.mark.parametrize("flag", ["--listen", "--metrics-port-base"])

@@ -26,6 +26,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "instance_id": ("zl-test", "zl-test"),
     "standby": (None, True),
     "reuse_port": (None, True),
+    "private_address": ("unix:/run/zl/frontend.sock", "unix:/run/zl/frontend.sock"),
     "model_dir": ("/models/llama", "/models/llama"),
     "model_name": ("llama-test", "llama-test"),
     "prefetch": (None, False),

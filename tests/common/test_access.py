@@ -20,7 +20,6 @@ from tls_certs import CertSet, make_test_certs
 
 from zerolayer.common.access import read_server_tls, read_tenants
 from zerolayer.common.config import AccessSettings
-from zerolayer.common.server import instance_address
 from zerolayer.common.setting import SettingError
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
@@ -99,14 +98,17 @@ def tls_channel(address: str, ca: Path) -> grpc.aio.Channel:
 
 
 def test_a_tls_port_serves_tls_clients_only_and_its_private_address_health_alone(
-    certs: CertSet,
+    certs: CertSet, tmp_path: Path
 ) -> None:
     address = f"127.0.0.1:{free_port()}"
     instance = f"zl-tls-{uuid.uuid4().hex[:8]}"
     credentials = read_server_tls(access(certs)).credentials()
+    private = f"unix:{tmp_path / 'frontend.sock'}"
 
     async def run() -> dict[str, object]:
-        server = make_server(address, instance_id=instance, credentials=credentials)
+        server = make_server(
+            address, instance_id=instance, credentials=credentials, private_address=private
+        )
         await server.start()
         await server.set_serving(True)
         try:
@@ -119,7 +121,6 @@ def test_a_tls_port_serves_tls_clients_only_and_its_private_address_health_alone
                 found["plaintext"] = await tokenize(channel)
             async with tls_channel(address, certs.other_ca) as channel:
                 found["other CA"] = await tokenize(channel)
-            private = instance_address(instance)
             found["private health"] = await statuses(private, SERVICE)
             async with grpc.aio.insecure_channel(private) as channel:
                 found["private tokenize"] = await tokenize(channel)

@@ -8,7 +8,7 @@ import pytest
 
 from zerolayer.common.config import KVStoreConfig
 from zerolayer.common.layer_main import LayerProgram, main
-from zerolayer.common.server import LAUNCHER_PID_ENV
+from zerolayer.common.server import LAUNCHER_PID_ENV, BindError
 from zerolayer.common.settings import KV_CACHE_BYTES, LAYERS
 from zerolayer.common.tracing import Tracing
 from zerolayer.kv.arena_file import ArenaSizeError
@@ -70,6 +70,14 @@ def test_the_frontend_refuses_an_unreadable_tls_file_at_once_in_one_line(
         "zerolayer frontend: error: --tls-cert /nonexistent.pem: cannot read /nonexistent.pem: "
         "No such file or directory\n"
     )
+
+
+def test_an_address_that_cannot_be_bound_is_one_line_and_exit_code_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    error = BindError("cannot listen on unix:/run/x.sock (/run/x.sock is there and is not a socket")
+    assert main(make_program(error, []), KVSTORE_FLAGS) == 1
+    assert capsys.readouterr().err == f"zerolayer kvstore: error: {error}\n"
 
 
 def test_any_other_error_of_serve_is_raised() -> None:

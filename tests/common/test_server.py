@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
-from zerolayer.common.server import LayerServer, ServiceBinding
+from zerolayer.common.server import BindError, LayerServer, ServiceBinding
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
 
@@ -131,3 +133,36 @@ def test_a_unix_socket_that_cannot_be_bound_is_refused_like_a_taken_port(tmp_pat
 
     with pytest.raises(RuntimeError, match=f"^cannot listen on {address} \\(no socket file"):
         asyncio.run(start())
+
+
+@pytest.mark.parametrize("kind", ["file", "symlink"])
+def test_something_but_a_socket_at_a_unix_address_is_refused_and_kept(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "s.sock"
+    if kind == "file":
+        path.write_text("precious")
+    else:
+        path.symlink_to(tmp_path / "elsewhere")
+
+    async def start() -> None:
+        await LayerServer(f"unix:{path}", []).start()
+
+    with pytest.raises(
+        BindError, match=f"^cannot listen on unix:{path} \\({path} is there and is not a socket"
+    ):
+        asyncio.run(start())
+    assert os.path.lexists(path)
+
+
+def test_a_stale_socket_of_this_user_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(str(path))
+
+    async def start_and_stop() -> None:
+        server = LayerServer(f"unix:{path}", [])
+        await server.start()
+        await server.stop()
+
+    asyncio.run(start_and_stop())

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from zerolayer.common.server import LayerServer, ServiceBinding, instance_address
+from zerolayer.common.server import BindError, LayerServer, ServiceBinding
 from zerolayer.stack.preflight import bind_error
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
@@ -103,12 +103,19 @@ def test_a_service_released_before_the_server_serves_follows_the_server(tmp_path
     assert asyncio.run(run()) == [[NOT_SERVING, NOT_SERVING], [SERVING, SERVING]]
 
 
-def test_servers_of_one_instance_share_a_port_that_stays_taken_for_anyone_else() -> None:
+def test_servers_of_one_instance_share_a_port_that_stays_taken_for_anyone_else(
+    tmp_path: Path,
+) -> None:
     listen = f"127.0.0.1:{free_port()}"
+    private = {name: f"unix:{tmp_path / name}.sock" for name in ("a", "b")}
 
     async def run() -> dict[str, object]:
-        first = make_server(listen, instance_id="zl-a", reuse_port=True)
-        second = make_server(listen, instance_id="zl-b", reuse_port=True)
+        first = make_server(
+            listen, instance_id="zl-a", reuse_port=True, private_address=private["a"]
+        )
+        second = make_server(
+            listen, instance_id="zl-b", reuse_port=True, private_address=private["b"]
+        )
         await first.start()
         await second.start()
         await first.set_serving(True)
@@ -119,9 +126,9 @@ def test_servers_of_one_instance_share_a_port_that_stays_taken_for_anyone_else()
         except RuntimeError as exc:
             found["unshared"] = str(exc)
         found["a"] = await statuses(
-            instance_address("zl-a"), "zerolayer.instance.zl-a", "zerolayer.instance.zl-b"
+            private["a"], "zerolayer.instance.zl-a", "zerolayer.instance.zl-b"
         )
-        found["b"] = await statuses(instance_address("zl-b"), "zerolayer.instance.zl-b")
+        found["b"] = await statuses(private["b"], "zerolayer.instance.zl-b")
         await first.stop(0)
         async with grpc.aio.insecure_channel(listen) as channel:  # a new connection: the second
             stub = generation_pb2_grpc.TextGenerationStub(channel)
@@ -139,6 +146,22 @@ def test_servers_of_one_instance_share_a_port_that_stays_taken_for_anyone_else()
     }
 
 
-def test_sharing_a_port_needs_an_instance_id() -> None:
-    with pytest.raises(ValueError, match="^reuse_port: needs an instance_id"):
+def test_sharing_a_port_needs_a_private_unix_address() -> None:
+    with pytest.raises(ValueError, match="^reuse_port: needs a private_address"):
         make_server("127.0.0.1:1", reuse_port=True)
+    with pytest.raises(ValueError, match="^private_address: unix-abstract:x: not unix:PATH"):
+        make_server("127.0.0.1:1", reuse_port=True, private_address="unix-abstract:x")
+
+
+def test_a_private_address_that_cannot_be_bound_is_one_error_naming_it(tmp_path: Path) -> None:
+    private = f"unix:{tmp_path / 'frontend.sock'}"
+    (tmp_path / "frontend.sock").write_text("someone's")
+
+    async def start() -> None:
+        server = make_server(
+            f"127.0.0.1:{free_port()}", instance_id="i", reuse_port=True, private_address=private
+        )
+        await server.start()
+
+    with pytest.raises(BindError, match=f"^cannot listen on {private} \\("):
+        asyncio.run(start())

@@ -16,7 +16,6 @@ from sharing.test_mapped_file import smaps_entry
 
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.common.scheduler_role import SchedulerRole
-from zerolayer.common.server import instance_address
 from zerolayer.stack.probes import is_serving
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
@@ -113,8 +112,9 @@ def test_the_schedulers_map_one_copy_of_the_weights(stack, model_dir: Path) -> N
 
 
 def test_each_frontend_answers_on_its_own_address(stack) -> None:
-    for instance in (stack.instance_id, f"{stack.instance_id}-1"):
-        assert len(generate(instance_address(instance)).token_ids) == 8
+    for name in ("frontend", "frontend-1"):
+        assert stack.private_address(name) == f"unix:{stack.run_dir / name}.sock"
+        assert len(generate(stack.private_address(name)).token_ids) == 8
 
 
 def test_a_killed_frontend_fails_no_new_call_and_is_restarted(stack) -> None:
@@ -125,7 +125,7 @@ def test_a_killed_frontend_fails_no_new_call_and_is_restarted(stack) -> None:
         assert len(generate(stack.config.listen).token_ids) == 8
     wait_until(lambda: stack.processes["frontend-1"].pid != old_pid, 10)
     stack.wait_healthy("frontend-1", time.monotonic() + 60)
-    assert len(generate(instance_address(f"{stack.instance_id}-1")).token_ids) == 8
+    assert len(generate(stack.private_address("frontend-1")).token_ids) == 8
 
 
 def test_a_killed_active_scheduler_is_replaced_by_the_standby(stack) -> None:

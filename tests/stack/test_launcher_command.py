@@ -160,6 +160,8 @@ def test_each_scheduler_and_frontend_gets_its_own_socket_role_port_and_instance(
         "--instance-id",
         f"{stack.instance_id}-1",
         "--reuse-port",
+        "--private-address",
+        f"{run}/frontend-1.sock",
         "--listen",
         "127.0.0.1:7000",
         "--metrics-port",
@@ -186,7 +188,7 @@ def test_the_frontends_are_checked_alone_only_when_they_share_the_port(tmp_path:
     two = make_stack(run_dir=str(tmp_path / "two"), frontends=2)
     for name, instance in [("frontend", two.instance_id), ("frontend-1", f"{two.instance_id}-1")]:
         assert two.health_target(name) == HealthTarget(
-            f"unix-abstract:zerolayer.instance.{instance}",
+            f"unix:{tmp_path / 'two' / name}.sock",
             f"zerolayer.instance.{instance}",
             "frontend",
         )
@@ -197,10 +199,11 @@ def test_a_tls_frontend_is_checked_on_its_private_plaintext_address(tmp_path: Pa
     stack = make_stack(run_dir=str(tmp_path), tls_cert="/c.pem", tls_key="/k.pem")
     instance = f"zerolayer.instance.{stack.instance_id}"
     assert stack.health_target("frontend") == HealthTarget(
-        f"unix-abstract:{instance}", instance, "frontend"
+        f"unix:{tmp_path / 'frontend.sock'}", instance, "frontend"
     )
     command = stack.command("frontend")
     assert command[command.index("--tls-cert") + 1] == "/c.pem"
+    assert command[command.index("--private-address") + 1] == f"unix:{tmp_path / 'frontend.sock'}"
     assert "--reuse-port" not in command
 
 

@@ -151,7 +151,7 @@ def test_a_run_dir_that_cannot_be_made_is_refused(model_dir: Path, tmp_path: Pat
     (tmp_path / "file").write_text("")
     for run_dir, reason in (
         ("/proc/foo", "cannot create it (No such file or directory)"),
-        (str(tmp_path / "file"), "cannot create it (File exists)"),
+        (str(tmp_path / "file"), "not a directory"),
         (str(tmp_path / ("d" * 100)), f"too long for a unix socket path ({tmp_path / ('d' * 100)}"),
     ):
         assert refusal(make_config(model_dir, run_dir=run_dir)).startswith(
@@ -161,7 +161,7 @@ def test_a_run_dir_that_cannot_be_made_is_refused(model_dir: Path, tmp_path: Pat
 
 def test_the_sockets_of_every_scheduler_are_checked(model_dir: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(mode=0o700)
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(str(run_dir / "scheduler-2.sock"))
         server.listen()
@@ -202,7 +202,7 @@ def test_a_relative_run_dir_is_the_one_under_the_current_directory_for_every_lay
 
 def test_a_run_dir_whose_sockets_are_live_is_refused(model_dir: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(mode=0o700)
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(str(run_dir / "kvstore.sock"))
         server.listen()
@@ -317,3 +317,45 @@ def test_the_tenants_file_is_checked_before_anything_starts(model_dir: Path) -> 
     assert refusal(make_config(model_dir, tenants="/nonexistent.json")) == (
         "--tenants: cannot read /nonexistent.json: No such file or directory"
     )
+
+
+@pytest.mark.parametrize("mode", [0o1777, 0o770, 0o755])
+def test_a_run_dir_open_to_others_is_refused_and_left_as_it_is(
+    model_dir: Path, tmp_path: Path, mode: int
+) -> None:
+    run_dir = tmp_path / "shared"
+    run_dir.mkdir()
+    run_dir.chmod(mode)
+    (run_dir / "scheduler.sock").write_text("someone else's")
+    assert refusal(make_config(model_dir, run_dir=str(run_dir))) == (
+        f"--run-dir: {run_dir}: mode {mode:04o} lets other users in; give a new path (created "
+        "with mode 0700) or a directory of mode 0700"
+    )
+    assert (run_dir.stat().st_mode & 0o7777, (run_dir / "scheduler.sock").read_text()) == (
+        mode,
+        "someone else's",
+    )
+
+
+def test_a_symlinked_run_dir_is_refused(model_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert refusal(make_config(model_dir, run_dir=str(tmp_path / "link"))) == (
+        f"--run-dir: {tmp_path / 'link'}: is a symlink; give the directory itself"
+    )
+
+
+@pytest.mark.parametrize("kind", ["file", "directory", "symlink"])
+def test_something_but_a_socket_at_a_socket_path_is_refused(
+    model_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    path = run_dir / "kvstore.sock"
+    {"file": path.write_text, "directory": lambda _: path.mkdir(), "symlink": path.symlink_to}[
+        kind
+    ](str(tmp_path / "elsewhere"))
+    assert refusal(make_config(model_dir, run_dir=str(run_dir))) == (
+        f"--run-dir: {path} is there and is not a socket: remove it yourself"
+    )
+    assert os.path.lexists(path)

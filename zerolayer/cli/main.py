@@ -145,7 +145,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     Exit codes: 0; 2 for a setting that is out of range or cannot work on this machine (checked
     before any process starts); 1 when a layer fails to start or the ``--generate`` call fails;
-    130 when SIGINT/SIGTERM arrives during start-up (the started layers are stopped).
+    128 + the signal's number (130 for SIGINT, 143 for SIGTERM, as a shell reports a process the
+    signal killed) when SIGINT/SIGTERM arrives during start-up, whenever it arrives (the started
+    layers are stopped); 0 when it stops a stack that serves.
     """
     from zerolayer.checkpoints.checkpoint import CheckpointError
     from zerolayer.stack.launcher import Stack, StackError, StartupInterrupted
@@ -158,31 +160,44 @@ def cmd_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    received: list[int] = []  # the signals, in order; an interrupted start-up exits 128 + first
+    stacks: list[Stack] = []
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        stop.set()
+        for stack in stacks:
+            stack.interrupt()  # a start-up in progress ends at once
+
+    # NOTE: before the checks, so that a signal at any time of start-up ends it the same way.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     try:
         config = _stack_config(args)
     except ValueError as exc:
         print(f"zerolayer up: error: {exc}", file=sys.stderr)
         return 2
-    stack = Stack(config)
-    stop = threading.Event()
-
-    def on_signal(*_: object) -> None:
-        stop.set()
-        stack.interrupt()  # a start-up in progress ends at once
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
+    if stop.is_set():
+        return _interrupted(received[0])
+    try:
+        stack = Stack(config)
+    except StackError as exc:
+        print(f"zerolayer up: error: {exc}", file=sys.stderr)
+        return 1
+    stacks.append(stack)
+    if stop.is_set():  # a signal while it was made: start() starts nothing
+        stack.interrupt()
     try:
         try:
             stack.start()
         except StartupInterrupted:
-            print("zerolayer up: interrupted during start-up", file=sys.stderr)
-            return 130
+            return _interrupted(received[0])
         except (CheckpointError, StackError) as exc:
             print(f"zerolayer up: error: {exc}", file=sys.stderr)
             return 1
         if stop.is_set():
-            return 130
+            return _interrupted(received[0])
         print(
             f"zerolayer: serving on {args.listen} (internal sockets in {stack.run_dir})", flush=True
         )
@@ -194,6 +209,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     finally:
         print("zerolayer: stopping", file=sys.stderr)
         stack.stop()
+
+
+def _interrupted(signum: int) -> int:
+    """Says that start-up was interrupted; returns the exit code for signal ``signum``."""
+    print("zerolayer up: interrupted during start-up", file=sys.stderr)
+    return 128 + signum
 
 
 def _generate_once(address: str, prompt: str) -> int:

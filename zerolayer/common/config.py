@@ -206,8 +206,11 @@ class FrontendConfig(ApiSettings, AccessSettings, RoutingSettings, LayerSettings
     """Extra health name ``zerolayer.instance.<id>`` (lets a launcher recognise its own frontend
     on a TCP port another process might hold)."""
     reuse_port: bool = settings.REUSE_PORT.default
-    """Share ``listen`` with the stack's other frontends (SO_REUSEPORT) and also listen on the
-    abstract unix socket of ``instance_id`` (``--reuse-port``; needs an instance id)."""
+    """Share ``listen`` with the stack's other frontends (SO_REUSEPORT) and also listen on
+    ``private_address`` (``--reuse-port``; needs one)."""
+    private_address: str = settings.PRIVATE_ADDRESS.default
+    """``unix:PATH`` where this frontend alone is reached (see
+    ``zerolayer.common.server.LayerServer``); "": none."""
     max_stop_strings: int = 16
     """Most stop strings per request (a limit of the API, not a flag)."""
     max_cache_salt_bytes: int = 256

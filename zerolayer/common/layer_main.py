@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zerolayer.common.server import exit_with_launcher, setup_logging
+from zerolayer.common.server import BindError, exit_with_launcher, setup_logging
 from zerolayer.common.setting import Setting, SettingError, add_arguments, config_from_args
 from zerolayer.common.settings import layer_settings
 from zerolayer.common.tracing import Tracing, TracingConfig
@@ -57,14 +57,17 @@ def main(program: LayerProgram, argv: Sequence[str] | None = None) -> int:
 
 def run(program: LayerProgram, args: argparse.Namespace) -> int:
     """Runs the layer with parsed flags until SIGTERM; returns the exit code: 0, or 2 for a
-    :class:`SettingError` or one of ``program.setting_errors`` (printed as one line on
-    stderr)."""
+    :class:`SettingError` or one of ``program.setting_errors``, 1 for a :class:`BindError` (each
+    printed as one line on stderr)."""
     exit_with_launcher(dict(os.environ))
     setup_logging(program.layer)
     config = config_from_args(program.config_type, layer_settings(program.layer), args)
     tracing = Tracing(TracingConfig.from_env(os.environ, program.layer))
     try:
         asyncio.run(program.serve(config, tracing))
+    except BindError as exc:  # a taken port, a file at a socket path: not a bug of ours
+        print(f"zerolayer {program.layer}: error: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         setting = next((s for error, s in program.setting_errors if isinstance(exc, error)), None)
         if isinstance(exc, SettingError):

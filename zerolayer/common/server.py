@@ -4,9 +4,11 @@ graceful shutdown on SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import stat
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,15 +60,42 @@ class ServiceBinding:
     service_name: str
 
 
+class BindError(RuntimeError):
+    """A server cannot listen on its address; the message names the address and why."""
+
+
 def prepare_unix_socket(address: str) -> None:
-    """Removes a stale socket file behind a ``unix:`` address so that bind succeeds.
+    """Removes a stale socket behind a ``unix:`` address so that bind succeeds: only a socket
+    of this user (a stopped process's), never a file of another kind or another user's.
 
     Args:
         address: gRPC address; only ``unix:PATH`` addresses are touched.
+
+    Raises:
+        BindError: something else sits at the path (:func:`socket_path_error`).
     """
     path = _unix_socket_path(address)
-    if path and os.path.exists(path):
+    if not path:
+        return
+    reason = socket_path_error(path)
+    if reason:
+        raise BindError(f"cannot listen on {address} ({reason})")
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def socket_path_error(path: str) -> str:
+    """Why a unix socket cannot be bound at ``path`` after removing what is there ("" when
+    nothing, or a socket of this user, is there; a symlink is not followed)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return ""
+    if not stat.S_ISSOCK(info.st_mode):
+        return f"{path} is there and is not a socket: remove it yourself"
+    if info.st_uid != os.geteuid():
+        return f"{path} is a socket of uid {info.st_uid}, not of this user"
+    return ""
 
 
 def _unix_socket_path(address: str) -> str:
@@ -76,16 +105,15 @@ def _unix_socket_path(address: str) -> str:
     return address.removeprefix("unix:").removeprefix("//")
 
 
+def _bind_failure(address: str) -> str:
+    if _unix_socket_path(address):
+        return "no socket file there: is its directory missing or not writable?"
+    return "in use, or not a local address"
+
+
 def instance_health_name(instance_id: str) -> str:
     """The health service name under which a layer started with ``instance_id`` reports."""
     return f"zerolayer.instance.{instance_id}"
-
-
-def instance_address(instance_id: str) -> str:
-    """The private address of a server started with ``instance_id`` and ``reuse_port`` or TLS:
-    the abstract unix socket ``zerolayer.instance.<id>`` (Linux; no file, gone with the
-    process)."""
-    return f"unix-abstract:{instance_health_name(instance_id)}"
 
 
 class LayerServer:
@@ -106,6 +134,7 @@ class LayerServer:
         held_services: Sequence[str] = (),
         starts_traces: bool = False,
         credentials: grpc.ServerCredentials | None = None,
+        private_address: str = "",
     ) -> None:
         """
         Args:
@@ -122,25 +151,33 @@ class LayerServer:
                 tell its own process from another one answering on the same address.
             reuse_port: share ``address`` with the other processes of the same stack
                 (SO_REUSEPORT: the kernel spreads new connections over them), and also listen
-                on :func:`instance_address`, so that a launcher reaches this process alone.
+                on ``private_address``, so that a launcher reaches this process alone.
                 Off: a taken port is an error, so a second stack cannot share it by mistake.
             held_services: service names that report NOT_SERVING even while the server
                 serves, until :meth:`release_service` (a standby scheduler's service).
             credentials: serve ``address`` with TLS (``grpc.ssl_server_credentials``); None:
-                plaintext. With an ``instance_id``, :func:`instance_address` is then listened
-                on too, but it serves ``grpc.health.v1`` alone, in plaintext: the launcher's
-                probes need no certificate, and nothing else is reachable without TLS.
+                plaintext. With a ``private_address``, that is listened on too, but it serves
+                ``grpc.health.v1`` alone, in plaintext: the launcher's probes need no
+                certificate, and nothing else is reachable without TLS.
+            private_address: ``unix:PATH`` where this process alone is reached (with
+                ``reuse_port`` or ``credentials``), a socket in a directory no other user can
+                write to (``zerolayer up``'s run directory): an abstract unix socket would have
+                no permissions, so any local user could take its name first.
 
         Raises:
-            ValueError: ``reuse_port`` without an ``instance_id``.
+            ValueError: ``reuse_port`` without a ``private_address``, or a ``private_address``
+                that is not ``unix:PATH``.
         """
-        if reuse_port and not instance_id:
-            raise ValueError("reuse_port: needs an instance_id (its private address)")
+        if reuse_port and not private_address:
+            raise ValueError("reuse_port: needs a private_address")
+        if private_address and not _unix_socket_path(private_address):
+            raise ValueError(f"private_address: {private_address}: not unix:PATH")
+        self.private_address = private_address
         self.instance_id = instance_id
         self.reuse_port = reuse_port
         self.credentials = credentials
         self._private: grpc.aio.Server | None = None
-        """The health-only plaintext server on :func:`instance_address` (with TLS)."""
+        """The health-only plaintext server on ``private_address`` (with TLS)."""
         self._held_services = set(held_services)
         self._outages: dict[str, str] = {}
         self._serving = False
@@ -172,7 +209,7 @@ class LayerServer:
         """Set by :meth:`stop_serving`: why the process, alive, must get no work."""
 
     async def start(self) -> None:
-        """Binds and starts the server. Raises RuntimeError if the address cannot be bound."""
+        """Binds and starts the server. Raises BindError if the address cannot be bound."""
         for binding in self._bindings:
             binding.add(binding.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -185,39 +222,46 @@ class LayerServer:
             ],
             self.server,
         )
-        prepare_unix_socket(self.address)
-        try:
-            if self.credentials is None:
-                port = self.server.add_insecure_port(self.address)
-            else:
-                port = self.server.add_secure_port(self.address, self.credentials)
-        except RuntimeError:  # gRPC's "Failed to bind to address ..."
-            port = 0
-        if port == 0:
-            raise RuntimeError(f"cannot listen on {self.address} ({self._bind_failure()})")
-        if self.credentials is not None and self.instance_id:
+        self._listen(self.server, self.address, self.credentials)
+        if self.credentials is not None and self.private_address:
             await self._start_private_health()
         elif self.reuse_port:
-            self.server.add_insecure_port(instance_address(self.instance_id))
+            self._listen(self.server, self.private_address, None)
         await self.server.start()
         socket_path = _unix_socket_path(self.address)
         if socket_path and not os.path.exists(socket_path):
             await self.server.stop(0)
-            raise RuntimeError(f"cannot listen on {self.address} ({self._bind_failure()})")
+            raise BindError(f"cannot listen on {self.address} ({_bind_failure(self.address)})")
         await self.set_serving(False)
         log.info("listening on %s", self.address)
 
     async def _start_private_health(self) -> None:
-        """Serves this server's health alone, in plaintext, on :func:`instance_address`."""
+        """Serves this server's health alone, in plaintext, on ``private_address``."""
         self._private = grpc.aio.server(options=SERVER_KEEPALIVE_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._private)
-        self._private.add_insecure_port(instance_address(self.instance_id))
+        self._listen(self._private, self.private_address, None)
         await self._private.start()
 
-    def _bind_failure(self) -> str:
-        if _unix_socket_path(self.address):
-            return "no socket file there: is its directory missing or not writable?"
-        return "in use, or not a local address"
+    @staticmethod
+    def _listen(
+        server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None
+    ) -> None:
+        """Adds ``address`` to ``server`` (TLS with ``credentials``), a stale socket of this user
+        there removed first.
+
+        Raises:
+            BindError: it cannot be bound (one line naming it and why, no gRPC traceback).
+        """
+        prepare_unix_socket(address)
+        try:
+            if credentials is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, credentials)
+        except RuntimeError:  # gRPC's "Failed to bind to address ..."
+            port = 0
+        if port == 0:
+            raise BindError(f"cannot listen on {address} ({_bind_failure(address)})")
 
     async def set_serving(self, serving: bool) -> None:
         """Sets overall health and that of each registered service (NOT_SERVING for good after

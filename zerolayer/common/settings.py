@@ -91,9 +91,18 @@ REUSE_PORT = Setting(
     "reuse_port",
     "--reuse-port",
     "share --listen with the other frontends of the same stack (SO_REUSEPORT; zerolayer up sets "
-    "it for --frontends > 1), and also listen on the abstract unix socket "
-    "zerolayer.instance.<ID> of --instance-id, where the launcher checks this process alone",
+    "it for --frontends > 1), and also serve on --private-address (needed), where the launcher "
+    "reaches this process alone",
     default=False,
+    layers=(FRONTEND,),
+)
+PRIVATE_ADDRESS = Setting(
+    "private_address",
+    "--private-address",
+    "unix:PATH where this frontend alone is reached: its whole service with --reuse-port, "
+    "grpc.health.v1 alone in plaintext with --tls-cert; zerolayer up sets unix:<run dir>/"
+    "<frontend>.sock (in its private run dir: no other user can bind or connect to it)",
+    default="",
     layers=(FRONTEND,),
 )
 # -- the model (loader)

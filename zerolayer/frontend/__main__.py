@@ -79,6 +79,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         interceptors=[RequestCountingInterceptor(metrics, ("/zerolayer.", "/inference."))],
         instance_id=config.instance_id,
         reuse_port=config.reuse_port,
+        private_address=config.private_address,
         credentials=tls.credentials() if tls is not None else None,
         ready=lambda: pool.router.available,
     )

@@ -15,12 +15,15 @@ with the descriptor attached (SCM_RIGHTS), or ``GET <key>``; the answer is one l
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import socket
 import threading
 from pathlib import Path
+
+from zerolayer.common.server import socket_path_error
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +34,17 @@ class FdKeeper:
     """Holds descriptors by key for the lifetime of this object (a daemon thread serves them).
 
     Raises:
-        OSError: the socket cannot be bound (e.g. path longer than 107 bytes).
+        OSError: the socket cannot be bound (e.g. path longer than 107 bytes, or something but
+            a socket of this user is at ``path``).
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._fds: dict[str, tuple[int, dict]] = {}
         self._lock = threading.Lock()
+        reason = socket_path_error(self.path)  # only a stale socket of this user is replaced
+        if reason:
+            raise OSError(errno.EEXIST, reason)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

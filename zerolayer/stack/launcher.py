@@ -14,6 +14,7 @@ import hashlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,6 @@ from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.common.server import (
     CHANNEL_OPTIONS,
     LAUNCHER_PID_ENV,
-    instance_address,
     instance_health_name,
 )
 from zerolayer.common.setting import command_line
@@ -46,6 +46,7 @@ from zerolayer.stack.config import SHM_DIR, StackConfig
 from zerolayer.stack.health_watch import HealthTarget
 from zerolayer.stack.layout import frontend_instance_id
 from zerolayer.stack.probes import SERVING, health_status
+from zerolayer.stack.run_dir import RunDirError, make_run_dir
 from zerolayer.stack.supervisor import Supervisor
 
 __all__ = ["LAYERS", "Stack", "StackConfig", "StackError", "StartupInterrupted"]
@@ -90,8 +91,11 @@ class Stack:
         self.config = config
         self._owns_run_dir = config.run_dir is None
         self.run_dir = Path(config.run_dir or tempfile.mkdtemp(prefix="zerolayer-"))
-        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.run_dir, 0o700)
+        # NOTE: an existing directory is checked, never chmodded (see zerolayer.stack.run_dir).
+        try:
+            make_run_dir(self.run_dir)
+        except RunDirError as exc:
+            raise StackError(f"--run-dir: {exc.reason}") from None
         self.instance_id = stack_instance_id(self.run_dir, self._owns_run_dir)
         """The arena file's name and the first frontend's ``--instance-id``: one per run
         directory."""
@@ -129,6 +133,14 @@ class Stack:
             return self.config.listen
         return f"unix:{self.run_dir / f'{name}.sock'}"
 
+    def private_address(self, name: str) -> str:
+        """Where frontend ``name`` alone is reached, when the frontends share the public port or
+        serve TLS: a unix socket named after the slot in the private run directory; "" for
+        every other process and setup."""
+        if self.slots[name].layer != FRONTEND or not (self.config.frontends > 1 or self.config.tls):
+            return ""
+        return f"unix:{self.run_dir / f'{name}.sock'}"
+
     def wiring(self, name: str) -> dict[str, object]:
         """The settings the launcher gives process ``name`` from the stack's layout (by setting
         name), beside the user's in ``config``; its layer takes those it declares."""
@@ -147,6 +159,7 @@ class Stack:
             "instance_id": frontend_instance_id(self.instance_id, slot.index),
             "standby": name in self.standby,
             "reuse_port": self.config.frontends > 1,
+            "private_address": self.private_address(name),
         }
 
     def command(self, name: str) -> list[str]:
@@ -168,8 +181,7 @@ class Stack:
         # NOTE: the frontend is asked by instance name: on its TCP port another stack could
         # answer (the other layers' unix sockets are private to this stack). With TLS, its
         # private address serves health in plaintext, so no probe needs a certificate.
-        private = self.config.frontends > 1 or self.config.tls
-        address = instance_address(instance_id) if private else self.address(name)
+        address = self.private_address(name) or self.address(name)
         return HealthTarget(address, instance_health_name(instance_id), slot.layer)
 
     def health_targets(self) -> dict[str, HealthTarget]:
@@ -220,11 +232,16 @@ class Stack:
         self.held.discard(name)
         stderr = None
         if self.config.log_dir is not None:
-            Path(self.config.log_dir).mkdir(parents=True, exist_ok=True)
-            # NOTE: this user's only (logs may quote prompts); a symlink there is not followed.
+            Path(self.config.log_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            # NOTE: this user's only (logs may quote prompts); a symlink there is not followed,
+            # and a file another user put there (in a shared directory) is not written to.
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
             log_path = Path(self.config.log_dir) / f"{name}.log"
             stderr = open(os.open(log_path, flags, 0o600), "ab")  # noqa: SIM115
+            info = os.fstat(stderr.fileno())
+            if info.st_uid != os.geteuid() or not stat.S_ISREG(info.st_mode):
+                stderr.close()
+                raise StackError(f"{log_path}: not a file of this user; not writing logs to it")
         # NOTE: own session, so a terminal's Ctrl-C reaches only the launcher, which then stops
         # the layers in order; the layers exit by themselves if the launcher dies.
         process = subprocess.Popen(
@@ -308,8 +325,11 @@ class Stack:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         else:
             for name, slot in self.slots.items():
-                if slot.layer != FRONTEND:
-                    Path(self.address(name).removeprefix("unix:")).unlink(missing_ok=True)
+                address = (
+                    self.address(name) if slot.layer != FRONTEND else self.private_address(name)
+                )
+                if address:
+                    Path(address.removeprefix("unix:")).unlink(missing_ok=True)
 
     def __enter__(self) -> Stack:
         self.start()

@@ -62,6 +62,5 @@ def metrics_ports(base: int, slots: tuple[Slot, ...]) -> dict[str, int]:
 
 def frontend_instance_id(stack_id: str, index: int) -> str:
     """The ``--instance-id`` of the stack's frontend ``index``: the stack's id for the first,
-    ``<stack id>-<index>`` for the others (each must be reachable alone, see
-    ``zerolayer.common.server.instance_address``)."""
+    ``<stack id>-<index>`` for the others (each reports its health under its own name)."""
     return stack_id if index == 0 else f"{stack_id}-{index}"

@@ -3,10 +3,11 @@
 :class:`zerolayer.stack.config.StackConfig` checks what a setting is on its own (ranges, syntax);
 this module checks what it means here: the frontend's TLS and tenants files can be used, the
 model can be read, the KV arena holds the blocks of the scheduler's warm-up request and fits its
-filesystem, the TCP ports are free, the run directory can be made, is this user's and no running
-stack uses it, and nothing but this user's private files sits at its KV arena's path. Each failure
-is one :class:`PreflightError` naming the flag, so ``up`` fails with one line instead of a layer
-crashing after the others started.
+filesystem, the TCP ports are free, the run directory can be made or is this user's private
+directory (:mod:`zerolayer.stack.run_dir`), holds nothing but stale sockets at its socket paths
+and no running stack uses it, and nothing but this user's private files sits at its KV arena's
+path. Each failure is one :class:`PreflightError` naming the flag, so ``up`` fails with one line
+instead of a layer crashing after the others started.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.access import read_server_tls, read_tenants
 from zerolayer.common.config import warm_up_num_blocks
+from zerolayer.common.server import socket_path_error
 from zerolayer.common.setting import SettingError
 from zerolayer.common.settings import INTERNAL
 from zerolayer.kv.arena_file import ArenaSizeError, check_arena_fits, sidecar_path
@@ -27,6 +29,7 @@ from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.kv.private_file import UntrustedFileError, open_private
 from zerolayer.stack.config import SHM_DIR, StackConfig
 from zerolayer.stack.launcher import stack_instance_id
+from zerolayer.stack.run_dir import RunDirError, make_run_dir
 
 MAX_UNIX_SOCKET_PATH = 107
 """Longest unix socket path Linux accepts (``sun_path`` is 108 bytes with the NUL)."""
@@ -61,9 +64,10 @@ def check_stack(config: StackConfig, shm_dir: str = SHM_DIR) -> None:
     if config.run_dir is not None and config.device == "cpu":
         _check_arena_path(config.run_dir, shm_dir)
     if config.run_dir is not None:
-        _make_run_dir(
-            config.run_dir, [slot.name for slot in config.slots if slot.layer in INTERNAL]
-        )
+        # NOTE: the frontends' private sockets too (several frontends, or TLS)
+        private = config.frontends > 1 or config.tls
+        sockets = [s.name for s in config.slots if s.layer in INTERNAL or private]
+        _make_run_dir(config.run_dir, sockets + (["fds"] if config.device != "cpu" else []))
 
 
 def _check_access(config: StackConfig) -> None:
@@ -193,7 +197,9 @@ def bind_error(host: str, port: int) -> str:
 
 def _make_run_dir(run_dir: str, socket_names: list[str]) -> None:
     """Checks that the run directory can hold the sockets ``<name>.sock`` and that no running
-    stack uses it, then makes it (mode 0700)."""
+    stack uses it, then makes it (mode 0700) or checks that the existing one is private to this
+    user (never chmodded), and that nothing but this user's stale sockets sits at the socket
+    paths."""
     path = Path(run_dir)
     longest = path / f"{max(socket_names, key=len)}.sock"
     if len(os.fsencode(longest.absolute())) > MAX_UNIX_SOCKET_PATH:
@@ -210,16 +216,15 @@ def _make_run_dir(run_dir: str, socket_names: list[str]) -> None:
                 f"{run_dir}: in use by a running stack ({socket_path} accepts connections)",
             )
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PreflightError("--run-dir", f"{run_dir}: cannot create it ({exc.strerror})") from None
-    owner = path.stat().st_uid
-    if owner != os.geteuid():  # its owner could swap the sockets in it
-        raise PreflightError(
-            "--run-dir", f"{run_dir}: owned by uid {owner}, not by this user (uid {os.geteuid()})"
-        )
+        make_run_dir(path)
+    except RunDirError as exc:
+        raise PreflightError("--run-dir", exc.reason) from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise PreflightError("--run-dir", f"{run_dir}: not writable")
+    for name in socket_names:
+        reason = socket_path_error(os.fspath(path / f"{name}.sock"))
+        if reason:
+            raise PreflightError("--run-dir", reason)
 
 
 def _accepts_connections(socket_path: Path) -> bool:
