@@ -178,3 +178,21 @@ def test_kserve_calls_are_in_their_tenants_namespace_too(stack, certs: CertSet) 
 def stack_model_name(chan: grpc.Channel) -> str:
     stub = generation_pb2_grpc.TextGenerationStub(chan)
     return stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30).model
+
+
+def test_a_request_id_in_flight_is_its_tenants_alone(stack, certs: CertSet) -> None:
+    long = pb.GenerateRequest(
+        prompt="the owner's work", max_new_tokens=200, ignore_eos=True, request_id="order-42"
+    )
+    probe = pb.GenerateRequest(prompt="probe", max_new_tokens=1, request_id="order-42")
+    with channel(stack, certs, certs.tenant_a) as a, channel(stack, certs, certs.tenant_b) as b:
+        owner = generation_pb2_grpc.TextGenerationStub(a).GenerateStream(long, timeout=30)
+        assert next(owner).request_id == "order-42"  # in flight now
+        # another tenant can neither tell that the id is in flight nor squat it
+        other = generation_pb2_grpc.TextGenerationStub(b).Generate(probe, timeout=30)
+        assert other.request_id == "order-42"
+        with pytest.raises(grpc.RpcError) as raised:
+            generation_pb2_grpc.TextGenerationStub(a).Generate(probe, timeout=30)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert raised.value.details() == "request_id: 'order-42' is in flight"
+        owner.cancel()

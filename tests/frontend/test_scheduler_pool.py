@@ -217,3 +217,30 @@ def test_a_request_id_in_flight_is_refused() -> None:
         assert pool.router.states[A].num_requests == 0
 
     asyncio.run(twice())
+
+
+def test_request_ids_are_unique_per_tenant_and_never_meet_in_the_scheduler() -> None:
+    a = ScriptedScheduler(([7, 8], "finish"), ([9], "finish"), ([5], "finish"))
+    pool = make_pool({A: a}, A)
+
+    async def two_tenants() -> None:
+        owner = pool.generate(make_request(), timeout_s=10, max_model_len=64, tenant="a")
+        await anext(owner)
+        # another tenant's id in flight neither refuses nor is told of
+        other = await run_for(pool, make_request(), "b")
+        assert [o.request_id for o in other] == ["r1"]
+        with pytest.raises(InvalidArgument, match="^request_id: 'r1' is in flight$"):
+            await anext(pool.generate(make_request(), timeout_s=10, max_model_len=64, tenant="a"))
+        assert [o.request_id async for o in owner] == ["r1"]
+        assert [o.request_id for o in await run_for(pool, make_request(), "")] == ["r1"]
+
+    asyncio.run(two_tenants())
+    owner_id, other_id, untenanted_id = (r.request_id for r in a.requests)
+    assert re.fullmatch("r1~[0-9a-f]{32}", owner_id)
+    assert re.fullmatch("r1~[0-9a-f]{32}", other_id)
+    assert owner_id != other_id
+    assert untenanted_id == "r1"
+
+
+async def run_for(pool: SchedulerPool, request: EngineRequest, tenant: str) -> list[RequestOutput]:
+    return [o async for o in pool.generate(request, 10, max_model_len=64, tenant=tenant)]

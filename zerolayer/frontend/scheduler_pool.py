@@ -52,10 +52,15 @@ class SchedulerPool:
         self.router = router
         self._waits = waits
         self._draw = draw
-        self._request_ids: set[str] = set()
+        self._request_ids: set[tuple[str, str]] = set()
+        """(tenant, request_id) of the requests in flight: ids are unique per tenant."""
 
     async def generate(
-        self, request: EngineRequest, timeout_s: float | None, max_model_len: int
+        self,
+        request: EngineRequest,
+        timeout_s: float | None,
+        max_model_len: int,
+        tenant: str = "",
     ) -> AsyncIterator[RequestOutput]:
         """Yields the request's outputs until the finished one, whichever schedulers carry it.
 
@@ -63,26 +68,32 @@ class SchedulerPool:
             request: the validated request.
             timeout_s: the call's remaining time (None: no deadline), seconds.
             max_model_len: the model's context length, tokens.
+            tenant: the caller's tenant (zerolayer.frontend.tenants; "": none). Request ids
+                are unique per tenant: another tenant's id in flight neither refuses this
+                request nor is told of. With a tenant, every submission's id in the scheduler
+                is a fresh :func:`~zerolayer.frontend.failover.resubmission_id`, so tenants'
+                ids never meet there; the outputs carry the request's own id.
 
         Raises:
-            InvalidArgument: ``request_id`` is in flight in this frontend.
+            InvalidArgument: ``request_id`` is in flight in this frontend for ``tenant``.
             Unavailable: no scheduler could take it in time, one answered UNAVAILABLE itself,
                 or schedulers died under the request in two separate incidents (see
                 :mod:`zerolayer.frontend.failover`).
             grpc.aio.AioRpcError: a scheduler rejected it, or the deadline passed.
         """
-        if request.request_id in self._request_ids:
+        key = (tenant, request.request_id)
+        if key in self._request_ids:
             raise InvalidArgument("request_id", f"{request.request_id!r} is in flight")
-        self._request_ids.add(request.request_id)
+        self._request_ids.add(key)
         try:
-            flight = InFlight(with_seed(request, self._draw), max_model_len)
+            flight = InFlight(with_seed(request, self._draw), max_model_len, bool(tenant))
             # NOTE: aclosing, here and below: a caller that stops early must end the call (and
             # the work counted) at once, not when the garbage collector finalizes the generators.
             async with aclosing(self._carry(flight, timeout_s)) as outputs:
                 async for output in outputs:
                     yield output
         finally:
-            self._request_ids.discard(request.request_id)
+            self._request_ids.discard(key)
 
     async def _carry(
         self, flight: InFlight, timeout_s: float | None
