@@ -196,3 +196,24 @@ def test_a_request_id_in_flight_is_its_tenants_alone(stack, certs: CertSet) -> N
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert raised.value.details() == "request_id: 'order-42' is in flight"
         owner.cancel()
+
+
+def test_ambiguous_identities_are_unauthenticated(stack, certs: CertSet) -> None:
+    twice = {"metadata": (("authorization", "Bearer token-of-c"), ("authorization", "Bearer x"))}
+    with channel(stack, certs, certs.two_names) as two_names:
+        with pytest.raises(grpc.RpcError) as raised:
+            generate_or_raise(two_names)
+        assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert raised.value.details() == (
+            "client certificate: its subject has more than one common name"
+        )
+    with channel(stack, certs, certs.tenant_a) as chan:
+        with pytest.raises(grpc.RpcError) as raised:
+            generate_or_raise(chan, **twice)
+        assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert raised.value.details() == "authorization: sent more than once (one token a call)"
+
+
+def generate_or_raise(chan: grpc.Channel, **call: object) -> pb.GenerateResponse:
+    request = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, 2]), max_new_tokens=1)
+    return generation_pb2_grpc.TextGenerationStub(chan).Generate(request, timeout=30, **call)
