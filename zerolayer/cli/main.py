@@ -172,16 +172,23 @@ def cmd_up(args: argparse.Namespace) -> int:
     130 when SIGINT/SIGTERM arrives during start-up (the started layers are stopped).
     """
     from zerolayer.checkpoints.checkpoint import CheckpointError
+    from zerolayer.common.access import plaintext_tokens_warning
     from zerolayer.stack.launcher import Stack, StackError, StartupInterrupted
 
     logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
-    if args.generate is not None and args.tls_cert:
+    if args.generate is not None and (args.tls_cert or args.tenants):
+        # NOTE: its call has no CA to verify the server with, nor a token to send
+        flag, client_flag = (
+            ("--tls-cert", "--tls-ca") if args.tls_cert else ("--tenants", "--token-file")
+        )
         print(
-            "zerolayer up: error: --generate: not with --tls-cert (use zerolayer generate "
-            "--tls-ca ... once it serves)",
+            f"zerolayer up: error: --generate: not with {flag} (use zerolayer generate "
+            f"{client_flag} ... once it serves)",
             file=sys.stderr,
         )
         return 2
+    if (warning := plaintext_tokens_warning(args.tenants, args.tls_cert)) is not None:
+        logging.getLogger(__name__).warning("%s", warning)
     try:
         config = _stack_config(args)
     except ValueError as exc:
