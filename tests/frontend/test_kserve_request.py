@@ -1,6 +1,7 @@
 """Reading a KServe ModelInferRequest into generation terms: every numeric conversion of request
 ``parameters`` and the ``sampling_parameters`` JSON is range-checked, each refusal an
-InvalidArgument naming the full field (never another exception, which would be INTERNAL).
+InvalidArgument naming the full field (never another exception, which would be INTERNAL); the
+``id`` is checked as Generate's ``request_id``; input shapes are one request's.
 Against a real stack: tests/frontend/test_kserve.py."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.frontend.kserve_request import ALIASES, SETTINGS, read_text_request
+from zerolayer.frontend.kserve_response import stream_error_response
 
 NUMERIC = sorted(
     k for k in (*SETTINGS, *ALIASES) if SETTINGS[ALIASES.get(k, k)] in ("uint", "float")
@@ -107,3 +109,52 @@ def test_a_stop_input_that_is_not_utf8_is_refused_as_such() -> None:
     request.raw_input_contents[-1] = b"\x02\x00\x00\x00\xff\xfe"
     with pytest.raises(InvalidArgument, match="^stop: not valid UTF-8$"):
         read_text_request(request, "m")
+
+
+@pytest.mark.parametrize(
+    ("request_id", "message"),
+    [
+        ("a\nb", "id: contains the control character '\\n' (none are allowed)"),
+        ("x\x00", "id: contains the control character '\\x00' (none are allowed)"),
+        ("x" * 257, "id: longer than 256 characters"),
+        ("x" * (4 << 20), "id: longer than 256 characters"),
+    ],
+)
+def test_an_id_generate_would_refuse_is_refused_and_not_echoed(request_id, message) -> None:
+    request = make_infer_request("m", "x")
+    request.id = request_id
+    with pytest.raises(InvalidArgument) as refused:
+        read_text_request(request, "m")
+    assert str(refused.value) == message
+    assert stream_error_response(request, "INVALID_ARGUMENT: ...").infer_response.id == ""
+
+
+def test_an_id_generate_would_take_is_taken_and_echoed() -> None:
+    request = make_infer_request("m", "x")
+    request.id = "é" * 256
+    read_text_request(request, "m")
+    assert stream_error_response(request, "UNAVAILABLE: ...").infer_response.id == "é" * 256
+
+
+@pytest.mark.parametrize(
+    ("index", "shape"),
+    [(0, [-1, -1]), (0, []), (0, [1, 1, 1]), (0, [-1]), (0, [2, 1]), (1, [1, -1])],
+)
+def test_shapes_other_than_n_or_1_by_n_are_refused_naming_the_input(index, shape) -> None:
+    request = make_infer_request("m", "x", stop=["a"])
+    request.inputs[index].ClearField("shape")
+    request.inputs[index].shape.extend(shape)
+    with pytest.raises(InvalidArgument) as refused:
+        read_text_request(request, "m")
+    name = request.inputs[index].name
+    assert str(refused.value) == (
+        f"inputs[{index}].shape: {shape} for {name!r}: must be [n] or [1, n] (batch size 1, n >= 0)"
+    )
+
+
+def test_shapes_of_one_request_are_taken_and_echoed() -> None:
+    request = make_infer_request("m", "x", stop=["a", "b"])
+    request.inputs[0].shape[:] = [1, 1]
+    request.inputs[1].shape[:] = [1, 2]
+    text_request = read_text_request(request, "m")
+    assert (text_request.output_shape, text_request.params.stop) == ((1, 1), ("a", "b"))

@@ -18,6 +18,7 @@ from zerolayer.frontend.kserve_tensors import Tensor, check_dtype, read_tensors
 from zerolayer.frontend.validation import (
     MAX_UINT32,
     MAX_UINT64,
+    check_request_id,
     check_temperature,
     check_top_p,
     check_uint,
@@ -66,9 +67,13 @@ def read_text_request(request: pb.ModelInferRequest, model: str) -> TextRequest:
     """Reads the tensors and settings of a request to ``model``; the caller checks the model name.
 
     Raises:
-        InvalidArgument: a missing, unknown, mistyped or malformed input or setting; the
-            message starts with the input's (or ``parameters.KEY``'s) name.
+        InvalidArgument: an ``id`` Generate would refuse as ``request_id`` (too long, a
+            control character); a missing, unknown, mistyped or malformed input or setting, or
+            an input of a shape the protocol does not allow (see
+            :func:`zerolayer.frontend.kserve_tensors.read_tensors`); the message starts with
+            ``id``, the input's (or ``parameters.KEY``'s) name, or ``inputs[i].shape``.
     """
+    check_request_id("id", request.id)
     for output in request.outputs:
         if output.name != "text_output":
             raise InvalidArgument("outputs", f"{output.name!r} unknown (only 'text_output')")

@@ -133,14 +133,24 @@ def _check_strings(params: GenerateParams, config: FrontendConfig) -> None:
             raise InvalidArgument(f"stop[{i}]", f"must be 1 to {MAX_STOP_STRING_CHARS} characters")
     if len(params.cache_salt.encode()) > config.max_cache_salt_bytes:
         raise InvalidArgument("cache_salt", f"longer than {config.max_cache_salt_bytes} bytes")
-    if len(params.request_id) > MAX_REQUEST_ID_CHARS:
-        raise InvalidArgument("request_id", f"longer than {MAX_REQUEST_ID_CHARS} characters")
+    check_request_id("request_id", params.request_id)
+
+
+def check_request_id(field: str, request_id: str) -> None:
+    """Refuses a client's request id (Generate's ``request_id``, KServe's ``id``) of more than
+    :data:`MAX_REQUEST_ID_CHARS` characters or with a control character (Unicode category Cc).
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidArgument(field, f"longer than {MAX_REQUEST_ID_CHARS} characters")
     # NOTE: the id is echoed and written to logs and traces, where a newline or NUL could forge
     # or cut a line.
-    control = next((c for c in params.request_id if unicodedata.category(c) == "Cc"), None)
+    control = next((c for c in request_id if unicodedata.category(c) == "Cc"), None)
     if control is not None:
         raise InvalidArgument(
-            "request_id", f"contains the control character {control!r} (none are allowed)"
+            field, f"contains the control character {control!r} (none are allowed)"
         )
 
 
