@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import grpc
 
@@ -14,10 +15,12 @@ from zerolayer.common.convert import (
     engine_request_to_pb,
     not_serving_reason_from_stats_pb,
     request_output_from_pb,
+    role_from_stats_pb,
     scheduler_stats_request_to_pb,
 )
 from zerolayer.common.errors import SchedulerLost, Unavailable
 from zerolayer.common.generation import EngineRequest, RequestOutput
+from zerolayer.common.scheduler_role import SchedulerRole
 from zerolayer.common.server import CHANNEL_OPTIONS
 from zerolayer.common.status import answered_by_handler
 from zerolayer.common.tracing import Tracing
@@ -31,6 +34,23 @@ log = logging.getLogger(__name__)
 LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 """Codes of a call whose scheduler went away, when no handler chose them: unreachable, the
 connection broke (UNAVAILABLE), or the server cancelled the call as it shut down (CANCELLED)."""
+
+
+@dataclass(frozen=True)
+class SelfReport:
+    """What a scheduler says of itself (GetStats)."""
+
+    role: SchedulerRole
+    """ACTIVE or STANDBY (UNSPECIFIED: a scheduler that predates roles)."""
+    not_serving_reason: str
+    """Why it stopped serving while it runs; "" when it serves or did not say."""
+
+    def describe(self) -> str:
+        """In words, for a scheduler that is up but takes no requests: ``not serving`` when it
+        says why (or is the active one), ``standby`` only when its role is that."""
+        if self.role == SchedulerRole.STANDBY and not self.not_serving_reason:
+            return "standby"
+        return "not serving"
 
 
 class SchedulerClient:
@@ -101,14 +121,15 @@ class SchedulerClient:
             return 0
         return block_size_from_stats_pb(stats)
 
-    async def not_serving_reason(self) -> str:
-        """Why the scheduler stopped serving while it runs (e.g. a fatal GPU event), from
-        GetStats; "" when it serves, did not say, or cannot be reached within a second."""
+    async def self_report(self) -> SelfReport | None:
+        """What the scheduler says of itself in GetStats (its role, why it stopped serving while
+        it runs, e.g. a fatal GPU event or its kvstore down); None when it cannot be reached
+        within a second."""
         try:
             stats = await self._stub.GetStats(scheduler_stats_request_to_pb(), timeout=1)
         except grpc.aio.AioRpcError:
-            return ""
-        return not_serving_reason_from_stats_pb(stats)
+            return None
+        return SelfReport(role_from_stats_pb(stats), not_serving_reason_from_stats_pb(stats))
 
     async def close(self) -> None:
         """Stops following health and closes the channel."""

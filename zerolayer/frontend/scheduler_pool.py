@@ -125,19 +125,26 @@ class SchedulerPool:
         """The scheduler for ``flight``'s next submission (see :meth:`Router.acquire`).
 
         Raises:
-            Unavailable: none can take it within ``wait_s`` seconds; the message carries the
-                reasons the schedulers that stopped serving gave (e.g. a fatal GPU event).
+            Unavailable: none can take it within ``wait_s`` seconds; the message describes each
+                scheduler by what it says of itself (``standby`` only when its role is that,
+                ``not serving`` otherwise) and carries the reasons those that stopped serving
+                gave (e.g. a fatal GPU event, its kvstore down); logged with their addresses.
         """
         try:
             return await self.router.acquire(
                 wait_s, flight.request.prompt_token_ids, flight.request.cache_salt
             )
-        except Unavailable as none:
-            reasons = [await client.not_serving_reason() for client in self.clients.values()]
+        except Unavailable:
+            reports = {a: await client.self_report() for a, client in self.clients.items()}
+            up = {a: report.describe() for a, report in reports.items() if report is not None}
+            log.warning(
+                "no scheduler can take a request: %s",
+                self.router.describe(by_address=True, up=up),
+            )
+            reasons = [r.not_serving_reason for r in reports.values() if r is not None]
             said = "; ".join(dict.fromkeys(redacted(reason) for reason in reasons if reason))
-            if not said:
-                raise
-            raise Unavailable(f"{none}: {said}") from None
+            none = f"scheduler: none can take requests ({self.router.describe(up=up)})"
+            raise Unavailable(f"{none}: {said}" if said else none) from None
 
     async def _submit(
         self, address: str, flight: InFlight, timeout_s: float | None
@@ -180,9 +187,14 @@ class SchedulerPool:
         self.clients[address].watch_again()
 
     async def block_size(self) -> int:
-        """The KV block size of a scheduler that can take requests (0 when none can)."""
-        address = self.router.pick()
-        return 0 if address is None else await self.clients[address].block_size()
+        """The KV block size of the schedulers (one for all, from the model's KV layout), as
+        the first that answers GetStats says: one that can take requests first, else any that
+        runs (e.g. one whose kvstore is down); 0 when none answers."""
+        first = self.router.pick()
+        for address in sorted(self.clients, key=lambda a: a != first):
+            if block_size := await self.clients[address].block_size():
+                return block_size
+        return 0
 
     async def close(self) -> None:
         """Closes every client."""
