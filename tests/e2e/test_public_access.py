@@ -217,3 +217,14 @@ def test_ambiguous_identities_are_unauthenticated(stack, certs: CertSet) -> None
 def generate_or_raise(chan: grpc.Channel, **call: object) -> pb.GenerateResponse:
     request = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, 2]), max_new_tokens=1)
     return generation_pb2_grpc.TextGenerationStub(chan).Generate(request, timeout=30, **call)
+
+
+def test_tokenize_needs_a_tenant_and_model_info_stays_open(stack, certs: CertSet) -> None:
+    tokenize = pb.TokenizeRequest(text="hello")
+    with channel(stack, certs, certs.tenant_a) as chan:
+        stub = generation_pb2_grpc.TextGenerationStub(chan)
+        assert stub.Tokenize(tokenize, timeout=30).token_ids
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30).block_size == 16
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Tokenize(tokenize, timeout=30, **bearer("secret-guess"))
+        assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -1,10 +1,10 @@
 """Who a public caller is, said by the server rather than the caller: the tenant of a bearer token
 listed in the ``--tenants`` file, or the subject common name of an mTLS client certificate
-(``--tls-client-ca``). With either configured, every Generate-like call must have a tenant
-(UNAUTHENTICATED otherwise), and its prefix-cache namespace is the tenant's: the client's
-``cache_salt`` only narrows it further (:func:`scoped_cache_salt`), so no salt reaches another
-tenant's cached blocks. Without either, callers are not identified and ``cache_salt`` is used as
-sent.
+(``--tls-client-ca``). With either configured, every Generate-like call and Tokenize (it costs
+CPU time) must have a tenant (UNAUTHENTICATED otherwise), and its prefix-cache namespace is the
+tenant's: the client's ``cache_salt`` only narrows it further (:func:`scoped_cache_salt`), so no
+salt reaches another tenant's cached blocks. Without either, callers are not identified and
+``cache_salt`` is used as sent.
 
 The ``--tenants`` file is read by ``zerolayer.common.access.read_tenants``. Bearer tokens: RFC
 6750, sent as gRPC metadata ``authorization: Bearer <token>``.
