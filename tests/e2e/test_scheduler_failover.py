@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2
 
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.frontend.failover import INCIDENT_WINDOW_S
+from zerolayer.frontend.scheduler_client import HUNG_AFTER_S
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb
 
@@ -286,3 +287,30 @@ def test_schedulers_are_distinct_processes(cluster: TwoSchedulers) -> None:
     pids = {cluster.processes[name].pid for name in SCHEDULERS}
     assert len(pids) == 2
     assert all(Path(cluster.addresses[n].removeprefix("unix:")).exists() for n in SCHEDULERS)
+
+
+def test_a_hung_scheduler_is_taken_out_and_its_stream_continues_elsewhere(cluster, stub) -> None:
+    """A scheduler stopped with SIGSTOP keeps its connection open and its health stream goes
+    quiet: the frontend's pings find it hung, its stream continues on the other one, and the
+    public health says NOT_SERVING once both are hung, SERVING again once they answer."""
+    request = make_request("hung", "greedy")
+    call = stub.GenerateStream(request, timeout=120)
+    responses = [next(call)]
+    hung = [cluster.carrier()]
+    try:
+        cluster.processes[hung[0]].send_signal(signal.SIGSTOP)
+        responses += list(call)
+        undisturbed = stub.Generate(request, timeout=60)
+        assert [t for r in responses for t in r.token_ids] == list(undisturbed.token_ids)
+        assert cluster.public_health() == SERVING  # the other one takes requests
+        hung += [name for name in SCHEDULERS if name != hung[0]]
+        cluster.processes[hung[1]].send_signal(signal.SIGSTOP)
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        cluster.wait_health(cluster.listen, "", not_serving, HUNG_AFTER_S + 10)
+        cluster.wait_health(cluster.listen, "inference.GRPCInferenceService", not_serving, 1)
+    finally:
+        for name in hung:
+            cluster.processes[name].send_signal(signal.SIGCONT)
+    cluster.wait_health(cluster.listen, "", SERVING, 30)
+    response = stub.Generate(make_request("answers again", "greedy", max_new_tokens=4), timeout=30)
+    assert len(response.token_ids) == 4

@@ -60,7 +60,7 @@ class ScriptedScheduler:
     async def self_report(self) -> SelfReport | None:
         return None if self.role is None else SelfReport(self.role, self.reason)
 
-    async def block_size(self) -> int:
+    async def block_size(self, timeout_s: float = 5.0) -> int:
         return 0 if self.role is None else 16
 
     async def close(self) -> None:

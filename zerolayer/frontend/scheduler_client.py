@@ -36,6 +36,34 @@ LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 connection broke (UNAVAILABLE), or the server cancelled the call as it shut down (CANCELLED)."""
 
 
+HUNG_AFTER_S = 5.0
+"""A scheduler that has not acknowledged a ping for this long is hung (e.g. stopped with SIGSTOP),
+as the supervisor also counts it; seconds."""
+PING_INTERVAL_S = 1.0
+"""How often the frontend pings each scheduler connection, with or without calls, seconds (the
+servers accept pings every ``MIN_CLIENT_PING_INTERVAL_MS`` or slower)."""
+
+SCHEDULER_CHANNEL_OPTIONS = (
+    *CHANNEL_OPTIONS,
+    # NOTE: a hung scheduler keeps its connection open and its health stream just goes quiet, so
+    # without pings the router kept routing to it and the public health stayed SERVING while
+    # every Generate timed out. HTTP/2 pings are answered by gRPC's core threads, not the Python
+    # loop, so a busy engine still answers them; an unanswered one closes the connection, which
+    # ends the health streams (the router takes the scheduler out) and the calls on it (their
+    # requests fail over as when the scheduler dies). Spec: gRPC A8 client-side keepalive,
+    # https://github.com/grpc/proposal/blob/master/A8-client-side-keepalive.md
+    ("grpc.keepalive_time_ms", int(PING_INTERVAL_S * 1000)),
+    ("grpc.keepalive_timeout_ms", int(HUNG_AFTER_S * 1000)),
+    # NOTE: in this gRPC (1.85) an unanswered keepalive ping ends the connection only after the
+    # ping timeout (default 1 min), whatever keepalive_timeout_ms says.
+    ("grpc.http2.ping_timeout_ms", int(HUNG_AFTER_S * 1000)),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_time_between_pings_ms", int(PING_INTERVAL_S * 1000)),
+)
+"""Options of the frontend's channel to each scheduler: :data:`CHANNEL_OPTIONS` plus keepalive."""
+
+
 @dataclass(frozen=True)
 class SelfReport:
     """What a scheduler says of itself (GetStats)."""
@@ -65,7 +93,7 @@ class SchedulerClient:
         """
         self.address = address
         self._tracing = tracing
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(address, options=SCHEDULER_CHANNEL_OPTIONS)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._health: HealthWatcher | None = None
 
@@ -113,10 +141,11 @@ class SchedulerClient:
             finally:
                 call.cancel()
 
-    async def block_size(self) -> int:
-        """The KV block size the scheduler runs with (0 if it is unreachable)."""
+    async def block_size(self, timeout_s: float = 5.0) -> int:
+        """The KV block size the scheduler runs with (0 if it does not answer within
+        ``timeout_s`` seconds)."""
         try:
-            stats = await self._stub.GetStats(scheduler_stats_request_to_pb(), timeout=5)
+            stats = await self._stub.GetStats(scheduler_stats_request_to_pb(), timeout=timeout_s)
         except grpc.aio.AioRpcError:
             return 0
         return block_size_from_stats_pb(stats)

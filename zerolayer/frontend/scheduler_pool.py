@@ -192,7 +192,9 @@ class SchedulerPool:
         runs (e.g. one whose kvstore is down); 0 when none answers."""
         first = self.router.pick()
         for address in sorted(self.clients, key=lambda a: a != first):
-            if block_size := await self.clients[address].block_size():
+            # NOTE: one that takes no requests may be hung: a second each at most
+            timeout_s = 5.0 if address == first else 1.0
+            if block_size := await self.clients[address].block_size(timeout_s):
                 return block_size
         return 0
 
