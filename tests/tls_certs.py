@@ -30,6 +30,8 @@ class CertSet:
     """Another CA, which signed ``stranger``."""
     stranger: Pair
     """CN=tenant-a, but of ``other_ca``."""
+    two_names: Pair
+    """Of ``ca``, with two common names: subject ``/CN=tenant-b/CN=tenant-a``."""
 
 
 def _openssl(*args: str | Path) -> None:
@@ -47,11 +49,11 @@ def _make_ca(directory: Path, name: str) -> Pair:
     return pair
 
 
-def _make_leaf(directory: Path, ca: Pair, name: str, extensions: str) -> Pair:
+def _make_leaf(directory: Path, ca: Pair, name: str, extensions: str, subject: str = "") -> Pair:
     pair = Pair(directory / f"{name}.pem", directory / f"{name}.key")
     csr, ext = directory / f"{name}.csr", directory / f"{name}.ext"
     ext.write_text(extensions)
-    _openssl("req", *EC_KEY, "-keyout", pair.key, "-out", csr, "-subj", f"/CN={name}")
+    _openssl("req", *EC_KEY, "-keyout", pair.key, "-out", csr, "-subj", subject or f"/CN={name}")
     _openssl(
         "x509", "-req", "-in", csr, "-CA", ca.cert, "-CAkey", ca.key, "-CAcreateserial",
         "-out", pair.cert, "-days", "2", "-extfile", ext,
@@ -76,4 +78,5 @@ def make_test_certs(directory: Path) -> CertSet:
         tenant_b=_make_leaf(directory, ca, "tenant-b", client),
         other_ca=other_ca.cert,
         stranger=_make_leaf(stranger_dir, other_ca, "tenant-a", client),
+        two_names=_make_leaf(directory, ca, "two-names", client, "/CN=tenant-b/CN=tenant-a"),
     )

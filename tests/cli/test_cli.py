@@ -157,6 +157,7 @@ def test_generate_against_nothing_reports_unavailable() -> None:
             "--tls-cert: cannot read /nonexistent.pem: No such file or directory",
         ),
         (["--generate", "hi", "--tls-cert", "/c.pem"], "--generate: not with --tls-cert"),
+        (["--generate", "hi", "--tenants", "/t.json"], "--generate: not with --tenants"),
     ],
 )
 def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_path) -> None:
@@ -191,6 +192,19 @@ def test_up_refuses_a_run_dir_open_to_others_and_leaves_it_alone(tmp_path: Path)
     assert "Traceback" not in err and "listening on" not in err
     assert shared.stat().st_mode & 0o7777 == 0o1777
     assert (shared / "scheduler.sock").read_text() == "precious"
+
+
+def test_up_warns_of_tenants_without_tls(tmp_path: Path) -> None:
+    (tmp_path / "tenants.json").write_text('{"a": []}')
+    flags = ["--tenants", str(tmp_path / "tenants.json"), "--schedulers", "1000000"]
+    proc = zerolayer("up", *flags, env=isolated_env(tmp_path))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err  # refused after the warning: nothing starts
+    [warning] = [line for line in err.splitlines() if "WARNING" in line]
+    assert warning.endswith(
+        "up WARNING: --tenants without --tls-cert: bearer tokens travel in plaintext, readable "
+        "(and replayable) by anyone on the network path; give --tls-cert and --tls-key"
+    )
 
 
 @pytest.mark.parametrize("flag", ["--listen", "--metrics-port-base"])

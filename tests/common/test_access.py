@@ -18,7 +18,7 @@ from common.test_server_health import SERVICE, SERVING, make_server, statuses
 from e2e.stack import free_port
 from tls_certs import CertSet, make_test_certs
 
-from zerolayer.common.access import read_server_tls, read_tenants
+from zerolayer.common.access import plaintext_tokens_warning, read_server_tls, read_tenants
 from zerolayer.common.config import AccessSettings
 from zerolayer.common.setting import SettingError
 from zerolayer.v1 import generation_pb2 as pb
@@ -183,3 +183,10 @@ def test_an_unreadable_or_non_json_tenants_file_is_refused(tmp_path: Path) -> No
     (tmp_path / "t.json").write_text("{")
     with pytest.raises(SettingError, match="^--tenants: .*t.json: not JSON"):
         read_tenants(str(tmp_path / "t.json"))
+
+
+def test_tenants_without_tls_is_warned_of() -> None:
+    warning = plaintext_tokens_warning("t.json", "")
+    assert warning is not None and warning.startswith("--tenants without --tls-cert: bearer")
+    assert plaintext_tokens_warning("t.json", "c.pem") is None
+    assert plaintext_tokens_warning("", "") is None

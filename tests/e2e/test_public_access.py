@@ -178,3 +178,53 @@ def test_kserve_calls_are_in_their_tenants_namespace_too(stack, certs: CertSet) 
 def stack_model_name(chan: grpc.Channel) -> str:
     stub = generation_pb2_grpc.TextGenerationStub(chan)
     return stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30).model
+
+
+def test_a_request_id_in_flight_is_its_tenants_alone(stack, certs: CertSet) -> None:
+    long = pb.GenerateRequest(
+        prompt="the owner's work", max_new_tokens=200, ignore_eos=True, request_id="order-42"
+    )
+    probe = pb.GenerateRequest(prompt="probe", max_new_tokens=1, request_id="order-42")
+    with channel(stack, certs, certs.tenant_a) as a, channel(stack, certs, certs.tenant_b) as b:
+        owner = generation_pb2_grpc.TextGenerationStub(a).GenerateStream(long, timeout=30)
+        assert next(owner).request_id == "order-42"  # in flight now
+        # another tenant can neither tell that the id is in flight nor squat it
+        other = generation_pb2_grpc.TextGenerationStub(b).Generate(probe, timeout=30)
+        assert other.request_id == "order-42"
+        with pytest.raises(grpc.RpcError) as raised:
+            generation_pb2_grpc.TextGenerationStub(a).Generate(probe, timeout=30)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert raised.value.details() == "request_id: 'order-42' is in flight"
+        owner.cancel()
+
+
+def test_ambiguous_identities_are_unauthenticated(stack, certs: CertSet) -> None:
+    twice = {"metadata": (("authorization", "Bearer token-of-c"), ("authorization", "Bearer x"))}
+    with channel(stack, certs, certs.two_names) as two_names:
+        with pytest.raises(grpc.RpcError) as raised:
+            generate_or_raise(two_names)
+        assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert raised.value.details() == (
+            "client certificate: its subject has more than one common name"
+        )
+    with channel(stack, certs, certs.tenant_a) as chan:
+        with pytest.raises(grpc.RpcError) as raised:
+            generate_or_raise(chan, **twice)
+        assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert raised.value.details() == "authorization: sent more than once (one token a call)"
+
+
+def generate_or_raise(chan: grpc.Channel, **call: object) -> pb.GenerateResponse:
+    request = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, 2]), max_new_tokens=1)
+    return generation_pb2_grpc.TextGenerationStub(chan).Generate(request, timeout=30, **call)
+
+
+def test_tokenize_needs_a_tenant_and_model_info_stays_open(stack, certs: CertSet) -> None:
+    tokenize = pb.TokenizeRequest(text="hello")
+    with channel(stack, certs, certs.tenant_a) as chan:
+        stub = generation_pb2_grpc.TextGenerationStub(chan)
+        assert stub.Tokenize(tokenize, timeout=30).token_ids
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30).block_size == 16
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Tokenize(tokenize, timeout=30, **bearer("secret-guess"))
+        assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED

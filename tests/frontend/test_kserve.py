@@ -321,7 +321,10 @@ def test_sampling_parameters_as_a_request_parameter(stub, native, model) -> None
         ("{", "parameters.sampling_parameters: not valid JSON: "),
         ("[1]", "parameters.sampling_parameters: must be a JSON object"),
         ('{"n": 2}', "parameters.sampling_parameters.n: not supported"),
-        ('{"temperature": -1}', "temperature: must be a finite number >= 0, got -1.0"),
+        (
+            '{"temperature": -1}',
+            "parameters.sampling_parameters.temperature: must be a finite number >= 0, got -1.0",
+        ),
         ('{"top_k": "many"}', "parameters.sampling_parameters.top_k: must be an integer >= 0"),
         (7, "parameters.sampling_parameters: must be a string parameter holding a JSON object"),
     ]:

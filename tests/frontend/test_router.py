@@ -85,9 +85,6 @@ def test_acquire_waits_for_a_scheduler_and_gives_up_after_its_timeout(
         assert str(info.value) == (
             "scheduler: none can take requests (#0 down or starting; #1 down or starting)"
         )
-        assert caplog.messages == [
-            f"no scheduler can take a request: {A}: down or starting; {B}: down or starting"
-        ]
         waiting = asyncio.create_task(router.acquire(5.0))
         await asyncio.sleep(0.05)
         assert not waiting.done()

@@ -12,8 +12,10 @@ import pytest
 
 from zerolayer.common.errors import InvalidArgument, SchedulerLost, Unavailable
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.common.scheduler_role import SchedulerRole
 from zerolayer.frontend import failover
 from zerolayer.frontend.router import Router
+from zerolayer.frontend.scheduler_client import SelfReport
 from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
 
 A, B = "unix:/a.sock", "unix:/b.sock"
@@ -23,11 +25,18 @@ class ScriptedScheduler:
     """Answers each call with the next script: tokens, one per output, then ``end``: "finish",
     "lost" (SchedulerLost, carrying) or "unreachable" (SchedulerLost before anything)."""
 
-    def __init__(self, *scripts: tuple[list[int], str], not_serving_reason: str = "") -> None:
+    def __init__(
+        self,
+        *scripts: tuple[list[int], str],
+        not_serving_reason: str = "",
+        role: SchedulerRole | None = SchedulerRole.ACTIVE,
+    ) -> None:
         self.scripts = list(scripts)
         self.requests: list[EngineRequest] = []
         self.num_watch_again = 0
         self.reason = not_serving_reason
+        self.role = role
+        """None: GetStats does not answer."""
 
     async def generate(
         self, request: EngineRequest, timeout_s: float | None
@@ -48,8 +57,11 @@ class ScriptedScheduler:
     def watch_again(self) -> None:
         self.num_watch_again += 1
 
-    async def not_serving_reason(self) -> str:
-        return self.reason
+    async def self_report(self) -> SelfReport | None:
+        return None if self.role is None else SelfReport(self.role, self.reason)
+
+    async def block_size(self, timeout_s: float = 5.0) -> int:
+        return 0 if self.role is None else 16
 
     async def close(self) -> None:
         pass
@@ -217,3 +229,51 @@ def test_a_request_id_in_flight_is_refused() -> None:
         assert pool.router.states[A].num_requests == 0
 
     asyncio.run(twice())
+
+
+def test_request_ids_are_unique_per_tenant_and_never_meet_in_the_scheduler() -> None:
+    a = ScriptedScheduler(([7, 8], "finish"), ([9], "finish"), ([5], "finish"))
+    pool = make_pool({A: a}, A)
+
+    async def two_tenants() -> None:
+        owner = pool.generate(make_request(), timeout_s=10, max_model_len=64, tenant="a")
+        await anext(owner)
+        # another tenant's id in flight neither refuses nor is told of
+        other = await run_for(pool, make_request(), "b")
+        assert [o.request_id for o in other] == ["r1"]
+        with pytest.raises(InvalidArgument, match="^request_id: 'r1' is in flight$"):
+            await anext(pool.generate(make_request(), timeout_s=10, max_model_len=64, tenant="a"))
+        assert [o.request_id async for o in owner] == ["r1"]
+        assert [o.request_id for o in await run_for(pool, make_request(), "")] == ["r1"]
+
+    asyncio.run(two_tenants())
+    owner_id, other_id, untenanted_id = (r.request_id for r in a.requests)
+    assert re.fullmatch("r1~[0-9a-f]{32}", owner_id)
+    assert re.fullmatch("r1~[0-9a-f]{32}", other_id)
+    assert owner_id != other_id
+    assert untenanted_id == "r1"
+
+
+async def run_for(pool: SchedulerPool, request: EngineRequest, tenant: str) -> list[RequestOutput]:
+    return [o async for o in pool.generate(request, 10, max_model_len=64, tenant=tenant)]
+
+
+def test_schedulers_are_described_by_what_they_say_of_themselves(caplog) -> None:
+    kvstore = "kvstore: unusable for more than 3 s (UNAVAILABLE)"
+    schedulers = {
+        A: ScriptedScheduler(not_serving_reason=kvstore),  # active, its kvstore down
+        B: ScriptedScheduler(role=SchedulerRole.STANDBY),
+    }
+    pool = make_pool(schedulers)
+    for address in (A, B):
+        pool.router.set_health(address, active=False, warm=True)
+    with caplog.at_level(logging.WARNING), pytest.raises(Unavailable) as refused:
+        asyncio.run(run(pool, make_request()))
+    assert str(refused.value) == (
+        f"scheduler: none can take requests (#0 not serving; #1 standby): {kvstore}"
+    )
+    assert caplog.messages == [f"no scheduler can take a request: {A}: not serving; {B}: standby"]
+    # the block size is the schedulers' even while none can take requests
+    assert asyncio.run(pool.block_size()) == 16
+    schedulers[A].role = schedulers[B].role = None  # GetStats does not answer
+    assert asyncio.run(pool.block_size()) == 0

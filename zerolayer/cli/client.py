@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ssl
 import sys
 
 import grpc
@@ -42,6 +43,11 @@ def generate_text(address: str, prompt: str, max_new_tokens: int = 0) -> str:
     return response.text
 
 
+class UsageError(Exception):
+    """A flag of ``zerolayer generate`` that cannot work (a file that cannot be read or used, a
+    flag without the one it needs); the message starts with the flag."""
+
+
 def open_channel(
     address: str, tls_ca: str = "", tls_cert: str = "", tls_key: str = ""
 ) -> grpc.Channel:
@@ -50,19 +56,34 @@ def open_channel(
     Args:
         tls_ca: PEM CA certificates to verify the server with ("" with another file given: the
             system's roots).
-        tls_cert, tls_key: PEM client certificate and key, for a frontend that asks for one
-            (``--tls-client-ca``).
+        tls_cert, tls_key: PEM client certificate and its unencrypted key, for a frontend that
+            asks for one (``--tls-client-ca``); both or neither.
 
     Raises:
-        OSError: a file cannot be read.
+        UsageError: one of ``tls_cert`` and ``tls_key`` without the other, a file that cannot
+            be read or holds no PEM certificates, or a key that does not match the certificate
+            (checked with Python's ``ssl``, i.e. OpenSSL: gRPC's C core aborts the process on
+            some of these).
     """
     if not (tls_ca or tls_cert or tls_key):
         return grpc.insecure_channel(address)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=_read_optional(tls_ca),
-        private_key=_read_optional(tls_key),
-        certificate_chain=_read_optional(tls_cert),
-    )
+    if bool(tls_cert) != bool(tls_key):
+        given, needed = ("--tls-cert", "--tls-key") if tls_cert else ("--tls-key", "--tls-cert")
+        raise UsageError(f"{given}: needs {needed}")
+    root_certificates = _read_certificates("--tls-ca", tls_ca) if tls_ca else None
+    private_key = certificate_chain = None
+    if tls_cert:
+        certificate_chain = _read_certificates("--tls-cert", tls_cert)
+        private_key = _read("--tls-key", tls_key)
+        try:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.load_cert_chain(tls_cert, tls_key, password=lambda: b"")
+        except (ssl.SSLError, OSError) as exc:
+            reason = getattr(exc, "reason", None) or str(exc)
+            raise UsageError(
+                f"--tls-key: not an unencrypted PEM private key of --tls-cert ({reason})"
+            ) from None
+    credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
     return grpc.secure_channel(address, credentials)
 
 
@@ -71,19 +92,38 @@ def bearer_metadata(token_file: str) -> tuple[tuple[str, str], ...]:
     first line, without surrounding white space); none when ``token_file`` is "".
 
     Raises:
-        OSError: the file cannot be read.
+        UsageError: the file cannot be read, or its first line is empty or not visible ASCII
+            characters (RFC 6750 tokens are; gRPC metadata could not carry others).
     """
     if not token_file:
         return ()
-    with open(token_file, encoding="utf-8") as file:
-        return (("authorization", f"Bearer {file.readline().strip()}"),)
+    token = _read("--token-file", token_file).split(b"\n", 1)[0].strip()
+    if not token or not all(0x21 <= byte <= 0x7E for byte in token):
+        raise UsageError(
+            f"--token-file: {token_file}: the first line is not a token (visible ASCII characters)"
+        )
+    return (("authorization", f"Bearer {token.decode('ascii')}"),)
 
 
-def _read_optional(path: str) -> bytes | None:
-    if not path:
-        return None
-    with open(path, "rb") as file:
-        return file.read()
+def _read(flag: str, path: str) -> bytes:
+    """The bytes of the file ``path`` given to ``flag``; UsageError when it cannot be read."""
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+
+
+def _read_certificates(flag: str, path: str) -> bytes:
+    """The PEM certificates in the file ``path`` given to ``flag``; UsageError when it cannot be
+    read or OpenSSL finds no certificates in it."""
+    pem = _read(flag, path)
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or str(exc)
+        raise UsageError(f"{flag}: {path}: not PEM certificates ({reason})") from None
+    return pem
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in range(32) if chr(c) not in "\n\t"} | {127: "\\x7f"}
@@ -102,7 +142,8 @@ def rpc_error_line(command: str, exc: grpc.RpcError) -> str:
 
 def run_generate(args: argparse.Namespace) -> int:
     """``zerolayer generate``: prints the text (streamed or whole); exit code 1 on a gRPC error,
-    2 when a TLS or token file cannot be read, 130 on Ctrl-C."""
+    2 for a TLS or token flag that cannot work (see :class:`UsageError`), 130 on Ctrl-C. A
+    token sent in plaintext (no TLS flag) is warned of on stderr."""
     request = build_request(
         args.prompt,
         args.max_new_tokens,
@@ -113,11 +154,17 @@ def run_generate(args: argparse.Namespace) -> int:
         args.stop,
     )
     try:
-        channel = open_channel(args.address, args.tls_ca, args.tls_cert, args.tls_key)
         metadata = bearer_metadata(args.token_file)
-    except OSError as exc:
-        print(f"zerolayer generate: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        channel = open_channel(args.address, args.tls_ca, args.tls_cert, args.tls_key)
+    except UsageError as exc:
+        print(f"zerolayer generate: error: {exc}", file=sys.stderr)
         return 2
+    if metadata and not (args.tls_ca or args.tls_cert):
+        print(
+            "zerolayer generate: warning: --token-file without TLS: the bearer token travels "
+            "in plaintext (give --tls-ca)",
+            file=sys.stderr,
+        )
     try:
         with channel:
             stub = generation_pb2_grpc.TextGenerationStub(channel)

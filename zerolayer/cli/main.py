@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
@@ -32,17 +33,42 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+UINT32_MAX = 2**32 - 1
+"""Largest value of a proto3 ``uint32`` field (``max_new_tokens``, ``top_k``)."""
+UINT64_MAX = 2**64 - 1
+"""Largest value of a proto3 ``uint64`` field (``seed``)."""
+FLOAT32_MAX = 3.4028234663852886e38
+"""Largest finite value of a proto3 ``float`` field (``temperature``, ``top_p``)."""
+
+
+def _int_up_to(maximum: int) -> Callable[[str], int]:
+    """An argparse type: an int in [0, ``maximum``] (a proto field's range)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if not 0 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be in [0, {maximum}], got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in its "invalid int value" message
+    return parse
+
+
+_uint32 = _int_up_to(UINT32_MAX)
+
+
+def _float32(text: str) -> float:
+    """An argparse type: a finite float a proto ``float`` field holds (no overflow to inf)."""
+    value = float(text)
+    if not abs(value) <= FLOAT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be finite and at most {FLOAT32_MAX:g}, got {text}")
     return value
 
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {value}")
     return value
 
 
@@ -51,13 +77,11 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", help="prompt text")
     p.add_argument("--address", default=LISTEN.default, help="frontend HOST:PORT")
     p.add_argument("--stream", action="store_true", help="print tokens as they arrive")
-    p.add_argument(
-        "--max-new-tokens", type=_non_negative_int, default=0, help="0: the server's default (64)"
-    )
-    p.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=_non_negative_int, default=None)
-    p.add_argument("--seed", type=_non_negative_int, default=None)
+    p.add_argument("--max-new-tokens", type=_uint32, default=0, help="0: the server's default (64)")
+    p.add_argument("--temperature", type=_float32, default=None, help="default 0 (greedy)")
+    p.add_argument("--top-p", type=_float32, default=None)
+    p.add_argument("--top-k", type=_uint32, default=None)
+    p.add_argument("--seed", type=_int_up_to(UINT64_MAX), default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--timeout", type=_positive_float, default=300.0, help="deadline in seconds")
     p.add_argument(
@@ -150,16 +174,23 @@ def cmd_up(args: argparse.Namespace) -> int:
     layers are stopped); 0 when it stops a stack that serves.
     """
     from zerolayer.checkpoints.checkpoint import CheckpointError
+    from zerolayer.common.access import plaintext_tokens_warning
     from zerolayer.stack.launcher import Stack, StackError, StartupInterrupted
 
     logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
-    if args.generate is not None and args.tls_cert:
+    if args.generate is not None and (args.tls_cert or args.tenants):
+        # NOTE: its call has no CA to verify the server with, nor a token to send
+        flag, client_flag = (
+            ("--tls-cert", "--tls-ca") if args.tls_cert else ("--tenants", "--token-file")
+        )
         print(
-            "zerolayer up: error: --generate: not with --tls-cert (use zerolayer generate "
-            "--tls-ca ... once it serves)",
+            f"zerolayer up: error: --generate: not with {flag} (use zerolayer generate "
+            f"{client_flag} ... once it serves)",
             file=sys.stderr,
         )
         return 2
+    if (warning := plaintext_tokens_warning(args.tenants, args.tls_cert)) is not None:
+        logging.getLogger(__name__).warning("%s", warning)
     received: list[int] = []  # the signals, in order; an interrupted start-up exits 128 + first
     stacks: list[Stack] = []
     stop = threading.Event()

@@ -112,6 +112,17 @@ def _why(exc: Exception) -> str:
     return getattr(exc, "reason", None) or str(exc)
 
 
+def plaintext_tokens_warning(tenants: str, tls_cert: str) -> str | None:
+    """The start-up WARNING of a public port that takes bearer tokens (a ``--tenants`` file) in
+    plaintext (no ``--tls-cert``): anyone on the path can read and replay them. None otherwise."""
+    if not tenants or tls_cert:
+        return None
+    return (
+        f"{TENANTS.flag} without {TLS_CERT.flag}: bearer tokens travel in plaintext, readable "
+        "(and replayable) by anyone on the network path; give --tls-cert and --tls-key"
+    )
+
+
 def read_tenants(path: str) -> dict[bytes, str]:
     """The ``--tenants`` file: token digest -> tenant (format: the module docstring).
 

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import Callable
 
-from zerolayer.common.access import read_server_tls, read_tenants
+from zerolayer.common.access import plaintext_tokens_warning, read_server_tls, read_tenants
 from zerolayer.common.clients import fetch_manifest
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.layer_main import LayerProgram, main
@@ -24,6 +25,8 @@ from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
 from zerolayer.frontend.server import TextGenerationServicer
 from zerolayer.frontend.tenants import TenantPolicy
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
 """Largest public request accepted; prompts are far smaller (see validation.check_text_length)."""
@@ -48,7 +51,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
 
     Raises:
         SettingError: a TLS file or the tenants file cannot be used (zerolayer.common.access),
-            before anything else.
+            before anything else (a tenants file without TLS is one WARNING).
     """
     # NOTE: first, so that a bad file fails before any wait
     tls = read_server_tls(config)
@@ -56,6 +59,8 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         read_tenants(config.tenants) if config.tenants else None,
         client_certificates=tls is not None and tls.client_ca is not None,
     )
+    if (warning := plaintext_tokens_warning(config.tenants, config.tls_cert)) is not None:
+        log.warning("%s", warning)
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
     pool = scheduler_pool(config, tracing, lambda: server.health_changed())
     metrics = FrontendMetrics(

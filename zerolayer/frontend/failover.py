@@ -66,13 +66,17 @@ def with_seed(request: EngineRequest, draw_seed: Callable[[], int]) -> EngineReq
 class InFlight:
     """One request's progress across the schedulers that carry it, from the frontend's side."""
 
-    def __init__(self, request: EngineRequest, max_model_len: int) -> None:
+    def __init__(self, request: EngineRequest, max_model_len: int, fresh_ids: bool = False) -> None:
         """
         Args:
             request: the request as validated (with its seed, see :func:`with_seed`).
             max_model_len: the model's context length, tokens.
+            fresh_ids: the first submission's id is a :func:`resubmission_id` too (a tenant's
+                request: ids are unique per tenant only, so the client's id may be another
+                tenant's in the scheduler).
         """
         self.request = request
+        self.fresh_ids = fresh_ids
         self.max_model_len = max_model_len
         self.generated_token_ids: list[int] = []
         self.num_cached_tokens: int | None = None
@@ -106,22 +110,22 @@ class InFlight:
 
     def submission(self) -> EngineRequest:
         """The request to send next: the original prompt followed by every token generated so
-        far, the remaining budget and the same sampling settings. The first keeps the request id;
-        a resubmission's is :func:`resubmission_id` (the client only ever sees its own id: see
-        :meth:`received`).
+        far, the remaining budget and the same sampling settings. The first keeps the request id
+        (unless ``fresh_ids``); a resubmission's is :func:`resubmission_id` (the client only ever
+        sees its own id: see :meth:`received`).
 
         Raises:
             ValueError: nothing remains to generate (see :meth:`finish_if_spent`).
         """
         if self.num_remaining_tokens <= 0:
             raise ValueError("the request has no tokens left to generate")
-        first = self.num_submissions == 0
+        keep_id = self.num_submissions == 0 and not self.fresh_ids
         self.num_submissions += 1
         self._answered = False
         request = self.request
         return dataclasses.replace(
             request,
-            request_id=request.request_id if first else resubmission_id(request.request_id),
+            request_id=request.request_id if keep_id else resubmission_id(request.request_id),
             prompt_token_ids=(*request.prompt_token_ids, *self.generated_token_ids),
             max_new_tokens=self.num_remaining_tokens,
         )

@@ -137,7 +137,9 @@ class TextGenerator:
         last: RequestOutput | None = None
         num_generated = 0
         max_model_len = self.served.max_model_len
-        async with aclosing(self.scheduler.generate(request, timeout_s, max_model_len)) as outputs:
+        async with aclosing(
+            self.scheduler.generate(request, timeout_s, max_model_len, tenant)
+        ) as outputs:
             async for output in outputs:
                 last = output
                 num_generated += len(output.new_token_ids)

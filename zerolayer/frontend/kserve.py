@@ -19,6 +19,7 @@ Spec: https://github.com/kserve/open-inference-protocol and Triton's grpc_servic
 from __future__ import annotations
 
 import asyncio
+import reprlib
 from collections.abc import AsyncIterator
 from importlib import metadata
 
@@ -188,9 +189,13 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         return read_text_request(request, self._model)
 
     def _check_model(self, name: str, version: str, name_field: str, version_field: str) -> None:
+        # NOTE: reprlib bounds what is quoted (a status travels in a size-limited trailer)
         if name != self._model:
-            raise NotFound(f"{name_field}: {name!r} is not served (serving {self._model!r})")
+            raise NotFound(
+                f"{name_field}: {reprlib.repr(name)} is not served (serving {self._model!r})"
+            )
         if version not in ("", MODEL_VERSION):
             raise NotFound(
-                f"{version_field}: {version!r} is not served (serving {MODEL_VERSION!r})"
+                f"{version_field}: {reprlib.repr(version)} is not served "
+                f"(serving {MODEL_VERSION!r})"
             )

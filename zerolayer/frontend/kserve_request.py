@@ -15,7 +15,14 @@ from typing import Any
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import GenerateParams
 from zerolayer.frontend.kserve_tensors import Tensor, check_dtype, read_tensors
-from zerolayer.frontend.validation import MAX_UINT32, MAX_UINT64, check_uint
+from zerolayer.frontend.validation import (
+    MAX_UINT32,
+    MAX_UINT64,
+    check_request_id,
+    check_temperature,
+    check_top_p,
+    check_uint,
+)
 from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 
 SETTINGS = {
@@ -33,6 +40,8 @@ SETTINGS = {
 ALIASES = {"random_seed": "seed", "stop_words": "stop"}
 MAX_VALUES = {"max_tokens": MAX_UINT32, "top_k": MAX_UINT32, "seed": MAX_UINT64}
 """Largest value of each integer setting: what its GenerateRequest field holds."""
+FLOAT_CHECKS = {"temperature": check_temperature, "top_p": check_top_p}
+"""The range check of each float setting (Generate's own), given the full field name."""
 METADATA_DTYPE = {"uint": "INT32", "float": "FP32", "bool": "BOOL", "strings": "BYTES"}
 """Datatype ModelMetadata lists per kind (any integer type is accepted; seeds are UINT64)."""
 ACCEPTED_INPUTS = frozenset(("text_input", "sampling_parameters", *SETTINGS, *ALIASES))
@@ -58,9 +67,13 @@ def read_text_request(request: pb.ModelInferRequest, model: str) -> TextRequest:
     """Reads the tensors and settings of a request to ``model``; the caller checks the model name.
 
     Raises:
-        InvalidArgument: a missing, unknown, mistyped or malformed input or setting; the
-            message starts with the input's (or ``parameters.KEY``'s) name.
+        InvalidArgument: an ``id`` Generate would refuse as ``request_id`` (too long, a
+            control character); a missing, unknown, mistyped or malformed input or setting, or
+            an input of a shape the protocol does not allow (see
+            :func:`zerolayer.frontend.kserve_tensors.read_tensors`); the message starts with
+            ``id``, the input's (or ``parameters.KEY``'s) name, or ``inputs[i].shape``.
     """
+    check_request_id("id", request.id)
     for output in request.outputs:
         if output.name != "text_output":
             raise InvalidArgument("outputs", f"{output.name!r} unknown (only 'text_output')")
@@ -149,19 +162,31 @@ def _set_json(settings: dict[str, Any], data: str | bytes, field: str) -> None:
 
 def _set(settings: dict[str, Any], key: str, value: Any, field: str) -> None:
     """Stores ``value`` under the canonical name of ``key``, converted to its kind (numbers and
-    booleans may arrive as strings, as vLLM backend clients send them)."""
+    booleans may arrive as strings, as vLLM backend clients send them) and checked against the
+    range of its field.
+
+    Raises:
+        InvalidArgument: naming ``field`` (e.g. ``sampling_parameters.temperature``): a value of
+            another kind, an integer beyond its proto field, a number that overflows a float or
+            is out of its setting's range (NaN included), bytes that are not UTF-8.
+    """
     canonical = ALIASES.get(key, key)
     kind = SETTINGS[canonical]
     try:
         converted = _convert(kind, value)
-    except (TypeError, ValueError, RecursionError):  # NOTE: deeply nested JSON recurses
-        expected = {"uint": "an integer >= 0", "float": "a number", "bool": "a boolean"}
+    except UnicodeDecodeError:
+        raise InvalidArgument(field, "not valid UTF-8") from None
+    # NOTE: deeply nested JSON recurses; an integer too large for a float overflows
+    except (TypeError, ValueError, RecursionError, OverflowError):
+        expected = {"uint": "an integer >= 0", "float": "a finite number", "bool": "a boolean"}
         reason = expected.get(kind, "a string or a list of strings")
         # NOTE: reprlib bounds the message (a status travels in a size-limited trailer)
         shown = reprlib.repr(value)
         raise InvalidArgument(field, f"must be {reason}, got {shown}") from None
     if canonical in MAX_VALUES:
         check_uint(field, converted, MAX_VALUES[canonical])
+    if canonical in FLOAT_CHECKS:
+        FLOAT_CHECKS[canonical](field, converted)
     settings[canonical] = converted
 
 

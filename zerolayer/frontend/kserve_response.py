@@ -8,9 +8,11 @@ Triton's vLLM backend reports them. Spec: https://github.com/kserve/open-inferen
 
 from __future__ import annotations
 
+from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import FinishReason, GenerationChunk
 from zerolayer.frontend.kserve_request import ALIASES, METADATA_DTYPE, SETTINGS, TextRequest
 from zerolayer.frontend.kserve_tensors import pack_bytes
+from zerolayer.frontend.validation import MAX_REQUEST_ID_CHARS, check_request_id
 from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 
 MODEL_VERSION = "1"
@@ -115,8 +117,17 @@ def stream_response(
 def stream_error_response(
     request: pb.ModelInferRequest, message: str
 ) -> pb.ModelStreamInferResponse:
-    """A ModelStreamInfer answer that fails one request (``error_message``) and names it."""
-    infer = pb.ModelInferResponse(
-        model_name=request.model_name, model_version=request.model_version, id=request.id
-    )
+    """A ModelStreamInfer answer that fails one request (``error_message``) and names it by its
+    ``id``, when that is one a request may have (an id refused for its length or characters, and
+    a model name or version of over 256 characters, are not echoed)."""
+    try:
+        check_request_id("id", request.id)
+        request_id = request.id
+    except InvalidArgument:
+        request_id = ""
+    bounded = [
+        v if len(v) <= MAX_REQUEST_ID_CHARS else ""
+        for v in (request.model_name, request.model_version)
+    ]
+    infer = pb.ModelInferResponse(model_name=bounded[0], model_version=bounded[1], id=request_id)
     return pb.ModelStreamInferResponse(error_message=message, infer_response=infer)

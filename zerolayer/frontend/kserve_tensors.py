@@ -52,7 +52,9 @@ def read_tensors(
     Raises:
         InvalidArgument: an input not in ``accepted_names``, given twice, of an unsupported
             datatype, or whose element count does not match its shape; the message starts with
-            the input's name (or ``raw_input_contents``).
+            the input's name (or ``raw_input_contents``); or whose shape is not ``[n]`` or
+            ``[1, n]`` (batch size 1, n >= 0; see :func:`_check_shape`), naming
+            ``inputs[i].shape``.
     """
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
@@ -66,11 +68,28 @@ def read_tensors(
             raise InvalidArgument(name, "unknown input (see ModelMetadata for the accepted ones)")
         if name in tensors:
             raise InvalidArgument(name, "given twice")
+        _check_shape(i, tensor)
         values = _decode(tensor, raw[i] if raw else None)
         if len(values) != math.prod(tensor.shape):
             raise InvalidArgument(name, f"{len(values)} elements for shape {list(tensor.shape)}")
         tensors[name] = (tensor, values)
     return tensors
+
+
+def _check_shape(index: int, tensor: Tensor) -> None:
+    """Refuses a shape other than ``[n]`` or ``[1, n]`` with n >= 0: one request (batch size 1)
+    of n elements, the way Triton's LLM backends lay out each input (``text_input`` and each
+    setting hold one element, ``stop`` one per string; their readers check n).
+
+    Raises:
+        InvalidArgument: naming ``inputs[index].shape``.
+    """
+    shape = list(tensor.shape)
+    if len(shape) not in (1, 2) or shape[-1] < 0 or (len(shape) == 2 and shape[0] != 1):
+        raise InvalidArgument(
+            f"inputs[{index}].shape",
+            f"{shape} for {tensor.name!r}: must be [n] or [1, n] (batch size 1, n >= 0)",
+        )
 
 
 def _decode(tensor: Tensor, raw: bytes | None) -> list[Any]:

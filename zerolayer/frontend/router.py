@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from zerolayer.common.errors import Unavailable
-
-log = logging.getLogger(__name__)
 
 SCHEDULER_SERVICE = "zerolayer.v1.Scheduler"
 """Health name on which a scheduler that takes requests reports SERVING."""
@@ -164,12 +161,11 @@ class Router:
 
         Raises:
             Unavailable: none could within ``timeout_s`` (the message lists their health by
-                index; the frontend's log, by address).
+                index, see :meth:`describe`).
         """
         available = await self.wait_available(timeout_s)
         address = self.pick(prompt_token_ids, cache_salt) if available else None
         if address is None:
-            log.warning("no scheduler can take a request: %s", self.describe(by_address=True))
             raise Unavailable(f"scheduler: none can take requests ({self.describe()})")
         return address
 
@@ -185,17 +181,27 @@ class Router:
             work.set(0)
             state.num_requests -= 1
 
-    def describe(self, by_address: bool = False) -> str:
+    def describe(self, by_address: bool = False, up: Mapping[str, str] | None = None) -> str:
         """Each scheduler's health in words, named by its index in the order given (what public
         clients may read), e.g. ``#0 down or starting; #1 standby``; ``by_address``: named by
-        address (for the log), e.g. ``unix:/a.sock: down or starting; unix:/b.sock: standby``."""
-        words = {(True, True): "serving", (False, True): "standby", (True, False): "serving"}
+        address (for the log), e.g. ``unix:/a.sock: down or starting; unix:/b.sock: standby``.
+        ``up``: by address, the words for one that is up (SERVING on "") but takes no requests,
+        as it described itself (e.g. ``not serving``); "standby" for those it lacks."""
+        words = {(True, True): "serving", (True, False): "serving"}
         states = self.states.values()
         names = [f"{s.address}:" if by_address else f"#{i}" for i, s in enumerate(states)]
         return "; ".join(
-            f"{name} {words.get((s.active, s.warm), 'down or starting')}"
+            f"{name} {self._word(s, words, up or {})}"
             for name, s in zip(names, states, strict=True)
         )
+
+    @staticmethod
+    def _word(
+        state: SchedulerState, words: Mapping[tuple[bool, bool], str], up: Mapping[str, str]
+    ) -> str:
+        if not state.active and state.warm:
+            return up.get(state.address, "standby")
+        return words.get((state.active, state.warm), "down or starting")
 
     def _candidates(self) -> list[SchedulerState]:
         # NOTE: a standby (warm, not active) is never a candidate: it would reject the request.

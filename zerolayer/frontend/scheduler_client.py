@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import grpc
 
@@ -14,10 +15,12 @@ from zerolayer.common.convert import (
     engine_request_to_pb,
     not_serving_reason_from_stats_pb,
     request_output_from_pb,
+    role_from_stats_pb,
     scheduler_stats_request_to_pb,
 )
 from zerolayer.common.errors import SchedulerLost, Unavailable
 from zerolayer.common.generation import EngineRequest, RequestOutput
+from zerolayer.common.scheduler_role import SchedulerRole
 from zerolayer.common.server import CHANNEL_OPTIONS
 from zerolayer.common.status import answered_by_handler
 from zerolayer.common.tracing import Tracing
@@ -59,6 +62,23 @@ SCHEDULER_CHANNEL_OPTIONS = (
     ("grpc.http2.min_time_between_pings_ms", int(PING_INTERVAL_S * 1000)),
 )
 """Options of the frontend's channel to each scheduler: :data:`CHANNEL_OPTIONS` plus keepalive."""
+
+
+@dataclass(frozen=True)
+class SelfReport:
+    """What a scheduler says of itself (GetStats)."""
+
+    role: SchedulerRole
+    """ACTIVE or STANDBY (UNSPECIFIED: a scheduler that predates roles)."""
+    not_serving_reason: str
+    """Why it stopped serving while it runs; "" when it serves or did not say."""
+
+    def describe(self) -> str:
+        """In words, for a scheduler that is up but takes no requests: ``not serving`` when it
+        says why (or is the active one), ``standby`` only when its role is that."""
+        if self.role == SchedulerRole.STANDBY and not self.not_serving_reason:
+            return "standby"
+        return "not serving"
 
 
 class SchedulerClient:
@@ -121,22 +141,24 @@ class SchedulerClient:
             finally:
                 call.cancel()
 
-    async def block_size(self) -> int:
-        """The KV block size the scheduler runs with (0 if it is unreachable)."""
+    async def block_size(self, timeout_s: float = 5.0) -> int:
+        """The KV block size the scheduler runs with (0 if it does not answer within
+        ``timeout_s`` seconds)."""
         try:
-            stats = await self._stub.GetStats(scheduler_stats_request_to_pb(), timeout=5)
+            stats = await self._stub.GetStats(scheduler_stats_request_to_pb(), timeout=timeout_s)
         except grpc.aio.AioRpcError:
             return 0
         return block_size_from_stats_pb(stats)
 
-    async def not_serving_reason(self) -> str:
-        """Why the scheduler stopped serving while it runs (e.g. a fatal GPU event), from
-        GetStats; "" when it serves, did not say, or cannot be reached within a second."""
+    async def self_report(self) -> SelfReport | None:
+        """What the scheduler says of itself in GetStats (its role, why it stopped serving while
+        it runs, e.g. a fatal GPU event or its kvstore down); None when it cannot be reached
+        within a second."""
         try:
             stats = await self._stub.GetStats(scheduler_stats_request_to_pb(), timeout=1)
         except grpc.aio.AioRpcError:
-            return ""
-        return not_serving_reason_from_stats_pb(stats)
+            return None
+        return SelfReport(role_from_stats_pb(stats), not_serving_reason_from_stats_pb(stats))
 
     async def close(self) -> None:
         """Stops following health and closes the channel."""

@@ -52,10 +52,15 @@ class SchedulerPool:
         self.router = router
         self._waits = waits
         self._draw = draw
-        self._request_ids: set[str] = set()
+        self._request_ids: set[tuple[str, str]] = set()
+        """(tenant, request_id) of the requests in flight: ids are unique per tenant."""
 
     async def generate(
-        self, request: EngineRequest, timeout_s: float | None, max_model_len: int
+        self,
+        request: EngineRequest,
+        timeout_s: float | None,
+        max_model_len: int,
+        tenant: str = "",
     ) -> AsyncIterator[RequestOutput]:
         """Yields the request's outputs until the finished one, whichever schedulers carry it.
 
@@ -63,26 +68,32 @@ class SchedulerPool:
             request: the validated request.
             timeout_s: the call's remaining time (None: no deadline), seconds.
             max_model_len: the model's context length, tokens.
+            tenant: the caller's tenant (zerolayer.frontend.tenants; "": none). Request ids
+                are unique per tenant: another tenant's id in flight neither refuses this
+                request nor is told of. With a tenant, every submission's id in the scheduler
+                is a fresh :func:`~zerolayer.frontend.failover.resubmission_id`, so tenants'
+                ids never meet there; the outputs carry the request's own id.
 
         Raises:
-            InvalidArgument: ``request_id`` is in flight in this frontend.
+            InvalidArgument: ``request_id`` is in flight in this frontend for ``tenant``.
             Unavailable: no scheduler could take it in time, one answered UNAVAILABLE itself,
                 or schedulers died under the request in two separate incidents (see
                 :mod:`zerolayer.frontend.failover`).
             grpc.aio.AioRpcError: a scheduler rejected it, or the deadline passed.
         """
-        if request.request_id in self._request_ids:
+        key = (tenant, request.request_id)
+        if key in self._request_ids:
             raise InvalidArgument("request_id", f"{request.request_id!r} is in flight")
-        self._request_ids.add(request.request_id)
+        self._request_ids.add(key)
         try:
-            flight = InFlight(with_seed(request, self._draw), max_model_len)
+            flight = InFlight(with_seed(request, self._draw), max_model_len, bool(tenant))
             # NOTE: aclosing, here and below: a caller that stops early must end the call (and
             # the work counted) at once, not when the garbage collector finalizes the generators.
             async with aclosing(self._carry(flight, timeout_s)) as outputs:
                 async for output in outputs:
                     yield output
         finally:
-            self._request_ids.discard(request.request_id)
+            self._request_ids.discard(key)
 
     async def _carry(
         self, flight: InFlight, timeout_s: float | None
@@ -114,19 +125,26 @@ class SchedulerPool:
         """The scheduler for ``flight``'s next submission (see :meth:`Router.acquire`).
 
         Raises:
-            Unavailable: none can take it within ``wait_s`` seconds; the message carries the
-                reasons the schedulers that stopped serving gave (e.g. a fatal GPU event).
+            Unavailable: none can take it within ``wait_s`` seconds; the message describes each
+                scheduler by what it says of itself (``standby`` only when its role is that,
+                ``not serving`` otherwise) and carries the reasons those that stopped serving
+                gave (e.g. a fatal GPU event, its kvstore down); logged with their addresses.
         """
         try:
             return await self.router.acquire(
                 wait_s, flight.request.prompt_token_ids, flight.request.cache_salt
             )
-        except Unavailable as none:
-            reasons = [await client.not_serving_reason() for client in self.clients.values()]
+        except Unavailable:
+            reports = {a: await client.self_report() for a, client in self.clients.items()}
+            up = {a: report.describe() for a, report in reports.items() if report is not None}
+            log.warning(
+                "no scheduler can take a request: %s",
+                self.router.describe(by_address=True, up=up),
+            )
+            reasons = [r.not_serving_reason for r in reports.values() if r is not None]
             said = "; ".join(dict.fromkeys(redacted(reason) for reason in reasons if reason))
-            if not said:
-                raise
-            raise Unavailable(f"{none}: {said}") from None
+            none = f"scheduler: none can take requests ({self.router.describe(up=up)})"
+            raise Unavailable(f"{none}: {said}" if said else none) from None
 
     async def _submit(
         self, address: str, flight: InFlight, timeout_s: float | None
@@ -169,9 +187,16 @@ class SchedulerPool:
         self.clients[address].watch_again()
 
     async def block_size(self) -> int:
-        """The KV block size of a scheduler that can take requests (0 when none can)."""
-        address = self.router.pick()
-        return 0 if address is None else await self.clients[address].block_size()
+        """The KV block size of the schedulers (one for all, from the model's KV layout), as
+        the first that answers GetStats says: one that can take requests first, else any that
+        runs (e.g. one whose kvstore is down); 0 when none answers."""
+        first = self.router.pick()
+        for address in sorted(self.clients, key=lambda a: a != first):
+            # NOTE: one that takes no requests may be hung: a second each at most
+            timeout_s = 5.0 if address == first else 1.0
+            if block_size := await self.clients[address].block_size(timeout_s):
+                return block_size
+        return 0
 
     async def close(self) -> None:
         """Closes every client."""

@@ -26,8 +26,8 @@ class TextGenerationServicer(generation_pb2_grpc.TextGenerationServicer):
     def __init__(self, generator: TextGenerator, tenants: TenantPolicy | None = None) -> None:
         """
         Args:
-            tenants: who callers are (Generate and GenerateStream need a tenant when it is
-                enabled); None: nobody is identified.
+            tenants: who callers are (Generate, GenerateStream and Tokenize need a tenant
+                when it is enabled; GetModelInfo stays open); None: nobody is identified.
         """
         self._generator = generator
         self._tenants = tenants or TenantPolicy()
@@ -52,6 +52,8 @@ class TextGenerationServicer(generation_pb2_grpc.TextGenerationServicer):
     async def Tokenize(
         self, request: generation_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> generation_pb2.TokenizeResponse:
+        # NOTE: tokenizing takes CPU time Generate calls need: identified callers only
+        call_tenant(self._tenants, context)
         params = tokenize_request_from_pb(request)
         return tokenize_result_to_pb(await asyncio.to_thread(self._generator.tokenize, params))
 

@@ -1,10 +1,10 @@
 """Who a public caller is, said by the server rather than the caller: the tenant of a bearer token
 listed in the ``--tenants`` file, or the subject common name of an mTLS client certificate
-(``--tls-client-ca``). With either configured, every Generate-like call must have a tenant
-(UNAUTHENTICATED otherwise), and its prefix-cache namespace is the tenant's: the client's
-``cache_salt`` only narrows it further (:func:`scoped_cache_salt`), so no salt reaches another
-tenant's cached blocks. Without either, callers are not identified and ``cache_salt`` is used as
-sent.
+(``--tls-client-ca``). With either configured, every Generate-like call and Tokenize (it costs
+CPU time) must have a tenant (UNAUTHENTICATED otherwise), and its prefix-cache namespace is the
+tenant's: the client's ``cache_salt`` only narrows it further (:func:`scoped_cache_salt`), so no
+salt reaches another tenant's cached blocks. Without either, callers are not identified and
+``cache_salt`` is used as sent.
 
 The ``--tenants`` file is read by ``zerolayer.common.access.read_tenants``. Bearer tokens: RFC
 6750, sent as gRPC metadata ``authorization: Bearer <token>``.
@@ -93,11 +93,43 @@ def call_tenant(policy: TenantPolicy, context: Any) -> str:
     :meth:`TenantPolicy.tenant`).
 
     Raises:
-        Unauthenticated: see :meth:`TenantPolicy.tenant`.
+        Unauthenticated: see :meth:`TenantPolicy.tenant`; or the identity is ambiguous:
+            ``authorization`` metadata sent more than once (with a ``--tenants`` file), or a
+            client certificate whose subject has more than one common name (with mTLS).
     """
     if not policy.enabled:
         return ""
     metadata = context.invocation_metadata() or ()
-    authorization = next((v for k, v in metadata if k == "authorization"), None)
-    names = context.auth_context().get("x509_common_name") or [b""]
+    authorizations = [value for key, value in metadata if key == "authorization"]
+    if len(authorizations) > 1 and policy.token_tenants is not None:
+        raise Unauthenticated("authorization: sent more than once (one token a call)")
+    auth = context.auth_context()
+    names = auth.get("x509_common_name") or [b""]
+    if policy.client_certificates and names[0]:
+        subjects = auth.get("x509_subject") or [b""]
+        if len(names) > 1 or count_common_names(subjects[0].decode(errors="replace")) > 1:
+            raise Unauthenticated("client certificate: its subject has more than one common name")
+    authorization = authorizations[0] if authorizations else None
     return policy.tenant(authorization, names[0].decode(errors="replace") or None)
+
+
+def count_common_names(subject: str) -> int:
+    """The CN attributes of a distinguished name in the RFC 4514 string form gRPC gives as a
+    certificate's ``x509_subject`` (e.g. ``CN=tenant-a,O=x``): attributes are separated by ``,``
+    or ``+`` that no backslash escapes."""
+    count, escaped, at_start = 0, False, True
+    attribute = ""
+    for char in subject:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char in ",+":
+            at_start, attribute = True, ""
+            continue
+        if at_start:
+            attribute += char
+            if "=" in attribute:
+                count += attribute[:-1].strip().upper() in ("CN", "2.5.4.3")
+                at_start = False
+    return count

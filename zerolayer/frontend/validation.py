@@ -7,6 +7,7 @@ starts with the offending field's name.
 from __future__ import annotations
 
 import math
+import reprlib
 import unicodedata
 import uuid
 from dataclasses import dataclass
@@ -116,7 +117,10 @@ def check_uint(field: str, value: int | None, maximum: int) -> None:
         InvalidArgument: naming ``field``.
     """
     if value is not None and not 0 <= value <= maximum:
-        raise InvalidArgument(field, f"must be an integer from 0 to {maximum}, got {value}")
+        # NOTE: reprlib bounds a huge value (a status travels in a size-limited trailer)
+        raise InvalidArgument(
+            field, f"must be an integer from 0 to {maximum}, got {reprlib.repr(value)}"
+        )
 
 
 def _check_strings(params: GenerateParams, config: FrontendConfig) -> None:
@@ -129,24 +133,52 @@ def _check_strings(params: GenerateParams, config: FrontendConfig) -> None:
             raise InvalidArgument(f"stop[{i}]", f"must be 1 to {MAX_STOP_STRING_CHARS} characters")
     if len(params.cache_salt.encode()) > config.max_cache_salt_bytes:
         raise InvalidArgument("cache_salt", f"longer than {config.max_cache_salt_bytes} bytes")
-    if len(params.request_id) > MAX_REQUEST_ID_CHARS:
-        raise InvalidArgument("request_id", f"longer than {MAX_REQUEST_ID_CHARS} characters")
+    check_request_id("request_id", params.request_id)
+
+
+def check_request_id(field: str, request_id: str) -> None:
+    """Refuses a client's request id (Generate's ``request_id``, KServe's ``id``) of more than
+    :data:`MAX_REQUEST_ID_CHARS` characters or with a control character (Unicode category Cc).
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidArgument(field, f"longer than {MAX_REQUEST_ID_CHARS} characters")
     # NOTE: the id is echoed and written to logs and traces, where a newline or NUL could forge
     # or cut a line.
-    control = next((c for c in params.request_id if unicodedata.category(c) == "Cc"), None)
+    control = next((c for c in request_id if unicodedata.category(c) == "Cc"), None)
     if control is not None:
         raise InvalidArgument(
-            "request_id", f"contains the control character {control!r} (none are allowed)"
+            field, f"contains the control character {control!r} (none are allowed)"
         )
+
+
+def check_temperature(field: str, value: float) -> None:
+    """Refuses a temperature that is not a finite number >= 0 (NaN included).
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    if not math.isfinite(value) or value < 0:
+        raise InvalidArgument(field, f"must be a finite number >= 0, got {value}")
+
+
+def check_top_p(field: str, value: float) -> None:
+    """Refuses a top_p outside (0, 1] (NaN included).
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise InvalidArgument(field, f"must be in (0, 1], got {value}")
 
 
 def _sampling(params: GenerateParams) -> SamplingParams:
     temperature = 0.0 if params.temperature is None else params.temperature
-    if not math.isfinite(temperature) or temperature < 0:
-        raise InvalidArgument("temperature", f"must be a finite number >= 0, got {temperature}")
+    check_temperature("temperature", temperature)
     top_p = 1.0 if params.top_p is None else params.top_p
-    if not (math.isfinite(top_p) and 0 < top_p <= 1):
-        raise InvalidArgument("top_p", f"must be in (0, 1], got {top_p}")
+    check_top_p("top_p", top_p)
     check_uint("top_k", params.top_k, MAX_UINT32)
     check_uint("seed", params.seed, MAX_UINT64)
     return SamplingParams(

@@ -1,0 +1,160 @@
+"""Reading a KServe ModelInferRequest into generation terms: every numeric conversion of request
+``parameters`` and the ``sampling_parameters`` JSON is range-checked, each refusal an
+InvalidArgument naming the full field (never another exception, which would be INTERNAL); the
+``id`` is checked as Generate's ``request_id``; input shapes are one request's.
+Against a real stack: tests/frontend/test_kserve.py."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from frontend.test_kserve import make_infer_request
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.frontend.kserve_request import ALIASES, SETTINGS, read_text_request
+from zerolayer.frontend.kserve_response import stream_error_response
+
+NUMERIC = sorted(
+    k for k in (*SETTINGS, *ALIASES) if SETTINGS[ALIASES.get(k, k)] in ("uint", "float")
+)
+"""The numeric settings, by every name a request may give them."""
+VALUES = st.one_of(
+    st.integers(min_value=-(10**500), max_value=10**500),
+    st.sampled_from([2**32 - 1, 2**32, 2**64 - 1, 2**64, -1, 10**400, -(10**400)]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e308, 3.5e38, -0.0, 0.5, 1.0, 1.5]),
+    st.sampled_from(["1e999", "nan", "-inf", "1" * 400, "0x10", "", " 7 ", "1e5"]),
+    st.booleans(),
+    st.none(),
+)
+"""JSON values of every kind, many out of any field's range."""
+
+
+def in_range(name: str, value: object) -> bool:
+    canonical = ALIASES.get(name, name)
+    if canonical == "temperature":
+        return isinstance(value, float) and math.isfinite(value) and value >= 0
+    if canonical == "top_p":
+        return isinstance(value, float) and 0 < value <= 1
+    maximum = 2**64 - 1 if canonical == "seed" else 2**32 - 1
+    return isinstance(value, int) and 0 <= value <= maximum
+
+
+def read_setting(name: str, field: str, request) -> None:
+    """Reads ``request``: the setting is either in range, or refused naming ``field``."""
+    try:
+        params = read_text_request(request, "m").params
+    except InvalidArgument as refused:
+        assert str(refused).startswith(f"{field}: "), str(refused)
+        assert len(str(refused)) < 300  # a huge value is not quoted whole
+        return
+    canonical = {"max_tokens": "max_new_tokens"}.get(ALIASES.get(name, name), name)
+    value = getattr(params, ALIASES.get(canonical, canonical))
+    assert in_range(name, value), (name, value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(name=st.sampled_from(NUMERIC), value=VALUES)
+def test_sampling_parameters_json_values_are_in_range_or_refused_naming_the_field(
+    name: str, value: object
+) -> None:
+    sampling = json.dumps({name: value})  # NaN and Infinity as Python's json writes them
+    request = make_infer_request("m", "x", sampling_parameters=sampling)
+    read_setting(name, f"sampling_parameters.{name}", request)
+    request = make_infer_request("m", "x")
+    request.parameters["sampling_parameters"].string_param = sampling
+    read_setting(name, f"parameters.sampling_parameters.{name}", request)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from(NUMERIC),
+    kind=st.sampled_from(["int64_param", "uint64_param", "double_param", "string_param"]),
+    value=VALUES,
+)
+def test_request_parameters_are_in_range_or_refused_naming_the_field(
+    name: str, kind: str, value: object
+) -> None:
+    request = make_infer_request("m", "x")
+    try:
+        setattr(request.parameters[name], kind, str(value) if kind == "string_param" else value)
+    except (TypeError, ValueError, OverflowError):
+        return  # the proto field cannot hold it: no client can send it
+    read_setting(name, f"parameters.{name}", request)
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [
+        ({"temperature": 10**400}, "sampling_parameters.temperature: must be a finite number"),
+        ({"temperature": math.nan}, "sampling_parameters.temperature: must be a finite number"),
+        ({"top_p": math.inf}, "sampling_parameters.top_p: must be in (0, 1], got inf"),
+        ({"temperature": -1}, "sampling_parameters.temperature: must be a finite number >= 0"),
+        ({"seed": 10**400}, "sampling_parameters.seed: must be an integer from 0 to 1844"),
+    ],
+)
+def test_out_of_range_numbers_are_refused_naming_the_field(sampling, message) -> None:
+    request = make_infer_request("m", "x", sampling_parameters=json.dumps(sampling))
+    with pytest.raises(InvalidArgument) as refused:
+        read_text_request(request, "m")
+    assert str(refused.value).startswith(message)
+
+
+def test_a_stop_input_that_is_not_utf8_is_refused_as_such() -> None:
+    request = make_infer_request("m", "x", stop=["ok"])
+    request.raw_input_contents[-1] = b"\x02\x00\x00\x00\xff\xfe"
+    with pytest.raises(InvalidArgument, match="^stop: not valid UTF-8$"):
+        read_text_request(request, "m")
+
+
+@pytest.mark.parametrize(
+    ("request_id", "message"),
+    [
+        ("a\nb", "id: contains the control character '\\n' (none are allowed)"),
+        ("x\x00", "id: contains the control character '\\x00' (none are allowed)"),
+        ("x" * 257, "id: longer than 256 characters"),
+        ("x" * (4 << 20), "id: longer than 256 characters"),
+    ],
+)
+def test_an_id_generate_would_refuse_is_refused_and_not_echoed(request_id, message) -> None:
+    request = make_infer_request("m", "x")
+    request.id = request_id
+    with pytest.raises(InvalidArgument) as refused:
+        read_text_request(request, "m")
+    assert str(refused.value) == message
+    assert stream_error_response(request, "INVALID_ARGUMENT: ...").infer_response.id == ""
+
+
+def test_an_id_generate_would_take_is_taken_and_echoed() -> None:
+    request = make_infer_request("m", "x")
+    request.id = "é" * 256
+    read_text_request(request, "m")
+    assert stream_error_response(request, "UNAVAILABLE: ...").infer_response.id == "é" * 256
+
+
+@pytest.mark.parametrize(
+    ("index", "shape"),
+    [(0, [-1, -1]), (0, []), (0, [1, 1, 1]), (0, [-1]), (0, [2, 1]), (1, [1, -1])],
+)
+def test_shapes_other_than_n_or_1_by_n_are_refused_naming_the_input(index, shape) -> None:
+    request = make_infer_request("m", "x", stop=["a"])
+    request.inputs[index].ClearField("shape")
+    request.inputs[index].shape.extend(shape)
+    with pytest.raises(InvalidArgument) as refused:
+        read_text_request(request, "m")
+    name = request.inputs[index].name
+    assert str(refused.value) == (
+        f"inputs[{index}].shape: {shape} for {name!r}: must be [n] or [1, n] (batch size 1, n >= 0)"
+    )
+
+
+def test_shapes_of_one_request_are_taken_and_echoed() -> None:
+    request = make_infer_request("m", "x", stop=["a", "b"])
+    request.inputs[0].shape[:] = [1, 1]
+    request.inputs[1].shape[:] = [1, 2]
+    text_request = read_text_request(request, "m")
+    assert (text_request.output_shape, text_request.params.stop) == ((1, 1), ("a", "b"))
