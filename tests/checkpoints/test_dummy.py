@@ -1,4 +1,4 @@
-"""The embedded default model: written once, deterministic, loadable."""
+"""The dummy models (random weights, presets): written once, deterministic, loadable."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from zerolayer.checkpoints.dummy import (
     PRESETS,
     DummyPreset,
     ensure_dummy_model,
-    remove_abandoned_writes,
     write_dummy_model,
 )
+from zerolayer.checkpoints.model_cache import remove_abandoned_writes
 from zerolayer.checkpoints.model_config import ModelConfig
 
 

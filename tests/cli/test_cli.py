@@ -39,20 +39,40 @@ def leftovers(run_dir: str) -> list[str]:
     return [p for p in (run_dir, shm) if os.path.exists(p)]
 
 
-def test_up_generate_serves_the_default_model_and_cleans_up(tmp_path: Path) -> None:
+STORY = (  # greedy, the server's default 64 new tokens (llama2.c's expected run, continued)
+    ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw"
+    " a big, red ball. She wanted to play with it, but it was too high.\nLily's mom said"
+)
+
+
+def test_up_generate_tells_a_story_with_the_default_model_and_cleans_up(tmp_path: Path) -> None:
     port = free_port()
     proc = zerolayer(
-        "up", "--listen", f"127.0.0.1:{port}", "--generate", "Hello", env=isolated_env(tmp_path)
+        "up",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--generate",
+        "Once upon a time",
+        env=isolated_env(tmp_path),
     )
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
-    match = re.search(r"serving on 127\.0\.0\.1:(\d+) \(internal sockets in (\S+)\)", out)
+    serving, answer = out.split("\n", 1)
+    match = re.fullmatch(
+        r"zerolayer: serving on 127\.0\.0\.1:(\d+) \(internal sockets in (\S+)\)", serving
+    )
     assert match and int(match.group(1)) == port
-    assert "random weights" in err
-    answer = out.splitlines()[-1]
-    assert answer  # 32 generated tokens of the dummy model (meaningless text)
+    assert "serving the default model" in err and "stories260K" in err
+    assert answer == STORY + "\n"
     assert leftovers(match.group(2)) == []
-    assert (tmp_path / "cache/zerolayer/models/tiny-seed0-v1/model.safetensors").exists()
+    assert (tmp_path / "cache/zerolayer/models/stories260K-v1/model.safetensors").exists()
+
+
+def test_the_readme_s_first_command_is_this_one_and_shows_its_story() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    first_command = readme.split("```bash\n", 1)[1].splitlines()[0]
+    assert first_command.endswith('zerolayer up --generate "Once upon a time"')
+    assert STORY in readme
 
 
 def test_up_stops_every_layer_on_sigint(tmp_path: Path) -> None:
@@ -140,12 +160,12 @@ def test_generate_against_nothing_reports_unavailable() -> None:
         (["--device", "gpu"], "argument --device: 'gpu' is not one of cpu, auto, cuda, cuda:N"),
         (
             ["--kv-cache-bytes", "100"],
-            # the embedded model: K and V x 4 layers x 16 tokens x 2 KV heads x 32 dims x 4 bytes
-            "--kv-cache-bytes: 100 is smaller than one KV block of this model (32768 bytes: ",
+            # the default model: K and V x 5 layers x 16 tokens x 4 KV heads x 8 dims x 4 bytes
+            "--kv-cache-bytes: 100 is smaller than one KV block of this model (20480 bytes: ",
         ),
         (
             ["--kv-cache-bytes", "99999999999999"],
-            "--kv-cache-bytes: 99999999999999: the KV arena needs 99999999983616 bytes at "
+            "--kv-cache-bytes: 99999999999999: the KV arena needs 99999999979520 bytes at "
             "/dev/shm, but only ",
         ),
         (["--run-dir", "/proc/foo"], "--run-dir: /proc/foo: cannot create it"),

@@ -74,7 +74,7 @@ def test_up_flags_reach_stack_config(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert config == StackConfig(**{s.name: value(s) for s in up_settings()})
 
 
-def test_up_without_flags_is_the_default_stack_on_the_dummy_model(
+def test_up_without_flags_is_the_default_stack_on_the_default_model(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import zerolayer.stack.preflight as preflight
@@ -83,7 +83,7 @@ def test_up_without_flags_is_the_default_stack_on_the_dummy_model(
     monkeypatch.setattr(preflight, "check_stack", lambda config: None)
     config = _stack_config(build_parser().parse_args(["up"]))
     assert config == StackConfig(model_dir=config.model_dir)
-    assert Path(config.model_dir).is_relative_to(tmp_path / "cache")
+    assert Path(config.model_dir) == tmp_path / "cache/zerolayer/models/stories260K-v1"
 
 
 def readme_up_flags() -> str:

@@ -1,4 +1,4 @@
-"""End to end on the embedded dummy model: the four real processes, real gRPC, real shm."""
+"""End to end on the dummy model (tiny preset): the four real processes, real gRPC, real shm."""
 
 from __future__ import annotations
 

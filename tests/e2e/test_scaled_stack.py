@@ -1,5 +1,5 @@
 """End to end with several schedulers and frontends: ``zerolayer up --schedulers 2
---standby-schedulers 1 --frontends 2`` on the embedded dummy model, one stack for the module.
+--standby-schedulers 1 --frontends 2`` on the dummy model (tiny preset), one stack for the module.
 
 The tests run in file order: the last ones kill processes.
 """

@@ -1,4 +1,4 @@
-"""Byte-level tokenizer for the embedded dummy model: one token per UTF-8 byte, no merges.
+"""Byte-level tokenizer for the dummy models: one token per UTF-8 byte, no merges.
 
 Ids: 0 ``<unk>``, 1 ``<s>`` (BOS), 2 ``</s>`` (EOS), then id ``byte + 3`` for every byte value
 0..255. A multi-byte character is therefore split across 2-4 tokens, which is what the incremental

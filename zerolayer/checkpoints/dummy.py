@@ -8,9 +8,6 @@ benchmarks without downloading a model. Tokenizer: the byte-level one of
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,7 +20,8 @@ from zerolayer.checkpoints.byte_tokenizer import (
     EOS_TOKEN_ID,
     write_byte_level_tokenizer,
 )
-from zerolayer.checkpoints.model_files import MODEL_DIR_MODE, make_model_dir, share_model_files
+from zerolayer.checkpoints.model_cache import ensure_cached_model
+from zerolayer.checkpoints.model_files import make_model_dir, share_model_files
 
 FORMAT_VERSION = 1
 """Bumped when the generated files change, so cached copies are rewritten."""
@@ -50,8 +48,8 @@ PRESETS: dict[str, DummyPreset] = {
     "medium": DummyPreset(1536, 4096, 16, 12, 4, 32000, dtype="bfloat16"),
     "1b": DummyPreset(2048, 5632, 22, 32, 4, 32000, dtype="bfloat16"),
 }
-"""``tiny`` is the embedded default model; ``small`` is a 125M-parameter Llama shape; ``1b`` is
-the 1.1B TinyLlama shape (the GPU device check's model)."""
+"""``tiny`` is the tests' fast fp32 model (and ``make-dummy``'s default); ``small`` is a
+125M-parameter Llama shape; ``1b`` is the 1.1B TinyLlama shape (the GPU device check's model)."""
 
 
 def _config(p: DummyPreset) -> dict:
@@ -135,65 +133,21 @@ def write_dummy_model(out_dir: Path, preset: DummyPreset, seed: int = 0) -> Path
     return out_dir
 
 
-def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/zerolayer`` or ``~/.cache/zerolayer`` (read when called, not at import)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "zerolayer"
-
-
-def remove_abandoned_writes(target: Path) -> list[Path]:
-    """Removes temporary siblings of ``target`` left by writers that died mid-write.
-
-    A writer killed by a signal (SIGTERM, SIGKILL) never reaches its cleanup; its directory is
-    named ``.<target>-<pid>-<random>``, and is removed once no process ``<pid>`` exists. Returns
-    the removed directories.
-    """
-    removed = []
-    for path in target.parent.glob(f".{target.name}-*-*"):
-        pid_text = path.name[len(target.name) + 2 :].split("-", 1)[0]
-        if not pid_text.isdigit() or _process_exists(int(pid_text)):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def ensure_dummy_model(
     preset_name: str = "tiny", seed: int = 0, cache_dir: Path | None = None
 ) -> Path:
     """Returns the directory of a cached dummy model, writing it once if missing.
 
     The model is written into a temporary sibling and renamed into place, so concurrent callers
-    never see a half-written directory.
+    never see a half-written directory
+    (:func:`zerolayer.checkpoints.model_cache.ensure_cached_model`).
 
     Raises:
         KeyError: unknown preset name.
     """
     preset = PRESETS[preset_name]
-    cache_dir = cache_dir or default_cache_dir()
-    target = cache_dir / "models" / f"{preset_name}-seed{seed}-v{FORMAT_VERSION}"
-    if (target / "model.safetensors").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned_writes(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-{os.getpid()}-", dir=target.parent))
-    try:
-        write_dummy_model(tmp, preset, seed)
-        os.chmod(tmp, MODEL_DIR_MODE)  # mkdtemp's 0700 would hide it from other users
-        os.rename(tmp, target)
-    except OSError:
-        if not (target / "model.safetensors").exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return ensure_cached_model(
+        f"{preset_name}-seed{seed}-v{FORMAT_VERSION}",
+        lambda out_dir: write_dummy_model(out_dir, preset, seed),
+        cache_dir,
+    )

@@ -140,22 +140,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stack_config(args: argparse.Namespace) -> StackConfig:
-    """The stack's settings from ``up``'s flags (no ``--model``: the embedded dummy model),
+    """The stack's settings from ``up``'s flags (no ``--model``: the default model, stories260K),
     checked against this machine.
 
     Raises:
         ValueError: a setting is out of range or cannot work here; the message starts with its
             flag.
     """
-    from zerolayer.checkpoints.dummy import ensure_dummy_model
+    from zerolayer.checkpoints.default_model import ensure_default_model
     from zerolayer.stack.config import StackConfig
     from zerolayer.stack.preflight import check_stack
 
     if args.model_dir is None:
-        model_dir = str(ensure_dummy_model())
+        model_dir = str(ensure_default_model())
         print(
-            f"zerolayer: no --model given, serving the embedded dummy model {model_dir} "
-            "(random weights: its text is meaningless)",
+            f"zerolayer: no --model given, serving the default model {model_dir} "
+            "(llama2.c's stories260K by Andrej Karpathy, MIT: tiny stories in simple English)",
             file=sys.stderr,
         )
         args = argparse.Namespace(**{**vars(args), "model_dir": model_dir})

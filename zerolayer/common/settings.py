@@ -111,7 +111,7 @@ MODEL_DIR = Setting(
     "--model",
     "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)",
     metavar="DIR",
-    default_note="the embedded dummy model, random weights, meaningless text",
+    default_note="stories260K, llama2.c's tiny story model shipped with zerolayer",
     layers=(LOADER,),
     up=True,
 )
