@@ -19,6 +19,7 @@ import xxhash
 from zerolayer.checkpoints.dtypes import itemsize
 from zerolayer.checkpoints.errors import CheckpointError
 from zerolayer.checkpoints.shard_index import check_shards, read_weight_map
+from zerolayer.sharing.file_identity import FileIdentity
 from zerolayer.sharing.manifest import HandleKind, TensorSpec, WeightManifest
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -154,9 +155,11 @@ def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
         }
         check_shards(model_dir, weight_map, names_by_file)
     tensors: list[TensorSpec] = []
+    identities: list[FileIdentity] = []
     num_parameters = 0
     for file_index, (path, (header, data_start)) in enumerate(zip(files, headers, strict=True)):
         stat = os.stat(path)
+        identities.append(FileIdentity.of(stat))
         digest.update(json.dumps(header, sort_keys=True).encode())
         digest.update(struct.pack("<QQ", stat.st_size, stat.st_mtime_ns))
         for name in sorted(header):
@@ -174,7 +177,8 @@ def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
         fingerprint=digest.hexdigest(),
         handle_kind=HandleKind.MMAP_FILE,
         files=tuple(str(p) for p in files),
-        file_sizes=tuple(p.stat().st_size for p in files),
+        file_sizes=tuple(i.size_bytes for i in identities),
         tensors=tuple(tensors),
         num_parameters=num_parameters,
+        file_identities=tuple(identities),
     )
