@@ -41,8 +41,13 @@ class FileIdentity:
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def same_file(self, other: FileIdentity) -> bool:
-        """True if both name the same inode (whatever its contents)."""
-        return (self.device_id, self.inode) == (other.device_id, other.inode)
+        """True if both name the same inode (whatever its contents).
+
+        NOTE: st_dev is not compared: the same file seen through two mounts of one filesystem
+        (an NFS export mounted twice, two containers) may report two device numbers; a rename
+        into place always changes the inode.
+        """
+        return self.inode == other.inode
 
 
 def check_opened(path: str, fd: int, expected: FileIdentity) -> FileIdentity:
