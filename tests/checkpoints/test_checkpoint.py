@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -330,3 +331,63 @@ def test_fingerprint_changes_with_config(tmp_path: Path) -> None:
     (model_dir / "config.json").write_text(json.dumps({**TINY_LLAMA_CONFIG, "rope_theta": 5e5}))
     assert (model_dir / "model.safetensors").stat().st_mtime_ns == stat_before.st_mtime_ns
     assert read_checkpoint(model_dir).fingerprint != before
+
+
+def rewrite_index(model_dir: Path, weight_map: dict[str, str]) -> None:
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+SHARD_1 = "model-00001-of-00002.safetensors"
+SHARD_2 = "model-00002-of-00002.safetensors"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"lm_head.weight": "missing.safetensors"}, "shard 'missing.safetensors' does not exist"),
+        ({"lm_head.weight": "../x.safetensors"}, "'../x.safetensors', outside the model directory"),
+        ({"lm_head.weight": "/tmp/x.safetensors"}, "'/tmp/x.safetensors', outside the model dir"),
+        ({"lm_head.weight": SHARD_1}, f"{SHARD_2} holds tensor 'lm_head.weight', which the index"),
+        ({"model.extra": SHARD_1}, f"tensor 'model.extra' is not in {SHARD_1}"),
+        ({"lm_head.weight": None}, f"{SHARD_2} holds tensor 'lm_head.weight', not indexed"),
+        ({"lm_head.weight": 3}, "tensor 'lm_head.weight' maps to 3, not a file name"),
+    ],
+    ids=["missing-file", "dotdot", "absolute", "wrong-shard", "not-in-shard", "unindexed", "type"],
+)
+def test_index_that_disagrees_with_the_shards_is_refused(
+    tmp_path: Path, change: dict, message: str
+) -> None:
+    model_dir, _ = make_sharded_model_dir(tmp_path)
+    (tmp_path / "x.safetensors").write_bytes((model_dir / SHARD_2).read_bytes())
+    weight_map = json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    for name, file_name in change.items():
+        if file_name is None:
+            del weight_map[name]
+        else:
+            weight_map[name] = file_name
+    rewrite_index(model_dir, weight_map)
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        read_checkpoint(model_dir)
+
+
+@pytest.mark.parametrize("text", ["[]", "{}", '{"weight_map": []}', "not json"])
+def test_malformed_index_is_refused(tmp_path: Path, text: str) -> None:
+    model_dir, _ = make_sharded_model_dir(tmp_path)
+    (model_dir / "model.safetensors.index.json").write_text(text)
+    with pytest.raises(CheckpointError, match="model.safetensors.index.json: "):
+        read_checkpoint(model_dir)
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_tensor_in_two_shards_is_refused(tmp_path: Path, indexed: bool) -> None:
+    model_dir, tensors = make_sharded_model_dir(tmp_path)
+    names = ["lm_head.weight", "model.layers.0.odd", "model.norm.weight"]
+    save_file({n: tensors[n] for n in names}, model_dir / SHARD_2)
+    if not indexed:
+        (model_dir / "model.safetensors.index.json").unlink()
+    first, second = (str((model_dir / n).resolve()) for n in (SHARD_1, SHARD_2))
+    with pytest.raises(
+        CheckpointError, match=re.escape(f"'model.norm.weight' is in both {first} and {second}")
+    ):
+        read_checkpoint(model_dir)

@@ -3,6 +3,9 @@ same packing and chunking code the CUDA path runs with pinned staging buffers)."
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,8 @@ from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
 from zerolayer.loader.device_copy import ALIGNMENT, GroupCopier, layer_of, plan_placement
 from zerolayer.sharing.mapped_file import MappedFile
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +81,35 @@ def test_copy_refuses_a_too_small_target(checkpoint) -> None:  # noqa: ANN001
     placement = plan_placement(manifest.tensors, PRESETS["tiny"].num_hidden_layers)
     with pytest.raises(ValueError, match="target"):
         GroupCopier(files, manifest.tensors, placement, torch.zeros(10, dtype=torch.uint8))
+
+
+def test_copy_stops_at_a_file_truncated_under_it(tmp_path: Path) -> None:
+    """In a child: were the copy to read the lost pages, it would die of SIGBUS."""
+    model_dir = write_dummy_model(tmp_path / "m", PRESETS["tiny"], seed=3)
+    script = textwrap.dedent(
+        f"""
+        import os, torch
+        from pathlib import Path
+        from zerolayer.checkpoints.checkpoint import read_checkpoint
+        from zerolayer.loader.device_copy import GroupCopier, plan_placement
+        from zerolayer.sharing.file_identity import WeightFileChanged
+        from zerolayer.sharing.mapped_file import MappedFile
+        manifest = read_checkpoint(Path({str(model_dir)!r}))
+        files = [MappedFile(p) for p in manifest.files]
+        placement = plan_placement(manifest.tensors, {PRESETS["tiny"].num_hidden_layers})
+        target = torch.zeros(placement.size_bytes, dtype=torch.uint8)
+        done = []
+        def truncate_after_first(g):
+            done.append(g)
+            os.truncate(manifest.files[0], 0)
+        try:
+            GroupCopier(files, manifest.tensors, placement, target, 256).run(truncate_after_first)
+        except WeightFileChanged as exc:
+            print(done, exc)
+        """
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.startswith(f"[0] weight file {model_dir}/model.safetensors changed since")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from zerolayer.loader.device_copy import plan_placement
 from zerolayer.loader.server import LoaderServicer
 from zerolayer.loader.weight_store import WeightStore
 from zerolayer.scheduler.model.device_import import wait_for_layers
+from zerolayer.sharing.file_identity import WeightFileChanged
 from zerolayer.sharing.manifest import DeviceMemoryHandle, HandleKind, WeightManifest
 from zerolayer.v1 import kvstore_pb2, loader_pb2
 
@@ -137,3 +139,21 @@ def test_wait_for_layers_polls_until_all_are_resident_or_times_out() -> None:
 
     with pytest.raises(Unavailable, match="1 of 4 layers"):
         wait_for_layers(lambda: (1, 4), timeout_s=1.0, poll_s=0.3, clock=clock, sleep=sleep)
+
+
+def test_a_truncated_file_is_refused_to_file_importers_only(tmp_path: Path) -> None:
+    """The device copy no longer needs the files: GPU importers still get it."""
+    model_dir = write_dummy_model(tmp_path / "m", PRESETS["tiny"], seed=1)
+    store = WeightStore(Path(model_dir))
+    cpu_servicer = LoaderServicer(store)
+    gpu_servicer = LoaderServicer(store, StandInDeviceWeights(store.manifest))  # type: ignore[arg-type]
+    os.truncate(store.manifest.files[0], 100)
+    changed = f"weight file {store.manifest.files[0]} changed since the loader opened it"
+    for servicer in (cpu_servicer, gpu_servicer):
+        with pytest.raises(WeightFileChanged, match=changed):
+            manifest(servicer, HandleKind.MMAP_FILE)
+    with pytest.raises(WeightFileChanged, match=changed):
+        residency(cpu_servicer)
+    gpu = manifest(gpu_servicer, HandleKind.CUDA_VMM_FD, HandleKind.MMAP_FILE)
+    assert gpu.handle_kind == HandleKind.CUDA_VMM_FD
+    assert residency(gpu_servicer).num_layers_resident == 1

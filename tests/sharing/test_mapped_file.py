@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from safetensors.torch import save_file
 from zerolayer.checkpoints.byte_tokenizer import write_byte_level_tokenizer
 from zerolayer.checkpoints.checkpoint import read_checkpoint, read_safetensors_header
 from zerolayer.scheduler.model.weights import MappedWeights
+from zerolayer.sharing.file_identity import UPDATE_ADVICE, WeightFileChanged
 from zerolayer.sharing.manifest import HandleKind, WeightManifest
 from zerolayer.sharing.mapped_file import PAGE_SIZE, MappedFile
 
@@ -279,3 +281,60 @@ def test_two_processes_share_one_copy_of_the_weights(tmp_path: Path) -> None:
         assert entry["Shared_Clean"] + entry["Shared_Dirty"] == size_kb
         # Two sharers: each process is charged exactly half of every page.
         assert entry["Pss"] == size_kb // 2
+
+
+def test_a_file_renamed_into_place_is_refused_and_the_old_mapping_still_serves(
+    tmp_path: Path,
+) -> None:
+    weights, manifest = make_mapped_weights(tmp_path)
+    path = manifest.files[0]
+    expected = make_tensors()
+    new = make_safetensors(tmp_path / "new.safetensors", {"a.f32": torch.zeros(1000)})
+    os.replace(new, path)
+    with pytest.raises(
+        WeightFileChanged,
+        match=f"weight file {re.escape(path)} changed since the loader opened it: another file",
+    ):
+        MappedWeights(manifest)
+    weights.files[0].check_unchanged()  # the mapped (old) inode is intact
+    assert torch.equal(weights.tensors["a.f32"], expected["a.f32"])
+
+
+def test_a_manifest_without_identities_maps_whatever_is_at_the_path(tmp_path: Path) -> None:
+    _, manifest = make_mapped_weights(tmp_path)
+    weights = MappedWeights(replace(manifest, file_identities=()))
+    assert torch.equal(weights.tensors["d.i64"], make_tensors()["d.i64"])
+
+
+def test_a_file_truncated_in_place_is_reported_without_touching_its_pages(tmp_path: Path) -> None:
+    """In a child: were mincore or madvise to read a page past the new end, it would die of
+    SIGBUS."""
+    path = make_safetensors(tmp_path / "w.safetensors", {"x": torch.ones(4 * PAGE_SIZE)})
+    script = textwrap.dedent(
+        f"""
+        import os
+        from zerolayer.sharing.file_identity import WeightFileChanged
+        from zerolayer.sharing.mapped_file import MappedFile
+        f = MappedFile({str(path)!r})
+        size = f.size_bytes
+        os.truncate({str(path)!r}, 4096)
+        try:
+            f.check_unchanged()
+        except WeightFileChanged as exc:
+            print(exc)
+        f.prefetch()
+        f.residency()
+        print("alive")
+        """
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert child.returncode == 0, child.stderr
+    size = path.stat().st_size
+    assert child.stdout.splitlines() == [
+        f"weight file {path} changed since the loader opened it: rewritten in place (size "
+        f"{16 * PAGE_SIZE + 72} -> {size} bytes, mtime changed: True); its mapping cannot be "
+        f"served ({UPDATE_ADVICE})",
+        "alive",
+    ]

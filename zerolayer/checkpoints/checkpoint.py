@@ -17,14 +17,16 @@ import numpy as np
 import xxhash
 
 from zerolayer.checkpoints.dtypes import itemsize
+from zerolayer.checkpoints.errors import CheckpointError
+from zerolayer.checkpoints.shard_index import check_shards, read_weight_map
+from zerolayer.sharing.file_identity import FileIdentity
 from zerolayer.sharing.manifest import HandleKind, TensorSpec, WeightManifest
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
-class CheckpointError(ValueError):
-    """The model directory is missing files or holds a malformed or refused checkpoint."""
+__all__ = ["CheckpointError", "read_checkpoint", "read_safetensors_header", "weight_files"]
 
 
 def read_safetensors_header(path: Path) -> tuple[dict, int]:
@@ -68,12 +70,13 @@ def weight_files(model_dir: Path) -> list[Path]:
     """The safetensors files of a model directory, from its index when there is one.
 
     Raises:
-        CheckpointError: no safetensors files; or only pickled ones (``*.bin``/``*.pt``), which are
-            refused because unpickling runs arbitrary code (no ``torch.load`` of untrusted files).
+        CheckpointError: no safetensors files; an index that is malformed or names a missing file
+            or one outside ``model_dir`` (see :func:`read_weight_map`); or only pickled files
+            (``*.bin``/``*.pt``), which are refused because unpickling runs arbitrary code (no
+            ``torch.load`` of untrusted files).
     """
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
+    weight_map = read_weight_map(model_dir)
+    if weight_map is not None:
         return [model_dir / name for name in sorted(set(weight_map.values()))]
     files = sorted(model_dir.glob("*.safetensors"))
     if files:
@@ -103,6 +106,21 @@ def _tensor_spec(
     return TensorSpec(name, entry["dtype"], shape, file_index, data_start + begin, end - begin)
 
 
+def _check_unique_tensors(files: list[Path], headers: list[dict]) -> None:
+    """Refuses a tensor that two files hold (which one would be served is ambiguous)."""
+    owner: dict[str, Path] = {}
+    for path, header in zip(files, headers, strict=True):
+        for name in header:
+            if name in owner:
+                raise CheckpointError(f"tensor {name!r} is in both {owner[name]} and {path}")
+            owner[name] = path
+
+
+def _index_name(model_dir: Path, path: Path, weight_map: dict[str, str]) -> str:
+    """The index's spelling of ``path`` (``weight_files`` built it as ``model_dir / name``)."""
+    return next(name for name in set(weight_map.values()) if model_dir / name == path)
+
+
 def _read_optional(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
@@ -115,7 +133,8 @@ def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
         model_name: name to serve the model under; default the directory's base name.
 
     Raises:
-        CheckpointError: a required file is missing, or a safetensors header is invalid.
+        CheckpointError: a required file is missing, a safetensors header is invalid, two files
+            hold the same tensor, or the shards disagree with the index (see :func:`check_shards`).
     """
     model_dir = model_dir.resolve()
     if not model_dir.is_dir():
@@ -126,11 +145,21 @@ def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
     config_json = (model_dir / "config.json").read_text()
     files = weight_files(model_dir)
     digest = xxhash.xxh3_128(config_json.encode())
+    headers = [read_safetensors_header(path) for path in files]
+    _check_unique_tensors(files, [header for header, _ in headers])
+    weight_map = read_weight_map(model_dir)
+    if weight_map is not None:
+        names_by_file = {
+            _index_name(model_dir, path, weight_map): list(header)
+            for path, (header, _) in zip(files, headers, strict=True)
+        }
+        check_shards(model_dir, weight_map, names_by_file)
     tensors: list[TensorSpec] = []
+    identities: list[FileIdentity] = []
     num_parameters = 0
-    for file_index, path in enumerate(files):
-        header, data_start = read_safetensors_header(path)
+    for file_index, (path, (header, data_start)) in enumerate(zip(files, headers, strict=True)):
         stat = os.stat(path)
+        identities.append(FileIdentity.of(stat))
         digest.update(json.dumps(header, sort_keys=True).encode())
         digest.update(struct.pack("<QQ", stat.st_size, stat.st_mtime_ns))
         for name in sorted(header):
@@ -148,7 +177,8 @@ def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
         fingerprint=digest.hexdigest(),
         handle_kind=HandleKind.MMAP_FILE,
         files=tuple(str(p) for p in files),
-        file_sizes=tuple(p.stat().st_size for p in files),
+        file_sizes=tuple(i.size_bytes for i in identities),
         tensors=tuple(tensors),
         num_parameters=num_parameters,
+        file_identities=tuple(identities),
     )

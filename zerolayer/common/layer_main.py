@@ -74,7 +74,7 @@ def run(program: LayerProgram, args: argparse.Namespace) -> int:
             setting = exc.setting
         if setting is None:
             raise
-        reason = getattr(exc, "reason", str(exc))
+        reason = getattr(exc, "reason", "") or str(exc)
         value = getattr(config, setting.name)
         print(
             f"zerolayer {program.layer}: error: {setting.flag} {value}: {reason}", file=sys.stderr

@@ -345,10 +345,16 @@ async def run_layer(
     on_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> signal.Signals:
     """Starts ``server``, runs ``on_start``, reports SERVING, and serves until SIGTERM, SIGINT or
-    SIGHUP; returns the signal that stopped it."""
+    SIGHUP; returns the signal that stopped it. An error of ``on_start`` stops the server, then
+    propagates."""
     await server.start()
     if on_start is not None:
-        await on_start()
+        try:
+            await on_start()
+        except BaseException:
+            # NOTE: stopped here, not by the garbage collector once the loop is closed.
+            await server.stop()
+            raise
     await server.set_serving(True)
     log.info("serving")
     received = await wait_for_shutdown_signal()

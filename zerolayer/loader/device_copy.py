@@ -116,9 +116,17 @@ class GroupCopier:
 
     def run(self, on_group_done: Callable[[int], None]) -> None:
         """Copies every group in order; calls ``on_group_done(g)`` once group ``g`` is on the
-        device (in order, from this thread). Returns when all copies completed."""
+        device (in order, from this thread). Returns when all copies completed.
+
+        Raises:
+            WeightFileChanged: a file was truncated or rewritten in place (checked with ``fstat``
+                before each group, so that the copy stops instead of reading lost pages: a
+                truncation during one group's copy can still raise SIGBUS).
+        """
         pending: list[tuple[int, object]] = []
         for g, names in enumerate(self._placement.groups):
+            for f in self._files:
+                f.check_unchanged()
             self._copy_group(names)
             if not self._cuda:
                 on_group_done(g)

@@ -18,7 +18,13 @@ if TYPE_CHECKING:
 
 
 class LoaderServicer(loader_pb2_grpc.LoaderServicer):
-    """zerolayer.v1.Loader over a :class:`WeightStore`."""
+    """zerolayer.v1.Loader over a :class:`WeightStore`.
+
+    Before serving the files (GetManifest for HANDLE_KIND_MMAP_FILE, GetResidency on CPU,
+    Prefetch) it checks that none changed in place: FAILED_PRECONDITION naming the file otherwise,
+    so a truncated file is reported, never handed out or touched. The device copy, once made, no
+    longer depends on the files and is still handed out.
+    """
 
     def __init__(self, store: WeightStore, device_weights: DeviceWeights | None = None) -> None:
         """
@@ -38,6 +44,8 @@ class LoaderServicer(loader_pb2_grpc.LoaderServicer):
         if self._device is not None:
             offered.insert(0, self._device.handle.kind)
         kind = negotiate(accepted, offered)
+        if kind == HandleKind.MMAP_FILE:
+            self._store.check_unchanged()
         manifest = self._store.get_manifest(model, [HandleKind.MMAP_FILE])
         if kind != HandleKind.MMAP_FILE and self._device is not None:
             manifest = self._device.manifest_for(manifest)
@@ -51,6 +59,7 @@ class LoaderServicer(loader_pb2_grpc.LoaderServicer):
     async def Prefetch(
         self, request: loader_pb2.PrefetchRequest, context: grpc.aio.ServicerContext
     ) -> loader_pb2.Residency:
+        self._store.check_unchanged()
         self._store.prefetch()
         return residency_to_pb(self._residency())
 
@@ -58,6 +67,7 @@ class LoaderServicer(loader_pb2_grpc.LoaderServicer):
         total, resident = self._store.residency()
         num_layers = self._store.model_config.num_hidden_layers
         if self._device is None:
+            self._store.check_unchanged()
             return Residency(
                 total_bytes=total,
                 resident_bytes=resident,

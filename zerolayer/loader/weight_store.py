@@ -25,6 +25,7 @@ class WeightStore:
     Raises:
         CheckpointError: the directory is not a loadable checkpoint (from :func:`read_checkpoint`).
         ValueError: config.json describes an unsupported model.
+        WeightFileChanged: a file was replaced or rewritten while the directory was read.
     """
 
     offered_handle_kinds: tuple[HandleKind, ...] = (HandleKind.MMAP_FILE,)
@@ -34,7 +35,12 @@ class WeightStore:
         self.model_config = ModelConfig.from_json(
             self.manifest.config_json, self.manifest.generation_config_json
         )
-        self._files = [MappedFile(p) for p in self.manifest.files]
+        # NOTE: checked against the identities read_checkpoint saw, so that a file replaced in
+        # between is refused instead of mapped under the old header's offsets.
+        self._files = [
+            MappedFile(p, expected)
+            for p, expected in zip(self.manifest.files, self.manifest.file_identities, strict=True)
+        ]
         log.info(
             "mapped %d file(s), %d tensors, %.1f MB",
             len(self._files),
@@ -67,8 +73,19 @@ class WeightStore:
         negotiate(accepted, self.offered_handle_kinds)
         return self.manifest
 
+    def check_unchanged(self) -> None:
+        """Checks that no mapped file was truncated or rewritten in place (``fstat`` only; no
+        page is touched, so a truncated file raises here instead of SIGBUS). A file replaced by
+        a rename passes: this process keeps mapping the old inode.
+
+        Raises:
+            WeightFileChanged: a file changed in place (the message names it).
+        """
+        for f in self._files:
+            f.check_unchanged()
+
     def residency(self) -> tuple[int, int]:
-        """Returns (total bytes, bytes resident in the page cache)."""
+        """Returns (total bytes, bytes resident in the page cache); never faults (mincore)."""
         return self.total_bytes, sum(f.residency() for f in self._files)
 
     def prefetch(self) -> None:

@@ -16,6 +16,7 @@ from zerolayer.common.device import resolve_device
 from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
 from zerolayer.common.server import CHANNEL_OPTIONS, LayerServer, ServiceBinding, run_layer
+from zerolayer.common.settings import LOADER_ADDRESS
 from zerolayer.common.tracing import Tracing
 from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
 from zerolayer.scheduler.gpu_health.watch import watch_gpu
@@ -23,7 +24,8 @@ from zerolayer.scheduler.kv_client import KVStoreClient
 from zerolayer.scheduler.kv_health import KVStoreReadiness
 from zerolayer.scheduler.role import RoleSwitch
 from zerolayer.scheduler.server import SchedulerServicer
-from zerolayer.scheduler.startup import build_serving_engine
+from zerolayer.scheduler.startup import ManifestRefused, build_serving_engine
+from zerolayer.sharing.file_identity import WeightFileChanged
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,14 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
     await run_layer(server, on_start=on_start, on_stop=on_stop)
 
 
-PROGRAM = LayerProgram("scheduler", SchedulerConfig, serve, __doc__)
+PROGRAM = LayerProgram(
+    "scheduler",
+    SchedulerConfig,
+    serve,
+    __doc__,
+    # A weight file replaced or truncated under the loader: one line, not a traceback.
+    setting_errors=((ManifestRefused, LOADER_ADDRESS), (WeightFileChanged, LOADER_ADDRESS)),
+)
 
 if __name__ == "__main__":
     sys.exit(main(PROGRAM))

@@ -8,6 +8,7 @@ arena, then the engine built on it).
 
 from __future__ import annotations
 
+import grpc
 import torch
 from prometheus_client import CollectorRegistry
 
@@ -15,6 +16,7 @@ from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.common.clients import fetch_layer_residency, fetch_manifest
 from zerolayer.common.config import SchedulerConfig
 from zerolayer.common.device import Device, resolve_device
+from zerolayer.common.errors import FailedPrecondition
 from zerolayer.common.tracing import GEN_AI_REQUEST_MODEL, Tracing
 from zerolayer.scheduler.core.engine import Engine
 from zerolayer.scheduler.engine_factory import EngineConfig, EngineParts, assemble_engine
@@ -22,6 +24,10 @@ from zerolayer.scheduler.kv_client import KVStoreClient
 from zerolayer.scheduler.model.device_import import DeviceWeightsView, wait_for_layers
 from zerolayer.scheduler.model.weights import MappedWeights
 from zerolayer.sharing.handle_kinds import importer_kinds
+
+
+class ManifestRefused(FailedPrecondition):
+    """The loader cannot hand out its manifest (FAILED_PRECONDITION): restarting will not help."""
 
 
 def build_serving_engine(
@@ -64,13 +70,21 @@ def load_weights(
 
     Raises:
         grpc.RpcError: the loader did not answer.
+        ManifestRefused: the loader answered FAILED_PRECONDITION (e.g. a weight file changed in
+            place under it, or no handle kind in common).
+        WeightFileChanged: a weight file at the manifest's path is not the one the loader mapped.
         Unavailable: the loader's device copy was not complete within 10 minutes.
     """
     with tracing.tracer.start_as_current_span("load weights") as span:
         with tracing.client_span("/zerolayer.v1.Loader/GetManifest") as metadata:
-            manifest = fetch_manifest(
-                loader_address, accepted=importer_kinds(str(device)), metadata=metadata
-            )
+            try:
+                manifest = fetch_manifest(
+                    loader_address, accepted=importer_kinds(str(device)), metadata=metadata
+                )
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                raise ManifestRefused(f"the loader refused GetManifest: {exc.details()}") from None
         model_config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
         if device.is_cuda:
             if manifest.device_memory is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from zerolayer.sharing.file_identity import FileIdentity
+
 
 class HandleKind(enum.IntEnum):
     """How tensor memory is passed between processes (mirrors zerolayer.v1.HandleKind)."""
@@ -70,6 +72,9 @@ class WeightManifest:
     num_parameters: int
     device_memory: DeviceMemoryHandle | None = None
     """Set for the CUDA handle kinds: the device copy of every tensor."""
+    file_identities: tuple[FileIdentity, ...] = ()
+    """Per file: the identity the loader mapped (empty from a loader that sends none); an
+    importer opening ``files`` must find the same (see :mod:`zerolayer.sharing.file_identity`)."""
 
 
 @dataclass(frozen=True)

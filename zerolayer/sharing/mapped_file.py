@@ -11,10 +11,13 @@ import ctypes.util
 import mmap
 import os
 import warnings
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from zerolayer.sharing.file_identity import FileIdentity, check_opened, check_unchanged
 
 if TYPE_CHECKING:
     import torch
@@ -25,22 +28,48 @@ PAGE_SIZE = mmap.PAGESIZE
 class MappedFile:
     """A whole file mapped with ``mmap(PROT_READ, MAP_SHARED)``.
 
+    The descriptor stays open (until :meth:`close` or collection) so that :meth:`check_unchanged`
+    can ``fstat`` the mapped inode whatever is at the path now.
+
+    Args:
+        expected: the identity the loader recorded (manifest); the file opened must match it.
+
     Raises:
         OSError: the file cannot be opened or mapped.
         ValueError: the file is empty.
+        WeightFileChanged: ``expected`` is given and another file, or another version of it, is
+            at ``path`` now.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, expected: FileIdentity | None = None) -> None:
         self.path = str(path)
-        fd = os.open(self.path, os.O_RDONLY)
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            self.size_bytes = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            self.identity = FileIdentity.of(st)
+            if expected is not None:
+                check_opened(self.path, fd, expected)
+            self.size_bytes = st.st_size
             if self.size_bytes == 0:
                 raise ValueError(f"{self.path}: empty file")
             self._mm = mmap.mmap(fd, self.size_bytes, prot=mmap.PROT_READ)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd = fd
+        self._close_fd = weakref.finalize(self, os.close, fd)
         self._bytes = np.frombuffer(self._mm, dtype=np.uint8)
+
+    def check_unchanged(self) -> None:
+        """Checks (``fstat`` of the mapped inode; touches no page) that the file still has the
+        size and modification time it had when mapped. A file replaced at its path (rename)
+        passes: the mapping keeps the old inode, which stays valid.
+
+        Raises:
+            WeightFileChanged: it was truncated or rewritten in place: reading the mapping past
+                the new end raises SIGBUS, and the bytes before it may differ.
+        """
+        check_unchanged(self.path, FileIdentity.of(os.fstat(self._fd)), self.identity)
 
     @property
     def address(self) -> int:
@@ -78,7 +107,10 @@ class MappedFile:
         return flat.view(shape)
 
     def residency(self) -> int:
-        """Returns how many bytes of the file are resident in the page cache (mincore(2))."""
+        """Returns how many bytes of the file are resident in the page cache (mincore(2)).
+
+        Safe on a truncated file: mincore(2) never faults (pages past the end count as absent).
+        """
         num_pages = (self.size_bytes + PAGE_SIZE - 1) // PAGE_SIZE
         vec = (ctypes.c_ubyte * num_pages)()
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -89,11 +121,15 @@ class MappedFile:
         return min(resident * PAGE_SIZE, self.size_bytes)
 
     def prefetch(self) -> None:
-        """Asks the kernel to read the file ahead (madvise(MADV_WILLNEED)); returns at once."""
+        """Asks the kernel to read the file ahead (madvise(MADV_WILLNEED)); returns at once.
+
+        Safe on a truncated file: madvise(2) never faults; read-ahead stops at the file's end.
+        """
         self._mm.madvise(mmap.MADV_WILLNEED)
 
     def close(self) -> None:
         """Unmaps the file. Tensors made by :meth:`tensor` must no longer be used."""
+        self._close_fd()
         self._bytes = None  # type: ignore[assignment]
         try:
             self._mm.close()

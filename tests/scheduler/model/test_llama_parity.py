@@ -8,6 +8,7 @@ and in one variant an arena small enough to force recompute preemption.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -218,4 +219,39 @@ def test_tied_embeddings_match_transformers(
     assert engine.runner.model.lm_head is engine.runner.model.embed_tokens
     outputs = run_engine(engine, prompts)
     assert_matches(outputs, references["tied"], prompts)
+    assert_all_free(engine, allocator)
+
+
+def shard_model_dir(model_dir: Path, out_dir: Path, num_shards: int) -> Path:
+    """A copy of ``model_dir`` whose weights are split over ``num_shards`` files with an index,
+    as transformers' ``save_pretrained(max_shard_size=...)`` writes them."""
+    shutil.copytree(model_dir, out_dir)
+    (out_dir / "model.safetensors").unlink()
+    tensors = load_file(model_dir / "model.safetensors")
+    weight_map = {}
+    for shard in range(num_shards):
+        file_name = f"model-{shard + 1:05d}-of-{num_shards:05d}.safetensors"
+        names = sorted(tensors)[shard::num_shards]
+        save_file({n: tensors[n] for n in names}, str(out_dir / file_name))
+        weight_map.update(dict.fromkeys(names, file_name))
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    return out_dir
+
+
+def test_sharded_checkpoint_matches_the_unsharded_one(
+    model_dirs: dict[str, Path],
+    references: dict[str, list[list[int]]],
+    prompts: list[list[int]],
+    tmp_path: Path,
+) -> None:
+    sharded = shard_model_dir(model_dirs["default"], tmp_path / "sharded", 3)
+    manifest = read_checkpoint(sharded)
+    assert [Path(f).name for f in manifest.files] == [
+        f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)
+    ]
+    assert {t.file_index for t in manifest.tensors} == {0, 1, 2}
+    engine, allocator = make_engine(sharded, 64, 8)
+    outputs = run_engine(engine, prompts)
+    assert_matches(outputs, references["default"], prompts)
     assert_all_free(engine, allocator)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import zip_longest
 
 from zerolayer.common.errors import InvalidArgument
+from zerolayer.sharing.file_identity import FileIdentity
 from zerolayer.sharing.manifest import (
     DeviceMemoryHandle,
     HandleKind,
@@ -67,6 +69,20 @@ def residency_from_pb(pb: loader_pb2.Residency) -> Residency:
     )
 
 
+def _weight_file_to_pb(
+    path: str, size_bytes: int, identity: FileIdentity | None
+) -> loader_pb2.WeightFile:
+    if identity is None:
+        return loader_pb2.WeightFile(path=path, size_bytes=size_bytes)
+    return loader_pb2.WeightFile(
+        path=path,
+        size_bytes=size_bytes,
+        device_id=identity.device_id,
+        inode=identity.inode,
+        mtime_ns=identity.mtime_ns,
+    )
+
+
 def manifest_to_pb(m: WeightManifest) -> loader_pb2.ModelManifest:
     """Domain manifest to its wire form."""
     return loader_pb2.ModelManifest(
@@ -79,8 +95,8 @@ def manifest_to_pb(m: WeightManifest) -> loader_pb2.ModelManifest:
         fingerprint=m.fingerprint,
         handle_kind=int(m.handle_kind),
         files=[
-            loader_pb2.WeightFile(path=p, size_bytes=s)
-            for p, s in zip(m.files, m.file_sizes, strict=True)
+            _weight_file_to_pb(p, s, i)
+            for p, s, i in zip_longest(m.files, m.file_sizes, m.file_identities)
         ],
         tensors=[
             loader_pb2.TensorHandle(
@@ -114,6 +130,11 @@ def manifest_from_pb(pb: loader_pb2.ModelManifest) -> WeightManifest:
         handle_kind=HandleKind(pb.handle_kind),
         files=tuple(f.path for f in pb.files),
         file_sizes=tuple(f.size_bytes for f in pb.files),
+        file_identities=tuple(
+            FileIdentity(f.device_id, f.inode, f.size_bytes, f.mtime_ns) for f in pb.files
+        )
+        if all(f.inode for f in pb.files)
+        else (),
         tensors=tuple(
             TensorSpec(
                 t.name,

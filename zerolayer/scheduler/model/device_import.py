@@ -18,10 +18,10 @@ import torch
 from zerolayer.checkpoints.dtypes import torch_dtype
 from zerolayer.common.device import Device
 from zerolayer.common.errors import Unavailable
+from zerolayer.scheduler.model.weights import mapped_files
 from zerolayer.sharing import cuda_memory
 from zerolayer.sharing.fd_passing import receive_fd
 from zerolayer.sharing.manifest import DeviceMemoryHandle, HandleKind, WeightManifest
-from zerolayer.sharing.mapped_file import MappedFile
 
 
 def import_device_memory(
@@ -72,7 +72,7 @@ class DeviceWeightsView:
                 for t in manifest.tensors
             }
             return
-        files = [MappedFile(path) for path in manifest.files]
+        files = mapped_files(manifest)
         target = torch.device("cuda", device.index)
         self.tensors = {
             t.name: files[t.file_index]

@@ -16,12 +16,13 @@ class MappedWeights:
         ValueError: the manifest uses a handle kind this importer cannot map, or a tensor range is
             invalid.
         OSError: a weight file cannot be mapped.
+        WeightFileChanged: a file is not the one the loader mapped (see :func:`mapped_files`).
     """
 
     def __init__(self, manifest: WeightManifest) -> None:
         if manifest.handle_kind != HandleKind.MMAP_FILE:
             raise ValueError(f"handle kind {manifest.handle_kind.name} cannot be mapped on CPU")
-        self.files = [MappedFile(path) for path in manifest.files]
+        self.files = mapped_files(manifest)
         self.tensors: dict[str, torch.Tensor] = {
             t.name: self.files[t.file_index].tensor(
                 torch_dtype(t.dtype), t.shape, t.offset_bytes, t.nbytes
@@ -34,3 +35,22 @@ class MappedWeights:
         start = tensor.data_ptr()
         end = start + tensor.numel() * tensor.element_size()
         return any(f.address <= start and end <= f.address + f.size_bytes for f in self.files)
+
+
+def mapped_files(manifest: WeightManifest) -> list[MappedFile]:
+    """Maps the manifest's files, each checked against the identity the loader recorded.
+
+    NOTE: the loader hands out paths, and a path may name another file by now (a rename into
+    place): viewing it through the loader's offsets would serve other bytes, so it is refused.
+
+    Raises:
+        OSError: a file cannot be opened or mapped.
+        WeightFileChanged: another file, or another version of it, is at a path now (the message
+            names it).
+    """
+    if not manifest.file_identities:
+        return [MappedFile(path) for path in manifest.files]
+    return [
+        MappedFile(path, expected)
+        for path, expected in zip(manifest.files, manifest.file_identities, strict=True)
+    ]
