@@ -14,6 +14,7 @@ same table; a test fails when the two disagree.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -47,7 +48,7 @@ def _no_effect(supported: str = "any") -> FieldRule:
 
 
 def _default_only(default: object) -> FieldRule:
-    return FieldRule(Handling.DEFAULT_ONLY, f"{default!r} only", default)
+    return FieldRule(Handling.DEFAULT_ONLY, f"{json.dumps(default)} only", default)
 
 
 HIDDEN_ACTS = ("silu", "gelu", "gelu_pytorch_tanh", "relu")
@@ -149,3 +150,32 @@ def check_fields(cfg: dict, architecture: str) -> None:
 def refusal(name: str, value: object, supported: str) -> str:
     """One-line refusal of a config.json field: its name, its value and what is served."""
     return f"config.json: {name}={value!r} is not supported (supported: {supported})"
+
+
+FAMILY_NAMES: dict[str, str] = {
+    "LlamaForCausalLM": "Llama",
+    "Qwen2ForCausalLM": "Qwen2",
+    "Qwen3ForCausalLM": "Qwen3",
+    "Phi3ForCausalLM": "Phi-3",
+    "MistralForCausalLM": "Mistral",
+}
+"""Short family names for the docs table."""
+
+
+def markdown_table() -> str:
+    """The field table of docs/models.md (Markdown): field, families, behaviour, supported values.
+
+    Rows are sorted by field; a family field with the same rule in several families is one row.
+    """
+    rows: dict[tuple[str, FieldRule], list[str]] = {}
+    for name, rule in COMMON_FIELDS.items():
+        rows[(name, rule)] = ["all"]
+    for arch, fields in FAMILY_FIELDS.items():
+        for name, rule in fields.items():
+            rows.setdefault((name, rule), []).append(FAMILY_NAMES[arch])
+    lines = ["| field | families | behaviour | supported values |", "|---|---|---|---|"]
+    for (name, rule), families in sorted(rows.items(), key=lambda item: item[0][0]):
+        lines.append(
+            f"| `{name}` | {', '.join(families)} | {rule.handling.value} | {rule.supported} |"
+        )
+    return "\n".join(lines) + "\n"

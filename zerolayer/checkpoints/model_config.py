@@ -144,9 +144,10 @@ def _shapes(cfg: dict, arch: str) -> dict:
     hidden_act = cfg.get("hidden_act", "silu")
     if hidden_act not in HIDDEN_ACTS:
         raise ValueError(refusal("hidden_act", hidden_act, ", ".join(HIDDEN_ACTS)))
-    dtype = cfg.get("dtype") or cfg.get("torch_dtype")
+    dtype_field = "dtype" if cfg.get("dtype") is not None else "torch_dtype"
+    dtype = cfg.get(dtype_field)
     if dtype is not None and dtype not in FLOAT_DTYPES:
-        raise ValueError(refusal("dtype", dtype, ", ".join(FLOAT_DTYPES)))
+        raise ValueError(refusal(dtype_field, dtype, ", ".join(FLOAT_DTYPES)))
     return {
         "architecture": arch,
         "vocab_size": int(cfg["vocab_size"]),
