@@ -104,6 +104,7 @@ def test_transformers_4_llama_31() -> None:
         tie_word_embeddings=False,
         bos_token_id=128000,
         eos_token_ids=(128001, 128008, 128009),
+        dtype="bfloat16",
     )
     assert config.kv_dim == 1024
 
@@ -210,7 +211,7 @@ def test_config_is_frozen() -> None:
         config.hidden_size = 1  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "Qwen2ForCausalLM"])
+@pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "Qwen2MoeForCausalLM"])
 def test_unsupported_architecture_is_named(architecture: str) -> None:
     with pytest.raises(ValueError, match=f"architecture '{architecture}' is not supported"):
         ModelConfig.from_json(make_config(architectures=[architecture]))
@@ -244,3 +245,116 @@ def test_missing_field_is_named(field: str) -> None:
 def test_invalid_json_is_a_value_error(config_json: str, generation_config_json: str) -> None:
     with pytest.raises(ValueError, match="config.json"):
         ModelConfig.from_json(config_json, generation_config_json)
+
+
+FAMILY_SPECIAL_TOKENS = {
+    # family: (architecture, config.json ids, generation_config.json ids, expected BOS, EOS ids),
+    # from each model's published config.json / generation_config.json.
+    "Qwen2.5-Instruct": (
+        "Qwen2ForCausalLM",
+        {"bos_token_id": 151643, "eos_token_id": 151645},
+        {"bos_token_id": 151643, "eos_token_id": [151645, 151643]},
+        151643,
+        (151645, 151643),
+    ),
+    "Qwen3": (
+        "Qwen3ForCausalLM",
+        {"bos_token_id": 151643, "eos_token_id": 151645},
+        {"bos_token_id": 151643, "eos_token_id": [151645, 151643]},
+        151643,
+        (151645, 151643),
+    ),
+    "Llama-3.2-Instruct": (
+        "LlamaForCausalLM",
+        {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]},
+        {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]},
+        128000,
+        (128001, 128008, 128009),
+    ),
+    "SmolLM2-Instruct": (
+        "LlamaForCausalLM",
+        {"bos_token_id": 1, "eos_token_id": 2},
+        {"bos_token_id": 1, "eos_token_id": 2},
+        1,
+        (2,),
+    ),
+    "Phi-3-mini-instruct": (
+        "Phi3ForCausalLM",
+        {"bos_token_id": 1, "eos_token_id": 32000},
+        {"bos_token_id": 1, "eos_token_id": [32000, 32001, 32007]},
+        1,
+        (32000, 32001, 32007),
+    ),
+    "Mistral-Instruct": (
+        "MistralForCausalLM",
+        {"bos_token_id": 1, "eos_token_id": 2},
+        {},
+        1,
+        (2,),
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SPECIAL_TOKENS))
+def test_family_special_token_ids(family: str) -> None:
+    architecture, ids, generation_ids, bos, eos = FAMILY_SPECIAL_TOKENS[family]
+    config = ModelConfig.from_json(
+        make_config(architectures=[architecture], num_key_value_heads=2, **ids),
+        json.dumps(generation_ids),
+    )
+    assert (config.bos_token_id, config.eos_token_ids) == (bos, eos)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "fields", "window"),
+    [
+        ("LlamaForCausalLM", {"sliding_window": 16}, None),
+        ("MistralForCausalLM", {}, 4096),  # transformers' default
+        ("MistralForCausalLM", {"sliding_window": None}, None),  # Mistral v0.2+
+        ("MistralForCausalLM", {"sliding_window": 64}, 64),
+        ("Phi3ForCausalLM", {}, None),
+        ("Phi3ForCausalLM", {"sliding_window": 2047}, 2047),
+        # Qwen2.5's published config: a window that no layer uses.
+        ("Qwen2ForCausalLM", {"use_sliding_window": False, "sliding_window": 32}, None),
+        ("Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 32}, None),
+        (
+            "Qwen2ForCausalLM",
+            {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 1},
+            32,
+        ),
+        (
+            "Qwen3ForCausalLM",
+            {
+                "use_sliding_window": True,
+                "sliding_window": 32,
+                "layer_types": ["full_attention", "sliding_attention"],
+            },
+            32,
+        ),
+        (
+            "Qwen3ForCausalLM",
+            {"use_sliding_window": True, "layer_types": ["full_attention"] * 2},
+            None,
+        ),
+    ],
+)
+def test_sliding_window_caps_the_served_context(
+    architecture: str, fields: dict, window: int | None
+) -> None:
+    config = ModelConfig.from_json(
+        make_config(
+            architectures=[architecture],
+            num_key_value_heads=2,
+            max_position_embeddings=8192,
+            **fields,
+        )
+    )
+    assert config.sliding_window == window
+    assert config.max_model_len == (8192 if window is None else window)
+
+
+def test_qwen3_head_dim_defaults_to_128() -> None:
+    config = ModelConfig.from_json(
+        make_config(architectures=["Qwen3ForCausalLM"], num_key_value_heads=2)
+    )
+    assert (config.head_dim, config.qk_norm, config.qkv_bias) == (128, True, False)
