@@ -104,6 +104,7 @@ def test_transformers_4_llama_31() -> None:
         tie_word_embeddings=False,
         bos_token_id=128000,
         eos_token_ids=(128001, 128008, 128009),
+        dtype="bfloat16",
     )
     assert config.kv_dim == 1024
 
@@ -210,7 +211,7 @@ def test_config_is_frozen() -> None:
         config.hidden_size = 1  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "Qwen2ForCausalLM"])
+@pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "Qwen2MoeForCausalLM"])
 def test_unsupported_architecture_is_named(architecture: str) -> None:
     with pytest.raises(ValueError, match=f"architecture '{architecture}' is not supported"):
         ModelConfig.from_json(make_config(architectures=[architecture]))

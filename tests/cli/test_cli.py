@@ -16,6 +16,8 @@ import pytest
 import torch
 from e2e.stack import free_port
 
+from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
+
 pytestmark = pytest.mark.e2e
 
 
@@ -169,6 +171,41 @@ def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_pa
     assert "Traceback" not in err
     assert "zerolayer: stopping" not in err and "listening on" not in err  # no layer started
     assert time.monotonic() - started < 60
+
+
+MODEL_REFUSALS = {
+    # config.json field -> the line up prints (the tiny dummy: hidden 128, intermediate 256)
+    "hidden_act": (
+        {"hidden_act": "relu2"},
+        "--model: config.json: hidden_act='relu2' is not supported (supported: silu, gelu, "
+        "gelu_pytorch_tanh, relu)",
+    ),
+    "quantization_config": (
+        {"quantization_config": {"quant_method": "awq"}},
+        "--model: config.json: quantization_config={'quant_method': 'awq'} is not supported "
+        "(supported: null only)",
+    ),
+    "shape": (
+        {"intermediate_size": 512},
+        "--model: checkpoint: tensor 'model.layers.0.mlp.down_proj.weight' has shape [128, 256], "
+        "the config implies [128, 512]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MODEL_REFUSALS))
+def test_up_refuses_a_model_it_cannot_serve_in_one_line(case: str, tmp_path: Path) -> None:
+    """Config fields and checkpoint properties are refused by the pre-flight: one line, exit 2,
+    no layer started (issue 15: a float32 norm or a bias must never crash or drift after start)."""
+    fields, message = MODEL_REFUSALS[case]
+    model_dir = write_dummy_model(tmp_path / "model", PRESETS["tiny"], seed=0)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, **fields}))
+    proc = zerolayer("up", "--model", str(model_dir), env=isolated_env(tmp_path))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert err.rstrip().splitlines()[-1] == f"zerolayer up: error: {message}"
+    assert "Traceback" not in err and "listening on" not in err
 
 
 def test_up_refuses_a_run_dir_open_to_others_and_leaves_it_alone(tmp_path: Path) -> None:

@@ -5,7 +5,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
+from zerolayer.checkpoints.config_fields import (
+    FAMILY_FIELDS,
+    HIDDEN_ACTS,
+    SUPPORTED_ARCHITECTURES,
+    check_fields,
+    refusal,
+)
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+"""config.json dtypes the forward computes in."""
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "RopeConfig"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,22 @@ class ModelConfig:
     """Beginning-of-sequence id, if any."""
     eos_token_ids: tuple[int, ...]
     """End-of-sequence ids (generation_config.json wins over config.json)."""
+    hidden_act: str = "silu"
+    """Activation of the gated MLP's gate (one of config_fields.HIDDEN_ACTS)."""
+    qkv_bias: bool = False
+    """q_proj, k_proj and v_proj have biases (Llama/Qwen3 attention_bias, always for Qwen2)."""
+    o_bias: bool = False
+    """o_proj has a bias (Llama/Qwen3 attention_bias)."""
+    mlp_bias: bool = False
+    """gate_proj, up_proj and down_proj have biases (Llama mlp_bias)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm of q and k before RoPE (Qwen3)."""
+    fused_projections: bool = False
+    """One qkv_proj and one gate_up_proj matrix per layer (Phi-3)."""
+    sliding_window: int | None = None
+    """Attention window of the layers that use one (None: every layer attends to all tokens)."""
+    dtype: str | None = None
+    """config.json's dtype (or torch_dtype); None: the embedding's dtype."""
 
     @classmethod
     def from_json(cls, config_json: str, generation_config_json: str = "") -> ModelConfig:
@@ -75,30 +102,15 @@ class ModelConfig:
         except json.JSONDecodeError as exc:
             raise ValueError(f"config.json: {exc}") from None
         archs = cfg.get("architectures") or ["LlamaForCausalLM"]
-        if archs[0] not in SUPPORTED_ARCHITECTURES:
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
-                f"config.json: architecture {archs[0]!r} is not supported "
+                f"config.json: architecture {arch!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
             )
+        check_fields(cfg, arch)
         try:
-            heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
-            return cls(
-                architecture=archs[0],
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_hidden_layers=int(cfg["num_hidden_layers"]),
-                num_attention_heads=heads,
-                num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope=_parse_rope(cfg),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                bos_token_id=_first_id(gen.get("bos_token_id", cfg.get("bos_token_id"))),
-                eos_token_ids=_ids(gen.get("eos_token_id", cfg.get("eos_token_id"))),
-            )
+            return cls(**_shapes(cfg, arch), **_family_options(cfg, arch), **_tokens(cfg, gen))
         except KeyError as exc:
             raise ValueError(f"config.json: missing field {exc.args[0]!r}") from None
 
@@ -106,6 +118,95 @@ class ModelConfig:
     def kv_dim(self) -> int:
         """Width of K (or V) for one token and layer: num_key_value_heads * head_dim."""
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest sequence served, in tokens: max_position_embeddings, capped at the sliding
+        window when a layer uses one (so the window never applies and attention is exact)."""
+        if self.sliding_window is None:
+            return self.max_position_embeddings
+        return min(self.max_position_embeddings, self.sliding_window)
+
+
+def _shapes(cfg: dict, arch: str) -> dict:
+    """The architecture-independent shape fields; transformers' per-family defaults apply."""
+    heads = int(cfg["num_attention_heads"])
+    hidden = int(cfg["hidden_size"])
+    # NOTE: Qwen2/Qwen3 default to 32 KV heads and Qwen3 to head_dim 128, not to the Llama ones.
+    default_kv_heads = 32 if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") else heads
+    default_kv_heads = 8 if arch == "MistralForCausalLM" else default_kv_heads
+    default_head_dim = 128 if arch == "Qwen3ForCausalLM" else hidden // heads
+    kv_heads = int(cfg.get("num_key_value_heads") or default_kv_heads)
+    if heads % kv_heads:
+        raise ValueError(
+            refusal("num_key_value_heads", kv_heads, "a divisor of num_attention_heads")
+        )
+    hidden_act = cfg.get("hidden_act", "silu")
+    if hidden_act not in HIDDEN_ACTS:
+        raise ValueError(refusal("hidden_act", hidden_act, ", ".join(HIDDEN_ACTS)))
+    dtype_field = "dtype" if cfg.get("dtype") is not None else "torch_dtype"
+    dtype = cfg.get(dtype_field)
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise ValueError(refusal(dtype_field, dtype, ", ".join(FLOAT_DTYPES)))
+    return {
+        "architecture": arch,
+        "vocab_size": int(cfg["vocab_size"]),
+        "hidden_size": hidden,
+        "intermediate_size": int(cfg["intermediate_size"]),
+        "num_hidden_layers": int(cfg["num_hidden_layers"]),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": int(cfg.get("head_dim") or default_head_dim),
+        "max_position_embeddings": int(cfg.get("max_position_embeddings", 2048)),
+        "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+        "rope": _parse_rope(cfg),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "hidden_act": hidden_act,
+        "dtype": dtype,
+    }
+
+
+def _family_options(cfg: dict, arch: str) -> dict:
+    """Biases, q/k norms, fused projections and the sliding window of one family."""
+    attention_bias = (
+        bool(cfg.get("attention_bias", False)) and "attention_bias" in FAMILY_FIELDS[arch]
+    )
+    return {
+        "qkv_bias": attention_bias or arch == "Qwen2ForCausalLM",
+        "o_bias": attention_bias,
+        "mlp_bias": bool(cfg.get("mlp_bias", False)) and arch == "LlamaForCausalLM",
+        "qk_norm": arch == "Qwen3ForCausalLM",
+        "fused_projections": arch == "Phi3ForCausalLM",
+        "sliding_window": _sliding_window(cfg, arch),
+    }
+
+
+def _sliding_window(cfg: dict, arch: str) -> int | None:
+    """The window of the layers that use one, as transformers derives it (None: no layer does).
+
+    Qwen2/Qwen3: ``layer_types`` when given, else layers from ``max_window_layers`` on when
+    ``use_sliding_window``; Mistral/Phi-3: ``sliding_window`` for every layer; Llama: none.
+    """
+    if arch in ("MistralForCausalLM", "Phi3ForCausalLM"):
+        window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
+        return int(window) if window is not None else None
+    if arch not in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        return None
+    window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        num_layers = int(cfg["num_hidden_layers"])
+        uses = window is not None and int(cfg.get("max_window_layers", 28)) < num_layers
+    else:
+        uses = "sliding_attention" in layer_types
+    return int(window) if uses and window is not None else None
+
+
+def _tokens(cfg: dict, gen: dict) -> dict:
+    return {
+        "bos_token_id": _first_id(gen.get("bos_token_id", cfg.get("bos_token_id"))),
+        "eos_token_ids": _ids(gen.get("eos_token_id", cfg.get("eos_token_id"))),
+    }
 
 
 def _ids(value: object) -> tuple[int, ...]:
@@ -129,6 +230,9 @@ def _parse_rope(cfg: dict) -> RopeConfig:
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ("default", "linear", "llama3"):
         raise ValueError(f"config.json: rope scaling type {rope_type!r} is not supported")
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(refusal("partial_rotary_factor", partial, "1.0"))
     return RopeConfig(
         theta=theta,
         rope_type=rope_type,

@@ -57,7 +57,7 @@ class TextGenerator:
             manifest.tokenizer_json, manifest.tokenizer_config_json
         )
         self.served = ServedModel(
-            manifest.model, self.model_config.vocab_size, self.model_config.max_position_embeddings
+            manifest.model, self.model_config.vocab_size, self.model_config.max_model_len
         )
         self.scheduler = scheduler
 
@@ -90,7 +90,7 @@ class TextGenerator:
             model=self.manifest.model,
             architecture=cfg.architecture,
             vocab_size=cfg.vocab_size,
-            max_model_len=cfg.max_position_embeddings,
+            max_model_len=cfg.max_model_len,
             eos_token_ids=cfg.eos_token_ids,
             bos_token_id=cfg.bos_token_id,
             dtype=torch_name(model_dtype_name(self.manifest)),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.checkpoints.weight_check import check_weights
 from zerolayer.common.errors import NotFound
 from zerolayer.sharing.handle_kinds import negotiate
 from zerolayer.sharing.manifest import HandleKind, WeightManifest
@@ -34,6 +35,13 @@ class WeightStore:
         self.model_config = ModelConfig.from_json(
             self.manifest.config_json, self.manifest.generation_config_json
         )
+        check_weights(self.manifest, self.model_config)
+        if self.model_config.max_model_len < self.model_config.max_position_embeddings:
+            log.info(
+                "serving at most %d tokens per sequence (sliding_window): the window never "
+                "applies, so attention is exact",
+                self.model_config.max_model_len,
+            )
         self._files = [MappedFile(p) for p in self.manifest.files]
         log.info(
             "mapped %d file(s), %d tensors, %.1f MB",

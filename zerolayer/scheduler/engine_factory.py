@@ -142,7 +142,7 @@ def _model_runner(model: LlamaModel, parts: EngineParts, config: EngineConfig) -
         block_size,
         max_tokens=config.max_num_batched_tokens,
         max_seqs=config.max_num_seqs,
-        max_blocks=-(-parts.model_config.max_position_embeddings // block_size),
+        max_blocks=-(-parts.model_config.max_model_len // block_size),
     )
     return ModelRunner(
         model,
@@ -158,7 +158,7 @@ def _scheduler(parts: EngineParts, config: EngineConfig) -> Scheduler:
     policy = SchedulingPolicy(
         config.max_num_seqs,
         config.max_num_batched_tokens,
-        parts.model_config.max_position_embeddings,
+        parts.model_config.max_model_len,
         kv_unavailable_timeout_s=config.kv_unavailable_timeout_s,
     )
     kv = KVCacheManager(parts.allocator, parts.layout.block_size)

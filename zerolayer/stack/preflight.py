@@ -19,6 +19,7 @@ from pathlib import Path
 
 from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
 from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.checkpoints.weight_check import check_weights
 from zerolayer.common.access import read_server_tls, read_tenants
 from zerolayer.common.config import warm_up_num_blocks
 from zerolayer.common.server import socket_path_error
@@ -86,8 +87,9 @@ def _arena_layout(config: StackConfig) -> tuple[ArenaLayout, int]:
     try:
         manifest = read_checkpoint(Path(config.model_dir))
         model = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
+        check_weights(manifest, model)
         layout = model_arena_layout(manifest, config.block_size, config.kv_cache_bytes)
-        return layout, model.max_position_embeddings
+        return layout, model.max_model_len
     except (CheckpointError, ValueError, OSError) as exc:  # ValueError: config.json, dtype
         raise PreflightError("--model", str(exc)) from None
 

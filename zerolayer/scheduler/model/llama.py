@@ -3,11 +3,15 @@
 Architecture: Touvron et al. 2023 (arXiv:2302.13971, 2307.09288): pre-norm RMSNorm (Zhang &
 Sennrich 2019), rotary positions, grouped-query attention (Ainslie et al. 2023), SwiGLU MLP
 (Shazeer 2020). Numerics follow transformers' LlamaForCausalLM: RMSNorm in float32 then cast back.
+The Llama-like families differ only in options of the same forward: q/k/v biases (Qwen2), per-head
+q/k RMSNorm (Qwen3), fused qkv and gate_up matrices (Phi-3), tied embeddings (SmolLM2, Llama 3.2).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -17,27 +21,69 @@ from zerolayer.scheduler.model.attention import AttentionMetadata, paged_attenti
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.rope import RotaryEmbedding, apply_rotary
 
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,
+}
+"""transformers' ACT2FN entries for the config_fields.HIDDEN_ACTS names."""
+
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer's weights (views into the mapped checkpoint, never copies)."""
+    """One decoder layer's weights (views into the mapped checkpoint, never copies).
+
+    ``qkv`` is (q_proj, k_proj, v_proj), or (qkv_proj,) for fused checkpoints (Phi-3);
+    ``gate_up`` is (gate_proj, up_proj) or (gate_up_proj,). Biases and q/k norms are None when
+    the family has none.
+    """
 
     input_norm: torch.Tensor
-    q_proj: torch.Tensor
-    k_proj: torch.Tensor
-    v_proj: torch.Tensor
+    qkv: tuple[torch.Tensor, ...]
+    qkv_bias: tuple[torch.Tensor, ...] | None
     o_proj: torch.Tensor
+    o_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
     post_attention_norm: torch.Tensor
-    gate_proj: torch.Tensor
-    up_proj: torch.Tensor
+    gate_up: tuple[torch.Tensor, ...]
+    gate_up_bias: tuple[torch.Tensor, ...] | None
     down_proj: torch.Tensor
+    down_bias: torch.Tensor | None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the layer."""
+        out: list[torch.Tensor] = []
+        for value in vars(self).values():
+            if isinstance(value, torch.Tensor):
+                out.append(value)
+            elif value is not None:
+                out.extend(value)
+        return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of ``x`` [..., H]: normalized in float32, cast back, scaled by ``weight`` [H]."""
+    """RMSNorm of ``x`` [..., H]: normalized in float32, cast back, scaled by ``weight`` [H].
+
+    ``weight`` may be stored in another dtype than ``x`` (float32 norms in a bfloat16
+    checkpoint); it is cast to ``x``'s dtype, as transformers casts it at load.
+    """
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    return weight.to(x.dtype) * x32.to(x.dtype)
+
+
+def _add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return y if bias is None else y + bias.to(y.dtype)
+
+
+def _optional(
+    weights: dict[str, torch.Tensor], names: list[str]
+) -> tuple[torch.Tensor, ...] | None:
+    if names[0] not in weights:
+        return None
+    return tuple(weights[name] for name in names)
 
 
 class LlamaModel:
@@ -59,10 +105,9 @@ class LlamaModel:
         self.device = self.embed_tokens.device
         self.norm = weights["model.norm.weight"]
         self.lm_head = (
-            self.embed_tokens
-            if config.tie_word_embeddings
-            else weights.get("lm_head.weight", self.embed_tokens)
+            self.embed_tokens if config.tie_word_embeddings else weights["lm_head.weight"]
         )
+        self.act = ACTIVATIONS[config.hidden_act]
         self.layers = [self._layer(weights, i) for i in range(config.num_hidden_layers)]
         self.rotary = RotaryEmbedding(
             config.rope, config.head_dim, config.max_position_embeddings, self.device
@@ -76,7 +121,7 @@ class LlamaModel:
         used = [
             self.norm,
             self.lm_head,
-            *(t for layer in self.layers for t in vars(layer).values()),
+            *(t for layer in self.layers for t in layer.tensors()),
         ]
         devices = {tensor.device for tensor in used} - {self.device}
         if devices:
@@ -86,17 +131,26 @@ class LlamaModel:
 
     @staticmethod
     def _layer(weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
+        """Layer ``i``'s tensors by their transformers names; the config's biases, norms and
+        fusion decide which exist (checked before start-up by ``weight_check``)."""
         p = f"model.layers.{i}."
+        attn, mlp = p + "self_attn.", p + "mlp."
+        fused = attn + "qkv_proj.weight" in weights
+        qkv = ["qkv_proj"] if fused else ["q_proj", "k_proj", "v_proj"]
+        gate_up = ["gate_up_proj"] if fused else ["gate_proj", "up_proj"]
         return LayerWeights(
             input_norm=weights[p + "input_layernorm.weight"],
-            q_proj=weights[p + "self_attn.q_proj.weight"],
-            k_proj=weights[p + "self_attn.k_proj.weight"],
-            v_proj=weights[p + "self_attn.v_proj.weight"],
-            o_proj=weights[p + "self_attn.o_proj.weight"],
+            qkv=tuple(weights[f"{attn}{n}.weight"] for n in qkv),
+            qkv_bias=_optional(weights, [f"{attn}{n}.bias" for n in qkv]),
+            o_proj=weights[attn + "o_proj.weight"],
+            o_bias=weights.get(attn + "o_proj.bias"),
+            q_norm=weights.get(attn + "q_norm.weight"),
+            k_norm=weights.get(attn + "k_norm.weight"),
             post_attention_norm=weights[p + "post_attention_layernorm.weight"],
-            gate_proj=weights[p + "mlp.gate_proj.weight"],
-            up_proj=weights[p + "mlp.up_proj.weight"],
-            down_proj=weights[p + "mlp.down_proj.weight"],
+            gate_up=tuple(weights[f"{mlp}{n}.weight"] for n in gate_up),
+            gate_up_bias=_optional(weights, [f"{mlp}{n}.bias" for n in gate_up]),
+            down_proj=weights[mlp + "down_proj.weight"],
+            down_bias=weights.get(mlp + "down_proj.bias"),
         )
 
     @torch.inference_mode()
@@ -127,19 +181,42 @@ class LlamaModel:
         num_tokens = input_ids.shape[0]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
-            q = linear(x, layer.q_proj).view(num_tokens, cfg.num_attention_heads, cfg.head_dim)
-            k = linear(x, layer.k_proj).view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
-            v = linear(x, layer.v_proj).view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
+            q, k, v = self._qkv(x, layer, linear)
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
             attn = paged_attention(q, k_cache, v_cache, meta, self.scale, kernels)
-            h = h + linear(attn.reshape(num_tokens, -1), layer.o_proj)
+            h = h + _add_bias(linear(attn.reshape(num_tokens, -1), layer.o_proj), layer.o_bias)
             x = rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps)
-            h = h + linear(
-                F.silu(linear(x, layer.gate_proj)) * linear(x, layer.up_proj), layer.down_proj
-            )
+            h = h + self._mlp(x, layer, linear)
         return rms_norm(h, self.norm, cfg.rms_norm_eps)
+
+    def _qkv(
+        self, x: torch.Tensor, layer: LayerWeights, linear: Callable
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, H, D], k and v [T, Hkv, D]: projections (fused ones split after the matmul),
+        biases, and Qwen3's per-head RMSNorm of q and k (before RoPE, as transformers)."""
+        cfg = self.config
+        biases = layer.qkv_bias or (None,) * len(layer.qkv)
+        outs = [_add_bias(linear(x, w), b) for w, b in zip(layer.qkv, biases, strict=True)]
+        if len(outs) == 1:
+            q_dim = cfg.num_attention_heads * cfg.head_dim
+            outs = list(outs[0].split([q_dim, cfg.kv_dim, cfg.kv_dim], dim=-1))
+        num_tokens = x.shape[0]
+        q = outs[0].view(num_tokens, cfg.num_attention_heads, cfg.head_dim)
+        k = outs[1].view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
+        v = outs[2].view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+        return q, k, v
+
+    def _mlp(self, x: torch.Tensor, layer: LayerWeights, linear: Callable) -> torch.Tensor:
+        """The gated MLP: down(act(gate(x)) * up(x)); Phi-3's gate_up output is [gate | up]."""
+        biases = layer.gate_up_bias or (None,) * len(layer.gate_up)
+        outs = [_add_bias(linear(x, w), b) for w, b in zip(layer.gate_up, biases, strict=True)]
+        gate, up = outs if len(outs) == 2 else outs[0].chunk(2, dim=-1)
+        return _add_bias(linear(self.act(gate) * up, layer.down_proj), layer.down_bias)
 
     @torch.inference_mode()
     def compute_logits(

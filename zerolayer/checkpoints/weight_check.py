@@ -1,0 +1,126 @@
+"""The tensors a model config needs, and the refusal of checkpoints that do not provide them.
+
+Runs on safetensors headers only (no tensor data), in the loader and in ``zerolayer up``'s
+pre-flight, so that a checkpoint the forward cannot run is refused before any layer starts.
+"""
+
+from __future__ import annotations
+
+from zerolayer.checkpoints.checkpoint import CheckpointError
+from zerolayer.checkpoints.dtypes import itemsize, torch_name
+from zerolayer.checkpoints.model_config import FLOAT_DTYPES, ModelConfig
+from zerolayer.sharing.manifest import TensorSpec, WeightManifest
+
+EMBED = "model.embed_tokens.weight"
+
+
+def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor the forward reads (transformers' parameter names)."""
+    c = config
+    shapes: dict[str, tuple[int, ...]] = {
+        EMBED: (c.vocab_size, c.hidden_size),
+        "model.norm.weight": (c.hidden_size,),
+    }
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    for i in range(c.num_hidden_layers):
+        shapes.update(_layer_tensors(c, f"model.layers.{i}."))
+    return shapes
+
+
+def _layer_tensors(c: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    q_dim = c.num_attention_heads * c.head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        p + "input_layernorm.weight": (c.hidden_size,),
+        p + "post_attention_layernorm.weight": (c.hidden_size,),
+        p + "self_attn.o_proj.weight": (c.hidden_size, q_dim),
+        p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+    }
+    attn, mlp = p + "self_attn.", p + "mlp."
+    if c.fused_projections:
+        shapes[attn + "qkv_proj.weight"] = (q_dim + 2 * c.kv_dim, c.hidden_size)
+        shapes[mlp + "gate_up_proj.weight"] = (2 * c.intermediate_size, c.hidden_size)
+    else:
+        for name, rows in (("q_proj", q_dim), ("k_proj", c.kv_dim), ("v_proj", c.kv_dim)):
+            shapes[f"{attn}{name}.weight"] = (rows, c.hidden_size)
+            if c.qkv_bias:
+                shapes[f"{attn}{name}.bias"] = (rows,)
+        for name in ("gate_proj", "up_proj"):
+            shapes[f"{mlp}{name}.weight"] = (c.intermediate_size, c.hidden_size)
+            if c.mlp_bias:
+                shapes[f"{mlp}{name}.bias"] = (c.intermediate_size,)
+    if c.o_bias:
+        shapes[attn + "o_proj.bias"] = (c.hidden_size,)
+    if c.mlp_bias:
+        shapes[mlp + "down_proj.bias"] = (c.hidden_size,)
+    if c.qk_norm:
+        shapes[attn + "q_norm.weight"] = (c.head_dim,)
+        shapes[attn + "k_norm.weight"] = (c.head_dim,)
+    return shapes
+
+
+def compute_dtype(manifest: WeightManifest, config: ModelConfig) -> str:
+    """The dtype the forward runs in, as transformers' ``dtype="auto"`` picks it: config.json's
+    ``dtype`` (or ``torch_dtype``), else the embedding's (a torch name such as "bfloat16").
+
+    Raises:
+        CheckpointError: the checkpoint has no embedding.
+    """
+    if config.dtype is not None:
+        return config.dtype
+    for tensor in manifest.tensors:
+        if tensor.name == EMBED:
+            return torch_name(tensor.dtype)
+    raise CheckpointError(f"checkpoint: missing tensor {EMBED!r}")
+
+
+def check_weights(manifest: WeightManifest, config: ModelConfig) -> None:
+    """Refuses a checkpoint whose tensors the forward cannot use as they are stored.
+
+    Tensors the forward does not read are ignored (transformers ignores unexpected keys too).
+    Matrices must be stored in the compute dtype (they are used in place, never converted);
+    vectors (norms, biases) may be stored in another float dtype and are cast per use, which
+    equals transformers casting them once at load.
+
+    Raises:
+        CheckpointError: one line naming the first tensor that is missing, has another shape than
+            the config implies, a dtype other than float32/float16/bfloat16, a matrix dtype other
+            than the compute dtype, or data not aligned to its element size (torch views need it).
+    """
+    dtype = compute_dtype(manifest, config)
+    by_name = {t.name: t for t in manifest.tensors}
+    for name, shape in expected_tensors(config).items():
+        tensor = by_name.get(name)
+        if tensor is None:
+            raise CheckpointError(f"checkpoint: missing tensor {name!r}{_tie_hint(name)}")
+        _check_tensor(tensor, shape, dtype)
+
+
+def _check_tensor(tensor: TensorSpec, shape: tuple[int, ...], dtype: str) -> None:
+    name = tensor.name
+    if tuple(tensor.shape) != shape:
+        raise CheckpointError(
+            f"checkpoint: tensor {name!r} has shape {list(tensor.shape)}, the config implies "
+            f"{list(shape)}"
+        )
+    stored = torch_name(tensor.dtype)
+    if stored not in FLOAT_DTYPES:
+        raise CheckpointError(
+            f"checkpoint: tensor {name!r} has dtype {tensor.dtype} (supported: F32, F16, BF16)"
+        )
+    if len(shape) > 1 and stored != dtype:
+        raise CheckpointError(
+            f"checkpoint: tensor {name!r} is stored as {stored}, the model computes in {dtype} "
+            "(matrices are used in place, never converted)"
+        )
+    if tensor.offset_bytes % itemsize(tensor.dtype):
+        raise CheckpointError(
+            f"checkpoint: tensor {name!r} data at byte {tensor.offset_bytes} is not aligned to "
+            f"its {itemsize(tensor.dtype)}-byte elements"
+        )
+
+
+def _tie_hint(name: str) -> str:
+    if name == "lm_head.weight":
+        return " (config.json says tie_word_embeddings=false)"
+    return ""
