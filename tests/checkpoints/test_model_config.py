@@ -245,3 +245,61 @@ def test_missing_field_is_named(field: str) -> None:
 def test_invalid_json_is_a_value_error(config_json: str, generation_config_json: str) -> None:
     with pytest.raises(ValueError, match="config.json"):
         ModelConfig.from_json(config_json, generation_config_json)
+
+
+FAMILY_SPECIAL_TOKENS = {
+    # family: (architecture, config.json ids, generation_config.json ids, expected BOS, EOS ids),
+    # from each model's published config.json / generation_config.json.
+    "Qwen2.5-Instruct": (
+        "Qwen2ForCausalLM",
+        {"bos_token_id": 151643, "eos_token_id": 151645},
+        {"bos_token_id": 151643, "eos_token_id": [151645, 151643]},
+        151643,
+        (151645, 151643),
+    ),
+    "Qwen3": (
+        "Qwen3ForCausalLM",
+        {"bos_token_id": 151643, "eos_token_id": 151645},
+        {"bos_token_id": 151643, "eos_token_id": [151645, 151643]},
+        151643,
+        (151645, 151643),
+    ),
+    "Llama-3.2-Instruct": (
+        "LlamaForCausalLM",
+        {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]},
+        {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]},
+        128000,
+        (128001, 128008, 128009),
+    ),
+    "SmolLM2-Instruct": (
+        "LlamaForCausalLM",
+        {"bos_token_id": 1, "eos_token_id": 2},
+        {"bos_token_id": 1, "eos_token_id": 2},
+        1,
+        (2,),
+    ),
+    "Phi-3-mini-instruct": (
+        "Phi3ForCausalLM",
+        {"bos_token_id": 1, "eos_token_id": 32000},
+        {"bos_token_id": 1, "eos_token_id": [32000, 32001, 32007]},
+        1,
+        (32000, 32001, 32007),
+    ),
+    "Mistral-Instruct": (
+        "MistralForCausalLM",
+        {"bos_token_id": 1, "eos_token_id": 2},
+        {},
+        1,
+        (2,),
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SPECIAL_TOKENS))
+def test_family_special_token_ids(family: str) -> None:
+    architecture, ids, generation_ids, bos, eos = FAMILY_SPECIAL_TOKENS[family]
+    config = ModelConfig.from_json(
+        make_config(architectures=[architecture], num_key_value_heads=2, **ids),
+        json.dumps(generation_ids),
+    )
+    assert (config.bos_token_id, config.eos_token_ids) == (bos, eos)

@@ -153,3 +153,27 @@ def test_truncation_and_padding_in_tokenizer_json_are_ignored() -> None:
     raw.enable_padding(length=8, pad_id=0)
     tokenizer = TextTokenizer.from_json(raw.to_str(), BYTE_CONFIG)
     assert tokenizer.encode("hello", add_special_tokens=True) == [1, 107, 104, 111, 111, 114]
+
+
+@pytest.mark.parametrize(
+    ("family", "config", "tokenizer_json", "expected"),
+    [
+        # Qwen2/Qwen2.5/Qwen3: "bos_token": null, no add_bos_token, no BOS in the post-processor.
+        ("qwen", {"bos_token": None, "eos_token": "</s>"}, "sentencepiece", [259, 260]),
+        # SmolLM2: a bos_token string but no add_bos_token and no BOS template.
+        ("smollm2", {"bos_token": "<s>", "eos_token": "</s>"}, "sentencepiece", [259, 260]),
+        # Llama 3/3.2: no add_bos_token; the tokenizer.json template adds the BOS, once.
+        ("llama3", {"bos_token": "<s>", "eos_token": "</s>"}, "byte", [1, 107, 108]),
+    ],
+)
+def test_family_tokenizer_config_bos_rules(
+    family: str, config: dict, tokenizer_json: str, expected: list[int]
+) -> None:
+    text = "Hello world" if tokenizer_json == "sentencepiece" else "hi"
+    source = (
+        make_sentencepiece_like_json()
+        if tokenizer_json == "sentencepiece"
+        else build_byte_level_tokenizer().to_str()
+    )
+    tokenizer = TextTokenizer.from_json(source, json.dumps(config))
+    assert tokenizer.encode(text, add_special_tokens=True) == expected
