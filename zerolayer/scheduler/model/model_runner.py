@@ -86,13 +86,15 @@ class ModelRunner:
         if not b.pin_memory:
             b = StepBuffers(self.block_size, b.max_tokens, b.max_seqs, b.max_blocks, True)
             self.buffers = b
-        triton = self.model.dtype in TRITON_DTYPES and triton_available()
+        softcap = self.model.config.attn_logit_softcapping is not None
+        triton = self.model.dtype in TRITON_DTYPES and triton_available() and not softcap
         if not triton:
             log.warning(
-                "the Triton attention kernel cannot run here (Triton does not import, or dtype "
-                "%s): attention runs the pure-torch reference and decode steps without CUDA "
-                "graphs, far slower than the Triton path",
+                "the Triton attention kernel cannot run here (Triton does not import, dtype "
+                "%s, or the model soft-caps attention scores: %s): attention runs the pure-torch "
+                "reference and decode steps without CUDA graphs, far slower than the Triton path",
                 self.model.dtype,
+                softcap,
             )
         self.device_inputs = DeviceInputs(
             self.device, b.max_tokens, b.max_seqs, b.max_blocks, reference_attention=not triton
@@ -108,6 +110,8 @@ class ModelRunner:
         if self.device_inputs is not None:
             return "reference" if self.device_inputs.reference_attention else "triton"
         native = self.kernels is not None and self.kernels.loaded
+        # NOTE: attention soft-capping (Gemma 2) runs the reference (attention.paged_attention).
+        native = native and self.model.config.attn_logit_softcapping is None
         return "native" if native and self.model.dtype in NATIVE_DTYPES else "reference"
 
     @property

@@ -1,0 +1,150 @@
+"""Parity of Gemma and Gemma 2 with transformers, on tiny random float32 models the test builds and
+saves itself: greedy ids of four prompts through the whole engine (reference attention, and the
+native CPU kernels where they apply), and the logits of one prefill of our forward.
+
+What the configs exercise: the embedding scaled by sqrt(hidden_size), the (1 + w) RMSNorm (norm
+weights redrawn around 0, as Gemma's are centred), GeLU-tanh (Gemma's legacy ``hidden_act: gelu``
+means it), head_dim 32 != 64 / 4, tied embeddings; Gemma 2's four norms per layer,
+``query_pre_attn_scalar`` 24 != head_dim, attention and final logit soft-caps small enough to bend
+the scores, and alternating sliding-window layers (the served context capped at the window).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import test_family_parity as family_parity
+import torch
+import transformers
+from test_family_parity import assert_greedy_ids
+from test_llama_parity import BLOCK_SIZE, MAX_NEW_TOKENS, hf_generate, make_prompts
+
+from zerolayer.bench.inprocess import LocalModel, build_local_engine
+from zerolayer.checkpoints.byte_tokenizer import write_byte_level_tokenizer
+from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
+from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.checkpoints.weight_check import check_weights
+from zerolayer.scheduler.engine_factory import EngineConfig
+
+TINY = {
+    "vocab_size": 259,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 256,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+SLIDING_WINDOW = 48
+FAMILIES: dict[str, tuple[type, dict]] = {
+    "gemma": (transformers.GemmaConfig, {}),
+    "gemma2": (
+        transformers.Gemma2Config,
+        {
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 3.0,
+            "sliding_window": SLIDING_WINDOW,
+        },
+    ),
+}
+
+
+def write_gemma_model(out_dir: Path, family: str) -> Path:
+    """Saves a seeded random ``family`` model (safetensors) plus a byte-level tokenizer.
+
+    Gemma's config.json gets the legacy ``hidden_act: "gelu"`` of the published Gemma 1 configs.
+    """
+    config_class, fields = FAMILIES[family]
+    config = config_class(**TINY, **fields)
+    torch.manual_seed(11 + sorted(FAMILIES).index(family))
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(-0.5, 0.5)
+            else:
+                param.normal_(0.0, 0.15)
+    model.save_pretrained(out_dir)
+    if family == "gemma":
+        config_path = out_dir / "config.json"
+        saved = json.loads(config_path.read_text())
+        saved["hidden_act"] = "gelu"
+        config_path.write_text(json.dumps(saved))
+    write_byte_level_tokenizer(out_dir, TINY["max_position_embeddings"])
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return make_prompts()
+
+
+@pytest.fixture(scope="module")
+def gemma_models(
+    tmp_path_factory: pytest.TempPathFactory, prompts: list[list[int]]
+) -> dict[str, tuple[Path, list[list[int]]]]:
+    """Per family: its model directory and transformers' greedy ids of the prompts."""
+    models = {}
+    for family in FAMILIES:
+        model_dir = write_gemma_model(tmp_path_factory.mktemp(family), family)
+        models[family] = (model_dir, hf_generate(model_dir, prompts))
+    return models
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_gemma_matches_transformers(
+    family: str, gemma_models: dict, prompts: list[list[int]]
+) -> None:
+    """The Llama-like families' check (greedy ids with reference attention, prefill logits)."""
+    family_parity.test_family_matches_transformers(family, gemma_models, prompts)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_gemma_matches_transformers_with_native_kernels(
+    family: str, gemma_models: dict, prompts: list[list[int]]
+) -> None:
+    """Gemma runs the csrc attention kernel; Gemma 2's soft-capped attention is routed to the
+    reference (the kernels do not cap), with the same greedy ids either way."""
+    model_dir, expected = gemma_models[family]
+    model = LocalModel.load(model_dir)
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=8, attention_backend="native")
+    engine, _ = build_local_engine(model, config, model.arena_layout_of_blocks(BLOCK_SIZE, 64))
+    assert_greedy_ids(engine, prompts, expected)
+    backend = "reference" if family == "gemma2" else "native"
+    assert engine.stats().attention_backend == backend
+
+
+def test_gemma_options_are_parsed(gemma_models: dict, prompts: list[list[int]]) -> None:
+    gemma, gemma2 = (
+        ModelConfig.from_json((gemma_models[f][0] / "config.json").read_text())
+        for f in ("gemma", "gemma2")
+    )
+    assert gemma.hidden_act == "gelu_pytorch_tanh" and gemma.tie_word_embeddings
+    assert gemma.gemma_norms and gemma.scale_embeddings and not gemma.sandwich_norms
+    assert gemma.sliding_window is None and gemma.max_model_len == 256
+    assert gemma2.sandwich_norms and gemma2.query_pre_attn_scalar == 24
+    assert (gemma2.attn_logit_softcapping, gemma2.final_logit_softcapping) == (2.0, 3.0)
+    # Layers 0 and 2 slide: the served context is capped at the window, which the prompts and
+    # their generations stay within (so transformers' window never masks a token either).
+    assert gemma2.sliding_window == SLIDING_WINDOW and gemma2.max_model_len == SLIDING_WINDOW
+    assert max(map(len, prompts)) + MAX_NEW_TOKENS <= SLIDING_WINDOW
+
+
+def test_gemma2_checkpoint_without_its_extra_norms_is_refused(gemma_models: dict) -> None:
+    manifest = read_checkpoint(gemma_models["gemma2"][0])
+    config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
+    check_weights(manifest, config)
+    name = "model.layers.1.post_feedforward_layernorm.weight"
+    without = dataclasses.replace(
+        manifest, tensors=tuple(t for t in manifest.tensors if t.name != name)
+    )
+    with pytest.raises(CheckpointError, match=f"missing tensor {name!r}"):
+        check_weights(without, config)
