@@ -112,21 +112,25 @@ def test_gemma_legacy_gelu_is_gelu_tanh_gemma2_gelu_is_exact() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fields", "window"),
+    ("fields", "window", "layers"),
     [
-        ({}, 4096),
-        ({"sliding_window": 512}, 512),
-        ({"sliding_window": 512, "layer_types": ["full_attention"] * 4}, None),
+        ({}, 4096, (0, 2)),
+        ({"sliding_window": 512}, 512, (0, 2)),
+        ({"sliding_window": 512, "layer_types": ["full_attention"] * 4}, None, ()),
         (
             {"sliding_window": 512, "layer_types": ["full_attention"] * 3 + ["sliding_attention"]},
             512,
+            (3,),
         ),
-        ({"sliding_window": None}, None),
+        ({"sliding_window": None}, None, ()),
     ],
 )
-def test_gemma2_sliding_window_caps_the_context(fields: dict, window: int | None) -> None:
+def test_gemma2_sliding_window_is_in_the_forward(
+    fields: dict, window: int | None, layers: tuple[int, ...]
+) -> None:
+    """The window applies in the forward (to the layers given), so the context is not capped."""
     config = ModelConfig.from_json(make_config("Gemma2ForCausalLM", **HEADS, **fields))
-    assert config.sliding_window == window
-    assert config.max_model_len == (8192 if window is None else window)
+    assert (config.sliding_window, config.window_layers) == (window, layers)
+    assert config.max_model_len == 8192
     gemma = ModelConfig.from_json(make_config("GemmaForCausalLM", **HEADS, **fields))
     assert gemma.sliding_window is None and gemma.max_model_len == 8192

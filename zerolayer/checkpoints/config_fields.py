@@ -140,8 +140,8 @@ FAMILY_FIELDS: dict[str, dict[str, FieldRule]] = {
         "query_pre_attn_scalar": _impl("any: the softmax scale is its -1/2 power"),
         "attn_logit_softcapping": _impl("null, or tanh soft-capping of attention scores"),
         "final_logit_softcapping": _impl("null, or tanh soft-capping of the logits"),
-        "sliding_window": _impl("caps the context when a layer uses it"),
-        "layer_types": _impl("sliding_attention caps the context at sliding_window"),
+        "sliding_window": _impl("null, or the window of the sliding layers (not capped)"),
+        "layer_types": _impl("sliding_attention, full_attention (default: every other layer)"),
     },
 }
 """Family-specific fields, by ``architectures[0]``."""

@@ -103,6 +103,10 @@ class ModelConfig:
     """Attention scores s become tanh(s / cap) * cap before the mask and softmax (Gemma 2)."""
     final_logit_softcapping: float | None = None
     """Logits l become tanh(l / cap) * cap (Gemma 2)."""
+    window_layers: tuple[int, ...] = ()
+    """Layers whose queries see only the last ``sliding_window`` keys (key > query -
+    sliding_window, transformers' sliding_window_overlay), in the reference attention (Gemma 2).
+    With any, the context is not capped at the window."""
 
     @classmethod
     def from_json(cls, config_json: str, generation_config_json: str = "") -> ModelConfig:
@@ -144,10 +148,17 @@ class ModelConfig:
         return self.num_key_value_heads * self.head_dim
 
     @property
+    def needs_reference_attention(self) -> bool:
+        """Attention needs the pure-torch reference (the native and Triton kernels neither
+        soft-cap nor window): Gemma 2."""
+        return self.attn_logit_softcapping is not None or bool(self.window_layers)
+
+    @property
     def max_model_len(self) -> int:
         """Longest sequence served, in tokens: max_position_embeddings, capped at the sliding
-        window when a layer uses one (so the window never applies and attention is exact)."""
-        if self.sliding_window is None:
+        window when a layer uses one (so the window never applies and attention is exact), unless
+        the forward implements the window (``window_layers``)."""
+        if self.sliding_window is None or self.window_layers:
             return self.max_position_embeddings
         return min(self.max_position_embeddings, self.sliding_window)
 
@@ -251,8 +262,7 @@ def _sliding_window(cfg: dict, arch: str) -> int | None:
     """
     if arch == "Gemma2ForCausalLM":
         window = cfg.get("sliding_window")
-        layer_types = cfg.get("layer_types") or ["sliding_attention"]
-        uses = "sliding_attention" in layer_types
+        uses = "sliding_attention" in _gemma2_layer_types(cfg)
         return int(window) if uses and window is not None else None
     if arch in ("MistralForCausalLM", "Phi3ForCausalLM"):
         window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
@@ -267,6 +277,16 @@ def _sliding_window(cfg: dict, arch: str) -> int | None:
     else:
         uses = "sliding_attention" in layer_types
     return int(window) if uses and window is not None else None
+
+
+def _gemma2_layer_types(cfg: dict) -> list[str]:
+    """Gemma 2's ``layer_types``; by default every other layer from the first slides
+    (Gemma2Config.__post_init__)."""
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        return list(layer_types)
+    num_layers = int(cfg["num_hidden_layers"])
+    return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
 
 
 def _gemma_options(cfg: dict, arch: str) -> dict:
@@ -286,6 +306,10 @@ def _gemma_options(cfg: dict, arch: str) -> dict:
         options["query_pre_attn_scalar"] = float(cfg["query_pre_attn_scalar"])
         for name in ("attn_logit_softcapping", "final_logit_softcapping"):
             options[name] = float(cfg[name]) if cfg.get(name) is not None else None
+        if cfg.get("sliding_window") is not None:
+            options["window_layers"] = tuple(
+                i for i, kind in enumerate(_gemma2_layer_types(cfg)) if kind == "sliding_attention"
+            )
     return options
 
 

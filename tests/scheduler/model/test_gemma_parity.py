@@ -4,9 +4,11 @@ native CPU kernels where they apply), and the logits of one prefill of our forwa
 
 What the configs exercise: the embedding scaled by sqrt(hidden_size), the (1 + w) RMSNorm (norm
 weights redrawn around 0, as Gemma's are centred), GeLU-tanh (Gemma's legacy ``hidden_act: gelu``
-means it), head_dim 32 != 64 / 4, tied embeddings; Gemma 2's four norms per layer,
+means it), head_dim 32 != 64 / 4, tied embeddings (untied for Gemma 2, whose greedy runs would
+otherwise repeat one token); Gemma 2's four norms per layer,
 ``query_pre_attn_scalar`` 24 != head_dim, attention and final logit soft-caps small enough to bend
-the scores, and alternating sliding-window layers (the served context capped at the window).
+the scores, and alternating sliding-window layers with a window of 16 tokens that prompts and
+generations outgrow (during chunked prefill and decode).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ TINY = {
     "eos_token_id": 2,
     "pad_token_id": 0,
 }
-SLIDING_WINDOW = 48
+SLIDING_WINDOW = 16
 FAMILIES: dict[str, tuple[type, dict]] = {
     "gemma": (transformers.GemmaConfig, {}),
     "gemma2": (
@@ -52,6 +54,7 @@ FAMILIES: dict[str, tuple[type, dict]] = {
             "attn_logit_softcapping": 2.0,
             "final_logit_softcapping": 3.0,
             "sliding_window": SLIDING_WINDOW,
+            "tie_word_embeddings": False,
         },
     ),
 }
@@ -107,6 +110,17 @@ def test_gemma_matches_transformers(
     family_parity.test_family_matches_transformers(family, gemma_models, prompts)
 
 
+def test_gemma2_prefill_longer_than_the_window_matches_transformers(gemma_models: dict) -> None:
+    """The sliding layers' window in one prefill of 40 tokens (the greedy runs cover decodes)."""
+    model_dir = gemma_models["gemma2"][0]
+    prompt = torch.randint(3, TINY["vocab_size"], (40,), generator=torch.Generator().manual_seed(5))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.inference_mode():
+        reference_logits = hf(prompt.unsqueeze(0)).logits[0]
+    logits = family_parity.prefill_logits(model_dir, prompt.tolist())
+    torch.testing.assert_close(logits, reference_logits, atol=family_parity.LOGIT_ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_gemma_matches_transformers_with_native_kernels(
     family: str, gemma_models: dict, prompts: list[list[int]]
@@ -132,10 +146,11 @@ def test_gemma_options_are_parsed(gemma_models: dict, prompts: list[list[int]]) 
     assert gemma.sliding_window is None and gemma.max_model_len == 256
     assert gemma2.sandwich_norms and gemma2.query_pre_attn_scalar == 24
     assert (gemma2.attn_logit_softcapping, gemma2.final_logit_softcapping) == (2.0, 3.0)
-    # Layers 0 and 2 slide: the served context is capped at the window, which the prompts and
-    # their generations stay within (so transformers' window never masks a token either).
-    assert gemma2.sliding_window == SLIDING_WINDOW and gemma2.max_model_len == SLIDING_WINDOW
-    assert max(map(len, prompts)) + MAX_NEW_TOKENS <= SLIDING_WINDOW
+    # Layers 0 and 2 slide, in the forward: the context is not capped at the window, and the
+    # prompt of the logits check and every generation outgrow it.
+    assert gemma2.sliding_window == SLIDING_WINDOW and gemma2.window_layers == (0, 2)
+    assert gemma2.needs_reference_attention and gemma2.max_model_len == 256
+    assert len(prompts[2]) > SLIDING_WINDOW and min(map(len, prompts)) + MAX_NEW_TOKENS > 16
 
 
 def test_gemma2_checkpoint_without_its_extra_norms_is_refused(gemma_models: dict) -> None:

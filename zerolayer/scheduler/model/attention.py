@@ -107,6 +107,7 @@ def paged_attention(
     scale: float,
     kernels: KernelLoader | None = None,
     softcap: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of this step's queries over the cached context (K/V already written).
 
@@ -114,11 +115,11 @@ def paged_attention(
     CPU runs the native kernel when ``kernels`` loads it and handles ``q.dtype``; else
     :func:`paged_attention_reference` (same arguments, shapes and result up to rounding). The
     first call may build the kernel (see :meth:`KernelLoader.load`). Does not modify the caches.
-    With ``softcap`` (Gemma 2's attention logit soft-capping) the reference runs whatever the
-    device and kernels: only it implements the capping.
+    With ``softcap`` or ``window`` (Gemma 2's attention logit soft-capping and sliding window) the
+    reference runs whatever the device and kernels: only it implements them.
     """
-    if softcap is not None:
-        return paged_attention_reference(q, k_cache, v_cache, meta, scale, softcap)
+    if softcap is not None or window is not None:
+        return paged_attention_reference(q, k_cache, v_cache, meta, scale, softcap, window)
     if q.is_cuda:
         if q.dtype in TRITON_DTYPES and triton_available():
             return paged_attention_triton(
@@ -147,6 +148,7 @@ def paged_attention_reference(
     meta: AttentionMetadata,
     scale: float,
     softcap: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of this step's queries over the cached context (K/V already written).
 
@@ -157,6 +159,8 @@ def paged_attention_reference(
         scale: softmax scale, usually D ** -0.5.
         softcap: scaled scores s become tanh(s / softcap) * softcap before the mask and softmax
             (Gemma 2, as transformers' eager attention); None: no capping.
+        window: a query at position p sees only keys at positions > p - window (transformers'
+            sliding_window_overlay); None: all earlier keys.
 
     Returns:
         [T, Hq, D] attention output, same dtype as ``q``.
@@ -166,7 +170,13 @@ def paged_attention_reference(
         qd = q[meta.decode_rows].unsqueeze(2)  # [Bd, Hq, 1, D]
         kd = _gather(k_cache, meta.decode_block_tables)  # [Bd, Hkv, L, D]
         vd = _gather(v_cache, meta.decode_block_tables)
-        od = _attention(qd, kd, vd, meta.decode_mask, scale, softcap)
+        mask = meta.decode_mask
+        if window is not None:
+            # The decode query sits at seq_len - 1, seq_len being the mask's count of keys.
+            key_pos = torch.arange(mask.shape[-1], device=q.device)
+            seq_lens = mask.sum(-1, keepdim=True)
+            mask = mask & (key_pos > seq_lens - 1 - window)
+        od = _attention(qd, kd, vd, mask, scale, softcap)
         out[meta.decode_rows] = od.squeeze(2)
     for span in meta.prefills:
         rows = slice(span.start, span.start + span.num_tokens)
@@ -178,6 +188,8 @@ def paged_attention_reference(
         key_pos = torch.arange(span.seq_len, device=q.device)
         query_pos = torch.arange(first, span.seq_len, device=q.device).unsqueeze(1)
         mask = key_pos.unsqueeze(0) <= query_pos
+        if window is not None:
+            mask = mask & (key_pos.unsqueeze(0) > query_pos - window)
         op = _attention(qp, kp, vp, mask, scale, softcap)
         out[rows] = op.squeeze(0).transpose(0, 1)
     return out

@@ -191,14 +191,15 @@ class LlamaModel:
             h = scale_embeddings(h, cfg.hidden_size)
         cos, sin = self.rotary.tables(positions, self.dtype)
         num_tokens = input_ids.shape[0]
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = self.norm_fn(h, layer.input_norm, cfg.rms_norm_eps)
             q, k, v = self._qkv(x, layer, linear)
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+            window = cfg.sliding_window if i in cfg.window_layers else None
             attn = paged_attention(
-                q, k_cache, v_cache, meta, self.scale, kernels, cfg.attn_logit_softcapping
+                q, k_cache, v_cache, meta, self.scale, kernels, cfg.attn_logit_softcapping, window
             )
             out = _add_bias(linear(attn.reshape(num_tokens, -1), layer.o_proj), layer.o_bias)
             h = self._residual_mlp(h, out, layer, linear)
