@@ -163,3 +163,14 @@ def test_gemma2_checkpoint_without_its_extra_norms_is_refused(gemma_models: dict
     )
     with pytest.raises(CheckpointError, match=f"missing tensor {name!r}"):
         check_weights(without, config)
+
+
+def test_batch_invariant_gemma2_warns_its_attention_is_not(
+    gemma_models: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = LocalModel.load(gemma_models["gemma2"][0])
+    config = EngineConfig(
+        max_num_seqs=4, max_num_batched_tokens=8, attention_backend="native", batch_invariant=True
+    )
+    build_local_engine(model, config, model.arena_layout_of_blocks(BLOCK_SIZE, 16))
+    assert "runs the reference path, NOT batch invariant" in caplog.text
