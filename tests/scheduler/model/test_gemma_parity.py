@@ -60,13 +60,14 @@ FAMILIES: dict[str, tuple[type, dict]] = {
 }
 
 
-def write_gemma_model(out_dir: Path, family: str) -> Path:
-    """Saves a seeded random ``family`` model (safetensors) plus a byte-level tokenizer.
+def write_gemma_model(out_dir: Path, family: str, **changes: object) -> Path:
+    """Saves a seeded random ``family`` model (safetensors) plus a byte-level tokenizer; ``changes``
+    override TINY's fields.
 
     Gemma's config.json gets the legacy ``hidden_act: "gelu"`` of the published Gemma 1 configs.
     """
     config_class, fields = FAMILIES[family]
-    config = config_class(**TINY, **fields)
+    config = config_class(**{**TINY, **changes}, **fields)
     torch.manual_seed(11 + sorted(FAMILIES).index(family))
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
@@ -119,6 +120,24 @@ def test_gemma2_prefill_longer_than_the_window_matches_transformers(gemma_models
         reference_logits = hf(prompt.unsqueeze(0)).logits[0]
     logits = family_parity.prefill_logits(model_dir, prompt.tolist())
     torch.testing.assert_close(logits, reference_logits, atol=family_parity.LOGIT_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_gemma_in_bfloat16_computes_as_transformers(
+    family: str, gemma_models: dict, tmp_path: Path
+) -> None:
+    """Published Gemma checkpoints are bfloat16: the embedding scale rounded to it (sqrt(64) is
+    exact, so hidden_size 48 here), norms in float32 then cast, soft-caps in bfloat16."""
+    model_dir = write_gemma_model(tmp_path, family, hidden_size=48)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    hf.to(torch.bfloat16).save_pretrained(model_dir)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+    assert hf.dtype == torch.bfloat16
+    prompt = torch.randint(3, TINY["vocab_size"], (40,), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        reference_logits = hf(prompt.unsqueeze(0)).logits[0].float()
+    logits = family_parity.prefill_logits(model_dir, prompt.tolist())
+    torch.testing.assert_close(logits, reference_logits, atol=1e-2, rtol=0)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
