@@ -95,6 +95,7 @@ def test_gemma_special_token_ids(family: str) -> None:
         ("Gemma2ForCausalLM", "use_bidirectional_attention", True),
         ("GemmaForCausalLM", "hidden_act", "gelu_new"),
         ("Gemma2ForCausalLM", "hidden_activation", "gelu_new"),
+        ("Gemma2ForCausalLM", "query_pre_attn_scalar", None),
     ],
 )
 def test_refused_value_names_field_and_value(architecture: str, field: str, value: object) -> None:

@@ -293,7 +293,8 @@ def _gemma_options(cfg: dict, arch: str) -> dict:
     """Gemma's scaled embedding and (1 + w) norms; Gemma 2's extra norms, scale and soft-caps.
 
     Raises:
-        ValueError: ``use_bidirectional_attention`` is true (bidirectional attention).
+        ValueError: ``use_bidirectional_attention`` is true (bidirectional attention), or
+            ``query_pre_attn_scalar`` is not a positive number.
     """
     if arch not in GEMMA_ARCHITECTURES:
         return {}
@@ -303,7 +304,10 @@ def _gemma_options(cfg: dict, arch: str) -> dict:
     options: dict = {"gemma_norms": True, "scale_embeddings": True}
     if arch == "Gemma2ForCausalLM":
         options["sandwich_norms"] = True
-        options["query_pre_attn_scalar"] = float(cfg["query_pre_attn_scalar"])
+        scalar = cfg["query_pre_attn_scalar"]
+        if not isinstance(scalar, int | float) or isinstance(scalar, bool) or scalar <= 0:
+            raise ValueError(refusal("query_pre_attn_scalar", scalar, "a positive number"))
+        options["query_pre_attn_scalar"] = float(scalar)
         for name in ("attn_logit_softcapping", "final_logit_softcapping"):
             options[name] = float(cfg[name]) if cfg.get(name) is not None else None
         if cfg.get("sliding_window") is not None:

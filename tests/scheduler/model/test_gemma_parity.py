@@ -4,8 +4,8 @@ native CPU kernels where they apply), and the logits of one prefill of our forwa
 
 What the configs exercise: the embedding scaled by sqrt(hidden_size), the (1 + w) RMSNorm (norm
 weights redrawn around 0, as Gemma's are centred), GeLU-tanh (Gemma's legacy ``hidden_act: gelu``
-means it), head_dim 32 != 64 / 4, tied embeddings (untied for Gemma 2, whose greedy runs would
-otherwise repeat one token); Gemma 2's four norms per layer,
+means it), head_dim 32 != 64 / 4, Gemma's attention_bias, tied embeddings (untied for Gemma 2,
+whose greedy runs would otherwise repeat one token); Gemma 2's four norms per layer,
 ``query_pre_attn_scalar`` 24 != head_dim, attention and final logit soft-caps small enough to bend
 the scores, and alternating sliding-window layers with a window of 16 tokens that prompts and
 generations outgrow (during chunked prefill and decode).
@@ -46,7 +46,7 @@ TINY = {
 }
 SLIDING_WINDOW = 16
 FAMILIES: dict[str, tuple[type, dict]] = {
-    "gemma": (transformers.GemmaConfig, {}),
+    "gemma": (transformers.GemmaConfig, {"attention_bias": True}),
     "gemma2": (
         transformers.Gemma2Config,
         {
@@ -62,12 +62,12 @@ FAMILIES: dict[str, tuple[type, dict]] = {
 
 def write_gemma_model(out_dir: Path, family: str, **changes: object) -> Path:
     """Saves a seeded random ``family`` model (safetensors) plus a byte-level tokenizer; ``changes``
-    override TINY's fields.
+    override the family's fields.
 
     Gemma's config.json gets the legacy ``hidden_act: "gelu"`` of the published Gemma 1 configs.
     """
     config_class, fields = FAMILIES[family]
-    config = config_class(**{**TINY, **changes}, **fields)
+    config = config_class(**{**TINY, **fields, **changes})
     torch.manual_seed(11 + sorted(FAMILIES).index(family))
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
@@ -128,7 +128,9 @@ def test_gemma_in_bfloat16_computes_as_transformers(
 ) -> None:
     """Published Gemma checkpoints are bfloat16: the embedding scale rounded to it (sqrt(64) is
     exact, so hidden_size 48 here), norms in float32 then cast, soft-caps in bfloat16."""
-    model_dir = write_gemma_model(tmp_path, family, hidden_size=48)
+    # NOTE: no biases (the published Gemmas have none): in bfloat16 transformers adds them in
+    # the matmul (one rounding), zerolayer after it (two).
+    model_dir = write_gemma_model(tmp_path, family, hidden_size=48, attention_bias=False)
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     hf.to(torch.bfloat16).save_pretrained(model_dir)
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
