@@ -69,6 +69,16 @@ def test_table_covers_every_transformers_field(architecture: str) -> None:
 
 
 @pytest.mark.parametrize("architecture", sorted(CONFIG_CLASSES))
+def test_table_covers_every_field_the_modeling_code_reads(architecture: str) -> None:
+    """``config.<name>`` and ``getattr(config, "<name>", ...)`` in transformers' modeling file;
+    ``_attn_implementation`` is the attention kernel transformers picks, not a config.json field."""
+    source = Path(inspect.getfile(getattr(transformers, architecture))).read_text()
+    read = set(re.findall(r"config\.(\w+)", source))
+    read |= set(re.findall(r"getattr\(\s*(?:self\.)?config,\s*\"(\w+)\"", source))
+    assert sorted(read - set(field_rules(architecture)) - {"_attn_implementation"}) == []
+
+
+@pytest.mark.parametrize("architecture", sorted(CONFIG_CLASSES))
 def test_refused_unless_default_uses_transformers_default(architecture: str) -> None:
     fields = signature_fields(CONFIG_CLASSES[architecture])
     for name, rule in field_rules(architecture).items():

@@ -303,3 +303,58 @@ def test_family_special_token_ids(family: str) -> None:
         json.dumps(generation_ids),
     )
     assert (config.bos_token_id, config.eos_token_ids) == (bos, eos)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "fields", "window"),
+    [
+        ("LlamaForCausalLM", {"sliding_window": 16}, None),
+        ("MistralForCausalLM", {}, 4096),  # transformers' default
+        ("MistralForCausalLM", {"sliding_window": None}, None),  # Mistral v0.2+
+        ("MistralForCausalLM", {"sliding_window": 64}, 64),
+        ("Phi3ForCausalLM", {}, None),
+        ("Phi3ForCausalLM", {"sliding_window": 2047}, 2047),
+        # Qwen2.5's published config: a window that no layer uses.
+        ("Qwen2ForCausalLM", {"use_sliding_window": False, "sliding_window": 32}, None),
+        ("Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 32}, None),
+        (
+            "Qwen2ForCausalLM",
+            {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 1},
+            32,
+        ),
+        (
+            "Qwen3ForCausalLM",
+            {
+                "use_sliding_window": True,
+                "sliding_window": 32,
+                "layer_types": ["full_attention", "sliding_attention"],
+            },
+            32,
+        ),
+        (
+            "Qwen3ForCausalLM",
+            {"use_sliding_window": True, "layer_types": ["full_attention"] * 2},
+            None,
+        ),
+    ],
+)
+def test_sliding_window_caps_the_served_context(
+    architecture: str, fields: dict, window: int | None
+) -> None:
+    config = ModelConfig.from_json(
+        make_config(
+            architectures=[architecture],
+            num_key_value_heads=2,
+            max_position_embeddings=8192,
+            **fields,
+        )
+    )
+    assert config.sliding_window == window
+    assert config.max_model_len == (8192 if window is None else window)
+
+
+def test_qwen3_head_dim_defaults_to_128() -> None:
+    config = ModelConfig.from_json(
+        make_config(architectures=["Qwen3ForCausalLM"], num_key_value_heads=2)
+    )
+    assert (config.head_dim, config.qk_norm, config.qkv_bias) == (128, True, False)

@@ -1,7 +1,8 @@
 """How zerolayer handles each config.json field of the model families it serves.
 
 One table per architecture lists every parameter of the transformers config class
-(``transformers.<Family>Config.__init__``, transformers 5.23) plus the few keys transformers reads
+(``transformers.<Family>Config.__init__``, transformers 5.23), every field its modeling code reads
+(``head_dim`` of Qwen2 and Phi-3 is read with ``getattr``), plus the few keys transformers reads
 outside that signature (``rope_scaling``, ``rope_theta``, ``torch_dtype``, ``quantization_config``).
 Each field is *implemented* (the forward honours it), has *no effect* on greedy inference (training
 or output-format settings), or is *refused unless default*: a config whose value differs from the
@@ -111,13 +112,17 @@ FAMILY_FIELDS: dict[str, dict[str, FieldRule]] = {
         "mlp_bias": _impl("true, false (bias on gate, up and down)"),
         "pretraining_tp": _no_effect("any (a training-time split of the same matmuls)"),
     },
-    "Qwen2ForCausalLM": {**_QWEN_WINDOW_FIELDS},
+    "Qwen2ForCausalLM": {
+        "head_dim": _impl("any (default hidden_size / num_attention_heads)"),
+        **_QWEN_WINDOW_FIELDS,
+    },
     "Qwen3ForCausalLM": {
         "head_dim": _impl("any (default 128)"),
         "attention_bias": _impl("true, false (bias on q, k, v and o)"),
         **_QWEN_WINDOW_FIELDS,
     },
     "Phi3ForCausalLM": {
+        "head_dim": _impl("any (default hidden_size / num_attention_heads)"),
         "resid_pdrop": _no_effect(),
         "embd_pdrop": _no_effect(),
         "original_max_position_embeddings": _no_effect("any (read by longrope, refused)"),

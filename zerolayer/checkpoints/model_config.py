@@ -42,7 +42,8 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shapes and constants of a Llama decoder (Touvron et al. 2023, arXiv:2302.13971)."""
+    """Shapes and constants of a Llama-like decoder (Touvron et al. 2023, arXiv:2302.13971) and
+    the options of the families served as variants of it (Qwen2, Qwen3, Phi-3, Mistral)."""
 
     architecture: str
     """E.g. "LlamaForCausalLM"."""
@@ -116,7 +117,9 @@ class ModelConfig:
         (``rope_parameters``) spellings of RoPE settings.
 
         Raises:
-            ValueError: invalid JSON, a missing field, an unsupported architecture or RoPE scaling.
+            ValueError: invalid JSON, a missing field, an unsupported architecture or RoPE scaling,
+                or a field value zerolayer refuses (one line naming field and value; the table is
+                :mod:`zerolayer.checkpoints.config_fields`).
         """
         try:
             cfg = json.loads(config_json)

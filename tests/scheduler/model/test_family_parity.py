@@ -16,14 +16,16 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 from test_llama_parity import BLOCK_SIZE, hf_generate, make_engine, make_prompts, run_engine
+from transformers.activations import ACT2FN
 
 from zerolayer.bench.inprocess import LocalModel, build_local_engine
 from zerolayer.checkpoints.byte_tokenizer import write_byte_level_tokenizer
+from zerolayer.checkpoints.config_fields import HIDDEN_ACTS
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.scheduler.core.engine import Engine
 from zerolayer.scheduler.engine_factory import EngineConfig
 from zerolayer.scheduler.model.attention import AttentionMetadata, PrefillSpan
-from zerolayer.scheduler.model.llama import LlamaModel
+from zerolayer.scheduler.model.llama import ACTIVATIONS, LlamaModel
 
 TINY = {
     "vocab_size": 259,
@@ -38,10 +40,15 @@ TINY = {
     "pad_token_id": 0,
 }
 FAMILIES: dict[str, tuple[type, dict]] = {
-    # Llama with every bias and a head_dim other than hidden_size / num_attention_heads.
+    # Llama with every bias, a head_dim other than hidden_size / num_attention_heads and a GELU.
     "llama-bias": (
         transformers.LlamaConfig,
-        {"attention_bias": True, "mlp_bias": True, "head_dim": 24},
+        {
+            "attention_bias": True,
+            "mlp_bias": True,
+            "head_dim": 24,
+            "hidden_act": "gelu_pytorch_tanh",
+        },
     ),
     # SmolLM2 and Llama 3.2: Llama with tied embeddings (and Llama 3.2's llama3 RoPE).
     "llama-tied": (
@@ -211,3 +218,9 @@ def test_float32_vectors_in_bfloat16_checkpoint_compute_as_transformers(
     engine, _ = make_engine(model_dir, 64, 8)
     outputs = run_engine(engine, prompts)
     assert all(len([t for r in out for t in r.new_token_ids]) > 0 for out in outputs.values())
+
+
+@pytest.mark.parametrize("name", HIDDEN_ACTS)
+def test_activations_are_transformers_activations(name: str) -> None:
+    x = torch.linspace(-6.0, 6.0, 1001)
+    assert torch.equal(ACTIVATIONS[name](x), ACT2FN[name](x))
