@@ -98,6 +98,13 @@ _QWEN_WINDOW_FIELDS: dict[str, FieldRule] = {
     "layer_types": _impl("full_attention; sliding_attention caps the context"),
 }
 
+_GEMMA_FIELDS: dict[str, FieldRule] = {
+    "head_dim": _impl("any (default 256)"),
+    "attention_bias": _impl("true, false (bias on q, k, v and o)"),
+    "use_bidirectional_attention": _impl("null, false (true, bidirectional attention, is refused)"),
+}
+"""Gemma and Gemma 2 (their embedding scale and (1 + w) RMSNorm have no config field)."""
+
 FAMILY_FIELDS: dict[str, dict[str, FieldRule]] = {
     "LlamaForCausalLM": {
         "head_dim": _impl("any (default hidden_size / num_attention_heads)"),
@@ -124,6 +131,22 @@ FAMILY_FIELDS: dict[str, dict[str, FieldRule]] = {
     "MistralForCausalLM": {
         "head_dim": _impl("any (default hidden_size / num_attention_heads)"),
         "sliding_window": _impl("null, or caps the context at sliding_window"),
+    },
+    "GemmaForCausalLM": {
+        **_GEMMA_FIELDS,
+        "hidden_act": _impl(
+            "silu, gelu_pytorch_tanh, relu; gelu means gelu_pytorch_tanh (as transformers reads it)"
+        ),
+    },
+    "Gemma2ForCausalLM": {
+        **_GEMMA_FIELDS,
+        "hidden_act": _no_effect("any (Gemma 2 reads hidden_activation)"),
+        "hidden_activation": _impl(", ".join(HIDDEN_ACTS)),
+        "query_pre_attn_scalar": _impl("any: the softmax scale is its -1/2 power"),
+        "attn_logit_softcapping": _impl("null, or tanh soft-capping of attention scores"),
+        "final_logit_softcapping": _impl("null, or tanh soft-capping of the logits"),
+        "sliding_window": _impl("null, or the window of the sliding layers (not capped)"),
+        "layer_types": _impl("sliding_attention, full_attention (default: every other layer)"),
     },
 }
 """Family-specific fields, by ``architectures[0]``."""
@@ -163,6 +186,8 @@ FAMILY_NAMES: dict[str, str] = {
     "Qwen3ForCausalLM": "Qwen3",
     "Phi3ForCausalLM": "Phi-3",
     "MistralForCausalLM": "Mistral",
+    "GemmaForCausalLM": "Gemma",
+    "Gemma2ForCausalLM": "Gemma 2",
 }
 """Short family names for the docs table."""
 

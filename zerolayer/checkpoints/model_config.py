@@ -16,6 +16,9 @@ from zerolayer.checkpoints.config_fields import (
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 """config.json dtypes the forward computes in."""
 
+GEMMA_ARCHITECTURES = ("GemmaForCausalLM", "Gemma2ForCausalLM")
+"""Families with Gemma's embedding scale and (1 + w) RMSNorm."""
+
 __all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "RopeConfig"]
 
 
@@ -86,6 +89,25 @@ class ModelConfig:
     """Attention window of the layers that use one (None: every layer attends to all tokens)."""
     dtype: str | None = None
     """config.json's dtype (or torch_dtype); None: the embedding's dtype."""
+    gemma_norms: bool = False
+    """Gemma's RMSNorm: the normalized float32 activations times (1 + weight) in float32, then
+    cast back (transformers' GemmaRMSNorm); Llama's casts first and multiplies by weight."""
+    scale_embeddings: bool = False
+    """The embedding is multiplied by sqrt(hidden_size) rounded to the model dtype (Gemma)."""
+    sandwich_norms: bool = False
+    """Gemma 2: the attention and MLP outputs are normalized before the residual add
+    (post_attention_layernorm, post_feedforward_layernorm), and the MLP input by
+    pre_feedforward_layernorm."""
+    query_pre_attn_scalar: float | None = None
+    """The softmax scale is query_pre_attn_scalar ** -0.5 (Gemma 2); None: head_dim ** -0.5."""
+    attn_logit_softcapping: float | None = None
+    """Attention scores s become tanh(s / cap) * cap before the mask and softmax (Gemma 2)."""
+    final_logit_softcapping: float | None = None
+    """Logits l become tanh(l / cap) * cap (Gemma 2)."""
+    window_layers: tuple[int, ...] = ()
+    """Layers whose queries see only the last ``sliding_window`` keys (key > query -
+    sliding_window, transformers' sliding_window_overlay), in the reference attention (Gemma 2).
+    With any, the context is not capped at the window."""
 
     @classmethod
     def from_json(cls, config_json: str, generation_config_json: str = "") -> ModelConfig:
@@ -112,8 +134,14 @@ class ModelConfig:
                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
             )
         check_fields(cfg, arch)
+        cfg = {**_FAMILY_DEFAULTS.get(arch, {}), **cfg}
         try:
-            return cls(**_shapes(cfg, arch), **_family_options(cfg, arch), **_tokens(cfg, gen))
+            return cls(
+                **_shapes(cfg, arch),
+                **_family_options(cfg, arch),
+                **_gemma_options(cfg, arch),
+                **_tokens(cfg, gen),
+            )
         except KeyError as exc:
             raise ValueError(f"config.json: missing field {exc.args[0]!r}") from None
 
@@ -123,12 +151,58 @@ class ModelConfig:
         return self.num_key_value_heads * self.head_dim
 
     @property
+    def needs_reference_attention(self) -> bool:
+        """Attention needs the pure-torch reference (the native and Triton kernels neither
+        soft-cap nor window): Gemma 2."""
+        return self.attn_logit_softcapping is not None or bool(self.window_layers)
+
+    @property
     def max_model_len(self) -> int:
         """Longest sequence served, in tokens: max_position_embeddings, capped at the sliding
-        window when a layer uses one (so the window never applies and attention is exact)."""
-        if self.sliding_window is None:
+        window when a layer uses one (so the window never applies and attention is exact), unless
+        the forward implements the window (``window_layers``)."""
+        if self.sliding_window is None or self.window_layers:
             return self.max_position_embeddings
         return min(self.max_position_embeddings, self.sliding_window)
+
+
+_GEMMA_DEFAULTS = {
+    "vocab_size": 256000,
+    "head_dim": 256,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+}
+_FAMILY_DEFAULTS: dict[str, dict] = {
+    "GemmaForCausalLM": {**_GEMMA_DEFAULTS, "num_key_value_heads": 16},
+    "Gemma2ForCausalLM": {
+        **_GEMMA_DEFAULTS,
+        "num_key_value_heads": 4,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "final_logit_softcapping": 30.0,
+        "attn_logit_softcapping": 50.0,
+    },
+}
+"""transformers' defaults of the families whose defaults differ from Llama's (absent keys)."""
+
+
+def _hidden_act(cfg: dict, arch: str) -> str:
+    """The MLP activation as transformers reads it: Gemma maps the legacy "gelu" to
+    "gelu_pytorch_tanh" (GemmaConfig.__post_init__); Gemma 2 reads ``hidden_activation``.
+
+    Raises:
+        ValueError: the activation is not one of HIDDEN_ACTS.
+    """
+    field = "hidden_activation" if arch == "Gemma2ForCausalLM" else "hidden_act"
+    default = "gelu_pytorch_tanh" if arch in GEMMA_ARCHITECTURES else "silu"
+    hidden_act = cfg.get(field) or default
+    if arch == "GemmaForCausalLM" and hidden_act == "gelu":
+        hidden_act = "gelu_pytorch_tanh"
+    if hidden_act not in HIDDEN_ACTS:
+        raise ValueError(refusal(field, hidden_act, ", ".join(HIDDEN_ACTS)))
+    return hidden_act
 
 
 def _shapes(cfg: dict, arch: str) -> dict:
@@ -144,9 +218,7 @@ def _shapes(cfg: dict, arch: str) -> dict:
         raise ValueError(
             refusal("num_key_value_heads", kv_heads, "a divisor of num_attention_heads")
         )
-    hidden_act = cfg.get("hidden_act", "silu")
-    if hidden_act not in HIDDEN_ACTS:
-        raise ValueError(refusal("hidden_act", hidden_act, ", ".join(HIDDEN_ACTS)))
+    hidden_act = _hidden_act(cfg, arch)
     dtype_field = "dtype" if cfg.get("dtype") is not None else "torch_dtype"
     dtype = cfg.get(dtype_field)
     if dtype is not None and dtype not in FLOAT_DTYPES:
@@ -188,8 +260,13 @@ def _sliding_window(cfg: dict, arch: str) -> int | None:
     """The window of the layers that use one, as transformers derives it (None: no layer does).
 
     Qwen2/Qwen3: ``layer_types`` when given, else layers from ``max_window_layers`` on when
-    ``use_sliding_window``; Mistral/Phi-3: ``sliding_window`` for every layer; Llama: none.
+    ``use_sliding_window``; Mistral/Phi-3: ``sliding_window`` for every layer; Gemma 2:
+    ``layer_types``, by default every other layer from the first; Llama and Gemma: none.
     """
+    if arch == "Gemma2ForCausalLM":
+        window = cfg.get("sliding_window")
+        uses = "sliding_attention" in _gemma2_layer_types(cfg)
+        return int(window) if uses and window is not None else None
     if arch in ("MistralForCausalLM", "Phi3ForCausalLM"):
         window = cfg.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)
         return int(window) if window is not None else None
@@ -203,6 +280,44 @@ def _sliding_window(cfg: dict, arch: str) -> int | None:
     else:
         uses = "sliding_attention" in layer_types
     return int(window) if uses and window is not None else None
+
+
+def _gemma2_layer_types(cfg: dict) -> list[str]:
+    """Gemma 2's ``layer_types``; by default every other layer from the first slides
+    (Gemma2Config.__post_init__)."""
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        return list(layer_types)
+    num_layers = int(cfg["num_hidden_layers"])
+    return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+
+
+def _gemma_options(cfg: dict, arch: str) -> dict:
+    """Gemma's scaled embedding and (1 + w) norms; Gemma 2's extra norms, scale and soft-caps.
+
+    Raises:
+        ValueError: ``use_bidirectional_attention`` is true (bidirectional attention), or
+            ``query_pre_attn_scalar`` is not a positive number.
+    """
+    if arch not in GEMMA_ARCHITECTURES:
+        return {}
+    if cfg.get("use_bidirectional_attention"):
+        value = cfg["use_bidirectional_attention"]
+        raise ValueError(refusal("use_bidirectional_attention", value, "null, false"))
+    options: dict = {"gemma_norms": True, "scale_embeddings": True}
+    if arch == "Gemma2ForCausalLM":
+        options["sandwich_norms"] = True
+        scalar = cfg["query_pre_attn_scalar"]
+        if not isinstance(scalar, int | float) or isinstance(scalar, bool) or scalar <= 0:
+            raise ValueError(refusal("query_pre_attn_scalar", scalar, "a positive number"))
+        options["query_pre_attn_scalar"] = float(scalar)
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            options[name] = float(cfg[name]) if cfg.get(name) is not None else None
+        if cfg.get("sliding_window") is not None:
+            options["window_layers"] = tuple(
+                i for i, kind in enumerate(_gemma2_layer_types(cfg)) if kind == "sliding_attention"
+            )
+    return options
 
 
 def _tokens(cfg: dict, gen: dict) -> dict:

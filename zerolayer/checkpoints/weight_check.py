@@ -53,6 +53,9 @@ def _layer_tensors(c: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
         shapes[attn + "o_proj.bias"] = (c.hidden_size,)
     if c.mlp_bias:
         shapes[mlp + "down_proj.bias"] = (c.hidden_size,)
+    if c.sandwich_norms:
+        shapes[p + "pre_feedforward_layernorm.weight"] = (c.hidden_size,)
+        shapes[p + "post_feedforward_layernorm.weight"] = (c.hidden_size,)
     if c.qk_norm:
         shapes[attn + "q_norm.weight"] = (c.head_dim,)
         shapes[attn + "k_norm.weight"] = (c.head_dim,)

@@ -138,6 +138,11 @@ def _model_runner(model: LlamaModel, parts: EngineParts, config: EngineConfig) -
         )
     if config.batch_invariant and parts.device.is_cuda:
         log.warning("--batch-invariant applies to the CPU forward only; the CUDA path is not")
+    if invariant and parts.model_config.needs_reference_attention:
+        log.warning(
+            "--batch-invariant: this model's attention (soft-capped or windowed, Gemma 2) runs "
+            "the reference path, NOT batch invariant"
+        )
     buffers = StepBuffers(
         block_size,
         max_tokens=config.max_num_batched_tokens,

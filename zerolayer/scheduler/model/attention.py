@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from zerolayer.scheduler.model.gemma import soft_cap
 from zerolayer.scheduler.model.kernels import NATIVE_DTYPES, KernelLoader
 from zerolayer.scheduler.model.triton_attention import (
     TRITON_DTYPES,
@@ -105,6 +106,8 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     kernels: KernelLoader | None = None,
+    softcap: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of this step's queries over the cached context (K/V already written).
 
@@ -112,7 +115,11 @@ def paged_attention(
     CPU runs the native kernel when ``kernels`` loads it and handles ``q.dtype``; else
     :func:`paged_attention_reference` (same arguments, shapes and result up to rounding). The
     first call may build the kernel (see :meth:`KernelLoader.load`). Does not modify the caches.
+    With ``softcap`` or ``window`` (Gemma 2's attention logit soft-capping and sliding window) the
+    reference runs whatever the device and kernels: only it implements them.
     """
+    if softcap is not None or window is not None:
+        return paged_attention_reference(q, k_cache, v_cache, meta, scale, softcap, window)
     if q.is_cuda:
         if q.dtype in TRITON_DTYPES and triton_available():
             return paged_attention_triton(
@@ -140,6 +147,8 @@ def paged_attention_reference(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    softcap: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of this step's queries over the cached context (K/V already written).
 
@@ -148,6 +157,10 @@ def paged_attention_reference(
         k_cache, v_cache: [num_blocks, block_size, Hkv, D].
         meta: the step's metadata.
         scale: softmax scale, usually D ** -0.5.
+        softcap: scaled scores s become tanh(s / softcap) * softcap before the mask and softmax
+            (Gemma 2, as transformers' eager attention); None: no capping.
+        window: a query at position p sees only keys at positions > p - window (transformers'
+            sliding_window_overlay); None: all earlier keys.
 
     Returns:
         [T, Hq, D] attention output, same dtype as ``q``.
@@ -157,9 +170,13 @@ def paged_attention_reference(
         qd = q[meta.decode_rows].unsqueeze(2)  # [Bd, Hq, 1, D]
         kd = _gather(k_cache, meta.decode_block_tables)  # [Bd, Hkv, L, D]
         vd = _gather(v_cache, meta.decode_block_tables)
-        od = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
-        )
+        mask = meta.decode_mask
+        if window is not None:
+            # The decode query sits at seq_len - 1, seq_len being the mask's count of keys.
+            key_pos = torch.arange(mask.shape[-1], device=q.device)
+            seq_lens = mask.sum(-1, keepdim=True)
+            mask = mask & (key_pos > seq_lens - 1 - window)
+        od = _attention(qd, kd, vd, mask, scale, softcap)
         out[meta.decode_rows] = od.squeeze(2)
     for span in meta.prefills:
         rows = slice(span.start, span.start + span.num_tokens)
@@ -171,8 +188,32 @@ def paged_attention_reference(
         key_pos = torch.arange(span.seq_len, device=q.device)
         query_pos = torch.arange(first, span.seq_len, device=q.device).unsqueeze(1)
         mask = key_pos.unsqueeze(0) <= query_pos
-        op = F.scaled_dot_product_attention(
-            qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=True
-        )
+        if window is not None:
+            mask = mask & (key_pos.unsqueeze(0) > query_pos - window)
+        op = _attention(qp, kp, vp, mask, scale, softcap)
         out[rows] = op.squeeze(0).transpose(0, 1)
     return out
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Masked attention of q [B, Hq, n, D] over k, v [B, Hkv, L, D] (bool mask, True: attend).
+
+    Without ``softcap``: ``scaled_dot_product_attention``. With it: transformers' eager order
+    (Gemma 2): scores in q's dtype, scaled, capped, masked, softmax in float32 cast back, times v.
+    """
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = soft_cap(torch.matmul(q, k.transpose(-1, -2)) * scale, softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)

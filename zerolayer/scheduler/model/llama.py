@@ -4,7 +4,8 @@ Architecture: Touvron et al. 2023 (arXiv:2302.13971, 2307.09288): pre-norm RMSNo
 Sennrich 2019), rotary positions, grouped-query attention (Ainslie et al. 2023), SwiGLU MLP
 (Shazeer 2020). Numerics follow transformers' LlamaForCausalLM: RMSNorm in float32 then cast back.
 The Llama-like families differ only in options of the same forward: q/k/v biases (Qwen2), per-head
-q/k RMSNorm (Qwen3), fused qkv and gate_up matrices (Phi-3), tied embeddings (SmolLM2, Llama 3.2).
+q/k RMSNorm (Qwen3), fused qkv and gate_up matrices (Phi-3), tied embeddings (SmolLM2, Llama 3.2),
+Gemma's scaled embedding and (1 + w) RMSNorm, Gemma 2's extra norms and soft-caps (gemma.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.scheduler.model.attention import AttentionMetadata, paged_attention, write_kv
+from zerolayer.scheduler.model.gemma import gemma_rms_norm, scale_embeddings, soft_cap
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.rope import RotaryEmbedding, apply_rotary
 
@@ -36,7 +38,8 @@ class LayerWeights:
 
     ``qkv`` is (q_proj, k_proj, v_proj), or (qkv_proj,) for fused checkpoints (Phi-3);
     ``gate_up`` is (gate_proj, up_proj) or (gate_up_proj,). Biases and q/k norms are None when
-    the family has none.
+    the family has none, and so are the feed-forward norms outside Gemma 2 (whose
+    ``post_attention_norm`` normalizes the attention output, not the MLP input).
     """
 
     input_norm: torch.Tensor
@@ -51,6 +54,8 @@ class LayerWeights:
     gate_up_bias: tuple[torch.Tensor, ...] | None
     down_proj: torch.Tensor
     down_bias: torch.Tensor | None
+    pre_feedforward_norm: torch.Tensor | None = None
+    post_feedforward_norm: torch.Tensor | None = None
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor of the layer."""
@@ -112,7 +117,10 @@ class LlamaModel:
         self.rotary = RotaryEmbedding(
             config.rope, config.head_dim, config.max_position_embeddings, self.device
         )
-        self.scale = config.head_dim**-0.5
+        self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+        self.norm_fn = gemma_rms_norm if config.gemma_norms else rms_norm
+        if config.sandwich_norms and any(x.post_feedforward_norm is None for x in self.layers):
+            raise KeyError("pre/post_feedforward_layernorm.weight (Gemma 2's extra norms)")
         expected = (config.vocab_size, config.hidden_size)
         if tuple(self.embed_tokens.shape) != expected:
             raise ValueError(
@@ -151,6 +159,8 @@ class LlamaModel:
             gate_up_bias=_optional(weights, [f"{mlp}{n}.bias" for n in gate_up]),
             down_proj=weights[mlp + "down_proj.weight"],
             down_bias=weights.get(mlp + "down_proj.bias"),
+            pre_feedforward_norm=weights.get(p + "pre_feedforward_layernorm.weight"),
+            post_feedforward_norm=weights.get(p + "post_feedforward_layernorm.weight"),
         )
 
     @torch.inference_mode()
@@ -177,19 +187,36 @@ class LlamaModel:
         cfg = self.config
         linear = kernels.linear if kernels is not None else F.linear
         h = F.embedding(input_ids, self.embed_tokens)
+        if cfg.scale_embeddings:
+            h = scale_embeddings(h, cfg.hidden_size)
         cos, sin = self.rotary.tables(positions, self.dtype)
         num_tokens = input_ids.shape[0]
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            x = self.norm_fn(h, layer.input_norm, cfg.rms_norm_eps)
             q, k, v = self._qkv(x, layer, linear)
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-            attn = paged_attention(q, k_cache, v_cache, meta, self.scale, kernels)
-            h = h + _add_bias(linear(attn.reshape(num_tokens, -1), layer.o_proj), layer.o_bias)
-            x = rms_norm(h, layer.post_attention_norm, cfg.rms_norm_eps)
-            h = h + self._mlp(x, layer, linear)
-        return rms_norm(h, self.norm, cfg.rms_norm_eps)
+            window = cfg.sliding_window if i in cfg.window_layers else None
+            attn = paged_attention(
+                q, k_cache, v_cache, meta, self.scale, kernels, cfg.attn_logit_softcapping, window
+            )
+            out = _add_bias(linear(attn.reshape(num_tokens, -1), layer.o_proj), layer.o_bias)
+            h = self._residual_mlp(h, out, layer, linear)
+        return self.norm_fn(h, self.norm, cfg.rms_norm_eps)
+
+    def _residual_mlp(
+        self, h: torch.Tensor, attn_out: torch.Tensor, layer: LayerWeights, linear: Callable
+    ) -> torch.Tensor:
+        """The rest of a layer after attention: residual adds around the attention output and
+        the MLP, with Gemma 2's sandwich norms (post-attention, pre- and post-feed-forward)."""
+        eps, norm = self.config.rms_norm_eps, self.norm_fn
+        if layer.pre_feedforward_norm is None or layer.post_feedforward_norm is None:
+            h = h + attn_out
+            return h + self._mlp(norm(h, layer.post_attention_norm, eps), layer, linear)
+        h = h + norm(attn_out, layer.post_attention_norm, eps)
+        mlp_out = self._mlp(norm(h, layer.pre_feedforward_norm, eps), layer, linear)
+        return h + norm(mlp_out, layer.post_feedforward_norm, eps)
 
     def _qkv(
         self, x: torch.Tensor, layer: LayerWeights, linear: Callable
@@ -224,7 +251,10 @@ class LlamaModel:
     ) -> torch.Tensor:
         """[B, hidden_size] hidden states -> float32 [B, vocab_size] logits.
 
-        ``kernels``: the native GEMV for small batches (see :meth:`KernelLoader.linear`).
+        ``kernels``: the native GEMV for small batches (see :meth:`KernelLoader.linear`). Gemma 2's
+        final soft-cap applies in the model dtype, then the cast, as transformers computes it.
         """
         linear = kernels.linear if kernels is not None else F.linear
-        return linear(hidden, self.lm_head).float()
+        logits = linear(hidden, self.lm_head)
+        cap = self.config.final_logit_softcapping
+        return (logits if cap is None else soft_cap(logits, cap)).float()

@@ -86,13 +86,16 @@ class ModelRunner:
         if not b.pin_memory:
             b = StepBuffers(self.block_size, b.max_tokens, b.max_seqs, b.max_blocks, True)
             self.buffers = b
-        triton = self.model.dtype in TRITON_DTYPES and triton_available()
+        reference = self.model.config.needs_reference_attention
+        triton = self.model.dtype in TRITON_DTYPES and triton_available() and not reference
         if not triton:
             log.warning(
-                "the Triton attention kernel cannot run here (Triton does not import, or dtype "
-                "%s): attention runs the pure-torch reference and decode steps without CUDA "
-                "graphs, far slower than the Triton path",
+                "the Triton attention kernel cannot run here (Triton does not import, dtype "
+                "%s, or the model soft-caps or windows attention: %s): attention runs the "
+                "pure-torch reference and decode steps without CUDA graphs, far slower than the "
+                "Triton path",
                 self.model.dtype,
+                reference,
             )
         self.device_inputs = DeviceInputs(
             self.device, b.max_tokens, b.max_seqs, b.max_blocks, reference_attention=not triton
@@ -108,6 +111,8 @@ class ModelRunner:
         if self.device_inputs is not None:
             return "reference" if self.device_inputs.reference_attention else "triton"
         native = self.kernels is not None and self.kernels.loaded
+        # NOTE: Gemma 2's soft-capped, windowed attention runs the reference (paged_attention).
+        native = native and not self.model.config.needs_reference_attention
         return "native" if native and self.model.dtype in NATIVE_DTYPES else "reference"
 
     @property
