@@ -213,7 +213,9 @@ def test_float32_vectors_in_bfloat16_checkpoint_compute_as_transformers(
     with torch.inference_mode():
         reference_logits = hf(torch.tensor([prompts[1]])).logits[0].float()
     logits = prefill_logits(model_dir, prompts[1])
-    torch.testing.assert_close(logits, reference_logits, atol=0.1, rtol=0)
+    # NOTE: exact: biases are added inside the matmul (one rounding), as nn.Linear does; added
+    # after a rounded product they moved these logits by about 0.07.
+    torch.testing.assert_close(logits, reference_logits, atol=0, rtol=0)
     assert logits.argmax(-1).tolist() == reference_logits.argmax(-1).tolist()
     engine, _ = make_engine(model_dir, 64, 8)
     outputs = run_engine(engine, prompts)

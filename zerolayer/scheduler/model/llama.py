@@ -79,8 +79,31 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight.to(x.dtype) * x32.to(x.dtype)
 
 
-def _add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return y if bias is None else y + bias.to(y.dtype)
+def biased_linear(linear: Callable, fuse_bias: bool) -> Callable:
+    """``linear(x, weight)`` extended to ``(x, weight, bias=None)``.
+
+    Args:
+        linear: ``F.linear`` or :meth:`KernelLoader.linear` (no bias argument).
+        fuse_bias: add a bias inside the matmul (``F.linear(x, w, b)``: one rounding to the
+            model dtype, as transformers' ``nn.Linear`` does; rounding the product first and
+            adding the bias after moved bfloat16 logits by about 0.07); False adds it after
+            ``linear`` (keeps a batch-invariant ``linear`` in charge of the matmul).
+
+    Returns:
+        A callable giving [M, N] in the dtype of ``x``; a bias is cast to it first (a float32
+        bias of a bfloat16 checkpoint, as transformers casts it at load).
+    """
+
+    def call(
+        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if bias is None:
+            return linear(x, weight)
+        if fuse_bias:
+            return F.linear(x, weight, bias.to(x.dtype))
+        return linear(x, weight) + bias.to(x.dtype)
+
+    return call
 
 
 def _optional(
@@ -185,7 +208,10 @@ class LlamaModel:
             [T, hidden_size] final-norm hidden states in the model dtype.
         """
         cfg = self.config
-        linear = kernels.linear if kernels is not None else F.linear
+        linear = biased_linear(
+            kernels.linear if kernels is not None else F.linear,
+            fuse_bias=kernels is None or not kernels.batch_invariant,
+        )
         h = F.embedding(input_ids, self.embed_tokens)
         if cfg.scale_embeddings:
             h = scale_embeddings(h, cfg.hidden_size)
@@ -201,7 +227,7 @@ class LlamaModel:
             attn = paged_attention(
                 q, k_cache, v_cache, meta, self.scale, kernels, cfg.attn_logit_softcapping, window
             )
-            out = _add_bias(linear(attn.reshape(num_tokens, -1), layer.o_proj), layer.o_bias)
+            out = linear(attn.reshape(num_tokens, -1), layer.o_proj, layer.o_bias)
             h = self._residual_mlp(h, out, layer, linear)
         return self.norm_fn(h, self.norm, cfg.rms_norm_eps)
 
@@ -225,7 +251,7 @@ class LlamaModel:
         biases, and Qwen3's per-head RMSNorm of q and k (before RoPE, as transformers)."""
         cfg = self.config
         biases = layer.qkv_bias or (None,) * len(layer.qkv)
-        outs = [_add_bias(linear(x, w), b) for w, b in zip(layer.qkv, biases, strict=True)]
+        outs = [linear(x, w, b) for w, b in zip(layer.qkv, biases, strict=True)]
         if len(outs) == 1:
             q_dim = cfg.num_attention_heads * cfg.head_dim
             outs = list(outs[0].split([q_dim, cfg.kv_dim, cfg.kv_dim], dim=-1))
@@ -241,9 +267,9 @@ class LlamaModel:
     def _mlp(self, x: torch.Tensor, layer: LayerWeights, linear: Callable) -> torch.Tensor:
         """The gated MLP: down(act(gate(x)) * up(x)); Phi-3's gate_up output is [gate | up]."""
         biases = layer.gate_up_bias or (None,) * len(layer.gate_up)
-        outs = [_add_bias(linear(x, w), b) for w, b in zip(layer.gate_up, biases, strict=True)]
+        outs = [linear(x, w, b) for w, b in zip(layer.gate_up, biases, strict=True)]
         gate, up = outs if len(outs) == 2 else outs[0].chunk(2, dim=-1)
-        return _add_bias(linear(self.act(gate) * up, layer.down_proj), layer.down_bias)
+        return linear(self.act(gate) * up, layer.down_proj, layer.down_bias)
 
     @torch.inference_mode()
     def compute_logits(
