@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from safetensors.torch import save_file
 
-from zerolayer.checkpoints.byte_tokenizer import write_byte_level_tokenizer
+from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
 from zerolayer.common.errors import FailedPrecondition
 from zerolayer.loader.weight_store import WeightStore
 from zerolayer.sharing import cuda_driver
@@ -18,25 +16,21 @@ from zerolayer.sharing.manifest import HandleKind
 MMAP = HandleKind.MMAP_FILE
 IPC = HandleKind.CUDA_IPC
 VMM = HandleKind.CUDA_VMM_FD
-TINY_LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 8,
-    "intermediate_size": 16,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "vocab_size": 259,
-}
+TINY_PRESET = DummyPreset(
+    hidden_size=8,
+    intermediate_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    vocab_size=259,
+    max_position_embeddings=64,
+    dtype="float32",
+)
 
 
 def make_weight_store(tmp_path: Path) -> WeightStore:
-    import torch
-
-    model_dir = tmp_path / "tiny"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG))
-    write_byte_level_tokenizer(model_dir, 2048)
-    save_file({"w": torch.zeros(4)}, model_dir / "model.safetensors")
-    return WeightStore(model_dir)
+    """A loader's weight store over a complete tiny checkpoint (the loader checks every tensor)."""
+    return WeightStore(write_dummy_model(tmp_path / "tiny", TINY_PRESET))
 
 
 def fake_vmm_support(monkeypatch: pytest.MonkeyPatch, supported: bool) -> list[int]:
