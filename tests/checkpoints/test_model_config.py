@@ -358,3 +358,24 @@ def test_qwen3_head_dim_defaults_to_128() -> None:
         make_config(architectures=["Qwen3ForCausalLM"], num_key_value_heads=2)
     )
     assert (config.head_dim, config.qk_norm, config.qkv_bias) == (128, True, False)
+
+
+def test_a_legacy_rope_scaling_wins_over_rope_parameters() -> None:
+    """A transformers 5 save carries rope_parameters {"rope_type": "default"}; a rope_scaling
+    added beside it (legacy "type" spelling) is what transformers applies, or refuses."""
+    base = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 32,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    linear = {**base, "rope_scaling": {"type": "linear", "factor": 4.0}}
+    rope = ModelConfig.from_json(json.dumps(linear)).rope
+    assert (rope.rope_type, rope.factor) == ("linear", 4.0)
+    for kind in ("yarn", "longrope", "dynamic"):
+        config = {**base, "rope_scaling": {"type": kind, "factor": 2.0}}
+        with pytest.raises(ValueError, match=kind):
+            ModelConfig.from_json(json.dumps(config))

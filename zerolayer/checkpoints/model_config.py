@@ -343,9 +343,13 @@ def _first_id(value: object) -> int | None:
 def _parse_rope(cfg: dict) -> RopeConfig:
     params = dict(cfg.get("rope_parameters") or {})
     scaling = dict(cfg.get("rope_scaling") or {})
+    # NOTE: a legacy rope_scaling wins over rope_parameters, including its type ("type" or
+    # "rope_type"): transformers 5 reads it so (a config saved by transformers 5 carries
+    # rope_parameters {"rope_type": "default"} beside an edited rope_scaling).
+    scaling_type = scaling.get("rope_type", scaling.get("type"))
     params.update(scaling)
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    rope_type = scaling_type or params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ("default", "linear", "llama3"):
         raise ValueError(f"config.json: rope scaling type {rope_type!r} is not supported")
     partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))

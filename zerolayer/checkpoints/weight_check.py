@@ -80,7 +80,9 @@ def compute_dtype(manifest: WeightManifest, config: ModelConfig) -> str:
 def check_weights(manifest: WeightManifest, config: ModelConfig) -> None:
     """Refuses a checkpoint whose tensors the forward cannot use as they are stored.
 
-    Tensors the forward does not read are ignored (transformers ignores unexpected keys too).
+    Tensors the forward does not read are ignored (transformers ignores unexpected keys too). An
+    ``lm_head.weight`` is read even with ``tie_word_embeddings`` (see ``LlamaModel``), so it is
+    checked then too.
     Matrices must be stored in the compute dtype (they are used in place, never converted);
     vectors (norms, biases) may be stored in another float dtype and are cast per use, which
     equals transformers casting them once at load.
@@ -97,6 +99,10 @@ def check_weights(manifest: WeightManifest, config: ModelConfig) -> None:
         if tensor is None:
             raise CheckpointError(f"checkpoint: missing tensor {name!r}{_tie_hint(name)}")
         _check_tensor(tensor, shape, dtype)
+    head = by_name.get("lm_head.weight")
+    if config.tie_word_embeddings and head is not None:
+        # NOTE: read in place of the embedding (see LlamaModel), as transformers does.
+        _check_tensor(head, (config.vocab_size, config.hidden_size), dtype)
 
 
 def _check_tensor(tensor: TensorSpec, shape: tuple[int, ...], dtype: str) -> None:

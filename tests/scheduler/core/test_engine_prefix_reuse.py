@@ -8,8 +8,10 @@ are prefilled in chunks.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 
 from zerolayer.bench.inprocess import LocalModel, build_local_engine
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
+from zerolayer.common.config import WARM_UP_PROMPT_TOKENS
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
 from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
@@ -383,3 +386,16 @@ def test_call_in_fresh_thread_returns_and_raises_on_the_caller() -> None:
 
     with pytest.raises(ValueError, match="nope"):
         call_in_fresh_thread(fail)
+
+
+def test_the_warm_up_fits_a_context_shorter_than_its_prompt(tmp_path: Path) -> None:
+    """A model whose context (or sliding-window cap) is shorter than the 32-token warm-up prompt
+    warms up on a shorter one instead of failing start-up (transformers serves such models)."""
+    short = dataclasses.replace(PRESET, max_position_embeddings=16)
+    model = LocalModel.load(write_dummy_model(tmp_path / "short", short, seed=5))
+    engine, allocator = make_engine(model, 4, 16, 64, enable_prefix_caching=True)
+    try:
+        assert engine.start(warm_up_tokens=WARM_UP_PROMPT_TOKENS) > 0
+    finally:
+        engine.stop()
+    assert_all_free(engine, allocator)

@@ -226,3 +226,27 @@ def test_float32_vectors_in_bfloat16_checkpoint_compute_as_transformers(
 def test_activations_are_transformers_activations(name: str) -> None:
     x = torch.linspace(-6.0, 6.0, 1001)
     assert torch.equal(ACTIVATIONS[name](x), ACT2FN[name](x))
+
+
+def test_a_tied_model_with_its_own_lm_head_uses_it_as_transformers_does(
+    tmp_path: Path, family_models: dict, prompts: list[list[int]]
+) -> None:
+    """tie_word_embeddings with an lm_head.weight of other values in the checkpoint: transformers
+    5 "will NOT tie them" and computes the logits with lm_head.weight; so does zerolayer."""
+    source, _ = family_models["llama-tied"]
+    model_dir = tmp_path / "tied-own-head"
+    model_dir.mkdir()
+    for path in source.iterdir():
+        (model_dir / path.name).write_bytes(path.read_bytes())
+    tensors = load_file(model_dir / "model.safetensors")
+    generator = torch.Generator().manual_seed(5)
+    embed = tensors["model.embed_tokens.weight"]
+    tensors["lm_head.weight"] = torch.randn(embed.shape, generator=generator) * 0.3
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    assert not torch.equal(hf.lm_head.weight, hf.model.embed_tokens.weight)
+    with torch.inference_mode():
+        reference_logits = hf(torch.tensor([prompts[1]])).logits[0]
+    logits = prefill_logits(model_dir, prompts[1])
+    torch.testing.assert_close(logits, reference_logits, atol=LOGIT_ATOL, rtol=0)

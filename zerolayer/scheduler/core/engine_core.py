@@ -141,7 +141,11 @@ class EngineCore:
             Seconds taken.
         """
         started = time.perf_counter()
-        prompt = tuple(3 + i % 200 for i in range(num_prompt_tokens))
+        # NOTE: a model with a context (or sliding-window cap) shorter than the warm-up prompt
+        # warms up on a shorter one, and ids stay inside a small vocabulary.
+        num_prompt_tokens = max(1, min(num_prompt_tokens, self.scheduler.policy.max_model_len - 1))
+        vocab_size = self.runner.model.config.vocab_size
+        prompt = tuple(min(3 + i % 200, vocab_size - 1) for i in range(num_prompt_tokens))
         self.scheduler.add_request(
             EngineRequest(
                 "zerolayer-warm-up",

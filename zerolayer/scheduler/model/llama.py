@@ -132,8 +132,13 @@ class LlamaModel:
         self.dtype = self.embed_tokens.dtype
         self.device = self.embed_tokens.device
         self.norm = weights["model.norm.weight"]
+        # NOTE: with tie_word_embeddings, an lm_head.weight the checkpoint holds anyway is used
+        # as transformers 5 uses it: equal to the embedding it changes nothing; different, it
+        # "will NOT tie them" and computes the logits with lm_head.weight.
         self.lm_head = (
-            self.embed_tokens if config.tie_word_embeddings else weights["lm_head.weight"]
+            weights.get("lm_head.weight", self.embed_tokens)
+            if config.tie_word_embeddings
+            else weights["lm_head.weight"]
         )
         self.act = ACTIVATIONS[config.hidden_act]
         self.layers = [self._layer(weights, i) for i in range(config.num_hidden_layers)]
