@@ -346,8 +346,8 @@ SHARD_2 = "model-00002-of-00002.safetensors"
     ("change", "message"),
     [
         ({"lm_head.weight": "missing.safetensors"}, "shard 'missing.safetensors' does not exist"),
-        ({"lm_head.weight": "../x.safetensors"}, "'../x.safetensors', outside the model directory"),
-        ({"lm_head.weight": "/tmp/x.safetensors"}, "'/tmp/x.safetensors', outside the model dir"),
+        ({"lm_head.weight": "../x.safetensors"}, "'../x.safetensors', not a file name relative"),
+        ({"lm_head.weight": "/tmp/x.safetensors"}, "'/tmp/x.safetensors', not a file name"),
         ({"lm_head.weight": SHARD_1}, f"{SHARD_2} holds tensor 'lm_head.weight', which the index"),
         ({"model.extra": SHARD_1}, f"tensor 'model.extra' is not in {SHARD_1}"),
         ({"lm_head.weight": None}, f"{SHARD_2} holds tensor 'lm_head.weight', not indexed"),

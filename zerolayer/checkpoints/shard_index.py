@@ -41,7 +41,8 @@ def read_weight_map(model_dir: Path) -> dict[str, str] | None:
         parts = PurePosixPath(file_name).parts
         if PurePosixPath(file_name).is_absolute() or ".." in parts or "\\" in file_name:
             raise CheckpointError(
-                f"{index}: tensor {name!r} maps to {file_name!r}, outside the model directory"
+                f"{index}: tensor {name!r} maps to {file_name!r}, not a file name relative to "
+                "the model directory (no absolute path, no '..')"
             )
     for file_name in sorted(set(weight_map.values())):
         if not (model_dir / file_name).is_file():
