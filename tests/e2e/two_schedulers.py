@@ -13,6 +13,7 @@ from e2e.stack import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerolayer.common.server import LAUNCHER_PID_ENV
+from zerolayer.kv.arena_file import sidecar_path
 from zerolayer.stack.launcher import Stack, StackConfig
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -153,7 +154,8 @@ class TwoSchedulers:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-        Path(self.stack.shm_path).unlink(missing_ok=True)
+        for path in (self.stack.shm_path, sidecar_path(self.stack.shm_path)):
+            Path(path).unlink(missing_ok=True)  # the arena and its sidecar, as Stack.stop does
 
 
 def start_two_schedulers(model_dir: Path, run_dir: Path, routing: str = "") -> TwoSchedulers:
