@@ -66,8 +66,12 @@ def read_safetensors_header(path: Path) -> tuple[dict, int]:
     return header, data_start
 
 
-def weight_files(model_dir: Path) -> list[Path]:
+def weight_files(model_dir: Path, weight_map: dict[str, str] | None) -> list[Path]:
     """The safetensors files of a model directory, from its index when there is one.
+
+    Args:
+        model_dir: the model directory.
+        weight_map: its index's tensor -> file map (:func:`read_weight_map`); None: no index.
 
     Raises:
         CheckpointError: no safetensors files; an index that is malformed or names a missing file
@@ -75,7 +79,6 @@ def weight_files(model_dir: Path) -> list[Path]:
             (``*.bin``/``*.pt``), which are refused because unpickling runs arbitrary code (no
             ``torch.load`` of untrusted files).
     """
-    weight_map = read_weight_map(model_dir)
     if weight_map is not None:
         return [model_dir / name for name in sorted(set(weight_map.values()))]
     files = sorted(model_dir.glob("*.safetensors"))
@@ -143,11 +146,11 @@ def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
         if not (model_dir / required).exists():
             raise CheckpointError(f"{model_dir}: missing {required}")
     config_json = (model_dir / "config.json").read_text()
-    files = weight_files(model_dir)
+    weight_map = read_weight_map(model_dir)
+    files = weight_files(model_dir, weight_map)
     digest = xxhash.xxh3_128(config_json.encode())
     headers = [read_safetensors_header(path) for path in files]
     _check_unique_tensors(files, [header for header, _ in headers])
-    weight_map = read_weight_map(model_dir)
     if weight_map is not None:
         names_by_file = {
             _index_name(model_dir, path, weight_map): list(header)
