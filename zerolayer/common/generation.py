@@ -33,6 +33,18 @@ class SamplingParams:
     """Keep the k most likely tokens; 0: off."""
     seed: int | None = None
     """Seed of the request's own generator; None: random."""
+    repetition_penalty: float = 1.0
+    """> 0; 1: off. Logits of tokens in the prompt or output: positive ones divided by it,
+    negative ones multiplied (Keskar et al. 2019, arXiv:1909.05858)."""
+    presence_penalty: float = 0.0
+    """Subtracted once from the logit of each token already in the output; 0: off."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per occurrence in the output; 0: off."""
+    min_p: float = 0.0
+    """Drop tokens with probability below min_p times the top token's (Nguyen et al. 2024,
+    arXiv:2407.01082); 0: off."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits, ids ascending."""
 
     @property
     def is_greedy(self) -> bool:
@@ -50,6 +62,59 @@ class EngineRequest:
     sampling: SamplingParams
     ignore_eos: bool = False
     cache_salt: str = ""
+    min_new_tokens: int = 0
+    """EOS and stop_token_ids do not end generation before this many output tokens."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Further ids that end generation (FinishReason.STOP)."""
+    logprobs: int | None = None
+    """Top alternatives returned per generated token (0 to 20); None: no logprobs."""
+    prompt_logprobs: int | None = None
+    """Top alternatives returned per prompt token (0 to 20); None: none."""
+    n: int = 1
+    """Samples of the prompt; sample i is drawn with seed + i (mod 2**64)."""
+    structured_output: StructuredOutput | None = None
+    """Constraint on the output; None: free text."""
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on generated text."""
+
+    kind: str
+    """"json_schema", "json_object", "regex" or "grammar" (Lark syntax, llguidance dialect)."""
+    value: str = ""
+    """The schema (JSON text), the regex or the grammar; empty for json_object."""
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message of a chat (as OpenAI's and transformers' chat templates take it)."""
+
+    role: str
+    content: str
+    name: str = ""
+    tool_call_id: str = ""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token and its log probability (natural log, of the raw logits' softmax)."""
+
+    token_id: int
+    logprob: float
+    token: str = ""
+    """Its text piece (set by the frontend)."""
+
+
+@dataclass(frozen=True)
+class PositionLogprobs:
+    """Log probabilities at one position: the token there, its rank, the top alternatives."""
+
+    chosen: TokenLogprob
+    rank: int
+    """1-based rank of the chosen token by probability."""
+    top: tuple[TokenLogprob, ...] = ()
+    """Most likely first."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +126,12 @@ class RequestOutput:
     finish_reason: FinishReason
     num_prompt_tokens: int
     num_cached_tokens: int
+    index: int = 0
+    """Which sample (0 to n - 1) the tokens belong to."""
+    logprobs: tuple[PositionLogprobs, ...] = ()
+    """One per new token, when asked."""
+    prompt_logprobs: tuple[PositionLogprobs, ...] = ()
+    """Prompt positions 1.. in order, possibly spread over several outputs, when asked."""
 
     @property
     def finished(self) -> bool:
@@ -84,6 +155,22 @@ class GenerateParams:
     cache_salt: str = ""
     request_id: str = ""
     model: str = ""
+    messages: tuple[ChatMessage, ...] | None = None
+    """Chat input (the third input, besides prompt and prompt_token_ids)."""
+    add_generation_prompt: bool | None = None
+    """Chat only; None: True."""
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_p: float | None = None
+    min_new_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    n: int = 0
+    """0: 1."""
+    structured_output: StructuredOutput | None = None
 
 
 @dataclass(frozen=True)
@@ -104,12 +191,16 @@ class GenerationChunk:
     token_ids: tuple[int, ...]
     finish_reason: FinishReason = FinishReason.UNSPECIFIED
     usage: Usage | None = None
+    index: int = 0
+    """Which sample (0 to n - 1)."""
+    logprobs: tuple[PositionLogprobs, ...] = ()
+    prompt_logprobs: tuple[PositionLogprobs, ...] = ()
 
 
 def join_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
-    """A whole generation from its chunks, in order: the text and token ids concatenated, the
-    request id and finish reason of the last chunk, the last usage given (an empty chunk for no
-    chunks)."""
+    """A whole generation of one sample from its chunks, in order: the text, token ids and
+    logprobs concatenated, the request id, index and finish reason of the last chunk, the last
+    usage given (an empty chunk for no chunks)."""
     usages = [c.usage for c in chunks if c.usage is not None]
     return GenerationChunk(
         request_id=chunks[-1].request_id if chunks else "",
@@ -117,6 +208,9 @@ def join_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
         token_ids=tuple(t for c in chunks for t in c.token_ids),
         finish_reason=chunks[-1].finish_reason if chunks else FinishReason.UNSPECIFIED,
         usage=usages[-1] if usages else None,
+        index=chunks[-1].index if chunks else 0,
+        logprobs=tuple(p for c in chunks for p in c.logprobs),
+        prompt_logprobs=tuple(p for c in chunks for p in c.prompt_logprobs),
     )
 
 

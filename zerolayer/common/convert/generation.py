@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from zerolayer.common.generation import (
+    ChatMessage,
     GenerateParams,
     GenerationChunk,
     ModelInfo,
+    PositionLogprobs,
+    StructuredOutput,
     TokenizeParams,
     TokenizeResult,
+    TokenLogprob,
 )
 from zerolayer.v1 import generation_pb2
 
@@ -28,6 +32,64 @@ def generate_params_from_pb(pb: generation_pb2.GenerateRequest) -> GenerateParam
         cache_salt=pb.cache_salt,
         request_id=pb.request_id,
         model=pb.model,
+        messages=_messages_from_pb(pb.messages) if which == "messages" else None,
+        add_generation_prompt=(
+            pb.messages.add_generation_prompt
+            if which == "messages" and pb.messages.HasField("add_generation_prompt")
+            else None
+        ),
+        repetition_penalty=_optional(pb, "repetition_penalty"),
+        presence_penalty=_optional(pb, "presence_penalty"),
+        frequency_penalty=_optional(pb, "frequency_penalty"),
+        min_p=_optional(pb, "min_p"),
+        min_new_tokens=pb.min_new_tokens,
+        stop_token_ids=tuple(pb.stop_token_ids),
+        logit_bias=tuple(sorted(pb.logit_bias.items())),
+        logprobs=_optional(pb, "logprobs"),
+        prompt_logprobs=_optional(pb, "prompt_logprobs"),
+        n=pb.n,
+        structured_output=structured_output_from_pb(pb.structured_output),
+    )
+
+
+def _optional(pb: generation_pb2.GenerateRequest, name: str) -> float | int | None:
+    return getattr(pb, name) if pb.HasField(name) else None
+
+
+def _messages_from_pb(pb: generation_pb2.ChatMessages) -> tuple[ChatMessage, ...]:
+    return tuple(ChatMessage(m.role, m.content, m.name, m.tool_call_id) for m in pb.messages)
+
+
+def structured_output_from_pb(pb: generation_pb2.StructuredOutput) -> StructuredOutput | None:
+    """The constraint of a request; None when none is set."""
+    which = pb.WhichOneof("constraint")
+    if which is None:
+        return None
+    if which == "json_object":
+        # NOTE: json_object false is treated as set: the client chose that member of the oneof.
+        return StructuredOutput("json_object")
+    return StructuredOutput(which, getattr(pb, which))
+
+
+def structured_output_to_pb(s: StructuredOutput | None) -> generation_pb2.StructuredOutput | None:
+    """The wire form of a constraint (None for none)."""
+    if s is None:
+        return None
+    if s.kind == "json_object":
+        return generation_pb2.StructuredOutput(json_object=True)
+    return generation_pb2.StructuredOutput(**{s.kind: s.value})
+
+
+def _token_logprob_to_pb(t: TokenLogprob) -> generation_pb2.TopLogprob:
+    return generation_pb2.TopLogprob(token_id=t.token_id, logprob=t.logprob, token=t.token)
+
+
+def position_logprobs_to_pb(p: PositionLogprobs) -> generation_pb2.TokenLogprobs:
+    """Logprobs of one position to the public form."""
+    return generation_pb2.TokenLogprobs(
+        chosen=_token_logprob_to_pb(p.chosen),
+        rank=p.rank,
+        top=[_token_logprob_to_pb(t) for t in p.top],
     )
 
 
@@ -38,6 +100,9 @@ def chunk_to_pb(c: GenerationChunk) -> generation_pb2.GenerateResponse:
         token_ids=c.token_ids,
         finish_reason=int(c.finish_reason),
         request_id=c.request_id,
+        index=c.index,
+        logprobs=[position_logprobs_to_pb(p) for p in c.logprobs],
+        prompt_logprobs=[position_logprobs_to_pb(p) for p in c.prompt_logprobs],
     )
     if c.usage is not None:
         pb.usage.CopyFrom(

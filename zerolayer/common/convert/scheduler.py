@@ -5,7 +5,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.common.convert.generation import (
+    structured_output_from_pb,
+    structured_output_to_pb,
+)
+from zerolayer.common.generation import (
+    EngineRequest,
+    FinishReason,
+    PositionLogprobs,
+    RequestOutput,
+    SamplingParams,
+    TokenLogprob,
+)
 from zerolayer.common.scheduler_role import SchedulerRole
 from zerolayer.v1 import scheduler_pb2
 
@@ -20,8 +31,22 @@ def engine_request_to_pb(r: EngineRequest) -> scheduler_pb2.EngineRequest:
         ignore_eos=r.ignore_eos,
         cache_salt=r.cache_salt,
         sampling=scheduler_pb2.SamplingParams(
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            seed=s.seed,
+            repetition_penalty=s.repetition_penalty,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            min_p=s.min_p,
+            logit_bias=dict(s.logit_bias),
         ),
+        min_new_tokens=r.min_new_tokens,
+        stop_token_ids=r.stop_token_ids,
+        logprobs=r.logprobs,
+        prompt_logprobs=r.prompt_logprobs,
+        n=r.n,
+        structured_output=structured_output_to_pb(r.structured_output),
     )
 
 
@@ -39,7 +64,41 @@ def engine_request_from_pb(pb: scheduler_pb2.EngineRequest) -> EngineRequest:
             top_p=s.top_p,
             top_k=s.top_k,
             seed=s.seed if s.HasField("seed") else None,
+            # NOTE: 0 on the wire is an old client's unset field: off.
+            repetition_penalty=s.repetition_penalty or 1.0,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            min_p=s.min_p,
+            logit_bias=tuple(sorted(s.logit_bias.items())),
         ),
+        min_new_tokens=pb.min_new_tokens,
+        stop_token_ids=tuple(pb.stop_token_ids),
+        logprobs=pb.logprobs if pb.HasField("logprobs") else None,
+        prompt_logprobs=pb.prompt_logprobs if pb.HasField("prompt_logprobs") else None,
+        n=pb.n or 1,
+        structured_output=(
+            structured_output_from_pb(pb.structured_output)
+            if pb.HasField("structured_output")
+            else None
+        ),
+    )
+
+
+def _logprobs_to_pb(p: PositionLogprobs) -> scheduler_pb2.EngineLogprobs:
+    return scheduler_pb2.EngineLogprobs(
+        token_id=p.chosen.token_id,
+        logprob=p.chosen.logprob,
+        rank=p.rank,
+        top_token_ids=[t.token_id for t in p.top],
+        top_logprobs=[t.logprob for t in p.top],
+    )
+
+
+def _logprobs_from_pb(pb: scheduler_pb2.EngineLogprobs) -> PositionLogprobs:
+    return PositionLogprobs(
+        TokenLogprob(pb.token_id, pb.logprob),
+        pb.rank,
+        tuple(TokenLogprob(i, lp) for i, lp in zip(pb.top_token_ids, pb.top_logprobs, strict=True)),
     )
 
 
@@ -50,6 +109,9 @@ def request_output_to_pb(o: RequestOutput) -> scheduler_pb2.EngineOutput:
         finish_reason=int(o.finish_reason),
         num_prompt_tokens=o.num_prompt_tokens,
         num_cached_tokens=o.num_cached_tokens,
+        index=o.index,
+        logprobs=[_logprobs_to_pb(p) for p in o.logprobs],
+        prompt_logprobs=[_logprobs_to_pb(p) for p in o.prompt_logprobs],
     )
 
 
@@ -61,6 +123,9 @@ def request_output_from_pb(request_id: str, pb: scheduler_pb2.EngineOutput) -> R
         FinishReason(pb.finish_reason),
         pb.num_prompt_tokens,
         pb.num_cached_tokens,
+        pb.index,
+        tuple(_logprobs_from_pb(p) for p in pb.logprobs),
+        tuple(_logprobs_from_pb(p) for p in pb.prompt_logprobs),
     )
 
 
