@@ -174,6 +174,20 @@ def check_top_p(field: str, value: float) -> None:
         raise InvalidArgument(field, f"must be in (0, 1], got {value}")
 
 
+def check_float_range(
+    field: str, value: float, low: float, high: float, *, low_open: bool = False
+) -> None:
+    """Refuses a number outside [low, high] ((low, high] when ``low_open``), NaN included.
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    above = value > low if low_open else value >= low
+    if not (math.isfinite(value) and above and value <= high):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise InvalidArgument(field, f"must be in {interval}, got {value}")
+
+
 def _sampling(params: GenerateParams) -> SamplingParams:
     temperature = 0.0 if params.temperature is None else params.temperature
     check_temperature("temperature", temperature)
