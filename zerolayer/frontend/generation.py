@@ -24,6 +24,7 @@ from zerolayer.common.generation import (
     TokenizeResult,
     Usage,
 )
+from zerolayer.frontend.chat_template import ChatTemplate
 from zerolayer.frontend.detokenizer import IncrementalDetokenizer
 from zerolayer.frontend.metrics import FrontendMetrics
 from zerolayer.frontend.scheduler_pool import SchedulerPool
@@ -55,6 +56,9 @@ class TextGenerator:
         )
         self.tokenizer = TextTokenizer.from_json(
             manifest.tokenizer_json, manifest.tokenizer_config_json
+        )
+        self.chat_template = ChatTemplate.from_model_files(
+            manifest.tokenizer_config_json, manifest.chat_template_jinja
         )
         self.served = ServedModel(
             manifest.model, self.model_config.vocab_size, self.model_config.max_model_len
@@ -97,6 +101,7 @@ class TextGenerator:
             num_parameters=self.manifest.num_parameters,
             block_size=await self.scheduler.block_size(),
             fingerprint=self.manifest.fingerprint,
+            has_chat_template=self.chat_template is not None,
         )
 
     async def generate(
@@ -128,7 +133,7 @@ class TextGenerator:
         with telemetry.tokenize_span():
             # Tokenizing a long prompt takes a while: keep the event loop free for other calls.
             request = await asyncio.to_thread(
-                validate, params, self.served, self.tokenizer, self.config
+                validate, params, self.served, self.tokenizer, self.config, self.chat_template
             )
         request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))
         telemetry.validated(request)

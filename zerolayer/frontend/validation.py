@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
+from zerolayer.frontend.chat_template import ChatTemplate, check_messages
 from zerolayer.frontend.tokenizer import TextTokenizer
 
 MAX_REQUEST_ID_CHARS = 256
@@ -38,13 +39,21 @@ class ServedModel:
 
 
 def validate(
-    params: GenerateParams, model: ServedModel, tokenizer: TextTokenizer, config: FrontendConfig
+    params: GenerateParams,
+    model: ServedModel,
+    tokenizer: TextTokenizer,
+    config: FrontendConfig,
+    chat_template: ChatTemplate | None = None,
 ) -> EngineRequest:
     """Checks every field and tokenizes the prompt.
 
+    Args:
+        chat_template: the model's, for ``messages``; None: it has none.
+
     Returns:
         The engine request: prompt token ids (text prompts tokenized with BOS per the model's
-        tokenizer config; token-id prompts exactly as given), sampling parameters with defaults
+        tokenizer config; token-id prompts exactly as given; messages rendered with the chat
+        template, then tokenized without adding BOS), sampling parameters with defaults
         (temperature 0 = greedy, top_p 1, top_k off), max_new_tokens (0 -> the default).
 
     Raises:
@@ -53,10 +62,10 @@ def validate(
     """
     if params.model and params.model != model.name:
         raise NotFound(f"model: {params.model!r} is not served (serving {model.name!r})")
-    prompt_token_ids = _prompt_token_ids(params, model, tokenizer)
+    prompt_token_ids = _prompt_token_ids(params, model, tokenizer, chat_template)
     if len(prompt_token_ids) >= model.max_model_len:
         raise InvalidArgument(
-            "prompt",
+            "messages" if params.messages is not None else "prompt",
             f"{len(prompt_token_ids)} tokens; the model's context "
             f"length is {model.max_model_len} (prompt must be shorter)",
         )
@@ -74,8 +83,13 @@ def validate(
 
 
 def _prompt_token_ids(
-    params: GenerateParams, model: ServedModel, tokenizer: TextTokenizer
+    params: GenerateParams,
+    model: ServedModel,
+    tokenizer: TextTokenizer,
+    chat_template: ChatTemplate | None,
 ) -> list[int]:
+    if params.messages is not None:
+        return _chat_token_ids(params, model, tokenizer, chat_template)
     if params.prompt_token_ids is not None:
         if not params.prompt_token_ids:
             raise InvalidArgument("prompt_token_ids", "empty")
@@ -92,6 +106,26 @@ def _prompt_token_ids(
     token_ids = tokenizer.encode(params.prompt, add_special_tokens=True)
     if not token_ids:
         raise InvalidArgument("prompt", "tokenizes to no tokens")
+    return token_ids
+
+
+def _chat_token_ids(
+    params: GenerateParams,
+    model: ServedModel,
+    tokenizer: TextTokenizer,
+    chat_template: ChatTemplate | None,
+) -> list[int]:
+    check_messages(params.messages or ())
+    if chat_template is None:
+        raise InvalidArgument(
+            "messages", "the model has no chat template (send prompt or prompt_token_ids)"
+        )
+    text = chat_template.render(params.messages or (), params.add_generation_prompt is not False)
+    check_text_length("messages", text, model)
+    # NOTE: the template writes BOS itself (transformers' apply_chat_template does the same)
+    token_ids = tokenizer.encode(text, add_special_tokens=False)
+    if not token_ids:
+        raise InvalidArgument("messages", "the chat template renders no tokens")
     return token_ids
 
 
