@@ -164,7 +164,10 @@ class TextGenerator:
         detokenizer: IncrementalDetokenizer,
         stops: StopStringMatcher,
     ) -> GenerationChunk:
-        text, matched = stops.feed(detokenizer.step(output.new_token_ids))
+        # NOTE: a stop token id's text is not output (as EOS's, a special token, is not).
+        stopped = output.finish_reason == FinishReason.STOP
+        text_ids = output.new_token_ids[:-1] if stopped else output.new_token_ids
+        text, matched = stops.feed(detokenizer.step(text_ids))
         reason = FinishReason.STOP if matched else output.finish_reason
         if reason == FinishReason.UNSPECIFIED:
             return GenerationChunk(request_id, text, output.new_token_ids)

@@ -25,6 +25,7 @@ from zerolayer.scheduler.core.engine_commands import (
 )
 from zerolayer.scheduler.core.scheduler import Scheduler
 from zerolayer.scheduler.metrics import SchedulerMetrics
+from zerolayer.scheduler.model.logits_processors import apply_logits_processors
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
 
@@ -195,8 +196,9 @@ class EngineCore:
             return
         logits = self.runner.execute(output)
         sampling = [s.request for s in output.scheduled if s.samples]
+        processed = apply_logits_processors(logits, sampling, self.scheduler.eos_token_ids)
         token_ids = self.sampler(
-            logits,
+            processed,
             [r.sampling for r in sampling],
             [r.seed for r in sampling],
             [r.num_tokens for r in sampling],
