@@ -25,6 +25,7 @@ from zerolayer.common.generation import (
     Usage,
 )
 from zerolayer.frontend.detokenizer import IncrementalDetokenizer
+from zerolayer.frontend.logprob_tokens import with_token_texts
 from zerolayer.frontend.metrics import FrontendMetrics
 from zerolayer.frontend.scheduler_pool import SchedulerPool
 from zerolayer.frontend.stop_strings import StopStringMatcher
@@ -148,6 +149,12 @@ class TextGenerator:
                 )
                 started = time.perf_counter()
                 chunk = self._chunk(request.request_id, output, usage, detokenizer, stops)
+                if output.logprobs or output.prompt_logprobs:
+                    chunk = replace(
+                        chunk,
+                        logprobs=with_token_texts(output.logprobs, self.tokenizer),
+                        prompt_logprobs=with_token_texts(output.prompt_logprobs, self.tokenizer),
+                    )
                 telemetry.detokenized(time.perf_counter() - started)
                 telemetry.sent(chunk)
                 yield chunk
