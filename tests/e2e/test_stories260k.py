@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import grpc
 import pytest
 from e2e.stack import running_stack, text_stub
 
@@ -173,3 +174,29 @@ def test_stop_token_id_ends_with_stop_and_its_text_is_left_out(stub, stories_dir
     )
     assert list(held.token_ids[:5]) == expected_ids[:5]
     assert held.token_ids[5] != stop_id
+
+
+def test_logit_bias_and_penalties_steer_greedy_tokens_and_bad_values_are_named(
+    stub, stories_dir: Path, hf_log_softmax
+) -> None:
+    expected_ids = json.loads((stories_dir / "expected_greedy_200_ids.json").read_text())
+    banned = expected_ids[0]
+    response = stub.Generate(
+        pb.GenerateRequest(
+            prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=1, logit_bias={banned: -100.0}
+        )
+    )
+    row = hf_log_softmax([1])[0]
+    row[banned] = float("-inf")
+    assert list(response.token_ids) == [int(row.argmax())]
+    # A strong frequency penalty changes the greedy story (it repeats tokens otherwise).
+    penalized = stub.Generate(
+        pb.GenerateRequest(
+            prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=40, frequency_penalty=2.0
+        )
+    )
+    assert list(penalized.token_ids) != expected_ids[:40]
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Generate(pb.GenerateRequest(prompt="a", min_p=1.5))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("min_p: ")

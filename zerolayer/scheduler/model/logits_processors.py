@@ -69,13 +69,15 @@ def apply_logits_processors(
     vocab = logits.shape[-1]
     apply_logit_bias(selected, *_bias_entries(chosen, device))
     apply_min_new_tokens(selected, *_blocked_entries(chosen, eos_token_ids, device))
-    repetition = torch.tensor([r.sampling.repetition_penalty for r in chosen], device=device)
-    if bool((repetition != 1.0).any()):
+    # NOTE: the checks read the parameters on the host (no device sync).
+    sampling = [r.sampling for r in chosen]
+    if any(s.repetition_penalty != 1.0 for s in sampling):
+        repetition = torch.tensor([s.repetition_penalty for s in sampling], device=device)
         seen = token_counts([r.all_token_ids for r in chosen], vocab, device) > 0
         selected = apply_repetition_penalty(selected, seen, repetition)
-    presence = torch.tensor([r.sampling.presence_penalty for r in chosen], device=device)
-    frequency = torch.tensor([r.sampling.frequency_penalty for r in chosen], device=device)
-    if bool((presence != 0).any() or (frequency != 0).any()):
+    if any(s.presence_penalty or s.frequency_penalty for s in sampling):
+        presence = torch.tensor([s.presence_penalty for s in sampling], device=device)
+        frequency = torch.tensor([s.frequency_penalty for s in sampling], device=device)
         counts = token_counts([r.output_token_ids for r in chosen], vocab, device)
         selected = apply_presence_frequency(selected, counts, presence, frequency)
     return logits.index_put((index,), selected)
