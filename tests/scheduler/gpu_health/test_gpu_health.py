@@ -50,7 +50,7 @@ class StubRunner:
     attention_backend = "reference"
     num_cuda_graphs = 0
 
-    def execute(self, output: SchedulerOutput, prompt_logprobs: object = None) -> torch.Tensor:
+    def execute(self, output: SchedulerOutput) -> torch.Tensor:
         time.sleep(STEP_S)
         rows = [s.request for s in output.scheduled if s.samples]
         logits = torch.zeros(len(rows), VOCAB)

@@ -199,9 +199,12 @@ class EngineCore:
             self._last_step_end = None
             time.sleep(0.001)
             return
-        prompt_logprobs: dict[str, list[PositionLogprobs]] = {}
-        logits = self.runner.execute(output, prompt_logprobs)
-        record_prompt_logprobs(output, prompt_logprobs)
+        if any(s.request.needs_prompt_logprobs for s in output.scheduled):
+            prompt_logprobs: dict[str, list[PositionLogprobs]] = {}
+            logits = self.runner.execute(output, prompt_logprobs)
+            record_prompt_logprobs(output, prompt_logprobs)
+        else:
+            logits = self.runner.execute(output)
         sampling = [s.request for s in output.scheduled if s.samples]
         processed = apply_logits_processors(logits, sampling, self.scheduler.eos_token_ids)
         token_ids = self.sampler(
