@@ -128,6 +128,9 @@ class InFlight:
             request_id=request.request_id if keep_id else resubmission_id(request.request_id),
             prompt_token_ids=(*request.prompt_token_ids, *self.generated_token_ids),
             max_new_tokens=self.num_remaining_tokens,
+            min_new_tokens=max(0, request.min_new_tokens - len(self.generated_token_ids)),
+            # NOTE: prompt logprobs came with the first output; a continuation sends none again.
+            prompt_logprobs=None if self.generated_token_ids else request.prompt_logprobs,
         )
 
     def received(self, output: RequestOutput) -> RequestOutput:

@@ -26,6 +26,7 @@ from zerolayer.common.generation import (
 )
 from zerolayer.frontend.chat_template import ChatTemplate
 from zerolayer.frontend.detokenizer import IncrementalDetokenizer
+from zerolayer.frontend.logprob_tokens import with_token_texts
 from zerolayer.frontend.metrics import FrontendMetrics
 from zerolayer.frontend.scheduler_pool import SchedulerPool
 from zerolayer.frontend.stop_strings import StopStringMatcher
@@ -153,6 +154,12 @@ class TextGenerator:
                 )
                 started = time.perf_counter()
                 chunk = self._chunk(request.request_id, output, usage, detokenizer, stops)
+                if output.logprobs or output.prompt_logprobs:
+                    chunk = replace(
+                        chunk,
+                        logprobs=with_token_texts(output.logprobs, self.tokenizer),
+                        prompt_logprobs=with_token_texts(output.prompt_logprobs, self.tokenizer),
+                    )
                 telemetry.detokenized(time.perf_counter() - started)
                 telemetry.sent(chunk)
                 yield chunk
@@ -169,7 +176,10 @@ class TextGenerator:
         detokenizer: IncrementalDetokenizer,
         stops: StopStringMatcher,
     ) -> GenerationChunk:
-        text, matched = stops.feed(detokenizer.step(output.new_token_ids))
+        # NOTE: a stop token id's text is not output (as EOS's, a special token, is not).
+        stopped = output.finish_reason == FinishReason.STOP
+        text_ids = output.new_token_ids[:-1] if stopped else output.new_token_ids
+        text, matched = stops.feed(detokenizer.step(text_ids))
         reason = FinishReason.STOP if matched else output.finish_reason
         if reason == FinishReason.UNSPECIFIED:
             return GenerationChunk(request_id, text, output.new_token_ids)

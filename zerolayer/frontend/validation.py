@@ -16,6 +16,7 @@ from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
 from zerolayer.frontend.chat_template import ChatTemplate, check_messages
+from zerolayer.frontend.sampling_controls import with_request_controls, with_sampling_controls
 from zerolayer.frontend.tokenizer import TextTokenizer
 
 MAX_REQUEST_ID_CHARS = 256
@@ -70,9 +71,9 @@ def validate(
             f"length is {model.max_model_len} (prompt must be shorter)",
         )
     check_uint("max_new_tokens", params.max_new_tokens, MAX_UINT32)
-    sampling = _sampling(params)
+    sampling = with_sampling_controls(_sampling(params), params, model.vocab_size)
     _check_strings(params, config)
-    return EngineRequest(
+    request = EngineRequest(
         request_id=params.request_id or uuid.uuid4().hex,
         prompt_token_ids=tuple(prompt_token_ids),
         max_new_tokens=params.max_new_tokens or config.default_max_new_tokens,
@@ -80,6 +81,7 @@ def validate(
         ignore_eos=params.ignore_eos,
         cache_salt=params.cache_salt,
     )
+    return with_request_controls(request, params, model.vocab_size)
 
 
 def _prompt_token_ids(
