@@ -45,6 +45,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "batch_invariant": (None, True),
     "nvml_script": ("/tmp/nvml.jsonl", "/tmp/nvml.jsonl"),
     "listen": ("127.0.0.1:50999", "127.0.0.1:50999"),
+    "http_listen": ("127.0.0.1:8000", "127.0.0.1:8000"),
     "default_max_new_tokens": ("17", 17),
     "scheduler_wait_s": ("0.5", 0.5),
     "failover_wait_s": ("5", 5.0),

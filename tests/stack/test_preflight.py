@@ -65,6 +65,14 @@ def test_a_taken_listen_port_is_refused(model_dir: Path, taken_port: int) -> Non
         assert refusal(config) == f"--listen: {host}:{taken_port}: the port is already in use"
 
 
+def test_a_taken_or_clashing_http_listen_port_is_refused(model_dir: Path, taken_port: int) -> None:
+    config = make_config(model_dir, http_listen=f"127.0.0.1:{taken_port}")
+    assert refusal(config) == f"--http-listen: 127.0.0.1:{taken_port}: the port is already in use"
+    port = free_port()
+    config = make_config(model_dir, listen=f"127.0.0.1:{port}", http_listen=f"127.0.0.1:{port}")
+    assert refusal(config) == f"--http-listen: 127.0.0.1:{port}: the --listen port"
+
+
 def test_a_taken_metrics_port_is_refused_naming_its_layer(model_dir: Path, taken_port: int) -> None:
     config = make_config(model_dir, metrics_port_base=taken_port - 2)
     assert refusal(config) == (

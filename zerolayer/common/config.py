@@ -106,6 +106,8 @@ class ApiSettings:
 
     listen: str = settings.LISTEN.default
     """Public gRPC address, ``HOST:PORT``."""
+    http_listen: str = settings.HTTP_LISTEN.default
+    """OpenAI-compatible HTTP address, ``HOST:PORT`` (zerolayer.frontend.openai_http); "": off."""
     default_max_new_tokens: int = settings.DEFAULT_MAX_NEW_TOKENS.default
     """max_new_tokens, in tokens, when a request leaves it 0."""
 

@@ -278,6 +278,12 @@ def host_port(value: str) -> None:
             raise ValueError(f"{value!r}: an IPv4 address needs four dotted numbers") from None
 
 
+def host_port_or_empty(value: str) -> None:
+    """Check: empty (off), or :func:`host_port`."""
+    if value:
+        host_port(value)
+
+
 def add_arguments(
     parser: argparse.ArgumentParser, settings: Iterable[Setting], for_up: bool = False
 ) -> argparse.ArgumentParser:

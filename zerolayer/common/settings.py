@@ -16,6 +16,7 @@ from zerolayer.common.setting import (
     AtMost,
     Setting,
     host_port,
+    host_port_or_empty,
     non_negative,
     port_or_zero,
     positive,
@@ -290,6 +291,18 @@ LISTEN = Setting(
     default="127.0.0.1:50051",
     check=host_port,
     metavar="HOST:PORT",
+    layers=(FRONTEND,),
+    up=True,
+)
+HTTP_LISTEN = Setting(
+    "http_listen",
+    "--http-listen",
+    "also serve an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+    "/v1/models, /health, /ready) on this address, with the TLS and tenants of --listen",
+    default="",
+    check=host_port_or_empty,
+    metavar="HOST:PORT",
+    default_note="off",
     layers=(FRONTEND,),
     up=True,
 )

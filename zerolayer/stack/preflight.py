@@ -148,6 +148,12 @@ def _check_ports(config: StackConfig) -> None:
     reason = bind_error(host, listen_port)
     if reason:
         raise PreflightError("--listen", f"{config.listen}: {reason}")
+    if config.http_listen:
+        http_host, _, http_port = config.http_listen.rpartition(":")
+        reason = "the --listen port" if int(http_port) == listen_port else ""
+        reason = reason or bind_error(http_host, int(http_port))
+        if reason:
+            raise PreflightError("--http-listen", f"{config.http_listen}: {reason}")
     if not config.metrics_port_base:
         return
     for slot in config.slots:
