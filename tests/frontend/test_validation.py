@@ -13,7 +13,7 @@ from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
 from zerolayer.frontend.tokenizer import TextTokenizer
-from zerolayer.frontend.validation import ServedModel, validate
+from zerolayer.frontend.validation import ServedModel, check_fits_context, validate
 
 VOCAB_SIZE = 259
 MAX_MODEL_LEN = 16
@@ -254,3 +254,19 @@ def test_sampling_controls_are_kept() -> None:
         logprobs=5,
         prompt_logprobs=0,
     )
+
+
+def test_check_fits_context_refuses_an_explicit_max_new_tokens_past_the_context() -> None:
+    params = make_params(prompt_token_ids=(5, 6, 7), prompt=None, max_new_tokens=14)
+    with pytest.raises(InvalidArgument) as info:
+        check_fits_context(params, run(params), make_model())
+    assert (info.value.field, info.value.reason) == ("max_new_tokens", "context-length-exceeded")
+    assert str(info.value) == (
+        "max_new_tokens: this model's maximum context length is 16 tokens; however, you "
+        "requested 17 tokens (3 in the prompt, 14 in the completion): reduce the prompt or "
+        "max_new_tokens"
+    )
+    fits = make_params(prompt_token_ids=(5, 6, 7), prompt=None, max_new_tokens=13)
+    check_fits_context(fits, run(fits), make_model())
+    unset = make_params(prompt_token_ids=(5, 6, 7), prompt=None)
+    check_fits_context(unset, run(unset), make_model())  # the default is clipped, not refused

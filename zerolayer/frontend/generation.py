@@ -33,7 +33,12 @@ from zerolayer.frontend.stop_strings import StopStringMatcher
 from zerolayer.frontend.telemetry import GenerationTelemetry
 from zerolayer.frontend.tenants import scoped_cache_salt
 from zerolayer.frontend.tokenizer import TextTokenizer
-from zerolayer.frontend.validation import ServedModel, check_text_length, validate
+from zerolayer.frontend.validation import (
+    ServedModel,
+    check_fits_context,
+    check_text_length,
+    validate,
+)
 from zerolayer.sharing.manifest import WeightManifest, model_dtype_name
 
 
@@ -111,6 +116,7 @@ class TextGenerator:
         timeout_s: float | None,
         stream: bool = False,
         tenant: str = "",
+        fit_context: bool = False,
     ) -> AsyncIterator[GenerationChunk]:
         """Streams a generation: one chunk per engine step, the last with finish reason and usage.
 
@@ -124,6 +130,8 @@ class TextGenerator:
             tenant: the caller's tenant, said by the server (zerolayer.frontend.tenants); the
                 prompt's cached prefixes are then that tenant's alone, ``cache_salt`` narrowing
                 them; "": none, ``cache_salt`` as sent.
+            fit_context: refuse a ``max_new_tokens`` past the context (OpenAI's semantics, see
+                ``validation.check_fits_context``); off: generation stops at the context's end.
 
         Raises:
             InvalidArgument, NotFound: from validation.
@@ -136,6 +144,8 @@ class TextGenerator:
             request = await asyncio.to_thread(
                 validate, params, self.served, self.tokenizer, self.config, self.chat_template
             )
+            if fit_context:
+                check_fits_context(params, request, self.served)
         request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))
         telemetry.validated(request)
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)

@@ -131,6 +131,27 @@ def _chat_token_ids(
     return token_ids
 
 
+def check_fits_context(params: GenerateParams, request: EngineRequest, model: ServedModel) -> None:
+    """Refuses an explicit ``max_new_tokens`` that, after the prompt, goes past the context
+    (OpenAI's semantics; otherwise the scheduler stops at the context's end, FinishReason.LENGTH).
+
+    Raises:
+        InvalidArgument: naming ``max_new_tokens``, the context length and both token counts;
+            its ``reason`` is ``context-length-exceeded``.
+    """
+    num_prompt_tokens = len(request.prompt_token_ids)
+    total = num_prompt_tokens + params.max_new_tokens
+    if params.max_new_tokens and total > model.max_model_len:
+        error = InvalidArgument(
+            "max_new_tokens",
+            f"this model's maximum context length is {model.max_model_len} tokens; however, "
+            f"you requested {total} tokens ({num_prompt_tokens} in the prompt, "
+            f"{params.max_new_tokens} in the completion): reduce the prompt or max_new_tokens",
+        )
+        error.reason = "context-length-exceeded"
+        raise error
+
+
 def check_text_length(field: str, text: str, model: ServedModel) -> None:
     """Refuses text far longer than the context could hold, before tokenizing it.
 
