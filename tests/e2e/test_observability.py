@@ -74,7 +74,10 @@ def stack(receiver, tmp_path_factory: pytest.TempPathFactory):
     model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
     try:
         with running_stack(
-            model_dir, tmp_path_factory.mktemp("logs"), metrics_port_base=free_port()
+            model_dir,
+            tmp_path_factory.mktemp("logs"),
+            metrics_port_base=free_port(),
+            http_listen=f"127.0.0.1:{free_port()}",
         ) as stack:
             yield stack
     finally:
@@ -508,3 +511,30 @@ def test_every_span_joins_the_trace_of_the_request_or_start_up_that_caused_it(
             continue
         roots = [(svc, s.kind) for svc, s in spans if not s.parent_span_id]
         assert roots in ([], [("zerolayer-frontend", SERVER)]), (hex(trace_id), names(spans))
+
+
+def test_an_http_completion_joins_the_trace_of_its_traceparent_header(stack, receiver) -> None:
+    """The OpenAI-compatible endpoint's SERVER span is the child of the caller's span, and the
+    spans it causes (tokenize, the scheduler's Generate) are in that trace."""
+    rcv, _ = receiver
+    trace_id = 0xD4
+    request = urllib.request.Request(
+        f"http://{stack.config.http_listen}/v1/completions",
+        data=b'{"prompt": "trace me", "max_tokens": 2}',
+        headers={"content-type": "application/json", "traceparent": traceparent(trace_id)[1]},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+    names = {("zerolayer-frontend", "POST /v1/completions"), ("zerolayer-frontend", "tokenize")}
+    names.add(("zerolayer-scheduler", "zerolayer.v1.Scheduler/Generate"))
+    deadline, spans = time.monotonic() + 20, []
+    while time.monotonic() < deadline:
+        spans = [(svc, s) for svc, s in rcv.snapshot() if s.trace_id == trace_id.to_bytes(16)]
+        if names <= {(svc, s.name) for svc, s in spans}:
+            break
+        time.sleep(0.1)
+    assert names <= {(svc, s.name) for svc, s in spans}
+    (root,) = [s for _, s in spans if s.name == "POST /v1/completions"]
+    assert root.kind == SERVER and root.parent_span_id == CLIENT_SPAN_ID.to_bytes(8)
+    assert attrs(root)["http.response.status_code"] == 200
+    assert attrs(root)["gen_ai.usage.output_tokens"] == 2

@@ -14,10 +14,14 @@ from zerolayer.common.config import FrontendConfig
 from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
 from zerolayer.common.server import ServiceBinding, run_layer
+from zerolayer.common.setting import SettingError
+from zerolayer.common.settings import HTTP_LISTEN, TLS_CLIENT_CA
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.generation import TextGenerator
+from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
 from zerolayer.frontend.kserve import kserve_binding
 from zerolayer.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
+from zerolayer.frontend.openai_http import create_app
 from zerolayer.frontend.public_health import FrontendServer
 from zerolayer.frontend.router import Router
 from zerolayer.frontend.scheduler_client import SchedulerClient
@@ -33,6 +37,22 @@ PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
 STARTUP_SCHEDULER_WAIT_S = 30.0
 """How long a starting frontend waits to see a scheduler serve before it reports SERVING (on its
 instance name; its public names say SERVING only while a scheduler does), seconds."""
+
+
+def http_server(config: FrontendConfig) -> HttpServer | None:
+    """The OpenAI-compatible HTTP server of ``--http-listen``, its socket bound; None: off.
+
+    Raises:
+        SettingError: the address cannot be bound, or ``--tls-client-ca`` is set (the HTTP
+            server does not see client certificates, which would then identify callers).
+    """
+    if not config.http_listen:
+        return None
+    if config.tls_client_ca:
+        raise SettingError(HTTP_LISTEN, f"cannot be combined with {TLS_CLIENT_CA.flag}")
+    return HttpServer(
+        HttpServerConfig(config.http_listen, config.reuse_port, config.tls_cert, config.tls_key)
+    )
 
 
 def scheduler_pool(
@@ -61,6 +81,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
     )
     if (warning := plaintext_tokens_warning(config.tenants, config.tls_cert)) is not None:
         log.warning("%s", warning)
+    http = http_server(config)
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
     pool = scheduler_pool(config, tracing, lambda: server.health_changed())
     metrics = FrontendMetrics(
@@ -89,7 +110,12 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         ready=lambda: pool.router.available,
     )
 
+    # NOTE: bearer tokens alone: the HTTP server sees no client certificates (see http_server)
+    app = create_app(generator, TenantPolicy(tenants.token_tenants), tracing) if http else None
+
     async def on_start() -> None:
+        if http is not None:
+            await http.start(app)
         for client in pool.clients.values():
             client.watch_health(pool.router)
         # NOTE: a frontend started with its schedulers reports SERVING once it has seen one
@@ -98,6 +124,8 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         await pool.router.wait_available(STARTUP_SCHEDULER_WAIT_S)
 
     async def on_stop() -> None:
+        if http is not None:
+            await http.stop()
         await pool.close()
 
     await run_layer(server, on_start=on_start, on_stop=on_stop)

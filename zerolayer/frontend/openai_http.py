@@ -1,0 +1,273 @@
+"""The OpenAI-compatible HTTP API of the frontend (``--http-listen``), a FastAPI app over the same
+:class:`TextGenerator` as the gRPC service.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream``: server-sent events,
+https://html.spec.whatwg.org/multipage/server-sent-events.html, ending ``data: [DONE]``),
+``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health`` (200 while the process runs) and
+``GET /ready`` (200 while a scheduler can take requests, else 503). Generation calls need a
+tenant like gRPC's Generate (``Authorization: Bearer <token>`` with ``--tenants``; 401
+otherwise); the rest stay open, like GetModelInfo and health. Each generation is a SERVER span
+that joins the caller's trace (W3C ``traceparent`` header). A client that disconnects mid-stream
+ends its request: closing the generation aborts it in the scheduler, which frees its blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
+
+from zerolayer.common.errors import Unauthenticated, ZerolayerError
+from zerolayer.common.generation import GenerateParams, GenerationChunk
+from zerolayer.common.tracing import Tracing
+from zerolayer.frontend.generation import TextGenerator
+from zerolayer.frontend.openai_errors import HttpError, error_of, http_error, validation_error
+from zerolayer.frontend.openai_params import chat_params, completion_params, new_request_id
+from zerolayer.frontend.openai_response import ResponseHead, StreamEncoder, whole_response
+from zerolayer.frontend.openai_schema import ChatCompletionRequest, CompletionRequest
+from zerolayer.frontend.tenants import TenantPolicy
+
+OWNED_BY = "zerolayer"
+"""``owned_by`` of the served model in ``/v1/models``."""
+
+
+def create_app(
+    generator: TextGenerator, tenants: TenantPolicy | None = None, tracing: Tracing | None = None
+) -> FastAPI:
+    """The ASGI app of the OpenAI-compatible API (see the module docstring).
+
+    Args:
+        tenants: who callers are (bearer tokens only: HTTP has no client certificate here);
+            None: nobody is identified.
+        tracing: where spans go and how ``traceparent`` is read; None: no spans.
+    """
+    routes = OpenAIRoutes(generator, tenants or TenantPolicy(), tracing)
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_api_route("/health", routes.health, methods=["GET"])
+    app.add_api_route("/ready", routes.ready, methods=["GET"])
+    app.add_api_route("/v1/models", routes.models, methods=["GET"])
+    app.add_api_route("/v1/models/{model:path}", routes.model, methods=["GET"])
+    app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
+    app.add_exception_handler(HTTPException, _http_exception)
+    return app
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Unknown paths and methods, in OpenAI's error shape."""
+    assert isinstance(exc, HTTPException)
+    return error_response(http_error(exc.status_code, f"{request.url.path}: {exc.detail}"))
+
+
+def error_response(error: HttpError) -> JSONResponse:
+    """``error`` as a JSON response."""
+    return JSONResponse(error.body, status_code=error.status)
+
+
+def sse(body: dict | str) -> str:
+    """One server-sent event carrying ``body`` (JSON, or a literal such as ``[DONE]``)."""
+    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+class OpenAIRoutes:
+    """The handlers, over one :class:`TextGenerator`."""
+
+    def __init__(
+        self, generator: TextGenerator, tenants: TenantPolicy, tracing: Tracing | None
+    ) -> None:
+        self._generator = generator
+        self._tenants = tenants
+        self._tracing = tracing
+        self._created = int(time.time())
+
+    async def health(self) -> dict:
+        return {"status": "ok"}
+
+    async def ready(self) -> Response:
+        if self._generator.ready:
+            return JSONResponse({"status": "ready"})
+        return error_response(http_error(503, "no scheduler can take requests now"))
+
+    async def models(self) -> dict:
+        return {"object": "list", "data": [self._model_card()]}
+
+    async def model(self, model: str) -> Response:
+        if model != self._generator.served.name:
+            error = http_error(404, f"model: {model!r} is not served", "model")
+            return error_response(error)
+        return JSONResponse(self._model_card())
+
+    def _model_card(self) -> dict:
+        return {
+            "id": self._generator.served.name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": OWNED_BY,
+            "max_model_len": self._generator.served.max_model_len,
+        }
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: Request, chat: bool) -> Response:
+        span = self._server_span(request)
+        try:
+            tenant = self._tenant(request)
+            body = await _parsed(request, ChatCompletionRequest if chat else CompletionRequest)
+            request_id = new_request_id()
+            params = chat_params(body, request_id) if chat else completion_params(body, request_id)
+        except (ZerolayerError, ValueError) as exc:
+            return _ended(span, _request_error(exc, chat))
+        head = ResponseHead(
+            f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
+            int(time.time()),
+            self._generator.served.name,
+            chat,
+        )
+        logprobs = params.logprobs is not None
+        if not body.stream:
+            return await self._whole(span, params, tenant, head, logprobs)
+        options = body.stream_options
+        encoder = StreamEncoder(
+            head,
+            logprobs,
+            include_usage=options is not None and options.include_usage,
+            continuous_usage=options is not None and options.continuous_usage_stats,
+        )
+        return await self._stream(span, params, tenant, encoder)
+
+    async def _whole(
+        self, span: trace.Span, params: GenerateParams, tenant: str, head: ResponseHead, lp: bool
+    ) -> Response:
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                generation = self._generator.generate(params, None, False, tenant, True)
+                chunks = [chunk async for chunk in generation]
+        except Exception as exc:  # noqa: BLE001 - the edge answers everything
+            return _ended(span, error_of(exc, head.chat))
+        return _ended(span, None, JSONResponse(whole_response(head, chunks, lp)))
+
+    async def _stream(
+        self, span: trace.Span, params: GenerateParams, tenant: str, encoder: StreamEncoder
+    ) -> Response:
+        generation = self._generator.generate(params, None, True, tenant, True)
+        try:
+            # NOTE: the first chunk before the headers: a request refused by validation (or
+            # with no scheduler) gets its error status, not a 200 stream holding an error.
+            with trace.use_span(span, end_on_exit=False):
+                first = await anext(generation)
+        except Exception as exc:  # noqa: BLE001 - the edge answers everything
+            await generation.aclose()
+            return _ended(span, error_of(exc, encoder.head.chat))
+        events = _events(span, generation, first, encoder)
+        return ClosingStreamingResponse(events, media_type="text/event-stream")
+
+    def _server_span(self, request: Request) -> trace.Span:
+        if self._tracing is None:
+            return trace.INVALID_SPAN
+        parent = self._tracing.extract(list(request.headers.items()))
+        path = request.url.path
+        return self._tracing.tracer.start_span(
+            f"POST {path}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={"http.request.method": "POST", "url.path": path},
+        )
+
+    def _tenant(self, request: Request) -> str:
+        if not self._tenants.enabled:
+            return ""
+        authorizations = request.headers.getlist("authorization")
+        if len(authorizations) > 1:
+            raise Unauthenticated("authorization: sent more than once (one token a call)")
+        return self._tenants.tenant(authorizations[0] if authorizations else None, None)
+
+
+async def _parsed(request: Request, model: type[BaseModel]) -> Any:
+    """The request's JSON body as ``model``.
+
+    Raises:
+        ValueError: not JSON (``json.JSONDecodeError``, or not UTF-8).
+        ValidationError: not a valid ``model``.
+    """
+    return model.model_validate(json.loads(await request.body()))
+
+
+def _request_error(exc: Exception, chat: bool) -> HttpError:
+    if isinstance(exc, ValidationError):
+        return validation_error(exc)
+    if isinstance(exc, ValueError):
+        return http_error(400, f"request body: not JSON ({exc})")
+    return error_of(exc, chat)
+
+
+def _ended(span: trace.Span, error: HttpError | None, response: Response | None = None) -> Response:
+    """Ends ``span`` with the outcome; the response (``error``'s when given)."""
+    if error is not None:
+        span.set_status(Status(StatusCode.ERROR, str(error.body["error"]["message"])))
+        response = error_response(error)
+    assert response is not None
+    span.set_attribute("http.response.status_code", response.status_code)
+    span.end()
+    return response
+
+
+async def _events(
+    span: trace.Span,
+    generation: AsyncIterator[GenerationChunk],
+    first: GenerationChunk,
+    encoder: StreamEncoder,
+) -> AsyncIterator[str]:
+    """The SSE events of a stream whose first chunk is ``first``: one per chunk, the usage
+    (when asked), ``[DONE]``; an error mid-stream is an event of OpenAI's error shape before
+    ``[DONE]``. Closing it closes ``generation`` (aborting the request) and ends ``span``."""
+    try:
+        try:
+            yield sse(encoder.chunk(first))
+            while True:
+                with trace.use_span(span, end_on_exit=False):
+                    try:
+                        chunk = await anext(generation)
+                    except StopAsyncIteration:
+                        break
+                yield sse(encoder.chunk(chunk))
+            if (usage := encoder.usage()) is not None:
+                yield sse(usage)
+        except Exception as exc:  # noqa: BLE001 - the stream's status is sent already
+            error = error_of(exc, encoder.head.chat)
+            span.set_status(Status(StatusCode.ERROR, str(error.body["error"]["message"])))
+            yield sse(error.body)
+        yield sse("[DONE]")
+    finally:
+        # NOTE: shielded: on a client's disconnect this runs in a cancelled task group, where
+        # every await would be cancelled again before the scheduler call is ended.
+        with anyio.CancelScope(shield=True):
+            await generation.aclose()  # type: ignore[attr-defined]
+        span.set_attribute("http.response.status_code", 200)
+        span.end()
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that closes its body iterator however the response ends (Starlette
+    leaves it to the garbage collector when sending fails)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,169 @@
+"""Generation chunks to OpenAI response bodies (plain dicts, serialized as JSON).
+
+Shapes: https://platform.openai.com/docs/api-reference/completions/object,
+https://platform.openai.com/docs/api-reference/chat/object and .../chat/streaming. Choices are
+the samples of ``n`` by :attr:`GenerationChunk.index`; logprobs are natural logs of the raw
+logits' softmax (see zerolayer.v1.TokenLogprobs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from zerolayer.common.generation import (
+    FinishReason,
+    GenerationChunk,
+    PositionLogprobs,
+    TokenLogprob,
+    Usage,
+    join_chunks,
+)
+
+FINISH_REASONS = {
+    FinishReason.UNSPECIFIED: None,
+    FinishReason.EOS: "stop",
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.ABORT: "abort",
+}
+"""OpenAI's ``finish_reason`` of ours; "abort" (the scheduler gave the request up) is vLLM's,
+not OpenAI's."""
+
+
+@dataclass(frozen=True)
+class ResponseHead:
+    """What every body of one response carries."""
+
+    id: str
+    """``cmpl-<request id>`` or ``chatcmpl-<request id>``."""
+    created: int
+    """Unix time, seconds."""
+    model: str
+    chat: bool
+
+
+def usage_body(usage: Usage | None) -> dict | None:
+    """OpenAI's ``usage`` (None stays None)."""
+    if usage is None:
+        return None
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
+    }
+
+
+def completion_logprobs(positions: Sequence[PositionLogprobs], text_offset: int) -> dict:
+    """Completions' ``logprobs``: ``tokens``, ``token_logprobs``, ``top_logprobs`` (token text
+    -> logprob; tokens of the same text keep the likeliest) and ``text_offset`` (each token's
+    offset in characters in the choice's text, the first at ``text_offset``)."""
+    offsets = []
+    for p in positions:
+        offsets.append(text_offset)
+        text_offset += len(p.chosen.token)
+    return {
+        "tokens": [p.chosen.token for p in positions],
+        "token_logprobs": [p.chosen.logprob for p in positions],
+        "top_logprobs": [_top_dict(p.top) for p in positions],
+        "text_offset": offsets,
+    }
+
+
+def _top_dict(top: Sequence[TokenLogprob]) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for t in top:  # most likely first: the first of a text is its likeliest
+        found.setdefault(t.token, t.logprob)
+    return found
+
+
+def chat_logprobs(positions: Sequence[PositionLogprobs]) -> dict:
+    """Chat's ``logprobs``: ``content``, one entry per token, with its UTF-8 ``bytes`` and
+    ``top_logprobs``."""
+    return {
+        "content": [
+            {**_chat_token(p.chosen), "top_logprobs": [_chat_token(t) for t in p.top]}
+            for p in positions
+        ]
+    }
+
+
+def _chat_token(t: TokenLogprob) -> dict:
+    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())}
+
+
+def whole_response(head: ResponseHead, chunks: Sequence[GenerationChunk], logprobs: bool) -> dict:
+    """The body of a non-streamed response: one choice per sample, in index order, and the
+    request's usage (that of its last chunk with one)."""
+    by_index: dict[int, list[GenerationChunk]] = {}
+    for chunk in chunks:
+        by_index.setdefault(chunk.index, []).append(chunk)
+    usages = [c.usage for c in chunks if c.usage is not None]
+    choices = []
+    for index in sorted(by_index):
+        whole = join_chunks(by_index[index])
+        choice: dict = {"index": index}
+        if head.chat:
+            choice["message"] = {"role": "assistant", "content": whole.text}
+            choice["logprobs"] = chat_logprobs(whole.logprobs) if logprobs else None
+        else:
+            choice["text"] = whole.text
+            choice["logprobs"] = completion_logprobs(whole.logprobs, 0) if logprobs else None
+        choice["finish_reason"] = FINISH_REASONS[whole.finish_reason]
+        choices.append(choice)
+    body = _head(head, "chat.completion" if head.chat else "text_completion")
+    return {**body, "choices": choices, "usage": usage_body(usages[-1] if usages else None)}
+
+
+def _head(head: ResponseHead, kind: str) -> dict:
+    return {"id": head.id, "object": kind, "created": head.created, "model": head.model}
+
+
+@dataclass
+class StreamEncoder:
+    """Turns a stream's chunks into the bodies of its SSE events (in order), one per chunk."""
+
+    head: ResponseHead
+    logprobs: bool
+    include_usage: bool = False
+    """``stream_options.include_usage``: ``usage: null`` on every chunk, then a last one with
+    empty choices and the usage."""
+    continuous_usage: bool = False
+    """``stream_options.continuous_usage_stats`` (vLLM's): the usage so far on every chunk."""
+    _text_offsets: dict[int, int] = field(default_factory=dict)
+    _usage: Usage | None = None
+
+    def chunk(self, chunk: GenerationChunk) -> dict:
+        """The event body of ``chunk``."""
+        first = chunk.index not in self._text_offsets
+        offset = self._text_offsets.get(chunk.index, 0)
+        self._text_offsets[chunk.index] = offset + len(chunk.text)
+        choice: dict = {"index": chunk.index}
+        if self.head.chat:
+            choice["delta"] = {"role": "assistant", "content": chunk.text} if first else {}
+            if not first and (chunk.text or chunk.finish_reason == FinishReason.UNSPECIFIED):
+                choice["delta"] = {"content": chunk.text}
+            choice["logprobs"] = chat_logprobs(chunk.logprobs) if self.logprobs else None
+        else:
+            choice["text"] = chunk.text
+            logprobs = completion_logprobs(chunk.logprobs, offset) if self.logprobs else None
+            choice["logprobs"] = logprobs
+        choice["finish_reason"] = FINISH_REASONS[chunk.finish_reason]
+        self._usage = chunk.usage or self._usage
+        body = {**_head(self.head, self._kind), "choices": [choice]}
+        if self.continuous_usage:
+            body["usage"] = usage_body(self._usage)
+        elif self.include_usage:
+            body["usage"] = None
+        return body
+
+    def usage(self) -> dict | None:
+        """The last event's body (``include_usage``), or None: none is sent."""
+        if not self.include_usage:
+            return None
+        return {**_head(self.head, self._kind), "choices": [], "usage": usage_body(self._usage)}
+
+    @property
+    def _kind(self) -> str:
+        return "chat.completion.chunk" if self.head.chat else "text_completion"
