@@ -221,20 +221,26 @@ def test_health_and_ready(stack) -> None:
     assert get(stack, "/ready") == (200, {"status": "ready"})
 
 
-def test_a_client_that_disconnects_mid_stream_frees_its_blocks(stack) -> None:
-    """The request ends when its client goes: its blocks are freed within seconds, long before
-    the engine steps its max_tokens would take."""
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_disconnects_ends_its_request_and_frees_its_blocks(stack, stream) -> None:
+    """The request ends when its client goes, mid-stream or while waiting for the whole
+    response: its blocks are freed within seconds, long before the engine steps its max_tokens
+    would take."""
     max_tokens = MAX_MODEL_LEN - 2 * len(PROMPT_IDS)
     steps_before = scheduler_stats(stack).num_steps
     host, _, port = stack.config.http_listen.rpartition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
-    body = {"prompt": PROMPT_IDS, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    body = {"prompt": PROMPT_IDS, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
     headers = {"content-type": "application/json", "authorization": f"Bearer {TOKEN}"}
     connection.request("POST", "/v1/completions", body=json.dumps(body), headers=headers)
-    response = connection.getresponse()
-    assert response.status == 200
-    assert response.getheader("content-type").startswith("text/event-stream")
-    assert response.readline().startswith(b"data: {")
+    if stream:
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.getheader("content-type").startswith("text/event-stream")
+        assert response.readline().startswith(b"data: {")
+    else:
+        while not scheduler_stats(stack).num_blocks_held:
+            time.sleep(0.01)
     assert scheduler_stats(stack).num_blocks_held > 0  # still generating
     connection.close()
     deadline = time.monotonic() + 5

@@ -7,12 +7,14 @@ https://html.spec.whatwg.org/multipage/server-sent-events.html, ending ``data: [
 ``GET /ready`` (200 while a scheduler can take requests, else 503). Generation calls need a
 tenant like gRPC's Generate (``Authorization: Bearer <token>`` with ``--tenants``; 401
 otherwise); the rest stay open, like GetModelInfo and health. Each generation is a SERVER span
-that joins the caller's trace (W3C ``traceparent`` header). A client that disconnects mid-stream
-ends its request: closing the generation aborts it in the scheduler, which frees its blocks.
+that joins the caller's trace (W3C ``traceparent`` header). A client that disconnects ends its
+request, streamed or not: closing the generation aborts it in the scheduler, which frees its
+blocks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -39,6 +41,9 @@ from zerolayer.frontend.tenants import TenantPolicy
 
 OWNED_BY = "zerolayer"
 """``owned_by`` of the served model in ``/v1/models``."""
+DISCONNECT_POLL_S = 0.5
+"""How often a non-streamed request looks whether its client is still there, seconds (a stream
+learns it at once: Starlette listens for the disconnect while it sends)."""
 
 
 def create_app(
@@ -140,7 +145,7 @@ class OpenAIRoutes:
         )
         logprobs = params.logprobs is not None
         if not body.stream:
-            return await self._whole(span, params, tenant, head, logprobs)
+            return await self._whole(request, span, params, tenant, head, logprobs)
         options = body.stream_options
         encoder = StreamEncoder(
             head,
@@ -151,15 +156,26 @@ class OpenAIRoutes:
         return await self._stream(span, params, tenant, encoder)
 
     async def _whole(
-        self, span: trace.Span, params: GenerateParams, tenant: str, head: ResponseHead, lp: bool
+        self,
+        request: Request,
+        span: trace.Span,
+        params: GenerateParams,
+        tenant: str,
+        head: ResponseHead,
+        logprobs: bool,
     ) -> Response:
-        try:
+        async def collect() -> list[GenerationChunk]:
             with trace.use_span(span, end_on_exit=False):
                 generation = self._generator.generate(params, None, False, tenant, True)
-                chunks = [chunk async for chunk in generation]
+                return [chunk async for chunk in generation]
+
+        try:
+            chunks = await _unless_disconnected(request, asyncio.ensure_future(collect()))
+        except ClientGone:
+            return _ended(span, http_error(499, "client disconnected"))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
             return _ended(span, error_of(exc, head.chat))
-        return _ended(span, None, JSONResponse(whole_response(head, chunks, lp)))
+        return _ended(span, None, JSONResponse(whole_response(head, chunks, logprobs)))
 
     async def _stream(
         self, span: trace.Span, params: GenerateParams, tenant: str, encoder: StreamEncoder
@@ -205,6 +221,30 @@ async def _parsed(request: Request, model: type[BaseModel]) -> Any:
         ValidationError: not a valid ``model``.
     """
     return model.model_validate(json.loads(await request.body()))
+
+
+class ClientGone(Exception):
+    """The client disconnected before its (whole) response was ready."""
+
+
+async def _unless_disconnected(request: Request, task: asyncio.Future[Any]) -> Any:
+    """The result of ``task``; checked for the client's disconnect every DISCONNECT_POLL_S
+    while it runs (it is then cancelled: cancelling a generation aborts it in the scheduler).
+
+    Raises:
+        ClientGone: the client disconnected first.
+        Exception: what ``task`` raised.
+    """
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                raise ClientGone
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def _request_error(exc: Exception, chat: bool) -> HttpError:
