@@ -194,6 +194,16 @@ def test_malformed_json_is_a_400(stack) -> None:
     assert "JSON" in answer["error"]["message"]
 
 
+def test_a_body_over_8_mib_is_a_413(stack) -> None:
+    status, answer = post(stack, "/v1/completions", b" " * (8 * 1024 * 1024 + 1))
+    assert (status, answer["error"]["message"]) == (413, "request body: over 8388608 bytes")
+
+
+def test_a_get_of_a_post_route_is_a_405_in_openais_shape(stack) -> None:
+    status, answer = get(stack, "/v1/completions")
+    assert (status, answer["error"]["type"]) == (405, "invalid_request_error")
+
+
 def test_an_unknown_model_is_a_404(stack) -> None:
     status, answer = post(stack, "/v1/completions", {"model": "gpt-x", "prompt": "x"})
     assert (status, answer["error"]["code"], answer["error"]["param"]) == (

@@ -71,7 +71,8 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
 
     Raises:
         SettingError: a TLS file or the tenants file cannot be used (zerolayer.common.access),
-            before anything else (a tenants file without TLS is one WARNING).
+            or ``--http-listen`` cannot be served (:func:`http_server`), before anything else
+            (a tenants file without TLS is one WARNING).
     """
     # NOTE: first, so that a bad file fails before any wait
     tls = read_server_tls(config)
@@ -111,7 +112,8 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
     )
 
     # NOTE: bearer tokens alone: the HTTP server sees no client certificates (see http_server)
-    app = create_app(generator, TenantPolicy(tenants.token_tenants), tracing) if http else None
+    http_tenants = TenantPolicy(tenants.token_tenants)
+    app = create_app(generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES)
 
     async def on_start() -> None:
         if http is not None:

@@ -34,7 +34,8 @@ ERROR_TYPES = {
     404: "invalid_request_error",
     429: "rate_limit_error",
 }
-"""OpenAI's ``error.type`` by HTTP status; any other: ``server_error``."""
+"""OpenAI's ``error.type`` by HTTP status; any other: ``invalid_request_error`` below 500,
+``server_error`` from 500 on."""
 ERROR_CODES = {401: "invalid_api_key", 404: "model_not_found"}
 """OpenAI's ``error.code`` by HTTP status (404 is only ever the model); others: None, or the
 domain error's ``reason`` (``context_length_exceeded``)."""
@@ -56,7 +57,9 @@ def http_error(
     """OpenAI's error body with ``status``'s ``type``."""
     error = {
         "message": message,
-        "type": ERROR_TYPES.get(status, "server_error"),
+        "type": ERROR_TYPES.get(
+            status, "invalid_request_error" if status < 500 else "server_error"
+        ),
         "param": param,
         "code": code or ERROR_CODES.get(status),
     }

@@ -41,13 +41,18 @@ from zerolayer.frontend.tenants import TenantPolicy
 
 OWNED_BY = "zerolayer"
 """``owned_by`` of the served model in ``/v1/models``."""
+MAX_BODY_BYTES = 8 * 1024 * 1024
+"""Default largest request body, bytes (the gRPC port's limit is the same)."""
 DISCONNECT_POLL_S = 0.5
 """How often a non-streamed request looks whether its client is still there, seconds (a stream
 learns it at once: Starlette listens for the disconnect while it sends)."""
 
 
 def create_app(
-    generator: TextGenerator, tenants: TenantPolicy | None = None, tracing: Tracing | None = None
+    generator: TextGenerator,
+    tenants: TenantPolicy | None = None,
+    tracing: Tracing | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The ASGI app of the OpenAI-compatible API (see the module docstring).
 
@@ -55,8 +60,9 @@ def create_app(
         tenants: who callers are (bearer tokens only: HTTP has no client certificate here);
             None: nobody is identified.
         tracing: where spans go and how ``traceparent`` is read; None: no spans.
+        max_body_bytes: largest request body read; a longer one is a 413.
     """
-    routes = OpenAIRoutes(generator, tenants or TenantPolicy(), tracing)
+    routes = OpenAIRoutes(generator, tenants or TenantPolicy(), tracing, max_body_bytes)
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/ready", routes.ready, methods=["GET"])
@@ -89,9 +95,14 @@ class OpenAIRoutes:
     """The handlers, over one :class:`TextGenerator`."""
 
     def __init__(
-        self, generator: TextGenerator, tenants: TenantPolicy, tracing: Tracing | None
+        self,
+        generator: TextGenerator,
+        tenants: TenantPolicy,
+        tracing: Tracing | None,
+        max_body_bytes: int,
     ) -> None:
         self._generator = generator
+        self._max_body_bytes = max_body_bytes
         self._tenants = tenants
         self._tracing = tracing
         self._created = int(time.time())
@@ -132,7 +143,8 @@ class OpenAIRoutes:
         span = self._server_span(request)
         try:
             tenant = self._tenant(request)
-            body = await _parsed(request, ChatCompletionRequest if chat else CompletionRequest)
+            model = ChatCompletionRequest if chat else CompletionRequest
+            body = await _parsed(request, model, self._max_body_bytes)
             request_id = new_request_id()
             params = chat_params(body, request_id) if chat else completion_params(body, request_id)
         except (ZerolayerError, ValueError) as exc:
@@ -213,14 +225,34 @@ class OpenAIRoutes:
         return self._tenants.tenant(authorizations[0] if authorizations else None, None)
 
 
-async def _parsed(request: Request, model: type[BaseModel]) -> Any:
+async def _parsed(request: Request, model: type[BaseModel], max_bytes: int) -> Any:
     """The request's JSON body as ``model``.
 
     Raises:
-        ValueError: not JSON (``json.JSONDecodeError``, or not UTF-8).
+        BodyTooLarge: over ``max_bytes`` (said by its Content-Length, or found while reading).
+        ValueError: not JSON (``json.JSONDecodeError``, not UTF-8, nested too deeply).
         ValidationError: not a valid ``model``.
     """
-    return model.model_validate(json.loads(await request.body()))
+    length = request.headers.get("content-length", "")
+    if length.isascii() and length.isdigit() and int(length) > max_bytes:
+        raise BodyTooLarge(max_bytes)
+    data = bytearray()
+    async for piece in request.stream():
+        data += piece
+        if len(data) > max_bytes:
+            raise BodyTooLarge(max_bytes)
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    return model.model_validate(value)
+
+
+class BodyTooLarge(ValueError):
+    """A request body over the limit."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"request body: over {max_bytes} bytes")
 
 
 class ClientGone(Exception):
@@ -250,6 +282,8 @@ async def _unless_disconnected(request: Request, task: asyncio.Future[Any]) -> A
 def _request_error(exc: Exception, chat: bool) -> HttpError:
     if isinstance(exc, ValidationError):
         return validation_error(exc)
+    if isinstance(exc, BodyTooLarge):
+        return http_error(413, str(exc))
     if isinstance(exc, ValueError):
         return http_error(400, f"request body: not JSON ({exc})")
     return error_of(exc, chat)
