@@ -44,8 +44,9 @@ OWNED_BY = "zerolayer"
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """Default largest request body, bytes (the gRPC port's limit is the same)."""
 DISCONNECT_POLL_S = 0.5
-"""How often a non-streamed request looks whether its client is still there, seconds (a stream
-learns it at once: Starlette listens for the disconnect while it sends)."""
+"""How often a request waiting for its whole response, or for a stream's first chunk, looks
+whether its client is still there, seconds (a stream that has started learns it at once:
+Starlette listens for the disconnect while it sends)."""
 
 
 def create_app(
@@ -165,7 +166,7 @@ class OpenAIRoutes:
             include_usage=options is not None and options.include_usage,
             continuous_usage=options is not None and options.continuous_usage_stats,
         )
-        return await self._stream(span, params, tenant, encoder)
+        return await self._stream(request, span, params, tenant, encoder)
 
     async def _whole(
         self,
@@ -190,14 +191,26 @@ class OpenAIRoutes:
         return _ended(span, None, JSONResponse(whole_response(head, chunks, logprobs)))
 
     async def _stream(
-        self, span: trace.Span, params: GenerateParams, tenant: str, encoder: StreamEncoder
+        self,
+        request: Request,
+        span: trace.Span,
+        params: GenerateParams,
+        tenant: str,
+        encoder: StreamEncoder,
     ) -> Response:
         generation = self._generator.generate(params, None, True, tenant, True)
-        try:
-            # NOTE: the first chunk before the headers: a request refused by validation (or
-            # with no scheduler) gets its error status, not a 200 stream holding an error.
+
+        async def first_chunk() -> GenerationChunk:
             with trace.use_span(span, end_on_exit=False):
-                first = await anext(generation)
+                return await anext(generation)
+
+        # NOTE: the first chunk before the headers: a request refused by validation (or with
+        # no scheduler) gets its error status, not a 200 stream holding an error.
+        try:
+            first = await _unless_disconnected(request, asyncio.ensure_future(first_chunk()))
+        except ClientGone:
+            await generation.aclose()
+            return _ended(span, http_error(499, "client disconnected"))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
             await generation.aclose()
             return _ended(span, error_of(exc, encoder.head.chat))
