@@ -515,8 +515,11 @@ def test_every_span_joins_the_trace_of_the_request_or_start_up_that_caused_it(
 
 def test_an_http_completion_joins_the_trace_of_its_traceparent_header(stack, receiver) -> None:
     """The OpenAI-compatible endpoint's SERVER span is the child of the caller's span, and the
-    spans it causes (tokenize, the scheduler's Generate) are in that trace."""
+    spans it causes (tokenize, the scheduler's Generate) are in that trace; the call is counted
+    with the gRPC calls."""
     rcv, _ = receiver
+    counted = 'zerolayer_frontend_requests_total{code="OK",method="/v1/completions"}'
+    before = scrape(stack, "frontend").get(counted, 0)
     trace_id = 0xD4
     request = urllib.request.Request(
         f"http://{stack.config.http_listen}/v1/completions",
@@ -538,3 +541,4 @@ def test_an_http_completion_joins_the_trace_of_its_traceparent_header(stack, rec
     assert root.kind == SERVER and root.parent_span_id == CLIENT_SPAN_ID.to_bytes(8)
     assert attrs(root)["http.response.status_code"] == 200
     assert attrs(root)["gen_ai.usage.output_tokens"] == 2
+    assert scrape(stack, "frontend")[counted] - before == 1

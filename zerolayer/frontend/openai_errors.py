@@ -49,12 +49,22 @@ class HttpError:
 
     status: int
     body: dict
+    grpc_code: str
+    """The name of the gRPC status code the same error has (the frontend's request metrics)."""
 
 
 def http_error(
-    status: int, message: str, param: str | None = None, code: str | None = None
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    grpc_code: grpc.StatusCode | None = None,
 ) -> HttpError:
-    """OpenAI's error body with ``status``'s ``type``."""
+    """OpenAI's error body with ``status``'s ``type``; ``grpc_code`` None: the first code of
+    :data:`HTTP_STATUS` with that status (INTERNAL if none)."""
+    if grpc_code is None:
+        found = (c for c, s in HTTP_STATUS.items() if s == status)
+        grpc_code = next(found, grpc.StatusCode.INTERNAL)
     error = {
         "message": message,
         "type": ERROR_TYPES.get(
@@ -63,7 +73,7 @@ def http_error(
         "param": param,
         "code": code or ERROR_CODES.get(status),
     }
-    return HttpError(status, {"error": error})
+    return HttpError(status, {"error": error}, grpc_code.name)
 
 
 def error_of(exc: Exception, chat: bool) -> HttpError:
@@ -74,10 +84,10 @@ def error_of(exc: Exception, chat: bool) -> HttpError:
     http_status = HTTP_STATUS.get(status.code, 500)
     reason = exc.reason.replace("-", "_") if isinstance(exc, ZerolayerError) else ""
     if not isinstance(exc, InvalidArgument):
-        return http_error(http_status, status.details, code=reason or None)
+        return http_error(http_status, status.details, None, reason or None, status.code)
     param = openai_param(exc.field, chat)
     message = f"{param}: {status.details.removeprefix(f'{exc.field}: ')}"
-    return http_error(http_status, message, param, reason or None)
+    return http_error(http_status, message, param, reason or None, status.code)
 
 
 def validation_error(exc: ValidationError) -> HttpError:

@@ -17,26 +17,26 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
+import grpc
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
-from starlette.types import Receive, Scope, Send
 
 from zerolayer.common.errors import Unauthenticated, ZerolayerError
 from zerolayer.common.generation import GenerateParams, GenerationChunk
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.generation import TextGenerator
+from zerolayer.frontend.openai_call import CallRecord
 from zerolayer.frontend.openai_errors import HttpError, error_of, http_error, validation_error
 from zerolayer.frontend.openai_params import chat_params, completion_params, new_request_id
 from zerolayer.frontend.openai_response import ResponseHead, StreamEncoder, whole_response
 from zerolayer.frontend.openai_schema import ChatCompletionRequest, CompletionRequest
+from zerolayer.frontend.openai_stream import ClosingStreamingResponse, events
 from zerolayer.frontend.tenants import TenantPolicy
 
 OWNED_BY = "zerolayer"
@@ -84,12 +84,6 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 def error_response(error: HttpError) -> JSONResponse:
     """``error`` as a JSON response."""
     return JSONResponse(error.body, status_code=error.status)
-
-
-def sse(body: dict | str) -> str:
-    """One server-sent event carrying ``body`` (JSON, or a literal such as ``[DONE]``)."""
-    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"))
-    return f"data: {data}\n\n"
 
 
 class OpenAIRoutes:
@@ -141,7 +135,7 @@ class OpenAIRoutes:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: Request, chat: bool) -> Response:
-        span = self._server_span(request)
+        call = self._call(request)
         try:
             tenant = self._tenant(request)
             model = ChatCompletionRequest if chat else CompletionRequest
@@ -149,7 +143,7 @@ class OpenAIRoutes:
             request_id = new_request_id()
             params = chat_params(body, request_id) if chat else completion_params(body, request_id)
         except (ZerolayerError, ValueError) as exc:
-            return _ended(span, _request_error(exc, chat))
+            return call.answered(_request_error(exc, chat))
         head = ResponseHead(
             f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
             int(time.time()),
@@ -158,7 +152,7 @@ class OpenAIRoutes:
         )
         logprobs = params.logprobs is not None
         if not body.stream:
-            return await self._whole(request, span, params, tenant, head, logprobs)
+            return await self._whole(request, call, params, tenant, head, logprobs)
         options = body.stream_options
         encoder = StreamEncoder(
             head,
@@ -166,34 +160,34 @@ class OpenAIRoutes:
             include_usage=options is not None and options.include_usage,
             continuous_usage=options is not None and options.continuous_usage_stats,
         )
-        return await self._stream(request, span, params, tenant, encoder)
+        return await self._stream(request, call, params, tenant, encoder)
 
     async def _whole(
         self,
         request: Request,
-        span: trace.Span,
+        call: CallRecord,
         params: GenerateParams,
         tenant: str,
         head: ResponseHead,
         logprobs: bool,
     ) -> Response:
         async def collect() -> list[GenerationChunk]:
-            with trace.use_span(span, end_on_exit=False):
+            with call.current():
                 generation = self._generator.generate(params, None, False, tenant, True)
                 return [chunk async for chunk in generation]
 
         try:
             chunks = await _unless_disconnected(request, asyncio.ensure_future(collect()))
         except ClientGone:
-            return _ended(span, http_error(499, "client disconnected"))
+            return call.answered(http_error(499, "client disconnected"))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
-            return _ended(span, error_of(exc, head.chat))
-        return _ended(span, None, JSONResponse(whole_response(head, chunks, logprobs)))
+            return call.answered(error_of(exc, head.chat))
+        return call.answered(None, JSONResponse(whole_response(head, chunks, logprobs)))
 
     async def _stream(
         self,
         request: Request,
-        span: trace.Span,
+        call: CallRecord,
         params: GenerateParams,
         tenant: str,
         encoder: StreamEncoder,
@@ -201,7 +195,7 @@ class OpenAIRoutes:
         generation = self._generator.generate(params, None, True, tenant, True)
 
         async def first_chunk() -> GenerationChunk:
-            with trace.use_span(span, end_on_exit=False):
+            with call.current():
                 return await anext(generation)
 
         # NOTE: the first chunk before the headers: a request refused by validation (or with
@@ -210,24 +204,25 @@ class OpenAIRoutes:
             first = await _unless_disconnected(request, asyncio.ensure_future(first_chunk()))
         except ClientGone:
             await generation.aclose()
-            return _ended(span, http_error(499, "client disconnected"))
+            return call.answered(http_error(499, "client disconnected"))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
             await generation.aclose()
-            return _ended(span, error_of(exc, encoder.head.chat))
-        events = _events(span, generation, first, encoder)
-        return ClosingStreamingResponse(events, media_type="text/event-stream")
+            return call.answered(error_of(exc, encoder.head.chat))
+        stream = events(call, generation, first, encoder)
+        return ClosingStreamingResponse(stream, media_type="text/event-stream")
 
-    def _server_span(self, request: Request) -> trace.Span:
-        if self._tracing is None:
-            return trace.INVALID_SPAN
-        parent = self._tracing.extract(list(request.headers.items()))
+    def _call(self, request: Request) -> CallRecord:
+        """The record of a generation call: a SERVER span in the caller's trace."""
         path = request.url.path
-        return self._tracing.tracer.start_span(
-            f"POST {path}",
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes={"http.request.method": "POST", "url.path": path},
-        )
+        span: trace.Span = trace.INVALID_SPAN
+        if self._tracing is not None:
+            span = self._tracing.tracer.start_span(
+                f"POST {path}",
+                context=self._tracing.extract(list(request.headers.items())),
+                kind=SpanKind.SERVER,
+                attributes={"http.request.method": "POST", "url.path": path},
+            )
+        return CallRecord(span, path, self._generator.metrics)
 
     def _tenant(self, request: Request) -> str:
         if not self._tenants.enabled:
@@ -296,65 +291,7 @@ def _request_error(exc: Exception, chat: bool) -> HttpError:
     if isinstance(exc, ValidationError):
         return validation_error(exc)
     if isinstance(exc, BodyTooLarge):
-        return http_error(413, str(exc))
+        return http_error(413, str(exc), grpc_code=grpc.StatusCode.RESOURCE_EXHAUSTED)
     if isinstance(exc, ValueError):
         return http_error(400, f"request body: not JSON ({exc})")
     return error_of(exc, chat)
-
-
-def _ended(span: trace.Span, error: HttpError | None, response: Response | None = None) -> Response:
-    """Ends ``span`` with the outcome; the response (``error``'s when given)."""
-    if error is not None:
-        span.set_status(Status(StatusCode.ERROR, str(error.body["error"]["message"])))
-        response = error_response(error)
-    assert response is not None
-    span.set_attribute("http.response.status_code", response.status_code)
-    span.end()
-    return response
-
-
-async def _events(
-    span: trace.Span,
-    generation: AsyncIterator[GenerationChunk],
-    first: GenerationChunk,
-    encoder: StreamEncoder,
-) -> AsyncIterator[str]:
-    """The SSE events of a stream whose first chunk is ``first``: one per chunk, the usage
-    (when asked), ``[DONE]``; an error mid-stream is an event of OpenAI's error shape before
-    ``[DONE]``. Closing it closes ``generation`` (aborting the request) and ends ``span``."""
-    try:
-        try:
-            yield sse(encoder.chunk(first))
-            while True:
-                with trace.use_span(span, end_on_exit=False):
-                    try:
-                        chunk = await anext(generation)
-                    except StopAsyncIteration:
-                        break
-                yield sse(encoder.chunk(chunk))
-            if (usage := encoder.usage()) is not None:
-                yield sse(usage)
-        except Exception as exc:  # noqa: BLE001 - the stream's status is sent already
-            error = error_of(exc, encoder.head.chat)
-            span.set_status(Status(StatusCode.ERROR, str(error.body["error"]["message"])))
-            yield sse(error.body)
-        yield sse("[DONE]")
-    finally:
-        # NOTE: shielded: on a client's disconnect this runs in a cancelled task group, where
-        # every await would be cancelled again before the scheduler call is ended.
-        with anyio.CancelScope(shield=True):
-            await generation.aclose()  # type: ignore[attr-defined]
-        span.set_attribute("http.response.status_code", 200)
-        span.end()
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """A StreamingResponse that closes its body iterator however the response ends (Starlette
-    leaves it to the garbage collector when sending fails)."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
