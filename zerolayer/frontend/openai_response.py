@@ -116,6 +116,16 @@ def whole_response(head: ResponseHead, chunks: Sequence[GenerationChunk], logpro
     return {**body, "choices": choices, "usage": usage_body(usages[-1] if usages else None)}
 
 
+def _delta(chunk: GenerationChunk, first: bool) -> dict:
+    """A chat stream's ``delta``: the role with a choice's first text; empty on a last chunk
+    without text (as OpenAI ends a choice)."""
+    if first:
+        return {"role": "assistant", "content": chunk.text}
+    if not chunk.text and chunk.finish_reason != FinishReason.UNSPECIFIED:
+        return {}
+    return {"content": chunk.text}
+
+
 def _head(head: ResponseHead, kind: str) -> dict:
     return {"id": head.id, "object": kind, "created": head.created, "model": head.model}
 
@@ -141,9 +151,7 @@ class StreamEncoder:
         self._text_offsets[chunk.index] = offset + len(chunk.text)
         choice: dict = {"index": chunk.index}
         if self.head.chat:
-            choice["delta"] = {"role": "assistant", "content": chunk.text} if first else {}
-            if not first and (chunk.text or chunk.finish_reason == FinishReason.UNSPECIFIED):
-                choice["delta"] = {"content": chunk.text}
+            choice["delta"] = _delta(chunk, first)
             choice["logprobs"] = chat_logprobs(chunk.logprobs) if self.logprobs else None
         else:
             choice["text"] = chunk.text
