@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import shutil
 import time
 
 import jsonschema
@@ -27,9 +28,18 @@ MAX_MODEL_LEN = 2048
 PROMPT_IDS = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message.role }}|>\n{{ message.content }}"
+    "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+    """The tiny dummy model with a chat template, behind --http-listen and --tenants."""
+    model_dir = tmp_path_factory.mktemp("model") / "chat-dummy"
+    shutil.copytree(ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache")), model_dir)
+    (model_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     tenants = tmp_path_factory.mktemp("tenants") / "tenants.json"
     tenants.write_text(json.dumps({"tenant-a": [hashlib.sha256(TOKEN.encode()).hexdigest()]}))
     with running_stack(
@@ -254,7 +264,10 @@ def test_a_client_that_disconnects_ends_its_request_and_frees_its_blocks(stack, 
     assert scheduler_stats(stack).num_blocks_held > 0  # still generating
     connection.close()
     deadline = time.monotonic() + 5
-    while (stats := scheduler_stats(stack)).num_blocks_held and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        stats = scheduler_stats(stack)
+        if (stats.num_running, stats.num_waiting, stats.num_blocks_held) == (0, 0, 0):
+            break
         time.sleep(0.05)
     assert (stats.num_running, stats.num_waiting, stats.num_blocks_held) == (0, 0, 0)
     assert stats.num_steps - steps_before < max_tokens // 2
@@ -264,12 +277,8 @@ CHAT = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Say hi."},
 ]
-NEEDS_CHAT = pytest.mark.xfail(
-    strict=True, reason="needs chat rendering (issue 16 item 1): remove at merge"
-)
 
 
-@NEEDS_CHAT
 def test_a_chat_completion_and_its_stream(client, model) -> None:
     kwargs = {"model": model, "messages": CHAT, "max_tokens": 5, "temperature": 0}
     whole = client.chat.completions.create(**kwargs, extra_body={"ignore_eos": True})
@@ -298,7 +307,6 @@ def test_n_completions_are_choices_by_index(client, model) -> None:
     assert completion.usage.completion_tokens == 8
 
 
-@pytest.mark.xfail(strict=True, reason="needs logprobs (issue 16): remove at merge")
 def test_completion_logprobs_have_openais_shape(client, model) -> None:
     completion = complete(client, model, max_tokens=4, logprobs=2)
     logprobs = completion.choices[0].logprobs
@@ -308,7 +316,6 @@ def test_completion_logprobs_have_openais_shape(client, model) -> None:
     assert all(lp <= 0 for lp in logprobs.token_logprobs)
 
 
-@NEEDS_CHAT
 def test_chat_logprobs_have_openais_shape(client, model) -> None:
     completion = client.chat.completions.create(
         model=model, messages=CHAT, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2
