@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import pytest
 
+from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.stack.launcher import Stack, StackConfig
 from zerolayer.v1 import (
     generation_pb2,
@@ -25,6 +28,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+"""The chat template :func:`chat_dummy_model` gives the tiny dummy model (which has none)."""
+
+
+def chat_dummy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the tiny dummy model with :data:`CHAT_TEMPLATE` as its chat_template.jinja."""
+    model_dir = tmp_path_factory.mktemp("model") / "dummy"
+    shutil.copytree(ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache")), model_dir)
+    (model_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return model_dir
 
 
 @contextmanager

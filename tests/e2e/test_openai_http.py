@@ -8,15 +8,13 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-import shutil
 import time
 
 import jsonschema
 import openai
 import pytest
-from e2e.stack import free_port, running_stack, scheduler_stats, text_stub
+from e2e.stack import chat_dummy_model, free_port, running_stack, scheduler_stats, text_stub
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.e2e
@@ -28,18 +26,10 @@ MAX_MODEL_LEN = 2048
 PROMPT_IDS = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}<|{{ message.role }}|>\n{{ message.content }}"
-    "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
     """The tiny dummy model with a chat template, behind --http-listen and --tenants."""
-    model_dir = tmp_path_factory.mktemp("model") / "chat-dummy"
-    shutil.copytree(ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache")), model_dir)
-    (model_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    model_dir = chat_dummy_model(tmp_path_factory)
     tenants = tmp_path_factory.mktemp("tenants") / "tenants.json"
     tenants.write_text(json.dumps({"tenant-a": [hashlib.sha256(TOKEN.encode()).hexdigest()]}))
     with running_stack(

@@ -12,9 +12,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from e2e.stack import running_stack, text_stub
+from e2e.stack import chat_dummy_model, running_stack, text_stub
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.e2e
@@ -27,18 +26,10 @@ MAX_NEW_TOKENS = 12
 CLIENT_TIMEOUT_S = 120
 
 
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-"""The model's chat template (the dummy model has none; the Node client chats when there is one)."""
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    model_dir = tmp_path_factory.mktemp("model") / "dummy"
-    shutil.copytree(ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache")), model_dir)
-    (model_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    # NOTE: with a chat template (the dummy model has none; the Node client chats when there is one)
+    model_dir = chat_dummy_model(tmp_path_factory)
     with running_stack(model_dir, tmp_path_factory.mktemp("logs")) as stack:
         yield stack
 
