@@ -306,6 +306,15 @@ def test_completion_logprobs_have_openais_shape(client, model) -> None:
     assert all(lp <= 0 for lp in logprobs.token_logprobs)
 
 
+def test_prompt_logprobs_cover_the_prompt_after_a_null(client, model) -> None:
+    completion = client.completions.create(
+        model=model, prompt=PROMPT_IDS, max_tokens=1, extra_body={"prompt_logprobs": 1}
+    )
+    first, *rest = completion.choices[0].prompt_logprobs
+    assert first is None
+    assert all(str(i) in entry for i, entry in zip(PROMPT_IDS[1:], rest, strict=True))
+
+
 def test_chat_logprobs_have_openais_shape(client, model) -> None:
     completion = client.chat.completions.create(
         model=model, messages=CHAT, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2

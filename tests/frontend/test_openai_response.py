@@ -126,3 +126,26 @@ def test_continuous_usage_is_on_every_chunk_once_known() -> None:
     encoder = StreamEncoder(COMPLETION, logprobs=False, continuous_usage=True)
     events = [encoder.chunk(c) for c in chunks()]
     assert [e["usage"] for e in events] == [None, None, USAGE_BODY]
+
+
+def test_prompt_logprobs_are_vllms_after_a_null_first_position() -> None:
+    second = PositionLogprobs(TokenLogprob(7, -2.0, "b"), 3, (TokenLogprob(9, -0.1, "x"),))
+    third = PositionLogprobs(TokenLogprob(8, -0.2, "c"), 1, (TokenLogprob(8, -0.2, "c"),))
+    stream = [
+        GenerationChunk("r", "", (), prompt_logprobs=(second,)),
+        GenerationChunk("r", "y", (3,), FinishReason.LENGTH, USAGE, prompt_logprobs=(third,)),
+    ]
+    expected = [
+        None,
+        {
+            "9": {"logprob": -0.1, "rank": 1, "decoded_token": "x"},
+            "7": {"logprob": -2.0, "rank": 3, "decoded_token": "b"},
+        },
+        {"8": {"logprob": -0.2, "rank": 1, "decoded_token": "c"}},
+    ]
+    (choice,) = whole_response(COMPLETION, stream, logprobs=False)["choices"]
+    assert choice["prompt_logprobs"] == expected
+    encoder = StreamEncoder(COMPLETION, logprobs=False)
+    events = [encoder.chunk(c)["choices"][0]["prompt_logprobs"] for c in stream]
+    assert events == [expected[:2], expected[2:]]
+    assert "prompt_logprobs" not in whole_response(COMPLETION, chunks(), False)["choices"][0]

@@ -111,9 +111,28 @@ def whole_response(head: ResponseHead, chunks: Sequence[GenerationChunk], logpro
             choice["text"] = whole.text
             choice["logprobs"] = completion_logprobs(whole.logprobs, 0) if logprobs else None
         choice["finish_reason"] = FINISH_REASONS[whole.finish_reason]
+        if whole.prompt_logprobs:
+            choice["prompt_logprobs"] = [None, *prompt_logprobs(whole.prompt_logprobs)]
         choices.append(choice)
     body = _head(head, "chat.completion" if head.chat else "text_completion")
     return {**body, "choices": choices, "usage": usage_body(usages[-1] if usages else None)}
+
+
+def prompt_logprobs(positions: Sequence[PositionLogprobs]) -> list[dict]:
+    """vLLM's ``prompt_logprobs`` (an extension of OpenAI's responses) of prompt positions
+    1..: per position, token id (a string, as JSON keys are) -> ``logprob``, ``rank`` (1: the
+    likeliest) and ``decoded_token``, for the prompt's token and the top alternatives. The
+    first position has none: a response's list starts with null."""
+    out = []
+    for p in positions:
+        entry = {str(t.token_id): _vllm_logprob(t, i + 1) for i, t in enumerate(p.top)}
+        entry[str(p.chosen.token_id)] = _vllm_logprob(p.chosen, p.rank)
+        out.append(entry)
+    return out
+
+
+def _vllm_logprob(t: TokenLogprob, rank: int) -> dict:
+    return {"logprob": t.logprob, "rank": rank, "decoded_token": t.token}
 
 
 def _delta(chunk: GenerationChunk, first: bool) -> dict:
@@ -142,6 +161,7 @@ class StreamEncoder:
     continuous_usage: bool = False
     """``stream_options.continuous_usage_stats`` (vLLM's): the usage so far on every chunk."""
     _text_offsets: dict[int, int] = field(default_factory=dict)
+    _prompt_logprobs_sent: set[int] = field(default_factory=set)
     _usage: Usage | None = None
 
     def chunk(self, chunk: GenerationChunk) -> dict:
@@ -158,6 +178,11 @@ class StreamEncoder:
             logprobs = completion_logprobs(chunk.logprobs, offset) if self.logprobs else None
             choice["logprobs"] = logprobs
         choice["finish_reason"] = FINISH_REASONS[chunk.finish_reason]
+        if chunk.prompt_logprobs:
+            # NOTE: the first prompt position has none: null leads the first chunk's list
+            lead = [] if chunk.index in self._prompt_logprobs_sent else [None]
+            self._prompt_logprobs_sent.add(chunk.index)
+            choice["prompt_logprobs"] = [*lead, *prompt_logprobs(chunk.prompt_logprobs)]
         self._usage = chunk.usage or self._usage
         body = {**_head(self.head, self._kind), "choices": [choice]}
         if self.continuous_usage:
