@@ -1,6 +1,7 @@
 """The OpenAI-compatible app (zerolayer.frontend.openai_http) over a stand-in generator, served
 by the frontend's HTTP server: readiness, the exact SSE framing of a stream, an error before the
-first chunk as a status and one after it as an event. The real generator: tests/e2e."""
+first chunk as a status and one after it as an event. The real generator:
+tests/e2e/test_openai_http.py."""
 
 from __future__ import annotations
 
