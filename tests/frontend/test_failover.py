@@ -44,6 +44,7 @@ def test_a_resubmission_sends_prompt_plus_generated_and_the_rest_of_the_budget()
         request_id=again.request_id,
         prompt_token_ids=(1, 10, 11, 12, 20, 21, 22),
         max_new_tokens=3,
+        num_resumed_output_tokens=3,
     )
     flight.lost(carrying=False, at_s=5.0)  # never reached the next one
     flight.submission()
@@ -61,6 +62,8 @@ def test_a_resubmission_owes_fewer_min_new_tokens_and_no_prompt_logprobs_once_an
     flight.lost(carrying=True, at_s=0.1)  # the same incident
     again = flight.submission()
     assert (again.min_new_tokens, again.prompt_logprobs) == (2, None)
+    # The earlier output ends the new prompt; the scheduler counts it as output (penalties).
+    assert (again.prompt_token_ids[-2:], again.num_resumed_output_tokens) == ((20, 21), 2)
 
 
 def test_resubmission_ids_are_drawn_afresh_and_no_client_id_pattern() -> None:

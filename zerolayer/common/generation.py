@@ -74,6 +74,9 @@ class EngineRequest:
     """Samples of the prompt; sample i is drawn with seed + i (mod 2**64)."""
     structured_output: StructuredOutput | None = None
     """Constraint on the output; None: free text."""
+    num_resumed_output_tokens: int = 0
+    """How many of the prompt's last tokens were generated earlier (a failover resubmission):
+    output for presence/frequency penalties and the structured-output grammar."""
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,8 @@ class InFlight:
             min_new_tokens=max(0, request.min_new_tokens - len(self.generated_token_ids)),
             # NOTE: prompt logprobs came with the first output; a continuation sends none again.
             prompt_logprobs=None if self.generated_token_ids else request.prompt_logprobs,
+            num_resumed_output_tokens=request.num_resumed_output_tokens
+            + len(self.generated_token_ids),
         )
 
     def received(self, output: RequestOutput) -> RequestOutput:

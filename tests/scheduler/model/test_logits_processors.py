@@ -25,6 +25,7 @@ def make_request(
     min_new_tokens: int = 0,
     stop_token_ids: tuple[int, ...] = (),
     ignore_eos: bool = False,
+    num_resumed_output_tokens: int = 0,
     **sampling: object,
 ) -> Request:
     """A request with ``prompt`` that has generated ``output`` so far."""
@@ -36,6 +37,7 @@ def make_request(
         ignore_eos=ignore_eos,
         min_new_tokens=min_new_tokens,
         stop_token_ids=stop_token_ids,
+        num_resumed_output_tokens=num_resumed_output_tokens,
     )
     request = Request(engine_request, 0)
     request.output_token_ids = list(output)
@@ -96,6 +98,20 @@ def test_presence_and_frequency_penalties_count_output_tokens_only() -> None:
         ],
     )
     assert out.tolist() == [[0.0, -1.0, 0.0, -0.75]]
+
+
+def test_a_resubmitted_requests_earlier_output_counts_for_presence_and_frequency() -> None:
+    # After a failover the earlier output (1, 1) ends the prompt: it is penalised as output,
+    # the rest of the prompt (0, 2) is not, exactly as on the scheduler that died.
+    resumed = make_request(
+        prompt=(0, 2, 1, 1),
+        output=(3,),
+        num_resumed_output_tokens=2,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+    )
+    out = process([[1.0, 1.0, 1.0, 1.0]], [resumed])
+    assert out.tolist() == [[1.0, 0.0, 1.0, 0.25]]
 
 
 def test_negative_presence_penalty_raises_the_logits_of_output_tokens() -> None:

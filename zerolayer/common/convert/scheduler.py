@@ -47,6 +47,7 @@ def engine_request_to_pb(r: EngineRequest) -> scheduler_pb2.EngineRequest:
         prompt_logprobs=r.prompt_logprobs,
         n=r.n,
         structured_output=structured_output_to_pb(r.structured_output),
+        num_resumed_output_tokens=r.num_resumed_output_tokens,
     )
 
 
@@ -81,6 +82,7 @@ def engine_request_from_pb(pb: scheduler_pb2.EngineRequest) -> EngineRequest:
             if pb.HasField("structured_output")
             else None
         ),
+        num_resumed_output_tokens=min(pb.num_resumed_output_tokens, len(pb.prompt_token_ids)),
     )
 
 

@@ -43,6 +43,8 @@ class Request:
         self.stop_token_ids = frozenset(engine_request.stop_token_ids)
         self.logprobs = engine_request.logprobs
         self.prompt_logprobs = engine_request.prompt_logprobs
+        self.num_resumed_output_tokens = engine_request.num_resumed_output_tokens
+        """The prompt's last tokens that are earlier output (a failover resubmission)."""
         self.pending_prompt_logprobs: list[PositionLogprobs] = []
         """Prompt logprobs computed but not yet delivered (they go with the next output)."""
         self.num_prompt_logprobs_done = 0
@@ -76,6 +78,15 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt plus output tokens."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def penalized_token_ids(self) -> list[int]:
+        """The output as presence and frequency penalties count it: the resumed output at the
+        end of the prompt (see ``num_resumed_output_tokens``), then this request's output."""
+        resumed = self.num_resumed_output_tokens
+        if not resumed:
+            return self.output_token_ids
+        return self.prompt_token_ids[len(self.prompt_token_ids) - resumed :] + self.output_token_ids
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -78,7 +78,7 @@ def apply_logits_processors(
     if any(s.presence_penalty or s.frequency_penalty for s in sampling):
         presence = torch.tensor([s.presence_penalty for s in sampling], device=device)
         frequency = torch.tensor([s.frequency_penalty for s in sampling], device=device)
-        counts = token_counts([r.output_token_ids for r in chosen], vocab, device)
+        counts = token_counts([r.penalized_token_ids for r in chosen], vocab, device)
         selected = apply_presence_frequency(selected, counts, presence, frequency)
     return logits.index_put((index,), selected)
 
