@@ -78,13 +78,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             trace,
         )
         finished = False
+        num_unfinished = max(engine_request.n, 1)
         try:
             while not finished:
                 item = await outputs.get()
                 if isinstance(item, Exception):
                     finished = True
                     raise item
-                finished = item.finished
+                # NOTE: with n > 1 the call ends when every sample has finished.
+                num_unfinished -= item.finished
+                finished = num_unfinished == 0
                 yield request_output_to_pb(item)
         finally:
             if not finished:

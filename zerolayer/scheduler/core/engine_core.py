@@ -11,6 +11,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+import torch
+
 from zerolayer.common.config import WARM_UP_MAX_NEW_TOKENS, WARM_UP_PROMPT_TOKENS
 from zerolayer.common.errors import Unavailable, ZerolayerError
 from zerolayer.common.generation import EngineRequest, SamplingParams
@@ -24,6 +26,7 @@ from zerolayer.scheduler.core.engine_commands import (
     Wake,
 )
 from zerolayer.scheduler.core.scheduler import Scheduler
+from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 from zerolayer.scheduler.metrics import SchedulerMetrics
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
@@ -193,7 +196,7 @@ class EngineCore:
             self._last_step_end = None
             time.sleep(0.001)
             return
-        logits = self.runner.execute(output)
+        logits = self._fork_samples(output, self.runner.execute(output))
         sampling = [s.request for s in output.scheduled if s.samples]
         token_ids = self.sampler(
             logits,
@@ -210,5 +213,20 @@ class EngineCore:
             sink = self._sinks.get(result.request_id)
             if sink is not None:
                 sink(result)
-            if result.finished:
+        for result in results:
+            # A request with n > 1 ends with its last sample.
+            if result.finished and result.request_id not in self.scheduler.requests:
                 self._sinks.pop(result.request_id, None)
+
+    def _fork_samples(self, output: SchedulerOutput, logits: torch.Tensor) -> torch.Tensor:
+        """Forks the requests with n > 1 whose prompt this step completed
+        (:meth:`Scheduler.fork_samples`): copies the KV blocks the new samples need and returns
+        ``logits`` with, appended, their sample 0's row for each (their first token is drawn
+        from it with their own seed)."""
+        fork = self.scheduler.fork_samples(output)
+        if fork.block_copies:
+            self.runner.copy_blocks(fork.block_copies)
+        if not fork.parent_rows:
+            return logits
+        rows = torch.tensor(fork.parent_rows, device=logits.device)
+        return torch.cat([logits, logits.index_select(0, rows)])
