@@ -183,6 +183,42 @@ def test_cancelled_stream_frees_its_blocks(stack, stub) -> None:
     assert (stats.attention_backend, stats.num_cuda_graphs) == ("native", 0)
 
 
+def test_n_samples_stream_with_their_index_and_equal_separate_seeded_requests(stub) -> None:
+    fields = {"prompt": "three samples", "temperature": 1.0, "max_new_tokens": 12}
+    separate = [
+        stub.Generate(make_request(**fields, seed=42 + i, ignore_eos=True)) for i in range(3)
+    ]
+    parts = list(stub.GenerateStream(make_request(**fields, seed=42, ignore_eos=True, n=3)))
+    assert sorted({p.index for p in parts}) == [0, 1, 2]
+    for i, alone in enumerate(separate):
+        sample = [p for p in parts if p.index == i]
+        assert [t for p in sample for t in p.token_ids] == list(alone.token_ids)
+        assert "".join(p.text for p in sample) == alone.text
+        assert sample[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert [p.HasField("usage") for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert parts[-1].usage.prompt_tokens == separate[0].usage.prompt_tokens
+    assert parts[-1].usage.completion_tokens == 36
+    unary = stub.Generate(make_request(**fields, seed=42, ignore_eos=True, n=3))
+    assert [(c.index, c.text, list(c.token_ids)) for c in unary.choices] == [
+        (i, alone.text, list(alone.token_ids)) for i, alone in enumerate(separate)
+    ]
+    assert (unary.text, unary.usage.completion_tokens) == (separate[0].text, 36)
+    assert not stub.Generate(make_request(**fields, seed=42, ignore_eos=True)).choices
+
+
+def test_cancelled_stream_of_n_samples_frees_every_block(stack, stub) -> None:
+    call = stub.GenerateStream(
+        make_request(prompt="cancel us", max_new_tokens=1500, ignore_eos=True, n=3)
+    )
+    indexes = {next(call).index for _ in range(6)}
+    assert indexes == {0, 1, 2}
+    assert scheduler_stats(stack).num_running == 3
+    call.cancel()
+    assert wait_all_blocks_free(stack).num_blocks_used == 0
+    stats = scheduler_stats(stack)
+    assert (stats.num_running, stats.num_waiting, stats.num_blocks_held) == (0, 0, 0)
+
+
 def test_deadline_aborts_the_request(stack, stub) -> None:
     with pytest.raises(grpc.RpcError) as info:
         stub.Generate(

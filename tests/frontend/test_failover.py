@@ -133,3 +133,17 @@ def test_only_sampled_requests_without_a_seed_get_one_drawn() -> None:
     assert with_seed(seeded, lambda: 42) is seeded
     drawn = with_seed(make_request(sampling=SAMPLED), lambda: 42)
     assert drawn == make_request(sampling=dataclasses.replace(SAMPLED, seed=42))
+
+
+def test_a_request_with_n_samples_is_resubmitted_whole_only_before_any_output() -> None:
+    request = make_request(sampling=dataclasses.replace(SAMPLED, seed=7), n=3)
+    flight = InFlight(request, max_model_len=64)
+    flight.submission()
+    flight.lost(carrying=True, at_s=0.0)  # nothing generated yet: sent again as it was
+    assert dataclasses.replace(flight.submission(), request_id="r1") == request
+    flight.received(dataclasses.replace(output(20), index=1))
+    assert flight.generated_token_ids == []  # sample 0's tokens only
+    flight.received(output(21))
+    assert flight.generated_token_ids == [21]
+    with pytest.raises(Unavailable, match=r"^scheduler: request 'r1' \(n = 3\) was in flight"):
+        flight.lost(carrying=True, at_s=5.0)

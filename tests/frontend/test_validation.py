@@ -194,3 +194,14 @@ def test_request_id_is_generated_when_empty() -> None:
     second = run(make_params()).request_id
     assert len(first) == 32 and int(first, 16) >= 0
     assert first != second
+
+
+@pytest.mark.parametrize(("n", "expected"), [(0, 1), (1, 1), (3, 3), (16, 16)])
+def test_n_defaults_to_one_and_greedy_samples_are_allowed(n: int, expected: int) -> None:
+    assert run(make_params(n=n)).n == expected  # greedy (temperature 0): identical samples
+
+
+@pytest.mark.parametrize("n", [17, -1])
+def test_n_above_16_is_refused(n: int) -> None:
+    error = assert_invalid(make_params(n=n), "n")
+    assert str(error) == f"n: must be an integer from 0 to 16, got {n}"

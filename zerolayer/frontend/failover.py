@@ -8,6 +8,10 @@ token, as the engine's recompute preemption is; sampled output is too because ev
 request carries a seed (:func:`with_seed` draws one where the client gave none) and the sampler
 draws from (seed, position). The frontend's detokenizer and stop strings continue as they were.
 
+A request with n > 1 is resubmitted whole only while none of its samples has produced a token;
+after that it ends with UNAVAILABLE when its scheduler dies (its samples are not carried over
+one by one).
+
 A request that schedulers keep dying under may be what kills them (a *poison* request): it ends
 with UNAVAILABLE instead of being sent to the next one, at its :data:`MAX_INCIDENTS`-th loss
 *incident*. A loss is one scheduler dying (or going away) while it may have had the request. The
@@ -79,6 +83,11 @@ class InFlight:
         self.fresh_ids = fresh_ids
         self.max_model_len = max_model_len
         self.generated_token_ids: list[int] = []
+        """Tokens generated so far (sample 0's, with n > 1)."""
+        self.num_outputs = 0
+        """Outputs received, of every sample."""
+        self.num_finished = 0
+        """Samples that have finished (the request is done at ``n``)."""
         self.num_cached_tokens: int | None = None
         """Prompt tokens found in the prefix cache by the first admission (None: not yet)."""
         self.num_losses = 0
@@ -90,6 +99,11 @@ class InFlight:
         self.num_submissions = 0
         self._answered = False
         """The current submission has produced an output (its prompt is prefilled)."""
+
+    @property
+    def finished(self) -> bool:
+        """True once every sample (``n`` of them) has had its finished output."""
+        return self.num_finished >= self.request.n
 
     @property
     def num_remaining_tokens(self) -> int:
@@ -134,7 +148,10 @@ class InFlight:
         """Records one output of the current submission and returns it as the original request's:
         its id, its prompt length, and the cached prompt tokens of the first admission."""
         self._answered = True
-        self.generated_token_ids.extend(output.new_token_ids)
+        self.num_outputs += 1
+        self.num_finished += output.finished
+        if output.index == 0:
+            self.generated_token_ids.extend(output.new_token_ids)
         if self.num_cached_tokens is None:
             self.num_cached_tokens = output.num_cached_tokens
         return dataclasses.replace(
@@ -151,10 +168,17 @@ class InFlight:
 
         Raises:
             Unavailable: the loss begins the :data:`MAX_INCIDENTS`-th incident (the request may be
-                what kills schedulers; see the module docstring).
+                what kills schedulers; see the module docstring); or the request has n > 1 and
+                some sample of it produced tokens.
         """
         if not carrying:
             return
+        if self.request.n > 1 and self.num_outputs:
+            raise Unavailable(
+                f"scheduler: request {self.request.request_id!r} (n = {self.request.n}) was in "
+                "flight on a scheduler that died after its samples began; a request with n > 1 "
+                "is not resubmitted then (send it again)"
+            )
         self.num_losses += 1
         if (
             self._incident_at_s is not None

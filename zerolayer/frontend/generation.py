@@ -106,7 +106,10 @@ class TextGenerator:
         stream: bool = False,
         tenant: str = "",
     ) -> AsyncIterator[GenerationChunk]:
-        """Streams a generation: one chunk per engine step, the last with finish reason and usage.
+        """Streams a generation: one chunk per engine step (and sample), the last with usage.
+
+        With n > 1, each chunk carries its sample's ``index`` and a sample's last chunk its finish
+        reason; usage counts the prompt once and the tokens of every sample.
 
         Text never ends inside a UTF-8 character, and never contains a stop string (text stops
         right before it; ``token_ids`` still include the tokens that completed it). Closing the
@@ -132,29 +135,44 @@ class TextGenerator:
             )
         request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))
         telemetry.validated(request)
-        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
-        stops = StopStringMatcher(params.stop)
-        last: RequestOutput | None = None
+        # One detokenizer and stop-string matcher per sample (n > 1: outputs carry its index).
+        detokenizers = [
+            IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+            for _ in range(request.n)
+        ]
+        stops = [StopStringMatcher(params.stop) for _ in range(request.n)]
+        finished = [False] * request.n
         num_generated = 0
+        num_cached = 0
         max_model_len = self.served.max_model_len
         async with aclosing(
             self.scheduler.generate(request, timeout_s, max_model_len, tenant)
         ) as outputs:
             async for output in outputs:
-                last = output
+                index = output.index
+                if finished[index]:
+                    # NOTE: a sample ended by a stop string runs on in the scheduler (until the
+                    # others finish); its further tokens are dropped, and not counted.
+                    continue
                 num_generated += len(output.new_token_ids)
-                usage = Usage(
-                    len(request.prompt_token_ids), num_generated, output.num_cached_tokens
-                )
+                if index == 0:
+                    num_cached = output.num_cached_tokens
+                usage = Usage(len(request.prompt_token_ids), num_generated, num_cached)
                 started = time.perf_counter()
-                chunk = self._chunk(request.request_id, output, usage, detokenizer, stops)
+                chunk = self._chunk(
+                    request.request_id, output, usage, detokenizers[index], stops[index]
+                )
                 telemetry.detokenized(time.perf_counter() - started)
+                finished[index] = chunk.finish_reason != FinishReason.UNSPECIFIED
+                if not all(finished):
+                    chunk = replace(chunk, usage=None)  # usage: on the stream's last chunk
+                if index:
+                    chunk = replace(chunk, index=index)
                 telemetry.sent(chunk)
                 yield chunk
-                if chunk.finish_reason != FinishReason.UNSPECIFIED:
+                if all(finished):
                     return  # closing the stream cancels the call: a stopped request is aborted
-        if last is None or not last.finished:
-            raise Unavailable("scheduler: stream ended without a finished output")
+        raise Unavailable("scheduler: stream ended without a finished output")
 
     @staticmethod
     def _chunk(

@@ -62,7 +62,8 @@ class SchedulerPool:
         max_model_len: int,
         tenant: str = "",
     ) -> AsyncIterator[RequestOutput]:
-        """Yields the request's outputs until the finished one, whichever schedulers carry it.
+        """Yields the request's outputs until the finished one (of every sample, with n > 1),
+        whichever schedulers carry it.
 
         Args:
             request: the validated request.
@@ -158,7 +159,7 @@ class SchedulerPool:
                     output = flight.received(output)
                     work.set(flight.num_outstanding_tokens)
                     yield output
-                    if output.finished:
+                    if flight.finished:
                         return
 
     @staticmethod
