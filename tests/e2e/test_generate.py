@@ -206,6 +206,23 @@ def test_n_samples_stream_with_their_index_and_equal_separate_seeded_requests(st
     assert not stub.Generate(make_request(**fields, seed=42, ignore_eos=True)).choices
 
 
+def test_a_stop_string_ends_only_the_sample_it_appears_in(stub) -> None:
+    fields = {"prompt": "stop one", "temperature": 1.0, "max_new_tokens": 16, "ignore_eos": True}
+    separate = [stub.Generate(make_request(**fields, seed=7 + i)).text for i in range(3)]
+    stop = next(
+        separate[1][i : i + 3]
+        for i in range(1, len(separate[1]) - 3)
+        if all(separate[1][i : i + 3] not in separate[j] for j in (0, 2))
+    )
+    parts = list(stub.GenerateStream(make_request(**fields, seed=7, n=3, stop=[stop])))
+    texts = ["".join(p.text for p in parts if p.index == i) for i in range(3)]
+    assert texts == [separate[0], separate[1].split(stop)[0], separate[2]]
+    reasons = [[p.finish_reason for p in parts if p.index == i][-1] for i in range(3)]
+    assert reasons == [pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH]
+    completion = parts[-1].usage.completion_tokens
+    assert completion == sum(len(p.token_ids) for p in parts) < 48
+
+
 def test_cancelled_stream_of_n_samples_frees_every_block(stack, stub) -> None:
     call = stub.GenerateStream(
         make_request(prompt="cancel us", max_new_tokens=1500, ignore_eos=True, n=3)
