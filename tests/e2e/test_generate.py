@@ -368,10 +368,15 @@ def test_scheduler_killed_mid_stream_is_restarted_and_the_stream_continues_on_it
     request = make_request(prompt="doomed", max_new_tokens=200, ignore_eos=True)
     call = stub.GenerateStream(request, timeout=120)
     first = next(call)
+    # n = 3: each sample goes on as a request of its own (seed + i, its tokens so far).
+    samples = make_request(prompt="doomed", max_new_tokens=64, temperature=1.0, seed=5, n=3)
+    samples_call = stub.GenerateStream(samples, timeout=120)
+    samples_first = [next(samples_call) for _ in range(3)]
     assert kv_stats(stack).num_blocks_used > 0
     stack.processes["scheduler"].kill()  # SIGKILL: no chance to free anything
     # The frontend waits for the supervisor's restart and resubmits prompt + generated there.
     responses = [first, *call]
+    samples_responses = [*samples_first, *samples_call]
     assert stack.processes["scheduler"].pid != old_pid
     token_ids = [t for r in responses for t in r.token_ids]
     undisturbed = stub.Generate(request, timeout=60)
@@ -381,6 +386,12 @@ def test_scheduler_killed_mid_stream_is_restarted_and_the_stream_continues_on_it
         undisturbed.usage.prompt_tokens,
         200,
     )
+    undisturbed_samples = stub.Generate(samples, timeout=60).choices
+    for i, choice in enumerate(undisturbed_samples):
+        sample = [r for r in samples_responses if r.index == i]
+        assert [t for r in sample for t in r.token_ids] == list(choice.token_ids)
+        assert len(choice.token_ids) == 64 and sample[-1].finish_reason == choice.finish_reason
+    assert samples_responses[-1].usage.completion_tokens == 192
     # The new scheduler reconciled with the kvstore: the dead one's blocks were freed.
     assert wait_all_blocks_free(stack).num_blocks_used == 0
     assert {name: stack.processes[name].pid for name in others} == others

@@ -9,6 +9,13 @@ from dataclasses import dataclass
 
 GREEDY_TEMPERATURE_EPS = 1e-5
 """Temperatures below this are treated as greedy."""
+_MASK64 = (1 << 64) - 1
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample ``index`` of a request seeded with ``seed`` (``EngineRequest.n``):
+    ``seed + index`` mod 2**64 (unsigned 64-bit, as ``SamplingParams.seed``)."""
+    return (seed + index) & _MASK64
 
 
 class FinishReason(enum.IntEnum):

@@ -8,9 +8,10 @@ token, as the engine's recompute preemption is; sampled output is too because ev
 request carries a seed (:func:`with_seed` draws one where the client gave none) and the sampler
 draws from (seed, position). The frontend's detokenizer and stop strings continue as they were.
 
-A request with n > 1 is resubmitted whole only while none of its samples has produced a token;
-after that it ends with UNAVAILABLE when its scheduler dies (its samples are not carried over
-one by one).
+A request with n > 1 is resubmitted whole while none of its samples has produced a token. After
+that, each unfinished sample ``i`` goes on as a request of its own (:meth:`InFlight.split`): n = 1,
+seed ``seed + i``, its prompt plus its own tokens so far; a lone request with that seed draws
+what sample ``i`` would have drawn, so no sample is lost, repeated or changed.
 
 A request that schedulers keep dying under may be what kills them (a *poison* request): it ends
 with UNAVAILABLE instead of being sent to the next one, at its :data:`MAX_INCIDENTS`-th loss
@@ -34,7 +35,7 @@ import secrets
 from collections.abc import Callable
 
 from zerolayer.common.errors import Unavailable
-from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput
+from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, sample_seed
 
 MAX_INCIDENTS = 2
 """Loss incidents of the same request after which it is not retried (see the module docstring)."""
@@ -84,6 +85,11 @@ class InFlight:
         self.max_model_len = max_model_len
         self.generated_token_ids: list[int] = []
         """Tokens generated so far (sample 0's, with n > 1)."""
+        self.sample_token_ids: list[list[int]] = [self.generated_token_ids]
+        self.sample_token_ids += [[] for _ in range(request.n - 1)]
+        """Each sample's tokens so far, by index."""
+        self.finished_indexes: set[int] = set()
+        """Samples that have had their finished output."""
         self.num_outputs = 0
         """Outputs received, of every sample."""
         self.num_finished = 0
@@ -150,8 +156,9 @@ class InFlight:
         self._answered = True
         self.num_outputs += 1
         self.num_finished += output.finished
-        if output.index == 0:
-            self.generated_token_ids.extend(output.new_token_ids)
+        self.sample_token_ids[output.index].extend(output.new_token_ids)
+        if output.finished:
+            self.finished_indexes.add(output.index)
         if self.num_cached_tokens is None:
             self.num_cached_tokens = output.num_cached_tokens
         return dataclasses.replace(
@@ -168,17 +175,10 @@ class InFlight:
 
         Raises:
             Unavailable: the loss begins the :data:`MAX_INCIDENTS`-th incident (the request may be
-                what kills schedulers; see the module docstring); or the request has n > 1 and
-                some sample of it produced tokens.
+                what kills schedulers; see the module docstring).
         """
         if not carrying:
             return
-        if self.request.n > 1 and self.num_outputs:
-            raise Unavailable(
-                f"scheduler: request {self.request.request_id!r} (n = {self.request.n}) was in "
-                "flight on a scheduler that died after its samples began; a request with n > 1 "
-                "is not resubmitted then (send it again)"
-            )
         self.num_losses += 1
         if (
             self._incident_at_s is not None
@@ -194,6 +194,34 @@ class InFlight:
                 f"{self.num_losses} schedulers that died in {self.num_incidents} separate "
                 "incidents; it is not retried (it may be what killed them)"
             )
+
+    @property
+    def must_split(self) -> bool:
+        """True when the request has n > 1 and a sample has produced tokens: it is no longer
+        resubmitted whole but sample by sample (:meth:`split`)."""
+        return self.request.n > 1 and self.num_outputs > 0
+
+    def split(self) -> list[tuple[int, InFlight]]:
+        """Each unfinished sample as a request of its own, with its index: n = 1, seed
+        ``seed + index`` (mod 2**64), the tokens it generated so far, this request's loss
+        counts and cached prompt tokens. Their submissions all get fresh ids; their outputs
+        carry index 0 (the caller gives them theirs back)."""
+        samples: list[tuple[int, InFlight]] = []
+        for index in range(self.request.n):
+            if index in self.finished_indexes:
+                continue
+            sampling = self.request.sampling
+            if sampling.seed is not None:
+                sampling = dataclasses.replace(sampling, seed=sample_seed(sampling.seed, index))
+            request = dataclasses.replace(self.request, n=1, sampling=sampling)
+            sample = InFlight(request, self.max_model_len)
+            sample.generated_token_ids.extend(self.sample_token_ids[index])
+            sample.num_cached_tokens = self.num_cached_tokens
+            sample.num_losses, sample.num_incidents = self.num_losses, self.num_incidents
+            sample._incident_at_s = self._incident_at_s
+            sample.num_submissions = self.num_submissions
+            samples.append((index, sample))
+        return samples
 
     def finish_if_spent(self) -> RequestOutput | None:
         """The last output, finished with LENGTH, when the budget is spent but the scheduler died

@@ -5,6 +5,8 @@ error, no token twice or missing, the original request's id and counts."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -97,11 +99,13 @@ class SchedulerPool:
             self._request_ids.discard(key)
 
     async def _carry(
-        self, flight: InFlight, timeout_s: float | None
+        self, flight: InFlight, timeout_s: float | None, wait_s: float | None = None
     ) -> AsyncIterator[RequestOutput]:
+        """``flight``'s outputs across schedulers; waits ``wait_s`` (None: a new request's
+        wait) for the first."""
         start = time.monotonic()
         deadline = None if timeout_s is None else start + timeout_s
-        wait_until = start + self._waits.new_request_s
+        wait_until = start + (self._waits.new_request_s if wait_s is None else wait_s)
         while True:
             wait_s = wait_until - time.monotonic()
             if deadline is not None:
@@ -118,9 +122,58 @@ class SchedulerPool:
                 self._count_loss(flight, lost)
                 if lost.carrying:
                     wait_until = time.monotonic() + self._waits.failover_s
+            if flight.must_split:
+                left_s = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                samples = self._carry_samples(flight, left_s, wait_until - time.monotonic())
+                async with aclosing(samples) as outputs:
+                    async for output in outputs:
+                        yield output
+                return
             if (last := flight.finish_if_spent()) is not None:
                 yield last
                 return
+
+    async def _carry_samples(
+        self, flight: InFlight, timeout_s: float | None, wait_s: float
+    ) -> AsyncIterator[RequestOutput]:
+        """Carries the unfinished samples of ``flight`` (n > 1, its scheduler lost after some
+        output) each as a request of its own (:meth:`InFlight.split`), concurrently; yields
+        their outputs, with their sample's index, as they come.
+
+        Raises:
+            Unavailable, grpc.aio.AioRpcError: what a sample's carrying raised (the others are
+                cancelled).
+        """
+        outputs: asyncio.Queue[RequestOutput | BaseException | None] = asyncio.Queue()
+
+        async def carry(index: int, sample: InFlight) -> None:
+            try:
+                if (last := sample.finish_if_spent()) is not None:
+                    await outputs.put(dataclasses.replace(last, index=index))
+                    return
+                async with aclosing(self._carry(sample, timeout_s, wait_s)) as carried:
+                    async for output in carried:
+                        await outputs.put(dataclasses.replace(output, index=index))
+            except Exception as exc:  # noqa: BLE001 - re-raised by the consumer below
+                await outputs.put(exc)
+            finally:
+                outputs.put_nowait(None)
+
+        tasks = [asyncio.create_task(carry(i, sample)) for i, sample in flight.split()]
+        try:
+            num_running = len(tasks)
+            while num_running:
+                item = await outputs.get()
+                if item is None:
+                    num_running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _acquire(self, wait_s: float, flight: InFlight) -> str:
         """The scheduler for ``flight``'s next submission (see :meth:`Router.acquire`).

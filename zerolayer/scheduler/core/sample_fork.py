@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from zerolayer.common.generation import sample_seed
 from zerolayer.scheduler.core.kv_cache_manager import KVStoreUnavailable
 from zerolayer.scheduler.core.request import Request, RequestStatus
 from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -33,13 +34,6 @@ if TYPE_CHECKING:
 
 MAX_SAMPLES = 16
 """Most samples of one request (``n``)."""
-_MASK64 = (1 << 64) - 1
-
-
-def sample_seed(seed: int, index: int) -> int:
-    """The seed of sample ``index`` of a request seeded with ``seed``: ``seed + index`` mod
-    2**64 (unsigned 64-bit, as ``SamplingParams.seed``)."""
-    return (seed + index) & _MASK64
 
 
 @dataclass
