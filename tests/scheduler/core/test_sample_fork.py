@@ -31,13 +31,17 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> LocalModel:
 
 
 def make_engine(
-    model: LocalModel, num_blocks: int = 64, max_num_seqs: int = 8, budget: int = 8
+    model: LocalModel,
+    num_blocks: int = 64,
+    max_num_seqs: int = 8,
+    budget: int = 8,
+    enable_prefix_caching: bool = True,
 ) -> tuple[Engine, LocalBlockAllocator]:
     config = EngineConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, attention_backend="reference"
     )
     layout = model.arena_layout_of_blocks(BLOCK_SIZE, num_blocks)
-    return build_local_engine(model, config, layout)
+    return build_local_engine(model, config, layout, enable_prefix_caching=enable_prefix_caching)
 
 
 def sampled(request_id: str, prompt: list[int], n: int = 1, seed: int = SEED) -> EngineRequest:
@@ -127,6 +131,18 @@ def test_n_samples_equal_n_separate_requests_and_the_prompt_is_computed_once(
         assert recorder.reasons[("r", i)] == [FinishReason.UNSPECIFIED] * (NUM_NEW - 1) + [
             FinishReason.LENGTH
         ]
+    assert prompt_tokens_fed(recorder.plans, len(prompt)) == len(prompt)
+    assert_all_free(engine, allocator)
+
+
+def test_without_prefix_caching_the_samples_copy_the_whole_prompt(model: LocalModel) -> None:
+    prompt = make_prompt(8, seed=5)  # two full blocks: the last one is never found by a lookup
+    separate = [alone(model, sampled(f"s{i}", prompt, seed=(SEED + i) % 2**64)) for i in range(2)]
+    engine, allocator = make_engine(model, enable_prefix_caching=False)
+    recorder = Recorder(engine)
+    recorder.submit(sampled("r", prompt, n=2))
+    recorder.run()
+    assert [recorder.token_ids[("r", i)] for i in range(2)] == separate
     assert prompt_tokens_fed(recorder.plans, len(prompt)) == len(prompt)
     assert_all_free(engine, allocator)
 
