@@ -206,7 +206,7 @@ def test_n_samples_stream_with_their_index_and_equal_separate_seeded_requests(st
     assert not stub.Generate(make_request(**fields, seed=42, ignore_eos=True)).choices
 
 
-def test_a_stop_string_ends_only_the_sample_it_appears_in(stub) -> None:
+def test_a_stop_string_ends_only_the_sample_it_appears_in(stack, stub) -> None:
     fields = {"prompt": "stop one", "temperature": 1.0, "max_new_tokens": 16, "ignore_eos": True}
     separate = [stub.Generate(make_request(**fields, seed=7 + i)).text for i in range(3)]
     stop = next(
@@ -221,6 +221,15 @@ def test_a_stop_string_ends_only_the_sample_it_appears_in(stub) -> None:
     assert reasons == [pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH]
     completion = parts[-1].usage.completion_tokens
     assert completion == sum(len(p.token_ids) for p in parts) < 48
+    # The stopped sample ends in the scheduler too; the others go on.
+    long = make_request(**{**fields, "max_new_tokens": 1500}, seed=7, n=2, stop=[stop])
+    call = stub.GenerateStream(long)
+    assert any(p.finish_reason == pb.FINISH_REASON_STOP for p in call if p.index == 1)
+    deadline = time.monotonic() + 10
+    while scheduler_stats(stack).num_running != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert scheduler_stats(stack).num_running == 1
+    call.cancel()
 
 
 def test_cancelled_stream_of_n_samples_frees_every_block(stack, stub) -> None:

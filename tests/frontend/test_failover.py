@@ -157,3 +157,16 @@ def test_a_request_with_n_samples_is_split_into_its_unfinished_samples_once_one_
     assert all(re.fullmatch("r1~[0-9a-f]{32}", s.request_id) for s in submissions)
     assert samples[1][1].received(output(23)).num_cached_tokens == 4
     assert [(s.num_losses, s.num_incidents) for _, s in samples] == [(1, 1)] * 2
+
+
+def test_a_sample_is_found_where_it_runs_whole_or_split() -> None:
+    flight = InFlight(make_request(n=3), max_model_len=64)
+    assert flight.sample_submission(1) is None  # not submitted yet
+    flight.submitted_to = ("unix:/a.sock", "r1")
+    assert flight.sample_submission(1) == ("unix:/a.sock", "r1", 1)
+    flight.received(dataclasses.replace(output(20, finished=True), index=2))
+    (_, first), (_, second) = flight.split()
+    second.submitted_to = ("unix:/b.sock", "r1~x")
+    assert flight.sample_submission(1) == ("unix:/b.sock", "r1~x", 0)  # a request of its own
+    assert flight.sample_submission(0) is None  # not resubmitted yet
+    assert flight.sample_submission(2) is None  # finished

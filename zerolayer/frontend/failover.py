@@ -90,6 +90,10 @@ class InFlight:
         """Each sample's tokens so far, by index."""
         self.finished_indexes: set[int] = set()
         """Samples that have had their finished output."""
+        self.submitted_to: tuple[str, str] | None = None
+        """(scheduler address, request id there) of the current submission; None before."""
+        self.split_samples: dict[int, InFlight] = {}
+        """Once split (:meth:`split`): the unfinished samples' own requests, by index."""
         self.num_outputs = 0
         """Outputs received, of every sample."""
         self.num_finished = 0
@@ -221,7 +225,20 @@ class InFlight:
             sample._incident_at_s = self._incident_at_s
             sample.num_submissions = self.num_submissions
             samples.append((index, sample))
+        self.split_samples = dict(samples)
         return samples
+
+    def sample_submission(self, index: int) -> tuple[str, str, int] | None:
+        """Where sample ``index`` runs now: (scheduler address, request id there, its index
+        there); None when it was never submitted."""
+        if self.split_samples:
+            sample = self.split_samples.get(index)
+            if sample is None or sample.submitted_to is None:
+                return None
+            return (*sample.submitted_to, 0)
+        if self.submitted_to is None:
+            return None
+        return (*self.submitted_to, index)
 
     def finish_if_spent(self) -> RequestOutput | None:
         """The last output, finished with LENGTH, when the budget is spent but the scheduler died

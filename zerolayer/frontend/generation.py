@@ -151,9 +151,7 @@ class TextGenerator:
             async for output in outputs:
                 index = output.index
                 if finished[index]:
-                    # NOTE: a sample ended by a stop string runs on in the scheduler (until the
-                    # others finish); its further tokens are dropped, and not counted.
-                    continue
+                    continue  # a sample this frontend stopped: its tokens until the abort
                 num_generated += len(output.new_token_ids)
                 if index == 0:
                     num_cached = output.num_cached_tokens
@@ -172,6 +170,9 @@ class TextGenerator:
                 yield chunk
                 if all(finished):
                     return  # closing the stream cancels the call: a stopped request is aborted
+                if finished[index] and not output.finished:
+                    # A stop string ended this sample only: end it in the scheduler too.
+                    await self.scheduler.abort_sample(request.request_id, index, tenant)
         raise Unavailable("scheduler: stream ended without a finished output")
 
     @staticmethod

@@ -54,8 +54,8 @@ class SchedulerPool:
         self.router = router
         self._waits = waits
         self._draw = draw
-        self._request_ids: set[tuple[str, str]] = set()
-        """(tenant, request_id) of the requests in flight: ids are unique per tenant."""
+        self._flights: dict[tuple[str, str], InFlight] = {}
+        """The requests in flight by (tenant, request_id): ids are unique per tenant."""
 
     async def generate(
         self,
@@ -85,18 +85,28 @@ class SchedulerPool:
             grpc.aio.AioRpcError: a scheduler rejected it, or the deadline passed.
         """
         key = (tenant, request.request_id)
-        if key in self._request_ids:
+        if key in self._flights:
             raise InvalidArgument("request_id", f"{request.request_id!r} is in flight")
-        self._request_ids.add(key)
+        flight = InFlight(with_seed(request, self._draw), max_model_len, bool(tenant))
+        self._flights[key] = flight
         try:
-            flight = InFlight(with_seed(request, self._draw), max_model_len, bool(tenant))
             # NOTE: aclosing, here and below: a caller that stops early must end the call (and
             # the work counted) at once, not when the garbage collector finalizes the generators.
             async with aclosing(self._carry(flight, timeout_s)) as outputs:
                 async for output in outputs:
                     yield output
         finally:
-            self._request_ids.discard(key)
+            del self._flights[key]
+
+    async def abort_sample(self, request_id: str, index: int, tenant: str = "") -> None:
+        """Ends sample ``index`` of a request in flight with n > 1 in its scheduler (e.g. a stop
+        string ended it here); the request's stream then gets that sample's ABORT output. Best
+        effort: unknown ids and failed calls change nothing."""
+        flight = self._flights.get((tenant, request_id))
+        where = None if flight is None else flight.sample_submission(index)
+        if where is not None:
+            address, submission_id, scheduler_index = where
+            await self.clients[address].abort_sample(submission_id, scheduler_index)
 
     async def _carry(
         self, flight: InFlight, timeout_s: float | None, wait_s: float | None = None
@@ -205,6 +215,7 @@ class SchedulerPool:
     ) -> AsyncIterator[RequestOutput]:
         """One (re)submission of ``flight`` to ``address``, its work counted there."""
         request = flight.submission()
+        flight.submitted_to = (address, request.request_id)
         with self.router.working(address, flight.num_outstanding_tokens) as work:
             client = self.clients[address]
             async with aclosing(client.generate(request, timeout_s)) as outputs:

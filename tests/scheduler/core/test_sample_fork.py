@@ -194,3 +194,24 @@ def test_n_out_of_range_is_refused(model: LocalModel, n: int) -> None:
     engine, _ = make_engine(model)
     with pytest.raises(InvalidArgument, match="^n: "):
         engine.scheduler.add_request(sampled("r", [5, 6], n=n))
+
+
+def test_aborting_one_sample_ends_it_alone_with_an_abort_output(model: LocalModel) -> None:
+    prompt = make_prompt(10, seed=6)
+    separate = [alone(model, sampled(f"s{i}", prompt, seed=(SEED + i) % 2**64)) for i in (0, 2)]
+    engine, allocator = make_engine(model)
+    recorder = Recorder(engine)
+    recorder.submit(sampled("r", prompt, n=3))
+    while len(recorder.token_ids[("r", 1)]) < 3:
+        engine.process_commands()
+        engine.step()
+    engine.abort_sample("r", 1)
+    engine.abort_sample("r", 7)  # no such sample: nothing changes
+    engine.process_commands()
+    assert recorder.reasons[("r", 1)][-1] == FinishReason.ABORT
+    assert len(engine.scheduler.running) == 2 and engine.num_streams == 1
+    recorder.run()
+    assert [recorder.token_ids[("r", i)] for i in (0, 2)] == separate
+    assert len(recorder.token_ids[("r", 1)]) == 3
+    assert engine.scheduler.abort_sample("r", 0) is None  # finished: unknown now
+    assert_all_free(engine, allocator)

@@ -74,6 +74,9 @@ from zerolayer.common.convert.loader import (
     residency_to_pb,
 )
 from zerolayer.common.convert.scheduler import (
+    abort_sample_request_from_pb,
+    abort_sample_request_to_pb,
+    abort_sample_response_to_pb,
     activate_request_to_pb,
     activate_response_from_pb,
     activate_response_to_pb,
@@ -89,6 +92,9 @@ from zerolayer.common.convert.scheduler import (
 )
 
 __all__ = [
+    "abort_sample_request_from_pb",
+    "abort_sample_request_to_pb",
+    "abort_sample_response_to_pb",
     "activate_request_to_pb",
     "activate_response_from_pb",
     "activate_response_to_pb",

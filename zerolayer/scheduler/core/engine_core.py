@@ -18,6 +18,7 @@ from zerolayer.common.errors import Unavailable, ZerolayerError
 from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.scheduler.core.engine_commands import (
     AbortRequest,
+    AbortSample,
     AddRequest,
     Annotate,
     EngineCommand,
@@ -107,6 +108,8 @@ class EngineCore:
             case AbortRequest(request_id=request_id):
                 self._sinks.pop(request_id, None)
                 self.scheduler.abort_request(request_id)
+            case AbortSample(request_id=request_id, index=index):
+                self._abort_sample(request_id, index)
             case FailAll(error=error):
                 self._fail_all(error)
             case Annotate(name=name, attributes=attributes):
@@ -126,6 +129,17 @@ class EngineCore:
             command.sink(exc)
             return
         self._sinks[command.request.request_id] = command.sink
+
+    def _abort_sample(self, request_id: str, index: int) -> None:
+        """Ends one sample and delivers its last output (the stream ends with the last one)."""
+        result = self.scheduler.abort_sample(request_id, index)
+        if result is None:
+            return
+        sink = self._sinks.get(request_id)
+        if sink is not None:
+            sink(result)
+        if request_id not in self.scheduler.requests:
+            self._sinks.pop(request_id, None)
 
     def _fail_all(self, error: Unavailable) -> None:
         """Aborts every request in flight (frees its blocks) and ends it with ``error``."""

@@ -105,6 +105,28 @@ class Scheduler:
                 self._finish(sample, FinishReason.ABORT)
         return True
 
+    def abort_sample(self, request_id: str, index: int) -> RequestOutput | None:
+        """Ends sample ``index`` of a request (with ABORT) and frees its blocks at once.
+
+        Returns:
+            The sample's last output (no tokens, ABORT); None when the request or the sample is
+            unknown (not forked yet included) or the sample had finished.
+        """
+        request = self.requests.get(request_id)
+        samples = [] if request is None else [request, *request.samples]
+        sample = next((s for s in samples if s.index == index), None)
+        if sample is None or sample.is_finished:
+            return None
+        self._finish(sample, FinishReason.ABORT)
+        return RequestOutput(
+            request_id,
+            (),
+            FinishReason.ABORT,
+            sample.num_prompt_tokens,
+            sample.num_cached_tokens,
+            index,
+        )
+
     def abort_all_requests(self) -> list[str]:
         """Aborts every request in flight (after a failure); returns their ids in arrival order.
 
