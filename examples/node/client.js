@@ -1,7 +1,9 @@
 #!/usr/bin/env node
 // Calls zerolayer's public API from Node.js with nothing but the published .proto file, loaded at
-// run time: one Generate and one GenerateStream with the same greedy request, then prints one JSON
-// line {text, token_ids, finish_reason, usage, stream_text, stream_token_ids}.
+// run time: one Generate and one GenerateStream with the same greedy request, then, when the model
+// has a chat template, one chat Generate of the prompt as a user message; prints one JSON line
+// {text, token_ids, finish_reason, usage, stream_text, stream_token_ids, chat} (chat: {text,
+// token_ids, finish_reason} or null when the model has no chat template).
 //
 //   npm ci && node client.js "Hello" [HOST:PORT] [MAX_NEW_TOKENS]
 //
@@ -31,12 +33,31 @@ function deadline() {
   return new Date(Date.now() + DEADLINE_MS);
 }
 
-function generate(client, request) {
+function call(client, method, request) {
   return new Promise((resolve, reject) => {
-    client.Generate(request, { deadline: deadline() }, (err, response) =>
+    client[method](request, { deadline: deadline() }, (err, response) =>
       err ? reject(err) : resolve(response),
     );
   });
+}
+
+function generate(client, request) {
+  return call(client, "Generate", request);
+}
+
+async function chat(client, prompt, maxNewTokens) {
+  const info = await call(client, "GetModelInfo", {});
+  if (!info.has_chat_template) return null;
+  // The server renders the messages with the model's chat template (and its generation prompt).
+  const response = await generate(client, {
+    messages: { messages: [{ role: "user", content: prompt }] },
+    max_new_tokens: maxNewTokens,
+  });
+  return {
+    text: response.text,
+    token_ids: response.token_ids,
+    finish_reason: response.finish_reason,
+  };
 }
 
 function generateStream(client, request) {
@@ -71,6 +92,7 @@ async function main(argv) {
   try {
     const unary = await generate(client, request);
     const stream = await generateStream(client, request);
+    const chatResult = await chat(client, prompt, Number(maxNewTokens));
     console.log(
       JSON.stringify({
         text: unary.text,
@@ -79,6 +101,7 @@ async function main(argv) {
         usage: unary.usage,
         stream_text: stream.text,
         stream_token_ids: stream.token_ids,
+        chat: chatResult,
       }),
     );
     return 0;

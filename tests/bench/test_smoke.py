@@ -54,6 +54,15 @@ def test_multiturn_smoke_writes_json_and_png(tmp_path: Path) -> None:
     assert all(len(ttfts) == 2 and all(t > 0 for t in ttfts) for ttfts in systems.values())
 
 
+def test_chat_smoke_renders_the_same_prompts_as_transformers(tmp_path: Path) -> None:
+    results = run_smoke(tmp_path, "chat")
+    assert results["same_prompt_lengths"] is True
+    assert len(results["prompt_tokens"]) == 2  # one conversation of two turns
+    assert results["prompt_tokens"][1] > results["prompt_tokens"][0]
+    for system in results["systems"].values():
+        assert len(system["ttft_s_per_turn"]) == 2 and system["output_tokens_per_s"] > 0
+
+
 def test_throughput_smoke_writes_json_and_png(tmp_path: Path) -> None:
     results = run_smoke(tmp_path, "throughput")
     assert results["workload"] == {

@@ -155,6 +155,13 @@ def test_generation_config_is_read_when_present(tmp_path: Path) -> None:
     assert read_checkpoint(model_dir).generation_config_json == '{"eos_token_id": [2, 7]}'
 
 
+def test_chat_template_jinja_is_read_when_present(tmp_path: Path) -> None:
+    model_dir = make_model_dir(tmp_path)
+    assert read_checkpoint(model_dir).chat_template_jinja == ""
+    (model_dir / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    assert read_checkpoint(model_dir).chat_template_jinja == "{{ messages[0].content }}"
+
+
 def test_sharded_checkpoint_lists_both_files(tmp_path: Path) -> None:
     model_dir, tensors = make_sharded_model_dir(tmp_path)
     manifest = read_checkpoint(model_dir)

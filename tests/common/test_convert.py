@@ -118,6 +118,10 @@ def test_public_answers() -> None:
     pb = convert.model_info_to_pb(info)
     assert not pb.HasField("bos_token_id") and list(pb.eos_token_ids) == [2, 3]
     assert convert.model_info_to_pb(dataclasses.replace(info, bos_token_id=0)).bos_token_id == 0
+    assert not pb.has_chat_template
+    assert convert.model_info_to_pb(
+        dataclasses.replace(info, has_chat_template=True)
+    ).has_chat_template
     request = generation_pb2.TokenizeRequest(text="hi", add_special_tokens=True, model="m")
     assert convert.tokenize_request_from_pb(request) == TokenizeParams("hi", True, "m")
     response = convert.tokenize_result_to_pb(TokenizeResult((104, 105), ("h", "i")))

@@ -267,6 +267,11 @@ def test_deadline_aborts_the_request(stack, stub) -> None:
         ({"prompt": "hi", "cache_salt": "s" * 300}, grpc.StatusCode.INVALID_ARGUMENT, "cache_salt"),
         ({"prompt": "hi", "model": "gpt-9"}, grpc.StatusCode.NOT_FOUND, "model"),
         (
+            {"messages": pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi")])},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "messages: the model has no chat template",
+        ),
+        (
             {"prompt": "hi", "request_id": "a\nb\x00c"},
             grpc.StatusCode.INVALID_ARGUMENT,
             "request_id",
@@ -328,6 +333,7 @@ def test_tokenize_and_model_info(stub, stack) -> None:
     assert info.architecture == "LlamaForCausalLM"
     assert (info.vocab_size, info.max_model_len, list(info.eos_token_ids)) == (259, 2048, [2])
     assert info.block_size == 16
+    assert not info.has_chat_template
     assert info.dtype == "float32"  # torch's name, as the proto documents (not safetensors' F32)
     assert info.model == Path(stack.config.model_dir).name
 

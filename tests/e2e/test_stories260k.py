@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import grpc
 import pytest
 from e2e.stack import running_stack, text_stub
 
@@ -86,3 +87,116 @@ def test_generation_stops_at_the_context_length(stub) -> None:
     )
     assert response.finish_reason == pb.FINISH_REASON_LENGTH
     assert response.usage.completion_tokens == 511
+
+
+@pytest.fixture(scope="module")
+def hf_log_softmax(converted: Path):
+    """ids -> float32 [len(ids), vocab] log-softmax of transformers' LlamaForCausalLM logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
+
+    def forward(ids: list[int]):
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits[0].float().log_softmax(dim=-1)
+
+    return forward
+
+
+def assert_logprobs_match(entries, ids: list[int], reference, num_top: int) -> None:
+    """Entry i holds the logprob of ``ids[i]`` under ``reference`` row i, its rank and top-N."""
+    assert len(entries) == len(ids)
+    for entry, token_id, row in zip(entries, ids, reference, strict=True):
+        assert entry.chosen.token_id == token_id
+        assert entry.chosen.logprob == pytest.approx(row[token_id].item(), abs=1e-4)
+        assert entry.rank == int((row > row[token_id]).sum()) + 1
+        values, top_ids = row.topk(num_top)
+        assert [t.token_id for t in entry.top] == top_ids.tolist()
+        assert [t.logprob for t in entry.top] == pytest.approx(values.tolist(), abs=1e-4)
+        assert all(t.token for t in entry.top)
+
+
+def test_logprobs_and_prompt_logprobs_match_transformers_also_with_a_cached_prompt(
+    stub, stories_dir: Path, hf_log_softmax
+) -> None:
+    expected_ids = json.loads((stories_dir / "expected_greedy_200_ids.json").read_text())
+    prompt = [1, *expected_ids[:39]]  # 40 tokens: its full blocks enter the prefix cache
+    request = pb.GenerateRequest(
+        prompt_token_ids=pb.TokenIds(ids=prompt),
+        max_new_tokens=6,
+        temperature=0.8,
+        seed=7,
+        logprobs=5,
+        prompt_logprobs=3,
+    )
+    first = stub.Generate(request)
+    reference = hf_log_softmax(prompt + list(first.token_ids))
+    assert_logprobs_match(first.logprobs, list(first.token_ids), reference[39:45], 5)
+    assert_logprobs_match(first.prompt_logprobs, prompt[1:], reference[:39], 3)
+    # The prompt is now cached: a plain request reuses it, one with prompt logprobs does not.
+    plain = stub.Generate(pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=prompt), seed=7))
+    assert plain.usage.cached_prompt_tokens > 0
+    second = stub.Generate(request)
+    assert second.usage.cached_prompt_tokens == 0
+    assert list(second.prompt_logprobs) == list(first.prompt_logprobs)
+    assert list(second.logprobs) == list(first.logprobs)
+    streamed = list(stub.GenerateStream(request))
+    assert list(streamed[0].prompt_logprobs) == list(first.prompt_logprobs)
+    assert not any(m.prompt_logprobs for m in streamed[1:])
+    assert [e for m in streamed for e in m.logprobs] == list(first.logprobs)
+
+
+def test_stop_token_id_ends_with_stop_and_its_text_is_left_out(stub, stories_dir: Path) -> None:
+    expected_ids = json.loads((stories_dir / "expected_greedy_200_ids.json").read_text())
+    stop_id = expected_ids[5]
+    assert stop_id not in expected_ids[:5]
+    before = stub.Generate(
+        pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=5)
+    )
+    request = pb.GenerateRequest(
+        prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=50, stop_token_ids=[stop_id, 3]
+    )
+    response = stub.Generate(request)
+    assert list(response.token_ids) == expected_ids[:6]
+    assert response.finish_reason == pb.FINISH_REASON_STOP
+    assert response.text == before.text
+    streamed = list(stub.GenerateStream(request))
+    assert "".join(m.text for m in streamed) == before.text
+    assert streamed[-1].finish_reason == pb.FINISH_REASON_STOP
+    # min_new_tokens keeps the stop id from ending generation before 6 tokens.
+    held = stub.Generate(
+        pb.GenerateRequest(
+            prompt_token_ids=pb.TokenIds(ids=[1]),
+            max_new_tokens=10,
+            min_new_tokens=6,
+            stop_token_ids=[stop_id],
+        )
+    )
+    assert list(held.token_ids[:5]) == expected_ids[:5]
+    assert held.token_ids[5] != stop_id
+
+
+def test_logit_bias_and_penalties_steer_greedy_tokens_and_bad_values_are_named(
+    stub, stories_dir: Path, hf_log_softmax
+) -> None:
+    expected_ids = json.loads((stories_dir / "expected_greedy_200_ids.json").read_text())
+    banned = expected_ids[0]
+    response = stub.Generate(
+        pb.GenerateRequest(
+            prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=1, logit_bias={banned: -100.0}
+        )
+    )
+    row = hf_log_softmax([1])[0]
+    row[banned] = float("-inf")
+    assert list(response.token_ids) == [int(row.argmax())]
+    # A strong frequency penalty changes the greedy story (it repeats tokens otherwise).
+    penalized = stub.Generate(
+        pb.GenerateRequest(
+            prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=40, frequency_penalty=2.0
+        )
+    )
+    assert list(penalized.token_ids) != expected_ids[:40]
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Generate(pb.GenerateRequest(prompt="a", min_p=1.5))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("min_p: ")

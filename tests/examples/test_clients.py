@@ -27,9 +27,18 @@ MAX_NEW_TOKENS = 12
 CLIENT_TIMEOUT_S = 120
 
 
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+"""The model's chat template (the dummy model has none; the Node client chats when there is one)."""
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+    model_dir = tmp_path_factory.mktemp("model") / "dummy"
+    shutil.copytree(ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache")), model_dir)
+    (model_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     with running_stack(model_dir, tmp_path_factory.mktemp("logs")) as stack:
         yield stack
 
@@ -93,6 +102,15 @@ def test_node_client_matches_native_generate(node: str, stack, native, tmp_path:
         cwd=tmp_path,
     )
     assert_matches_native(record, native)
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=PROMPT)])
+    request = pb.GenerateRequest(messages=chat, max_new_tokens=MAX_NEW_TOKENS)
+    native_chat = text_stub(stack).Generate(request, timeout=60)
+    assert record["chat"] == {
+        "text": native_chat.text,
+        "token_ids": list(native_chat.token_ids),
+        "finish_reason": pb.FinishReason.Name(native_chat.finish_reason),
+    }
+    assert native_chat.usage.prompt_tokens == len(f"<s><|user|>{PROMPT}\n<|assistant|>") - 2
 
 
 def isolated_python_env() -> dict[str, str]:

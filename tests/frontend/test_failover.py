@@ -50,6 +50,19 @@ def test_a_resubmission_sends_prompt_plus_generated_and_the_rest_of_the_budget()
     assert flight.num_losses == 1
 
 
+def test_a_resubmission_owes_fewer_min_new_tokens_and_no_prompt_logprobs_once_answered() -> None:
+    request = make_request(min_new_tokens=4, prompt_logprobs=2)
+    flight = InFlight(request, max_model_len=64)
+    flight.submission()
+    flight.lost(carrying=True, at_s=0.0)
+    assert flight.submission().prompt_logprobs == 2  # nothing was delivered yet
+    flight.received(output(20))
+    flight.received(output(21))
+    flight.lost(carrying=True, at_s=0.1)  # the same incident
+    again = flight.submission()
+    assert (again.min_new_tokens, again.prompt_logprobs) == (2, None)
+
+
 def test_resubmission_ids_are_drawn_afresh_and_no_client_id_pattern() -> None:
     # A client may send "x~1" (or any other string) as its own id; a resubmission of "x" must
     # never be refused as a duplicate of it.

@@ -147,8 +147,13 @@ def test_model_metadata(stub, model) -> None:
     assert inputs["max_tokens"] == ("INT32", [1])
     assert inputs["random_seed"] == ("UINT64", [1])
     assert inputs["stop_words"] == ("BYTES", [-1])
+    assert inputs["stop_token_ids"] == ("INT32", [-1])
+    assert inputs["repetition_penalty"] == ("FP32", [1])
+    assert inputs["guided_json"] == ("BYTES", [1])
     assert [(t.name, t.datatype, list(t.shape)) for t in response.outputs] == [
-        ("text_output", "BYTES", [-1])
+        ("text_output", "BYTES", [-1]),
+        ("logprobs", "BYTES", [-1]),
+        ("prompt_logprobs", "BYTES", [-1]),
     ]
     with pytest.raises(grpc.RpcError) as err:
         stub.ModelMetadata(pb.ModelMetadataRequest(name="no-such-model"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 
 import pytest
 from frontend.test_kserve import make_infer_request
@@ -15,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zerolayer.common.errors import InvalidArgument
+from zerolayer.common.generation import PositionLogprobs, StructuredOutput, TokenLogprob
 from zerolayer.frontend.kserve_request import ALIASES, SETTINGS, read_text_request
-from zerolayer.frontend.kserve_response import stream_error_response
+from zerolayer.frontend.kserve_response import logprobs_json, stream_error_response
 
 NUMERIC = sorted(
     k for k in (*SETTINGS, *ALIASES) if SETTINGS[ALIASES.get(k, k)] in ("uint", "float")
@@ -34,12 +36,24 @@ VALUES = st.one_of(
 """JSON values of every kind, many out of any field's range."""
 
 
+FLOAT_RANGES = {
+    "repetition_penalty": (math.ulp(0.0), math.inf),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "min_p": (0.0, 1.0),
+}
+"""Closed ranges of the penalty settings (repetition_penalty: > 0 and finite)."""
+
+
 def in_range(name: str, value: object) -> bool:
     canonical = ALIASES.get(name, name)
     if canonical == "temperature":
         return isinstance(value, float) and math.isfinite(value) and value >= 0
     if canonical == "top_p":
         return isinstance(value, float) and 0 < value <= 1
+    if canonical in FLOAT_RANGES:
+        low, high = FLOAT_RANGES[canonical]
+        return isinstance(value, float) and math.isfinite(value) and low <= value <= high
     maximum = 2**64 - 1 if canonical == "seed" else 2**32 - 1
     return isinstance(value, int) and 0 <= value <= maximum
 
@@ -52,7 +66,8 @@ def read_setting(name: str, field: str, request) -> None:
         assert str(refused).startswith(f"{field}: "), str(refused)
         assert len(str(refused)) < 300  # a huge value is not quoted whole
         return
-    canonical = {"max_tokens": "max_new_tokens"}.get(ALIASES.get(name, name), name)
+    renamed = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+    canonical = renamed.get(ALIASES.get(name, name), name)
     value = getattr(params, ALIASES.get(canonical, canonical))
     assert in_range(name, value), (name, value)
 
@@ -158,3 +173,94 @@ def test_shapes_of_one_request_are_taken_and_echoed() -> None:
     request.inputs[1].shape[:] = [1, 2]
     text_request = read_text_request(request, "m")
     assert (text_request.output_shape, text_request.params.stop) == ((1, 1), ("a", "b"))
+
+
+def test_vllm_sampling_parameters_map_onto_generate_fields() -> None:
+    sampling = {
+        "repetition_penalty": 1.25,
+        "presence_penalty": -0.5,
+        "frequency_penalty": "0.75",
+        "min_p": 0.1,
+        "min_tokens": 3,
+        "stop_token_ids": [7, 9],
+        "logit_bias": {"5": -100, "12": 2.5},
+        "logprobs": 4,
+        "prompt_logprobs": "0",
+        "guided_json": {"type": "object"},
+    }
+    request = make_infer_request("m", "x", sampling_parameters=json.dumps(sampling))
+    params = read_text_request(request, "m").params
+    assert (
+        params.repetition_penalty,
+        params.presence_penalty,
+        params.frequency_penalty,
+        params.min_p,
+        params.min_new_tokens,
+        params.stop_token_ids,
+        params.logit_bias,
+        params.logprobs,
+        params.prompt_logprobs,
+        params.structured_output,
+    ) == (
+        1.25,
+        -0.5,
+        0.75,
+        0.1,
+        3,
+        (7, 9),
+        ((5, -100.0), (12, 2.5)),
+        4,
+        0,
+        StructuredOutput("json_schema", '{"type": "object"}'),
+    )
+
+
+def test_settings_as_request_parameters_and_inputs() -> None:
+    request = make_infer_request("m", "x", guided_regex="[0-9]+", stop_token_ids=["[1, 2]"])
+    request.inputs[-1].datatype = "INT32"
+    request.inputs[-1].shape[:] = [2]
+    request.raw_input_contents[-1] = struct.pack("<2i", 1, 2)
+    request.parameters["logit_bias"].string_param = '{"3": 1}'
+    params = read_text_request(request, "m").params
+    assert params.structured_output == StructuredOutput("regex", "[0-9]+")
+    assert (params.stop_token_ids, params.logit_bias) == ((1, 2), ((3, 1.0),))
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [
+        ({"logit_bias": {"x": 1}}, "sampling_parameters.logit_bias: must be a JSON object of"),
+        ({"logit_bias": [1]}, "sampling_parameters.logit_bias: must be a JSON object of"),
+        ({"logit_bias": {"1": True}}, "sampling_parameters.logit_bias: must be a JSON object"),
+        ({"stop_token_ids": [1, -2]}, "sampling_parameters.stop_token_ids: must be an integer"),
+        ({"stop_token_ids": [2**32]}, "sampling_parameters.stop_token_ids[0]: must be an int"),
+        ({"repetition_penalty": 0}, "sampling_parameters.repetition_penalty: must be in (0, inf]"),
+        ({"presence_penalty": 2.5}, "sampling_parameters.presence_penalty: must be in [-2, 2]"),
+        ({"min_p": -0.1}, "sampling_parameters.min_p: must be in [0, 1], got -0.1"),
+        ({"guided_regex": 5}, "sampling_parameters.guided_regex: must be a string"),
+        ({"guided_json": "{"}, "sampling_parameters.guided_json: must be JSON"),
+        ({"guided_json": {}, "guided_regex": "a"}, "guided_regex: only one of guided_json, guid"),
+    ],
+)
+def test_new_settings_out_of_kind_or_range_are_refused_naming_the_field(sampling, message) -> None:
+    request = make_infer_request("m", "x", sampling_parameters=json.dumps(sampling))
+    with pytest.raises(InvalidArgument) as refused:
+        read_text_request(request, "m")
+    assert str(refused.value).startswith(message)
+
+
+def test_logprobs_output_is_a_json_array_per_position() -> None:
+    top = (TokenLogprob(3, -0.25, "a"), TokenLogprob(4, -1.5, "b"))
+    raw = logprobs_json([PositionLogprobs(TokenLogprob(4, -1.5, "b"), 2, top)])
+    assert json.loads(raw) == [
+        {
+            "token_id": 4,
+            "token": "b",
+            "logprob": -1.5,
+            "rank": 2,
+            "top_logprobs": [
+                {"token_id": 3, "token": "a", "logprob": -0.25},
+                {"token_id": 4, "token": "b", "logprob": -1.5},
+            ],
+        }
+    ]

@@ -84,6 +84,26 @@ def assert_invalid(params: GenerateParams, field: str) -> InvalidArgument:
         ({"top_k": -1}, "top_k"),
         ({"seed": 2**64}, "seed"),
         ({"seed": -1}, "seed"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": -1.0}, "repetition_penalty"),
+        ({"repetition_penalty": math.inf}, "repetition_penalty"),
+        ({"repetition_penalty": math.nan}, "repetition_penalty"),
+        ({"presence_penalty": 2.01}, "presence_penalty"),
+        ({"presence_penalty": math.nan}, "presence_penalty"),
+        ({"frequency_penalty": -2.01}, "frequency_penalty"),
+        ({"min_p": 1.01}, "min_p"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"min_p": math.nan}, "min_p"),
+        ({"max_new_tokens": 4, "min_new_tokens": 5}, "min_new_tokens"),
+        ({"min_new_tokens": 65}, "min_new_tokens"),  # over the default max_new_tokens, 64
+        ({"stop_token_ids": (VOCAB_SIZE,)}, "stop_token_ids"),
+        ({"stop_token_ids": tuple(range(65))}, "stop_token_ids"),
+        ({"logit_bias": ((VOCAB_SIZE, 1.0),)}, "logit_bias"),
+        ({"logit_bias": ((5, 100.5),)}, "logit_bias[5]"),
+        ({"logit_bias": ((5, math.nan),)}, "logit_bias[5]"),
+        ({"logit_bias": tuple((i % VOCAB_SIZE, 0.0) for i in range(1025))}, "logit_bias"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
     ],
 )
 def test_invalid_field_is_named(fields: dict[str, object], field: str) -> None:
@@ -123,6 +143,14 @@ def test_prompt_too_long_message_names_lengths() -> None:
         {"temperature": 0.0},
         {"model": "dummy"},
         {"model": ""},
+        {"repetition_penalty": 1e-3, "presence_penalty": -2.0, "frequency_penalty": 2.0},
+        {"min_p": 0.0},
+        {"min_p": 1.0},
+        {"max_new_tokens": 4, "min_new_tokens": 4},
+        {"min_new_tokens": 64},
+        {"stop_token_ids": tuple(range(VOCAB_SIZE - 64, VOCAB_SIZE))},
+        {"logit_bias": ((0, -100.0), (VOCAB_SIZE - 1, 100.0))},
+        {"logprobs": 20, "prompt_logprobs": 0},
     ],
 )
 def test_values_at_the_limits_are_accepted(fields: dict[str, object]) -> None:
@@ -194,6 +222,38 @@ def test_request_id_is_generated_when_empty() -> None:
     second = run(make_params()).request_id
     assert len(first) == 32 and int(first, 16) >= 0
     assert first != second
+
+
+def test_sampling_controls_are_kept() -> None:
+    params = make_params(
+        request_id="r3",
+        max_new_tokens=5,
+        repetition_penalty=1.2,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        min_p=0.1,
+        logit_bias=((9, -1.0), (4, 2.0)),
+        min_new_tokens=3,
+        stop_token_ids=(7, 5, 7),
+        logprobs=5,
+        prompt_logprobs=0,
+    )
+    assert run(params) == EngineRequest(
+        request_id="r3",
+        prompt_token_ids=(BOS_TOKEN_ID, ord("h") + 3, ord("i") + 3),
+        max_new_tokens=5,
+        sampling=SamplingParams(
+            repetition_penalty=1.2,
+            presence_penalty=0.5,
+            frequency_penalty=-0.5,
+            min_p=0.1,
+            logit_bias=((4, 2.0), (9, -1.0)),
+        ),
+        min_new_tokens=3,
+        stop_token_ids=(7, 5),
+        logprobs=5,
+        prompt_logprobs=0,
+    )
 
 
 @pytest.mark.parametrize(("n", "expected"), [(0, 1), (1, 1), (3, 3), (16, 16)])

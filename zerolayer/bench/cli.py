@@ -17,7 +17,16 @@ from types import ModuleType
 
 from zerolayer.cli.presets import PRESET_NAMES
 
-SCENARIOS = ("multiturn", "throughput", "latency", "coldstart", "split", "roofline", "failover")
+SCENARIOS = (
+    "multiturn",
+    "chat",
+    "throughput",
+    "latency",
+    "coldstart",
+    "split",
+    "roofline",
+    "failover",
+)
 """Each is a module of this package with ``add_arguments(p)`` and ``main(args) -> dict``."""
 
 MULTITURN_SMOKE = {"turns": 2, "repeats": 1, "message_tokens": 8, "answer_tokens": 4}

@@ -29,6 +29,8 @@ class StreamTiming:
     """Send to the last message."""
     token_ids: tuple[int, ...]
     cached_prompt_tokens: int
+    prompt_tokens: int = 0
+    """The prompt's length as the server tokenized (or rendered) it."""
 
 
 def timed_stream(
@@ -40,16 +42,19 @@ def timed_stream(
     start = time.perf_counter()
     arrivals: list[float] = []
     token_ids: list[int] = []
-    cached = 0
+    cached = prompt_tokens = 0
     for part in stub.GenerateStream(request, timeout=timeout_s):
         if part.token_ids:
             arrivals.append(time.perf_counter())
             token_ids.extend(part.token_ids)
         if part.HasField("usage"):
             cached = part.usage.cached_prompt_tokens
+            prompt_tokens = part.usage.prompt_tokens
     end = time.perf_counter()
     gaps = tuple(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
-    return StreamTiming(arrivals[0] - start, gaps, end - start, tuple(token_ids), cached)
+    return StreamTiming(
+        arrivals[0] - start, gaps, end - start, tuple(token_ids), cached, prompt_tokens
+    )
 
 
 def stub_for(address: str) -> generation_pb2_grpc.TextGenerationStub:

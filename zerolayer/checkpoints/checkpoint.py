@@ -177,6 +177,7 @@ def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
         generation_config_json=_read_optional(model_dir / "generation_config.json"),
         tokenizer_json=(model_dir / "tokenizer.json").read_text(),
         tokenizer_config_json=_read_optional(model_dir / "tokenizer_config.json"),
+        chat_template_jinja=_read_optional(model_dir / "chat_template.jinja"),
         fingerprint=digest.hexdigest(),
         handle_kind=HandleKind.MMAP_FILE,
         files=tuple(str(p) for p in files),

@@ -270,3 +270,5 @@ class ModelInfo:
     block_size: int
     """Tokens per KV block; 0 while the scheduler is unreachable."""
     fingerprint: str
+    has_chat_template: bool = False
+    """True when GenerateRequest.messages can be used."""

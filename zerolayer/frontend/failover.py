@@ -152,6 +152,9 @@ class InFlight:
             request_id=request.request_id if keep_id else resubmission_id(request.request_id),
             prompt_token_ids=(*request.prompt_token_ids, *self.generated_token_ids),
             max_new_tokens=self.num_remaining_tokens,
+            min_new_tokens=max(0, request.min_new_tokens - len(self.generated_token_ids)),
+            # NOTE: prompt logprobs came with the first output; a continuation sends none again.
+            prompt_logprobs=None if self.generated_token_ids else request.prompt_logprobs,
         )
 
     def received(self, output: RequestOutput) -> RequestOutput:
@@ -217,7 +220,10 @@ class InFlight:
             sampling = self.request.sampling
             if sampling.seed is not None:
                 sampling = dataclasses.replace(sampling, seed=sample_seed(sampling.seed, index))
-            request = dataclasses.replace(self.request, n=1, sampling=sampling)
+            # NOTE: the prompt logprobs came with sample 0's first output, before any split.
+            request = dataclasses.replace(
+                self.request, n=1, sampling=sampling, prompt_logprobs=None
+            )
             sample = InFlight(request, self.max_model_len)
             sample.generated_token_ids.extend(self.sample_token_ids[index])
             sample.num_cached_tokens = self.num_cached_tokens

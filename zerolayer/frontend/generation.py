@@ -24,7 +24,9 @@ from zerolayer.common.generation import (
     TokenizeResult,
     Usage,
 )
+from zerolayer.frontend.chat_template import ChatTemplate
 from zerolayer.frontend.detokenizer import IncrementalDetokenizer
+from zerolayer.frontend.logprob_tokens import with_token_texts
 from zerolayer.frontend.metrics import FrontendMetrics
 from zerolayer.frontend.scheduler_pool import SchedulerPool
 from zerolayer.frontend.stop_strings import StopStringMatcher
@@ -55,6 +57,9 @@ class TextGenerator:
         )
         self.tokenizer = TextTokenizer.from_json(
             manifest.tokenizer_json, manifest.tokenizer_config_json
+        )
+        self.chat_template = ChatTemplate.from_model_files(
+            manifest.tokenizer_config_json, manifest.chat_template_jinja
         )
         self.served = ServedModel(
             manifest.model, self.model_config.vocab_size, self.model_config.max_model_len
@@ -97,6 +102,7 @@ class TextGenerator:
             num_parameters=self.manifest.num_parameters,
             block_size=await self.scheduler.block_size(),
             fingerprint=self.manifest.fingerprint,
+            has_chat_template=self.chat_template is not None,
         )
 
     async def generate(
@@ -131,7 +137,7 @@ class TextGenerator:
         with telemetry.tokenize_span():
             # Tokenizing a long prompt takes a while: keep the event loop free for other calls.
             request = await asyncio.to_thread(
-                validate, params, self.served, self.tokenizer, self.config
+                validate, params, self.served, self.tokenizer, self.config, self.chat_template
             )
         request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))
         telemetry.validated(request)
@@ -160,6 +166,12 @@ class TextGenerator:
                 chunk = self._chunk(
                     request.request_id, output, usage, detokenizers[index], stops[index]
                 )
+                if output.logprobs or output.prompt_logprobs:
+                    chunk = replace(
+                        chunk,
+                        logprobs=with_token_texts(output.logprobs, self.tokenizer),
+                        prompt_logprobs=with_token_texts(output.prompt_logprobs, self.tokenizer),
+                    )
                 telemetry.detokenized(time.perf_counter() - started)
                 finished[index] = chunk.finish_reason != FinishReason.UNSPECIFIED
                 if not all(finished):
@@ -183,7 +195,10 @@ class TextGenerator:
         detokenizer: IncrementalDetokenizer,
         stops: StopStringMatcher,
     ) -> GenerationChunk:
-        text, matched = stops.feed(detokenizer.step(output.new_token_ids))
+        # NOTE: a stop token id's text is not output (as EOS's, a special token, is not).
+        stopped = output.finish_reason == FinishReason.STOP
+        text_ids = output.new_token_ids[:-1] if stopped else output.new_token_ids
+        text, matched = stops.feed(detokenizer.step(text_ids))
         reason = FinishReason.STOP if matched else output.finish_reason
         if reason == FinishReason.UNSPECIFIED:
             return GenerationChunk(request_id, text, output.new_token_ids)

@@ -13,6 +13,13 @@ are at most 2^32 - 1, ``seed`` at most 2^64 - 1. ``stream`` (BOOL) makes ``Model
 answer once per generated piece; the last answer carries the bool parameter
 ``triton_final_response`` = true (and ``finish_reason``, ``num_input_tokens``,
 ``num_output_tokens``). The prompt is not echoed unless ``exclude_input_in_output`` is false.
+vLLM's SamplingParams names carry Generate's other fields: ``repetition_penalty``,
+``presence_penalty``, ``frequency_penalty``, ``min_p``, ``min_tokens``, ``stop_token_ids``,
+``logit_bias`` (JSON object), ``logprobs``, ``prompt_logprobs`` and one of ``guided_json``,
+``guided_regex``, ``guided_grammar`` (structured output). With ``logprobs`` (``prompt_logprobs``)
+set, each response also carries a ``logprobs`` (``prompt_logprobs``) BYTES output: a JSON array
+for the tokens it covers (:func:`zerolayer.frontend.kserve_response.logprobs_json`). Chat
+messages and ``n`` > 1 have no place in the protocol's one-text tensors: use Generate.
 Spec: https://github.com/kserve/open-inference-protocol and Triton's grpc_service.proto.
 """
 
@@ -161,16 +168,17 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         try:
             text_request = self._read(request)
-            prefix, pieces = text_request.output_prefix, []
+            prefix, chunks = text_request.output_prefix, []
             generation = self._generator.generate(text_request.params, timeout_s, tenant=tenant)
             async for chunk in generation:
                 final = chunk.finish_reason != FinishReason.UNSPECIFIED
                 if not text_request.stream:
-                    pieces.append(chunk.text)
+                    chunks.append(chunk)
                     if final:
-                        text = prefix + "".join(pieces)
-                        yield stream_response(self._model, request, text_request, text, chunk)
-                elif chunk.text or final:
+                        whole = join_chunks(chunks)
+                        text = prefix + whole.text
+                        yield stream_response(self._model, request, text_request, text, whole)
+                elif chunk.text or final or chunk.logprobs or chunk.prompt_logprobs:
                     text = prefix + chunk.text
                     yield stream_response(self._model, request, text_request, text, chunk)
                     prefix = ""

@@ -6,18 +6,21 @@ See :mod:`zerolayer.frontend.kserve` for the tensor names and precedence.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.common.generation import GenerateParams
+from zerolayer.common.generation import GenerateParams, StructuredOutput
 from zerolayer.frontend.kserve_tensors import Tensor, check_dtype, read_tensors
 from zerolayer.frontend.validation import (
     MAX_UINT32,
     MAX_UINT64,
+    check_float_range,
     check_request_id,
     check_temperature,
     check_top_p,
@@ -35,14 +38,61 @@ SETTINGS = {
     "ignore_eos": "bool",
     "stream": "bool",
     "exclude_input_in_output": "bool",
+    # vLLM's SamplingParams names (Triton's vLLM backend passes them through)
+    "repetition_penalty": "float",
+    "presence_penalty": "float",
+    "frequency_penalty": "float",
+    "min_p": "float",
+    "min_tokens": "uint",
+    "stop_token_ids": "uints",
+    "logit_bias": "bias",
+    "logprobs": "uint",
+    "prompt_logprobs": "uint",
+    "guided_json": "json",
+    "guided_regex": "string",
+    "guided_grammar": "string",
 }
 """Settings a request may give, by kind; ``ALIASES`` maps TensorRT-LLM's names onto them."""
 ALIASES = {"random_seed": "seed", "stop_words": "stop"}
-MAX_VALUES = {"max_tokens": MAX_UINT32, "top_k": MAX_UINT32, "seed": MAX_UINT64}
-"""Largest value of each integer setting: what its GenerateRequest field holds."""
-FLOAT_CHECKS = {"temperature": check_temperature, "top_p": check_top_p}
+MAX_VALUES = {
+    "max_tokens": MAX_UINT32,
+    "top_k": MAX_UINT32,
+    "seed": MAX_UINT64,
+    "min_tokens": MAX_UINT32,
+    "logprobs": MAX_UINT32,
+    "prompt_logprobs": MAX_UINT32,
+}
+"""Largest value of each integer setting: what its GenerateRequest field holds (Generate's
+validation narrows some, e.g. logprobs to 20)."""
+FLOAT_CHECKS = {
+    "temperature": check_temperature,
+    "top_p": check_top_p,
+    "repetition_penalty": functools.partial(
+        check_float_range, low=0.0, high=math.inf, low_open=True
+    ),
+    "presence_penalty": functools.partial(check_float_range, low=-2.0, high=2.0),
+    "frequency_penalty": functools.partial(check_float_range, low=-2.0, high=2.0),
+    "min_p": functools.partial(check_float_range, low=0.0, high=1.0),
+}
 """The range check of each float setting (Generate's own), given the full field name."""
-METADATA_DTYPE = {"uint": "INT32", "float": "FP32", "bool": "BOOL", "strings": "BYTES"}
+STRUCTURED_OUTPUT = {
+    "guided_json": "json_schema",
+    "guided_regex": "regex",
+    "guided_grammar": "grammar",
+}
+"""vLLM's guided-decoding settings and the StructuredOutput kind each gives; at most one."""
+LOGPROB_OUTPUTS = ("logprobs", "prompt_logprobs")
+"""Outputs a request may ask for besides ``text_output``, each sent when its setting is given."""
+METADATA_DTYPE = {
+    "uint": "INT32",
+    "float": "FP32",
+    "bool": "BOOL",
+    "strings": "BYTES",
+    "uints": "INT32",
+    "string": "BYTES",
+    "json": "BYTES",
+    "bias": "BYTES",
+}
 """Datatype ModelMetadata lists per kind (any integer type is accepted; seeds are UINT64)."""
 ACCEPTED_INPUTS = frozenset(("text_input", "sampling_parameters", *SETTINGS, *ALIASES))
 """Names an input tensor may have."""
@@ -75,8 +125,11 @@ def read_text_request(request: pb.ModelInferRequest, model: str) -> TextRequest:
     """
     check_request_id("id", request.id)
     for output in request.outputs:
-        if output.name != "text_output":
-            raise InvalidArgument("outputs", f"{output.name!r} unknown (only 'text_output')")
+        if output.name not in ("text_output", *LOGPROB_OUTPUTS):
+            raise InvalidArgument(
+                "outputs",
+                f"{output.name!r} unknown (only 'text_output', 'logprobs', 'prompt_logprobs')",
+            )
     settings = _parameter_settings(request.parameters)
     tensors = read_tensors(request, ACCEPTED_INPUTS)
     if "sampling_parameters" in tensors:
@@ -89,7 +142,7 @@ def read_text_request(request: pb.ModelInferRequest, model: str) -> TextRequest:
     for name, (tensor, values) in tensors.items():
         kind = SETTINGS[ALIASES.get(name, name)]
         check_dtype(name, tensor.datatype, kind)
-        _set(settings, name, values if kind == "strings" else _one(name, values), name)
+        _set(settings, name, values if kind in ("strings", "uints") else _one(name, values), name)
     return TextRequest(
         params=GenerateParams(
             prompt=_prompt(*text_tensor),
@@ -101,11 +154,35 @@ def read_text_request(request: pb.ModelInferRequest, model: str) -> TextRequest:
             stop=tuple(s for s in settings.get("stop", ()) if s),
             ignore_eos=settings.get("ignore_eos", False),
             model=model,
+            repetition_penalty=settings.get("repetition_penalty"),
+            presence_penalty=settings.get("presence_penalty"),
+            frequency_penalty=settings.get("frequency_penalty"),
+            min_p=settings.get("min_p"),
+            min_new_tokens=settings.get("min_tokens", 0),
+            stop_token_ids=tuple(settings.get("stop_token_ids", ())),
+            logit_bias=settings.get("logit_bias", ()),
+            logprobs=settings.get("logprobs"),
+            prompt_logprobs=settings.get("prompt_logprobs"),
+            structured_output=_structured_output(settings),
         ),
         stream=settings.get("stream", False),
         echo_prompt=not settings.get("exclude_input_in_output", True),
         output_shape=tuple(text_tensor[0].shape) if len(text_tensor[0].shape) == 2 else (1,),
     )
+
+
+def _structured_output(settings: Mapping[str, Any]) -> StructuredOutput | None:
+    """The one guided-decoding setting given, as a constraint (None for none).
+
+    Raises:
+        InvalidArgument: more than one is given.
+    """
+    given = [name for name in STRUCTURED_OUTPUT if name in settings]
+    if len(given) > 1:
+        raise InvalidArgument(given[1], f"only one of {', '.join(given)} may be given")
+    if not given:
+        return None
+    return StructuredOutput(STRUCTURED_OUTPUT[given[0]], settings[given[0]])
 
 
 def _one(name: str, values: list[Any]) -> Any:
@@ -178,19 +255,63 @@ def _set(settings: dict[str, Any], key: str, value: Any, field: str) -> None:
         raise InvalidArgument(field, "not valid UTF-8") from None
     # NOTE: deeply nested JSON recurses; an integer too large for a float overflows
     except (TypeError, ValueError, RecursionError, OverflowError):
-        expected = {"uint": "an integer >= 0", "float": "a finite number", "bool": "a boolean"}
+        expected = {
+            "uint": "an integer >= 0",
+            "float": "a finite number",
+            "bool": "a boolean",
+            "uints": "an integer >= 0 or a list of them",
+            "string": "a string",
+            "json": "JSON (a value, or its text)",
+            "bias": "a JSON object of token id -> number",
+        }
         reason = expected.get(kind, "a string or a list of strings")
         # NOTE: reprlib bounds the message (a status travels in a size-limited trailer)
         shown = reprlib.repr(value)
         raise InvalidArgument(field, f"must be {reason}, got {shown}") from None
     if canonical in MAX_VALUES:
         check_uint(field, converted, MAX_VALUES[canonical])
+    if kind == "uints":
+        for i, item in enumerate(converted):
+            check_uint(f"{field}[{i}]", item, MAX_UINT32)
     if canonical in FLOAT_CHECKS:
         FLOAT_CHECKS[canonical](field, converted)
     settings[canonical] = converted
 
 
 def _convert(kind: str, value: Any) -> Any:
+    if isinstance(value, bytes) and kind in ("string", "json", "bias"):
+        value = value.decode()
+    if kind == "bias":
+        bias = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(bias, dict):
+            raise TypeError("not an object")
+        pairs = []
+        for key, number in bias.items():
+            if not str(key).isdigit() or not isinstance(number, (int, float)):
+                raise TypeError("not token id -> number")
+            if isinstance(number, bool):
+                raise TypeError("not token id -> number")
+            pairs.append((int(key), float(number)))
+        return tuple(sorted(pairs))
+    if kind == "string":
+        if not isinstance(value, str):
+            raise TypeError("not a string")
+        return value
+    if kind == "json":
+        # NOTE: a JSON object (vLLM's guided_json, logit_bias) arrives as an object inside the
+        # sampling_parameters JSON and as JSON text elsewhere; either way JSON text is kept.
+        if isinstance(value, str):
+            json.loads(value)
+            return value
+        if not isinstance(value, (dict, list, bool)):
+            raise TypeError("not JSON")
+        return json.dumps(value)
+    if kind == "uints":
+        if isinstance(value, str):
+            value = json.loads(value)
+        if not isinstance(value, list):
+            value = [value]
+        return [_convert("uint", v) for v in value]
     if kind == "strings":
         if isinstance(value, str) and value.startswith("["):
             value = json.loads(value)

@@ -8,8 +8,16 @@ Triton's vLLM backend reports them. Spec: https://github.com/kserve/open-inferen
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.common.generation import FinishReason, GenerationChunk
+from zerolayer.common.generation import (
+    FinishReason,
+    GenerationChunk,
+    PositionLogprobs,
+    TokenLogprob,
+)
 from zerolayer.frontend.kserve_request import ALIASES, METADATA_DTYPE, SETTINGS, TextRequest
 from zerolayer.frontend.kserve_tensors import pack_bytes
 from zerolayer.frontend.validation import MAX_REQUEST_ID_CHARS, check_request_id
@@ -49,16 +57,37 @@ def model_metadata_response(model: str) -> pb.ModelMetadataResponse:
     inputs = [tensor(name="text_input", datatype="BYTES", shape=[-1])]
     inputs.append(tensor(name="sampling_parameters", datatype="BYTES", shape=[1]))
     for name, kind in [*SETTINGS.items(), *((a, SETTINGS[k]) for a, k in ALIASES.items())]:
-        shape = [-1] if kind == "strings" else [1]
+        shape = [-1] if kind in ("strings", "uints") else [1]
         dtype = "UINT64" if name.endswith("seed") else METADATA_DTYPE[kind]
         inputs.append(tensor(name=name, datatype=dtype, shape=shape))
+    outputs = [tensor(name=name, datatype="BYTES", shape=[-1]) for name in OUTPUTS]
     return pb.ModelMetadataResponse(
-        name=model,
-        versions=[MODEL_VERSION],
-        platform="zerolayer",
-        inputs=inputs,
-        outputs=[tensor(name="text_output", datatype="BYTES", shape=[-1])],
+        name=model, versions=[MODEL_VERSION], platform="zerolayer", inputs=inputs, outputs=outputs
     )
+
+
+OUTPUTS = ("text_output", "logprobs", "prompt_logprobs")
+"""Output tensors: the text always; each logprobs output when its setting is given."""
+
+
+def _token_json(t: TokenLogprob) -> dict[str, object]:
+    return {"token_id": t.token_id, "token": t.token, "logprob": t.logprob}
+
+
+def logprobs_json(positions: Sequence[PositionLogprobs]) -> bytes:
+    """The ``logprobs`` / ``prompt_logprobs`` output element: a JSON array with one object per
+    position, ``{"token_id", "token", "logprob", "rank", "top_logprobs": [{"token_id",
+    "token", "logprob"}...]}`` (natural logs of the raw logits' softmax; see GenerateResponse)."""
+    return json.dumps(
+        [
+            {
+                **_token_json(p.chosen),
+                "rank": p.rank,
+                "top_logprobs": [_token_json(t) for t in p.top],
+            }
+            for p in positions
+        ]
+    ).encode()
 
 
 def infer_response(
@@ -77,7 +106,9 @@ def infer_response(
         request: the request answered (its ``id`` is echoed).
         text_request: the request as read (its output shape).
         text: the text to send (a piece, or the whole text, as the caller decides).
-        chunk: the generation chunk the response ends with.
+        chunk: the generation chunk the response ends with; its logprobs (the positions this
+            response covers) go out as the ``logprobs`` and ``prompt_logprobs`` outputs when the
+            request asked for them.
         final: ``triton_final_response`` (streams); None leaves it out (ModelInfer).
     """
     output = pb.ModelInferResponse.InferOutputTensor(
@@ -90,6 +121,16 @@ def infer_response(
         outputs=[output],
         raw_output_contents=[pack_bytes([text.encode()])],
     )
+    params = text_request.params
+    for name, asked, positions in (
+        ("logprobs", params.logprobs, chunk.logprobs),
+        ("prompt_logprobs", params.prompt_logprobs, chunk.prompt_logprobs),
+    ):
+        if asked is not None:
+            response.outputs.append(
+                pb.ModelInferResponse.InferOutputTensor(name=name, datatype="BYTES", shape=[1])
+            )
+            response.raw_output_contents.append(pack_bytes([logprobs_json(positions)]))
     if final is not None:
         response.parameters[FINAL_RESPONSE_PARAM].bool_param = final
     if chunk.finish_reason != FinishReason.UNSPECIFIED:

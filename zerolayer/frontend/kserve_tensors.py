@@ -37,6 +37,10 @@ _KIND_DTYPES = {
     "float": set(_FLOAT_DTYPES),
     "bool": {"BOOL"},
     "strings": {"BYTES"},
+    "uints": set(_INT_DTYPES),
+    "string": {"BYTES"},
+    "json": {"BYTES"},
+    "bias": {"BYTES"},
 }
 
 
@@ -132,7 +136,7 @@ def pack_bytes(items: list[bytes]) -> bytes:
 
 def check_dtype(name: str, dtype: str, kind: str) -> None:
     """Raises InvalidArgument (naming ``name``) unless ``dtype`` holds values of ``kind``
-    (``uint``, ``float``, ``bool`` or ``strings``)."""
+    (``uint``, ``float``, ``bool``, ``strings``, ``uints``, ``string``, ``json`` or ``bias``)."""
     if dtype not in _KIND_DTYPES[kind]:
         raise InvalidArgument(
             name, f"datatype {dtype}; expected one of {sorted(_KIND_DTYPES[kind])}"

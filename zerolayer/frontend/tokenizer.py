@@ -65,13 +65,13 @@ class TextTokenizer:
             tokenizer = Tokenizer.from_str(tokenizer_json)
         except Exception as exc:  # tokenizers raises a bare Exception on a bad schema
             raise ValueError(f"tokenizer_json: not a valid tokenizer: {exc}") from exc
-        config = _parse_config(tokenizer_config_json)
+        config = parse_tokenizer_config(tokenizer_config_json)
         add_bos_token = config.get("add_bos_token")
         if add_bos_token is not None and not isinstance(add_bos_token, bool):
             raise ValueError(
                 f"tokenizer_config_json: add_bos_token must be a bool: {add_bos_token!r}"
             )
-        bos_token = _token_content(config.get("bos_token"))
+        bos_token = special_token_content(config.get("bos_token"))
         bos_token_id = tokenizer.token_to_id(bos_token) if bos_token is not None else None
         return cls(tokenizer, add_bos_token, bos_token_id)
 
@@ -166,7 +166,12 @@ def _split_invalid_bytes(tokens: Sequence[str]) -> Iterator[str]:
             yield token
 
 
-def _parse_config(tokenizer_config_json: str) -> dict[str, Any]:
+def parse_tokenizer_config(tokenizer_config_json: str) -> dict[str, Any]:
+    """tokenizer_config.json's object ({} for empty text).
+
+    Raises:
+        ValueError: not valid JSON, or not a JSON object.
+    """
     if not tokenizer_config_json.strip():
         return {}
     try:
@@ -178,7 +183,7 @@ def _parse_config(tokenizer_config_json: str) -> dict[str, Any]:
     return config
 
 
-def _token_content(token: object) -> str | None:
+def special_token_content(token: object) -> str | None:
     """A special token as tokenizer_config writes it: a string or an AddedToken dict."""
     if isinstance(token, str):
         return token

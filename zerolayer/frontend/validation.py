@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
+from zerolayer.frontend.chat_template import ChatTemplate, check_messages
+from zerolayer.frontend.sampling_controls import with_request_controls, with_sampling_controls
 from zerolayer.frontend.tokenizer import TextTokenizer
 
 MAX_REQUEST_ID_CHARS = 256
@@ -40,13 +42,21 @@ class ServedModel:
 
 
 def validate(
-    params: GenerateParams, model: ServedModel, tokenizer: TextTokenizer, config: FrontendConfig
+    params: GenerateParams,
+    model: ServedModel,
+    tokenizer: TextTokenizer,
+    config: FrontendConfig,
+    chat_template: ChatTemplate | None = None,
 ) -> EngineRequest:
     """Checks every field and tokenizes the prompt.
 
+    Args:
+        chat_template: the model's, for ``messages``; None: it has none.
+
     Returns:
         The engine request: prompt token ids (text prompts tokenized with BOS per the model's
-        tokenizer config; token-id prompts exactly as given), sampling parameters with defaults
+        tokenizer config; token-id prompts exactly as given; messages rendered with the chat
+        template, then tokenized without adding BOS), sampling parameters with defaults
         (temperature 0 = greedy, top_p 1, top_k off), max_new_tokens (0 -> the default).
 
     Raises:
@@ -55,18 +65,18 @@ def validate(
     """
     if params.model and params.model != model.name:
         raise NotFound(f"model: {params.model!r} is not served (serving {model.name!r})")
-    prompt_token_ids = _prompt_token_ids(params, model, tokenizer)
+    prompt_token_ids = _prompt_token_ids(params, model, tokenizer, chat_template)
     if len(prompt_token_ids) >= model.max_model_len:
         raise InvalidArgument(
-            "prompt",
+            "messages" if params.messages is not None else "prompt",
             f"{len(prompt_token_ids)} tokens; the model's context "
             f"length is {model.max_model_len} (prompt must be shorter)",
         )
     check_uint("max_new_tokens", params.max_new_tokens, MAX_UINT32)
     check_uint("n", params.n, MAX_N)
-    sampling = _sampling(params)
+    sampling = with_sampling_controls(_sampling(params), params, model.vocab_size)
     _check_strings(params, config)
-    return EngineRequest(
+    request = EngineRequest(
         request_id=params.request_id or uuid.uuid4().hex,
         prompt_token_ids=tuple(prompt_token_ids),
         max_new_tokens=params.max_new_tokens or config.default_max_new_tokens,
@@ -75,11 +85,17 @@ def validate(
         cache_salt=params.cache_salt,
         n=params.n or 1,
     )
+    return with_request_controls(request, params, model.vocab_size)
 
 
 def _prompt_token_ids(
-    params: GenerateParams, model: ServedModel, tokenizer: TextTokenizer
+    params: GenerateParams,
+    model: ServedModel,
+    tokenizer: TextTokenizer,
+    chat_template: ChatTemplate | None,
 ) -> list[int]:
+    if params.messages is not None:
+        return _chat_token_ids(params, model, tokenizer, chat_template)
     if params.prompt_token_ids is not None:
         if not params.prompt_token_ids:
             raise InvalidArgument("prompt_token_ids", "empty")
@@ -96,6 +112,26 @@ def _prompt_token_ids(
     token_ids = tokenizer.encode(params.prompt, add_special_tokens=True)
     if not token_ids:
         raise InvalidArgument("prompt", "tokenizes to no tokens")
+    return token_ids
+
+
+def _chat_token_ids(
+    params: GenerateParams,
+    model: ServedModel,
+    tokenizer: TextTokenizer,
+    chat_template: ChatTemplate | None,
+) -> list[int]:
+    check_messages(params.messages or ())
+    if chat_template is None:
+        raise InvalidArgument(
+            "messages", "the model has no chat template (send prompt or prompt_token_ids)"
+        )
+    text = chat_template.render(params.messages or (), params.add_generation_prompt is not False)
+    check_text_length("messages", text, model)
+    # NOTE: the template writes BOS itself (transformers' apply_chat_template does the same)
+    token_ids = tokenizer.encode(text, add_special_tokens=False)
+    if not token_ids:
+        raise InvalidArgument("messages", "the chat template renders no tokens")
     return token_ids
 
 
@@ -176,6 +212,20 @@ def check_top_p(field: str, value: float) -> None:
     """
     if not (math.isfinite(value) and 0 < value <= 1):
         raise InvalidArgument(field, f"must be in (0, 1], got {value}")
+
+
+def check_float_range(
+    field: str, value: float, low: float, high: float, *, low_open: bool = False
+) -> None:
+    """Refuses a number outside [low, high] ((low, high] when ``low_open``), NaN included.
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    above = value > low if low_open else value >= low
+    if not (math.isfinite(value) and above and value <= high):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise InvalidArgument(field, f"must be in {interval}, got {value}")
 
 
 def _sampling(params: GenerateParams) -> SamplingParams:

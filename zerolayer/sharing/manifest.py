@@ -75,6 +75,8 @@ class WeightManifest:
     file_identities: tuple[FileIdentity, ...] = ()
     """Per file: the identity the loader mapped (empty from a loader that sends none); an
     importer opening ``files`` must find the same (see :mod:`zerolayer.sharing.file_identity`)."""
+    chat_template_jinja: str = ""
+    """Contents of chat_template.jinja; empty if the directory has none."""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ tokens count up from 100, one per sampling request per step, in scheduling order
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -344,6 +345,31 @@ def test_ignore_eos_keeps_generating_until_max_new_tokens() -> None:
     ]
     assert reasons == [FinishReason.UNSPECIFIED, FinishReason.UNSPECIFIED, FinishReason.LENGTH]
     assert request.output_token_ids == [EOS_TOKEN_ID] * 3
+    assert_all_free(scheduler, allocator)
+
+
+def test_min_new_tokens_holds_eos_and_stop_ids_then_a_stop_id_finishes_with_stop() -> None:
+    scheduler, allocator = make_scheduler()
+    engine_request = replace(make_request("a", 4), min_new_tokens=2, stop_token_ids=(77, 78))
+    request = scheduler.add_request(engine_request)
+    reasons = [
+        scheduler.update(scheduler.schedule(), [token])[0].finish_reason
+        for token in (EOS_TOKEN_ID, 78, 78)
+    ]
+    assert reasons == [FinishReason.UNSPECIFIED, FinishReason.UNSPECIFIED, FinishReason.STOP]
+    assert request.output_token_ids == [EOS_TOKEN_ID, 78, 78]
+    assert_all_free(scheduler, allocator)
+
+
+def test_eos_after_min_new_tokens_finishes_with_eos() -> None:
+    scheduler, allocator = make_scheduler()
+    request = scheduler.add_request(replace(make_request("a", 4), min_new_tokens=1))
+    reasons = [
+        scheduler.update(scheduler.schedule(), [token])[0].finish_reason
+        for token in (EOS_TOKEN_ID, EOS_TOKEN_ID)
+    ]
+    assert reasons == [FinishReason.UNSPECIFIED, FinishReason.EOS]
+    assert request.output_token_ids == [EOS_TOKEN_ID, EOS_TOKEN_ID]
     assert_all_free(scheduler, allocator)
 
 

@@ -161,4 +161,5 @@ def model_info_to_pb(m: ModelInfo) -> generation_pb2.ModelInfo:
         num_parameters=m.num_parameters,
         block_size=m.block_size,
         fingerprint=m.fingerprint,
+        has_chat_template=m.has_chat_template,
     )

@@ -92,6 +92,7 @@ def manifest_to_pb(m: WeightManifest) -> loader_pb2.ModelManifest:
         generation_config_json=m.generation_config_json,
         tokenizer_json=m.tokenizer_json,
         tokenizer_config_json=m.tokenizer_config_json,
+        chat_template_jinja=m.chat_template_jinja,
         fingerprint=m.fingerprint,
         handle_kind=int(m.handle_kind),
         files=[
@@ -126,6 +127,7 @@ def manifest_from_pb(pb: loader_pb2.ModelManifest) -> WeightManifest:
         generation_config_json=pb.generation_config_json,
         tokenizer_json=pb.tokenizer_json,
         tokenizer_config_json=pb.tokenizer_config_json,
+        chat_template_jinja=pb.chat_template_jinja,
         fingerprint=pb.fingerprint,
         handle_kind=HandleKind(pb.handle_kind),
         files=tuple(f.path for f in pb.files),

@@ -15,7 +15,7 @@ import torch
 
 from zerolayer.common.config import WARM_UP_MAX_NEW_TOKENS, WARM_UP_PROMPT_TOKENS
 from zerolayer.common.errors import Unavailable, ZerolayerError
-from zerolayer.common.generation import EngineRequest, SamplingParams
+from zerolayer.common.generation import EngineRequest, PositionLogprobs, SamplingParams
 from zerolayer.scheduler.core.engine_commands import (
     AbortRequest,
     AbortSample,
@@ -29,6 +29,12 @@ from zerolayer.scheduler.core.engine_commands import (
 from zerolayer.scheduler.core.scheduler import Scheduler
 from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 from zerolayer.scheduler.metrics import SchedulerMetrics
+from zerolayer.scheduler.model.logits_processors import apply_logits_processors
+from zerolayer.scheduler.model.logprobs import (
+    record_prompt_logprobs,
+    sampled_logprobs,
+    with_logprobs,
+)
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
 
@@ -210,16 +216,25 @@ class EngineCore:
             self._last_step_end = None
             time.sleep(0.001)
             return
-        logits = self._fork_samples(output, self.runner.execute(output))
+        if any(s.request.needs_prompt_logprobs for s in output.scheduled):
+            prompt_logprobs: dict[str, list[PositionLogprobs]] = {}
+            logits = self.runner.execute(output, prompt_logprobs)
+            record_prompt_logprobs(output, prompt_logprobs)
+        else:
+            logits = self.runner.execute(output)
+        logits = self._fork_samples(output, logits)
         sampling = [s.request for s in output.scheduled if s.samples]
+        processed = apply_logits_processors(logits, sampling, self.scheduler.eos_token_ids)
         token_ids = self.sampler(
-            logits,
+            processed,
             [r.sampling for r in sampling],
             [r.seed for r in sampling],
             [r.num_tokens for r in sampling],
         )
         self.num_steps += 1
+        sampled = sampled_logprobs(logits, sampling, token_ids)
         results = self.scheduler.update(output, token_ids)
+        results = with_logprobs(results, sampling, sampled)
         if self.metrics is not None:
             self.metrics.on_step(sampling, self.scheduler.num_preemptions)
         self._last_step_end = time.perf_counter()

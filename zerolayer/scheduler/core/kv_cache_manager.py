@@ -143,9 +143,14 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> int:
         """Takes the cached prefix of a request that holds no blocks; returns its token count.
 
+        A request that still needs prompt logprobs takes no cached prefix (0): its prompt's
+        logits must be computed. Its blocks are still committed as they fill.
+
         Raises:
             KVStoreUnavailable: the lookup failed (nothing is held).
         """
+        if request.needs_prompt_logprobs:
+            return 0
         self._check_usable()
         started = self.clock()
         try:

@@ -6,7 +6,7 @@ import enum
 import secrets
 import time
 
-from zerolayer.common.generation import EngineRequest, FinishReason
+from zerolayer.common.generation import EngineRequest, FinishReason, PositionLogprobs
 from zerolayer.scheduler.core.trace import RequestTraceHooks
 
 
@@ -46,6 +46,15 @@ class Request:
         self.sampling = engine_request.sampling
         self.ignore_eos = engine_request.ignore_eos
         self.cache_salt = engine_request.cache_salt
+        self.min_new_tokens = engine_request.min_new_tokens
+        self.stop_token_ids = frozenset(engine_request.stop_token_ids)
+        self.logprobs = engine_request.logprobs
+        self.prompt_logprobs = engine_request.prompt_logprobs
+        self.pending_prompt_logprobs: list[PositionLogprobs] = []
+        """Prompt logprobs computed but not yet delivered (they go with the next output)."""
+        self.num_prompt_logprobs_done = 0
+        """Prompt positions whose logprobs were computed (pending or delivered): positions
+        1..this; a recompute after preemption does not compute them again."""
         self.arrival_index = arrival_index
         self.status = RequestStatus.WAITING
         self.finish_reason = FinishReason.UNSPECIFIED
@@ -95,6 +104,15 @@ class Request:
         if first >= num_prompt:
             return self.output_token_ids[first - num_prompt : end - num_prompt]
         return self.prompt_token_ids[first:] + self.output_token_ids[: end - num_prompt]
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """True while prompt logprobs were asked and some are still to compute (the prompt is
+        then computed, not taken from the prefix cache)."""
+        return (
+            self.prompt_logprobs is not None
+            and self.num_prompt_logprobs_done < self.num_prompt_tokens - 1
+        )
 
     @property
     def is_finished(self) -> bool:

@@ -58,7 +58,10 @@ def make_sample(parent: Request, index: int) -> Request:
     :func:`sample_seed` of the parent's (drawn at random when the client gave none), untraced
     (the request's spans are sample 0's). Holds no blocks."""
     sampling = dataclasses.replace(parent.sampling, seed=sample_seed(parent.seed, index))
-    engine_request = dataclasses.replace(parent.engine_request, n=1, sampling=sampling)
+    # NOTE: the prompt's logprobs are sample 0's alone (they are the same for every sample).
+    engine_request = dataclasses.replace(
+        parent.engine_request, n=1, sampling=sampling, prompt_logprobs=None
+    )
     child = Request(engine_request, parent.arrival_index, None)
     child.index = index
     child.arrival_time = parent.arrival_time

@@ -367,8 +367,12 @@ class Scheduler:
         return results
 
     def _check_stop(self, request: Request, token_id: int) -> FinishReason:
-        if not request.ignore_eos and token_id in self.eos_token_ids:
-            return FinishReason.EOS
+        # NOTE: EOS and stop ids end nothing before min_new_tokens (the sampler masks them too).
+        if len(request.output_token_ids) > request.min_new_tokens:
+            if not request.ignore_eos and token_id in self.eos_token_ids:
+                return FinishReason.EOS
+            if token_id in request.stop_token_ids:
+                return FinishReason.STOP
         if len(request.output_token_ids) >= request.max_new_tokens:
             return FinishReason.LENGTH
         if request.num_tokens >= self.policy.max_model_len:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
+from zerolayer.common.generation import PositionLogprobs
 from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 from zerolayer.scheduler.model.attention import AttentionMetadata
 from zerolayer.scheduler.model.cuda_graphs import DecodeGraphs
@@ -14,6 +16,11 @@ from zerolayer.scheduler.model.decode_padding import graph_batch_sizes
 from zerolayer.scheduler.model.device_inputs import DeviceInputs
 from zerolayer.scheduler.model.kernels import NATIVE_DTYPES, KernelLoader
 from zerolayer.scheduler.model.llama import LlamaModel
+from zerolayer.scheduler.model.logprobs import (
+    PromptLogprobsSpan,
+    compute_prompt_logprobs,
+    prompt_logprobs_spans,
+)
 from zerolayer.scheduler.model.step_inputs import StepBuffers, StepInputs
 from zerolayer.scheduler.model.triton_attention import TRITON_DTYPES, triton_available
 
@@ -162,38 +169,67 @@ class ModelRunner:
             k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
             v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
 
-    def execute(self, output: SchedulerOutput) -> torch.Tensor:
+    def execute(
+        self,
+        output: SchedulerOutput,
+        prompt_logprobs: dict[str, list[PositionLogprobs]] | None = None,
+    ) -> torch.Tensor:
         """Runs one step; returns float32 [S, vocab] logits of the requests that sample, on the
-        model's device (on CUDA the step is queued, not finished: reading the logits waits)."""
+        model's device (on CUDA the step is queued, not finished: reading the logits waits).
+
+        Args:
+            prompt_logprobs: when given, filled with the prompt logprobs this step computes, by
+                request id (see :mod:`zerolayer.scheduler.model.logprobs`); the requests are
+                not modified.
+        """
+        spans = prompt_logprobs_spans(output) if prompt_logprobs is not None else []
         if self.device_inputs is not None:
             with torch.cuda.device(self.device):
-                return self._execute_on_device(output)
+                return self._execute_on_device(output, spans, prompt_logprobs)
         inputs = self.buffers.fill(output)
         hidden = self.model.forward(
             inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, self.kernels
         )
+        if spans and prompt_logprobs is not None:
+            head = partial(self.model.compute_logits, kernels=self.kernels)
+            prompt_logprobs.update(compute_prompt_logprobs(hidden, spans, head))
         if inputs.logits_rows.numel() == 0:
             return torch.empty(0, self.model.config.vocab_size)
         return self.model.compute_logits(hidden[inputs.logits_rows], self.kernels)
 
-    def _execute_on_device(self, output: SchedulerOutput) -> torch.Tensor:
+    def _execute_on_device(
+        self,
+        output: SchedulerOutput,
+        spans: list[PromptLogprobsSpan],
+        prompt_logprobs: dict[str, list[PositionLogprobs]] | None,
+    ) -> torch.Tensor:
         # NOTE: the host buffers are page-locked and copied asynchronously, so the previous
         # step must be done with them before they are filled again. It is once its logits were
         # read; this wait then costs nothing, and guards callers that never read them.
         self._step_done.synchronize()
         inputs = self.buffers.fill(output)
         try:
-            return self._forward_on_device(inputs)
+            return self._forward_on_device(inputs, spans, prompt_logprobs)
         finally:
             self._step_done.record()
 
-    def _forward_on_device(self, inputs: StepInputs) -> torch.Tensor:
-        if self.graphs is not None:
+    def _forward_on_device(
+        self,
+        inputs: StepInputs,
+        spans: list[PromptLogprobsSpan],
+        prompt_logprobs: dict[str, list[PositionLogprobs]] | None,
+    ) -> torch.Tensor:
+        # NOTE: graphs keep only the sampled rows' logits; prompt logprobs need hidden states.
+        if self.graphs is not None and not spans:
             logits = self.graphs.replay(inputs)
             if logits is not None:
                 return logits
         d = self.device_inputs.copy(inputs)  # type: ignore[union-attr]
         hidden = self.model.forward(d.input_ids, d.positions, self.kv_caches, d.meta)
+        if spans and prompt_logprobs is not None:
+            prompt_logprobs.update(
+                compute_prompt_logprobs(hidden, spans, self.model.compute_logits)
+            )
         if d.logits_rows.numel() == 0:
             return torch.empty(0, self.model.config.vocab_size, device=self.device)
         return self.model.compute_logits(hidden.index_select(0, d.logits_rows))

@@ -1,5 +1,6 @@
-"""Batched sampling: greedy, temperature, top-k and top-p, each token's randomness drawn from
-(seed, position).
+"""Batched sampling: greedy, temperature, top-k, top-p and min_p, each token's randomness drawn
+from (seed, position). The logits arrive already processed by the sampling controls of
+:mod:`zerolayer.scheduler.model.logits_processors` (bias, penalties, min_new_tokens).
 
 A sampled token is chosen by inverse transform sampling: one uniform number ``u`` per token, and
 the first vocabulary id whose cumulative probability exceeds ``u`` times the total. ``u`` is not
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from zerolayer.common.generation import SamplingParams
+from zerolayer.scheduler.model.logits_processors import apply_min_p
 
 
 def apply_top_k_top_p(
@@ -106,6 +108,9 @@ class Sampler:
             top_p = torch.tensor([params[i].top_p for i in rows], dtype=torch.float32)
             selected = logits[index.to(logits.device)].cpu()
             masked = apply_top_k_top_p(selected / temperature, top_k, top_p)
+            min_p = torch.tensor([params[i].min_p for i in rows], dtype=torch.float32)
+            if bool((min_p > 0).any()):
+                masked = apply_min_p(masked, min_p)
             uniforms = torch.tensor(
                 [position_uniform(seeds[i], positions[i]) for i in rows], dtype=torch.float64
             )
