@@ -183,6 +183,68 @@ def test_cancelled_stream_frees_its_blocks(stack, stub) -> None:
     assert (stats.attention_backend, stats.num_cuda_graphs) == ("native", 0)
 
 
+def test_n_samples_stream_with_their_index_and_equal_separate_seeded_requests(stub) -> None:
+    fields = {"prompt": "three samples", "temperature": 1.0, "max_new_tokens": 12}
+    separate = [
+        stub.Generate(make_request(**fields, seed=42 + i, ignore_eos=True)) for i in range(3)
+    ]
+    parts = list(stub.GenerateStream(make_request(**fields, seed=42, ignore_eos=True, n=3)))
+    assert sorted({p.index for p in parts}) == [0, 1, 2]
+    for i, alone in enumerate(separate):
+        sample = [p for p in parts if p.index == i]
+        assert [t for p in sample for t in p.token_ids] == list(alone.token_ids)
+        assert "".join(p.text for p in sample) == alone.text
+        assert sample[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert [p.HasField("usage") for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert parts[-1].usage.prompt_tokens == separate[0].usage.prompt_tokens
+    assert parts[-1].usage.completion_tokens == 36
+    unary = stub.Generate(make_request(**fields, seed=42, ignore_eos=True, n=3))
+    assert [(c.index, c.text, list(c.token_ids)) for c in unary.choices] == [
+        (i, alone.text, list(alone.token_ids)) for i, alone in enumerate(separate)
+    ]
+    assert (unary.text, unary.usage.completion_tokens) == (separate[0].text, 36)
+    assert not stub.Generate(make_request(**fields, seed=42, ignore_eos=True)).choices
+
+
+def test_a_stop_string_ends_only_the_sample_it_appears_in(stack, stub) -> None:
+    fields = {"prompt": "stop one", "temperature": 1.0, "max_new_tokens": 16, "ignore_eos": True}
+    separate = [stub.Generate(make_request(**fields, seed=7 + i)).text for i in range(3)]
+    stop = next(
+        separate[1][i : i + 3]
+        for i in range(1, len(separate[1]) - 3)
+        if all(separate[1][i : i + 3] not in separate[j] for j in (0, 2))
+    )
+    parts = list(stub.GenerateStream(make_request(**fields, seed=7, n=3, stop=[stop])))
+    texts = ["".join(p.text for p in parts if p.index == i) for i in range(3)]
+    assert texts == [separate[0], separate[1].split(stop)[0], separate[2]]
+    reasons = [[p.finish_reason for p in parts if p.index == i][-1] for i in range(3)]
+    assert reasons == [pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH]
+    completion = parts[-1].usage.completion_tokens
+    assert completion == sum(len(p.token_ids) for p in parts) < 48
+    # The stopped sample ends in the scheduler too; the others go on.
+    long = make_request(**{**fields, "max_new_tokens": 1500}, seed=7, n=2, stop=[stop])
+    call = stub.GenerateStream(long)
+    assert any(p.finish_reason == pb.FINISH_REASON_STOP for p in call if p.index == 1)
+    deadline = time.monotonic() + 10
+    while scheduler_stats(stack).num_running != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert scheduler_stats(stack).num_running == 1
+    call.cancel()
+
+
+def test_cancelled_stream_of_n_samples_frees_every_block(stack, stub) -> None:
+    call = stub.GenerateStream(
+        make_request(prompt="cancel us", max_new_tokens=1500, ignore_eos=True, n=3)
+    )
+    indexes = {next(call).index for _ in range(6)}
+    assert indexes == {0, 1, 2}
+    assert scheduler_stats(stack).num_running == 3
+    call.cancel()
+    assert wait_all_blocks_free(stack).num_blocks_used == 0
+    stats = scheduler_stats(stack)
+    assert (stats.num_running, stats.num_waiting, stats.num_blocks_held) == (0, 0, 0)
+
+
 def test_deadline_aborts_the_request(stack, stub) -> None:
     with pytest.raises(grpc.RpcError) as info:
         stub.Generate(
@@ -321,10 +383,15 @@ def test_scheduler_killed_mid_stream_is_restarted_and_the_stream_continues_on_it
     request = make_request(prompt="doomed", max_new_tokens=200, ignore_eos=True)
     call = stub.GenerateStream(request, timeout=120)
     first = next(call)
+    # n = 3: each sample goes on as a request of its own (seed + i, its tokens so far).
+    samples = make_request(prompt="doomed", max_new_tokens=64, temperature=1.0, seed=5, n=3)
+    samples_call = stub.GenerateStream(samples, timeout=120)
+    samples_first = [next(samples_call) for _ in range(3)]
     assert kv_stats(stack).num_blocks_used > 0
     stack.processes["scheduler"].kill()  # SIGKILL: no chance to free anything
     # The frontend waits for the supervisor's restart and resubmits prompt + generated there.
     responses = [first, *call]
+    samples_responses = [*samples_first, *samples_call]
     assert stack.processes["scheduler"].pid != old_pid
     token_ids = [t for r in responses for t in r.token_ids]
     undisturbed = stub.Generate(request, timeout=60)
@@ -334,6 +401,12 @@ def test_scheduler_killed_mid_stream_is_restarted_and_the_stream_continues_on_it
         undisturbed.usage.prompt_tokens,
         200,
     )
+    undisturbed_samples = stub.Generate(samples, timeout=60).choices
+    for i, choice in enumerate(undisturbed_samples):
+        sample = [r for r in samples_responses if r.index == i]
+        assert [t for r in sample for t in r.token_ids] == list(choice.token_ids)
+        assert len(choice.token_ids) == 64 and sample[-1].finish_reason == choice.finish_reason
+    assert samples_responses[-1].usage.completion_tokens == 192
     # The new scheduler reconciled with the kvstore: the dead one's blocks were freed.
     assert wait_all_blocks_free(stack).num_blocks_used == 0
     assert {name: stack.processes[name].pid for name in others} == others

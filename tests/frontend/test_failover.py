@@ -149,3 +149,40 @@ def test_only_sampled_requests_without_a_seed_get_one_drawn() -> None:
     assert with_seed(seeded, lambda: 42) is seeded
     drawn = with_seed(make_request(sampling=SAMPLED), lambda: 42)
     assert drawn == make_request(sampling=dataclasses.replace(SAMPLED, seed=42))
+
+
+def test_a_request_with_n_samples_is_split_into_its_unfinished_samples_once_one_began() -> None:
+    request = make_request(sampling=dataclasses.replace(SAMPLED, seed=2**64 - 2), n=3)
+    flight = InFlight(request, max_model_len=64)
+    flight.submission()
+    flight.lost(carrying=False, at_s=0.0)  # nothing generated yet: sent again whole
+    assert not flight.must_split
+    assert dataclasses.replace(flight.submission(), request_id="r1") == request
+    flight.received(dataclasses.replace(output(20, cached=4), index=1))
+    flight.received(output(21))
+    flight.received(dataclasses.replace(output(22, finished=True), index=2))
+    assert (flight.generated_token_ids, flight.must_split, flight.finished) == ([21], True, False)
+    flight.lost(carrying=True, at_s=5.0)
+    samples = flight.split()
+    assert [index for index, _ in samples] == [0, 1]
+    submissions = [sample.submission() for _, sample in samples]
+    assert [(s.n, s.sampling.seed, s.prompt_token_ids, s.max_new_tokens) for s in submissions] == [
+        (1, 2**64 - 2, (1, 10, 11, 12, 21), 5),
+        (1, 2**64 - 1, (1, 10, 11, 12, 20), 5),
+    ]
+    assert all(re.fullmatch("r1~[0-9a-f]{32}", s.request_id) for s in submissions)
+    assert samples[1][1].received(output(23)).num_cached_tokens == 4
+    assert [(s.num_losses, s.num_incidents) for _, s in samples] == [(1, 1)] * 2
+
+
+def test_a_sample_is_found_where_it_runs_whole_or_split() -> None:
+    flight = InFlight(make_request(n=3), max_model_len=64)
+    assert flight.sample_submission(1) is None  # not submitted yet
+    flight.submitted_to = ("unix:/a.sock", "r1")
+    assert flight.sample_submission(1) == ("unix:/a.sock", "r1", 1)
+    flight.received(dataclasses.replace(output(20, finished=True), index=2))
+    (_, first), (_, second) = flight.split()
+    second.submitted_to = ("unix:/b.sock", "r1~x")
+    assert flight.sample_submission(1) == ("unix:/b.sock", "r1~x", 0)  # a request of its own
+    assert flight.sample_submission(0) is None  # not resubmitted yet
+    assert flight.sample_submission(2) is None  # finished

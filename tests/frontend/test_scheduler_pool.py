@@ -4,6 +4,7 @@ scheduler, the poison rule, ids in flight."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -277,3 +278,66 @@ def test_schedulers_are_described_by_what_they_say_of_themselves(caplog) -> None
     assert asyncio.run(pool.block_size()) == 16
     schedulers[A].role = schedulers[B].role = None  # GetStats does not answer
     assert asyncio.run(pool.block_size()) == 0
+
+
+def token_of(seed: int, position: int) -> int:
+    """What the seeded scheduler below draws at ``position`` with ``seed``."""
+    return seed % 97 * 1000 + position
+
+
+class SeededScheduler:
+    """Draws ``token_of(seed + i, position)`` for sample i of each request (as a scheduler's
+    (seed, position) sampler would); sample 1 of an n > 1 request ends with EOS at its second
+    token; it dies (carrying) before step ``die_at`` if set."""
+
+    def __init__(self, die_at: int | None = None) -> None:
+        self.die_at = die_at
+        self.requests: list[EngineRequest] = []
+
+    async def generate(
+        self, request: EngineRequest, timeout_s: float | None
+    ) -> AsyncIterator[RequestOutput]:
+        self.requests.append(request)
+        num_prompt = len(request.prompt_token_ids)
+        done: set[int] = set()
+        for step in range(request.max_new_tokens):
+            if step == self.die_at:
+                raise SchedulerLost("scheduler x: Socket closed", carrying=True)
+            for i in sorted(set(range(request.n)) - done):
+                token_id = token_of(request.sampling.seed + i, num_prompt + step)
+                reason = FinishReason.UNSPECIFIED
+                if step == request.max_new_tokens - 1:
+                    reason = FinishReason.LENGTH
+                elif request.n > 1 and i == 1 and step == 1:
+                    reason = FinishReason.EOS
+                    done.add(i)
+                yield RequestOutput(request.request_id, (token_id,), reason, 99, 0, index=i)
+            await asyncio.sleep(0)
+
+    def watch_again(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+def test_the_samples_of_a_lost_request_go_on_one_by_one_with_their_seeds() -> None:
+    a, b = SeededScheduler(die_at=3), SeededScheduler()
+    pool = make_pool({A: a, B: b}, A, B)  # type: ignore[dict-item]
+    request = dataclasses.replace(make_request(max_new_tokens=6, temperature=0.7), n=3)
+    outputs = asyncio.run(run(pool, request))
+    by_index = {i: [t for o in outputs if o.index == i for t in o.new_token_ids] for i in range(3)}
+    assert by_index == {
+        0: [token_of(1234, 3 + p) for p in range(6)],
+        1: [token_of(1235, 3), token_of(1235, 4)],  # it had ended (EOS): not resubmitted
+        2: [token_of(1236, 3 + p) for p in range(6)],
+    }
+    assert [o.finish_reason for o in outputs if o.finished] == [FinishReason.EOS] + [
+        FinishReason.LENGTH
+    ] * 2
+    assert [(r.n, r.sampling.seed, r.prompt_token_ids, r.max_new_tokens) for r in b.requests] == [
+        (1, 1234, (1, 2, 3, *by_index[0][:3]), 3),
+        (1, 1236, (1, 2, 3, *by_index[2][:3]), 3),
+    ]
+    assert {o.request_id for o in outputs} == {"r1"}
+    assert [s.num_outstanding_tokens for s in pool.router.states.values()] == [0, 0]

@@ -270,3 +270,14 @@ def test_check_fits_context_refuses_an_explicit_max_new_tokens_past_the_context(
     check_fits_context(fits, run(fits), make_model())
     unset = make_params(prompt_token_ids=(5, 6, 7), prompt=None)
     check_fits_context(unset, run(unset), make_model())  # the default is clipped, not refused
+
+
+@pytest.mark.parametrize(("n", "expected"), [(0, 1), (1, 1), (3, 3), (16, 16)])
+def test_n_defaults_to_one_and_greedy_samples_are_allowed(n: int, expected: int) -> None:
+    assert run(make_params(n=n)).n == expected  # greedy (temperature 0): identical samples
+
+
+@pytest.mark.parametrize("n", [17, -1])
+def test_n_above_16_is_refused(n: int) -> None:
+    error = assert_invalid(make_params(n=n), "n")
+    assert str(error) == f"n: must be an integer from 0 to 16, got {n}"

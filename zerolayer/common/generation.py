@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 GREEDY_TEMPERATURE_EPS = 1e-5
 """Temperatures below this are treated as greedy."""
+_MASK64 = (1 << 64) - 1
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample ``index`` of a request seeded with ``seed`` (``EngineRequest.n``):
+    ``seed + index`` mod 2**64 (unsigned 64-bit, as ``SamplingParams.seed``)."""
+    return (seed + index) & _MASK64
 
 
 class FinishReason(enum.IntEnum):
@@ -215,6 +223,18 @@ def join_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
         logprobs=tuple(p for c in chunks for p in c.logprobs),
         prompt_logprobs=tuple(p for c in chunks for p in c.prompt_logprobs),
     )
+
+
+def join_samples(chunks: Sequence[GenerationChunk]) -> list[GenerationChunk]:
+    """Each sample's whole generation, by index ascending, from the chunks of a stream with
+    n > 1: :func:`join_chunks` of the sample's chunks, each with the stream's usage (the last
+    given, which counts every sample)."""
+    by_index: dict[int, list[GenerationChunk]] = {}
+    for chunk in chunks:
+        by_index.setdefault(chunk.index, []).append(chunk)
+    usages = [c.usage for c in chunks if c.usage is not None]
+    usage = usages[-1] if usages else None
+    return [dataclasses.replace(join_chunks(by_index[i]), usage=usage) for i in sorted(by_index)]
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ token, as the engine's recompute preemption is; sampled output is too because ev
 request carries a seed (:func:`with_seed` draws one where the client gave none) and the sampler
 draws from (seed, position). The frontend's detokenizer and stop strings continue as they were.
 
+A request with n > 1 is resubmitted whole while none of its samples has produced a token. After
+that, each unfinished sample ``i`` goes on as a request of its own (:meth:`InFlight.split`): n = 1,
+seed ``seed + i``, its prompt plus its own tokens so far; a lone request with that seed draws
+what sample ``i`` would have drawn, so no sample is lost, repeated or changed.
+
 A request that schedulers keep dying under may be what kills them (a *poison* request): it ends
 with UNAVAILABLE instead of being sent to the next one, at its :data:`MAX_INCIDENTS`-th loss
 *incident*. A loss is one scheduler dying (or going away) while it may have had the request. The
@@ -30,7 +35,7 @@ import secrets
 from collections.abc import Callable
 
 from zerolayer.common.errors import Unavailable
-from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput
+from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, sample_seed
 
 MAX_INCIDENTS = 2
 """Loss incidents of the same request after which it is not retried (see the module docstring)."""
@@ -79,6 +84,20 @@ class InFlight:
         self.fresh_ids = fresh_ids
         self.max_model_len = max_model_len
         self.generated_token_ids: list[int] = []
+        """Tokens generated so far (sample 0's, with n > 1)."""
+        self.sample_token_ids: list[list[int]] = [self.generated_token_ids]
+        self.sample_token_ids += [[] for _ in range(request.n - 1)]
+        """Each sample's tokens so far, by index."""
+        self.finished_indexes: set[int] = set()
+        """Samples that have had their finished output."""
+        self.submitted_to: tuple[str, str] | None = None
+        """(scheduler address, request id there) of the current submission; None before."""
+        self.split_samples: dict[int, InFlight] = {}
+        """Once split (:meth:`split`): the unfinished samples' own requests, by index."""
+        self.num_outputs = 0
+        """Outputs received, of every sample."""
+        self.num_finished = 0
+        """Samples that have finished (the request is done at ``n``)."""
         self.num_cached_tokens: int | None = None
         """Prompt tokens found in the prefix cache by the first admission (None: not yet)."""
         self.num_losses = 0
@@ -90,6 +109,11 @@ class InFlight:
         self.num_submissions = 0
         self._answered = False
         """The current submission has produced an output (its prompt is prefilled)."""
+
+    @property
+    def finished(self) -> bool:
+        """True once every sample (``n`` of them) has had its finished output."""
+        return self.num_finished >= self.request.n
 
     @property
     def num_remaining_tokens(self) -> int:
@@ -139,7 +163,11 @@ class InFlight:
         """Records one output of the current submission and returns it as the original request's:
         its id, its prompt length, and the cached prompt tokens of the first admission."""
         self._answered = True
-        self.generated_token_ids.extend(output.new_token_ids)
+        self.num_outputs += 1
+        self.num_finished += output.finished
+        self.sample_token_ids[output.index].extend(output.new_token_ids)
+        if output.finished:
+            self.finished_indexes.add(output.index)
         if self.num_cached_tokens is None:
             self.num_cached_tokens = output.num_cached_tokens
         return dataclasses.replace(
@@ -175,6 +203,50 @@ class InFlight:
                 f"{self.num_losses} schedulers that died in {self.num_incidents} separate "
                 "incidents; it is not retried (it may be what killed them)"
             )
+
+    @property
+    def must_split(self) -> bool:
+        """True when the request has n > 1 and a sample has produced tokens: it is no longer
+        resubmitted whole but sample by sample (:meth:`split`)."""
+        return self.request.n > 1 and self.num_outputs > 0
+
+    def split(self) -> list[tuple[int, InFlight]]:
+        """Each unfinished sample as a request of its own, with its index: n = 1, seed
+        ``seed + index`` (mod 2**64), the tokens it generated so far, this request's loss
+        counts and cached prompt tokens. Their submissions all get fresh ids; their outputs
+        carry index 0 (the caller gives them theirs back)."""
+        samples: list[tuple[int, InFlight]] = []
+        for index in range(self.request.n):
+            if index in self.finished_indexes:
+                continue
+            sampling = self.request.sampling
+            if sampling.seed is not None:
+                sampling = dataclasses.replace(sampling, seed=sample_seed(sampling.seed, index))
+            # NOTE: the prompt logprobs came with sample 0's first output, before any split.
+            request = dataclasses.replace(
+                self.request, n=1, sampling=sampling, prompt_logprobs=None
+            )
+            sample = InFlight(request, self.max_model_len)
+            sample.generated_token_ids.extend(self.sample_token_ids[index])
+            sample.num_cached_tokens = self.num_cached_tokens
+            sample.num_losses, sample.num_incidents = self.num_losses, self.num_incidents
+            sample._incident_at_s = self._incident_at_s
+            sample.num_submissions = self.num_submissions
+            samples.append((index, sample))
+        self.split_samples = dict(samples)
+        return samples
+
+    def sample_submission(self, index: int) -> tuple[str, str, int] | None:
+        """Where sample ``index`` runs now: (scheduler address, request id there, its index
+        there); None when it was never submitted."""
+        if self.split_samples:
+            sample = self.split_samples.get(index)
+            if sample is None or sample.submitted_to is None:
+                return None
+            return (*sample.submitted_to, 0)
+        if self.submitted_to is None:
+            return None
+        return (*self.submitted_to, index)
 
     def finish_if_spent(self) -> RequestOutput | None:
         """The last output, finished with LENGTH, when the budget is spent but the scheduler died

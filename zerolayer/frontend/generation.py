@@ -118,7 +118,10 @@ class TextGenerator:
         tenant: str = "",
         fit_context: bool = False,
     ) -> AsyncIterator[GenerationChunk]:
-        """Streams a generation: one chunk per engine step, the last with finish reason and usage.
+        """Streams a generation: one chunk per engine step (and sample), the last with usage.
+
+        With n > 1, each chunk carries its sample's ``index`` and a sample's last chunk its finish
+        reason; usage counts the prompt once and the tokens of every sample.
 
         Text never ends inside a UTF-8 character, and never contains a stop string (text stops
         right before it; ``token_ids`` still include the tokens that completed it). Closing the
@@ -148,22 +151,31 @@ class TextGenerator:
                 check_fits_context(params, request, self.served)
         request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))
         telemetry.validated(request)
-        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
-        stops = StopStringMatcher(params.stop)
-        last: RequestOutput | None = None
+        # One detokenizer and stop-string matcher per sample (n > 1: outputs carry its index).
+        detokenizers = [
+            IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+            for _ in range(request.n)
+        ]
+        stops = [StopStringMatcher(params.stop) for _ in range(request.n)]
+        finished = [False] * request.n
         num_generated = 0
+        num_cached = 0
         max_model_len = self.served.max_model_len
         async with aclosing(
             self.scheduler.generate(request, timeout_s, max_model_len, tenant)
         ) as outputs:
             async for output in outputs:
-                last = output
+                index = output.index
+                if finished[index]:
+                    continue  # a sample this frontend stopped: its tokens until the abort
                 num_generated += len(output.new_token_ids)
-                usage = Usage(
-                    len(request.prompt_token_ids), num_generated, output.num_cached_tokens
-                )
+                if index == 0:
+                    num_cached = output.num_cached_tokens
+                usage = Usage(len(request.prompt_token_ids), num_generated, num_cached)
                 started = time.perf_counter()
-                chunk = self._chunk(request.request_id, output, usage, detokenizer, stops)
+                chunk = self._chunk(
+                    request.request_id, output, usage, detokenizers[index], stops[index]
+                )
                 if output.logprobs or output.prompt_logprobs:
                     chunk = replace(
                         chunk,
@@ -171,12 +183,19 @@ class TextGenerator:
                         prompt_logprobs=with_token_texts(output.prompt_logprobs, self.tokenizer),
                     )
                 telemetry.detokenized(time.perf_counter() - started)
+                finished[index] = chunk.finish_reason != FinishReason.UNSPECIFIED
+                if not all(finished):
+                    chunk = replace(chunk, usage=None)  # usage: on the stream's last chunk
+                if index:
+                    chunk = replace(chunk, index=index)
                 telemetry.sent(chunk)
                 yield chunk
-                if chunk.finish_reason != FinishReason.UNSPECIFIED:
+                if all(finished):
                     return  # closing the stream cancels the call: a stopped request is aborted
-        if last is None or not last.finished:
-            raise Unavailable("scheduler: stream ended without a finished output")
+                if finished[index] and not output.finished:
+                    # A stop string ended this sample only: end it in the scheduler too.
+                    await self.scheduler.abort_sample(request.request_id, index, tenant)
+        raise Unavailable("scheduler: stream ended without a finished output")
 
     @staticmethod
     def _chunk(

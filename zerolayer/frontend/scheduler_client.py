@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from zerolayer.common.convert import (
+    abort_sample_request_to_pb,
     block_size_from_stats_pb,
     engine_request_to_pb,
     not_serving_reason_from_stats_pb,
@@ -140,6 +141,17 @@ class SchedulerClient:
                 raise _error_of(exc, self.address, carrying) from None
             finally:
                 call.cancel()
+
+    async def abort_sample(self, request_id: str, index: int, timeout_s: float = 5.0) -> None:
+        """Asks the scheduler to end sample ``index`` of the request in flight as ``request_id``
+        (its stream then gets the sample's ABORT output). Best effort: a failed call only leaves
+        the sample running to its end, and is logged."""
+        try:
+            await self._stub.AbortSample(
+                abort_sample_request_to_pb(request_id, index), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.info("scheduler %s: AbortSample failed: %s", self.address, exc.code().name)
 
     async def block_size(self, timeout_s: float = 5.0) -> int:
         """The KV block size the scheduler runs with (0 if it does not answer within

@@ -5,6 +5,8 @@ error, no token twice or missing, the original request's id and counts."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -52,8 +54,8 @@ class SchedulerPool:
         self.router = router
         self._waits = waits
         self._draw = draw
-        self._request_ids: set[tuple[str, str]] = set()
-        """(tenant, request_id) of the requests in flight: ids are unique per tenant."""
+        self._flights: dict[tuple[str, str], InFlight] = {}
+        """The requests in flight by (tenant, request_id): ids are unique per tenant."""
 
     async def generate(
         self,
@@ -62,7 +64,8 @@ class SchedulerPool:
         max_model_len: int,
         tenant: str = "",
     ) -> AsyncIterator[RequestOutput]:
-        """Yields the request's outputs until the finished one, whichever schedulers carry it.
+        """Yields the request's outputs until the finished one (of every sample, with n > 1),
+        whichever schedulers carry it.
 
         Args:
             request: the validated request.
@@ -82,25 +85,37 @@ class SchedulerPool:
             grpc.aio.AioRpcError: a scheduler rejected it, or the deadline passed.
         """
         key = (tenant, request.request_id)
-        if key in self._request_ids:
+        if key in self._flights:
             raise InvalidArgument("request_id", f"{request.request_id!r} is in flight")
-        self._request_ids.add(key)
+        flight = InFlight(with_seed(request, self._draw), max_model_len, bool(tenant))
+        self._flights[key] = flight
         try:
-            flight = InFlight(with_seed(request, self._draw), max_model_len, bool(tenant))
             # NOTE: aclosing, here and below: a caller that stops early must end the call (and
             # the work counted) at once, not when the garbage collector finalizes the generators.
             async with aclosing(self._carry(flight, timeout_s)) as outputs:
                 async for output in outputs:
                     yield output
         finally:
-            self._request_ids.discard(key)
+            del self._flights[key]
+
+    async def abort_sample(self, request_id: str, index: int, tenant: str = "") -> None:
+        """Ends sample ``index`` of a request in flight with n > 1 in its scheduler (e.g. a stop
+        string ended it here); the request's stream then gets that sample's ABORT output. Best
+        effort: unknown ids and failed calls change nothing."""
+        flight = self._flights.get((tenant, request_id))
+        where = None if flight is None else flight.sample_submission(index)
+        if where is not None:
+            address, submission_id, scheduler_index = where
+            await self.clients[address].abort_sample(submission_id, scheduler_index)
 
     async def _carry(
-        self, flight: InFlight, timeout_s: float | None
+        self, flight: InFlight, timeout_s: float | None, wait_s: float | None = None
     ) -> AsyncIterator[RequestOutput]:
+        """``flight``'s outputs across schedulers; waits ``wait_s`` (None: a new request's
+        wait) for the first."""
         start = time.monotonic()
         deadline = None if timeout_s is None else start + timeout_s
-        wait_until = start + self._waits.new_request_s
+        wait_until = start + (self._waits.new_request_s if wait_s is None else wait_s)
         while True:
             wait_s = wait_until - time.monotonic()
             if deadline is not None:
@@ -117,9 +132,58 @@ class SchedulerPool:
                 self._count_loss(flight, lost)
                 if lost.carrying:
                     wait_until = time.monotonic() + self._waits.failover_s
+            if flight.must_split:
+                left_s = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                samples = self._carry_samples(flight, left_s, wait_until - time.monotonic())
+                async with aclosing(samples) as outputs:
+                    async for output in outputs:
+                        yield output
+                return
             if (last := flight.finish_if_spent()) is not None:
                 yield last
                 return
+
+    async def _carry_samples(
+        self, flight: InFlight, timeout_s: float | None, wait_s: float
+    ) -> AsyncIterator[RequestOutput]:
+        """Carries the unfinished samples of ``flight`` (n > 1, its scheduler lost after some
+        output) each as a request of its own (:meth:`InFlight.split`), concurrently; yields
+        their outputs, with their sample's index, as they come.
+
+        Raises:
+            Unavailable, grpc.aio.AioRpcError: what a sample's carrying raised (the others are
+                cancelled).
+        """
+        outputs: asyncio.Queue[RequestOutput | BaseException | None] = asyncio.Queue()
+
+        async def carry(index: int, sample: InFlight) -> None:
+            try:
+                if (last := sample.finish_if_spent()) is not None:
+                    await outputs.put(dataclasses.replace(last, index=index))
+                    return
+                async with aclosing(self._carry(sample, timeout_s, wait_s)) as carried:
+                    async for output in carried:
+                        await outputs.put(dataclasses.replace(output, index=index))
+            except Exception as exc:  # noqa: BLE001 - re-raised by the consumer below
+                await outputs.put(exc)
+            finally:
+                outputs.put_nowait(None)
+
+        tasks = [asyncio.create_task(carry(i, sample)) for i, sample in flight.split()]
+        try:
+            num_running = len(tasks)
+            while num_running:
+                item = await outputs.get()
+                if item is None:
+                    num_running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _acquire(self, wait_s: float, flight: InFlight) -> str:
         """The scheduler for ``flight``'s next submission (see :meth:`Router.acquire`).
@@ -151,6 +215,7 @@ class SchedulerPool:
     ) -> AsyncIterator[RequestOutput]:
         """One (re)submission of ``flight`` to ``address``, its work counted there."""
         request = flight.submission()
+        flight.submitted_to = (address, request.request_id)
         with self.router.working(address, flight.num_outstanding_tokens) as work:
             client = self.clients[address]
             async with aclosing(client.generate(request, timeout_s)) as outputs:
@@ -158,7 +223,7 @@ class SchedulerPool:
                     output = flight.received(output)
                     work.set(flight.num_outstanding_tokens)
                     yield output
-                    if output.finished:
+                    if flight.finished:
                         return
 
     @staticmethod

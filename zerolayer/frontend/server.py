@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator
 import grpc
 
 from zerolayer.common.convert import (
+    choices_to_pb,
     chunk_to_pb,
     generate_params_from_pb,
     model_info_to_pb,
     tokenize_request_from_pb,
     tokenize_result_to_pb,
 )
-from zerolayer.common.generation import join_chunks
+from zerolayer.common.generation import join_chunks, join_samples
 from zerolayer.frontend.generation import TextGenerator
 from zerolayer.frontend.tenants import TenantPolicy, call_tenant
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
@@ -38,7 +39,10 @@ class TextGenerationServicer(generation_pb2_grpc.TextGenerationServicer):
         tenant = call_tenant(self._tenants, context)
         params = generate_params_from_pb(request)
         generation = self._generator.generate(params, context.time_remaining(), tenant=tenant)
-        return chunk_to_pb(join_chunks([chunk async for chunk in generation]))
+        chunks = [chunk async for chunk in generation]
+        if params.n > 1:
+            return choices_to_pb(join_samples(chunks))
+        return chunk_to_pb(join_chunks(chunks))
 
     async def GenerateStream(
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext

@@ -28,6 +28,8 @@ MAX_UINT32 = 2**32 - 1
 """Largest max_new_tokens and top_k (uint32 fields of GenerateRequest and EngineRequest)."""
 MAX_UINT64 = 2**64 - 1
 """Largest seed (a uint64 field)."""
+MAX_N = 16
+"""Most samples of one request (``n``)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ def validate(
             f"length is {model.max_model_len} (prompt must be shorter)",
         )
     check_uint("max_new_tokens", params.max_new_tokens, MAX_UINT32)
+    check_uint("n", params.n, MAX_N)
     sampling = with_sampling_controls(_sampling(params), params, model.vocab_size)
     _check_strings(params, config)
     request = EngineRequest(
@@ -80,6 +83,7 @@ def validate(
         sampling=sampling,
         ignore_eos=params.ignore_eos,
         cache_salt=params.cache_salt,
+        n=params.n or 1,
     )
     return with_request_controls(request, params, model.vocab_size)
 

@@ -10,6 +10,8 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import get_current_span
 
 from zerolayer.common.convert import (
+    abort_sample_request_from_pb,
+    abort_sample_response_to_pb,
     activate_response_to_pb,
     engine_request_from_pb,
     request_output_to_pb,
@@ -78,18 +80,27 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             trace,
         )
         finished = False
+        num_unfinished = max(engine_request.n, 1)
         try:
             while not finished:
                 item = await outputs.get()
                 if isinstance(item, Exception):
                     finished = True
                     raise item
-                finished = item.finished
+                # NOTE: with n > 1 the call ends when every sample has finished.
+                num_unfinished -= item.finished
+                finished = num_unfinished == 0
                 yield request_output_to_pb(item)
         finally:
             if not finished:
                 # Cancelled by the caller (or its deadline): free the blocks now.
                 engine.abort(engine_request.request_id)
+
+    async def AbortSample(
+        self, request: scheduler_pb2.AbortSampleRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.AbortSampleResponse:
+        self._require_engine().abort_sample(*abort_sample_request_from_pb(request))
+        return abort_sample_response_to_pb()
 
     async def GetStats(
         self, request: scheduler_pb2.SchedulerStatsRequest, context: grpc.aio.ServicerContext

@@ -7,6 +7,7 @@ Reading a request may raise :class:`zerolayer.common.errors.InvalidArgument` nam
 """
 
 from zerolayer.common.convert.generation import (
+    choices_to_pb,
     chunk_to_pb,
     generate_params_from_pb,
     model_info_to_pb,
@@ -73,6 +74,9 @@ from zerolayer.common.convert.loader import (
     residency_to_pb,
 )
 from zerolayer.common.convert.scheduler import (
+    abort_sample_request_from_pb,
+    abort_sample_request_to_pb,
+    abort_sample_response_to_pb,
     activate_request_to_pb,
     activate_response_from_pb,
     activate_response_to_pb,
@@ -88,6 +92,9 @@ from zerolayer.common.convert.scheduler import (
 )
 
 __all__ = [
+    "abort_sample_request_from_pb",
+    "abort_sample_request_to_pb",
+    "abort_sample_response_to_pb",
     "activate_request_to_pb",
     "activate_response_from_pb",
     "activate_response_to_pb",
@@ -101,6 +108,7 @@ __all__ = [
     "arena_request_to_pb",
     "block_size_from_stats_pb",
     "not_serving_reason_from_stats_pb",
+    "choices_to_pb",
     "chunk_to_pb",
     "commit_blocks_request_from_pb",
     "commit_blocks_request_to_pb",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from zerolayer.common.generation import (
     ChatMessage,
     GenerateParams,
@@ -110,6 +112,27 @@ def chunk_to_pb(c: GenerationChunk) -> generation_pb2.GenerateResponse:
                 prompt_tokens=c.usage.prompt_tokens,
                 completion_tokens=c.usage.completion_tokens,
                 cached_prompt_tokens=c.usage.cached_prompt_tokens,
+            )
+        )
+    return pb
+
+
+def choices_to_pb(samples: Sequence[GenerationChunk]) -> generation_pb2.GenerateResponse:
+    """The unary response of a request with n > 1: sample 0 in the top-level fields (with the
+    usage of all), every sample in ``choices``.
+
+    Args:
+        samples: each sample's whole generation, by index (at least one).
+    """
+    pb = chunk_to_pb(samples[0])
+    for s in samples:
+        pb.choices.append(
+            generation_pb2.Choice(
+                index=s.index,
+                text=s.text,
+                token_ids=s.token_ids,
+                finish_reason=int(s.finish_reason),
+                logprobs=[position_logprobs_to_pb(p) for p in s.logprobs],
             )
         )
     return pb

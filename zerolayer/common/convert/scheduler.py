@@ -178,6 +178,21 @@ def role_from_stats_pb(pb: scheduler_pb2.SchedulerStats) -> SchedulerRole:
     return SchedulerRole(pb.role)
 
 
+def abort_sample_request_to_pb(request_id: str, index: int) -> scheduler_pb2.AbortSampleRequest:
+    """Which sample to end: the request's id in the scheduler and the sample's index."""
+    return scheduler_pb2.AbortSampleRequest(request_id=request_id, index=index)
+
+
+def abort_sample_request_from_pb(pb: scheduler_pb2.AbortSampleRequest) -> tuple[str, int]:
+    """(request_id, index) of an AbortSample call."""
+    return pb.request_id, pb.index
+
+
+def abort_sample_response_to_pb() -> scheduler_pb2.AbortSampleResponse:
+    """AbortSample's (empty) answer."""
+    return scheduler_pb2.AbortSampleResponse()
+
+
 def activate_request_to_pb() -> scheduler_pb2.ActivateRequest:
     """An Activate request (it has no fields)."""
     return scheduler_pb2.ActivateRequest()

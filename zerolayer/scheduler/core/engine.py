@@ -131,6 +131,11 @@ class Engine(EngineCore):
         """Aborts a request and frees its blocks at the next step boundary; thread-safe."""
         self.send(commands.AbortRequest(request_id))
 
+    def abort_sample(self, request_id: str, index: int) -> None:
+        """Ends sample ``index`` of a request with n > 1 and frees its blocks at the next step
+        boundary (its stream gets the sample's ABORT output); thread-safe."""
+        self.send(commands.AbortSample(request_id, index))
+
     def fail(self, error: Unavailable) -> None:
         """Stops serving for good (e.g. a fatal GPU event); thread-safe. From now on new requests
         get ``error``; at the next step boundary (within one step) every request in flight gets

@@ -35,6 +35,15 @@ class AbortRequest:
 
 
 @dataclass(frozen=True)
+class AbortSample:
+    """End sample ``index`` of the request (n > 1) now and free its blocks; its sink gets the
+    sample's last output (ABORT). Unknown, or already finished: nothing changes."""
+
+    request_id: str
+    index: int
+
+
+@dataclass(frozen=True)
 class FailAll:
     """End every request in flight with ``error`` (each sink gets it once) and abort it, which
     frees its KV blocks."""
@@ -56,5 +65,5 @@ class Wake:
     """Changes nothing: ends the engine thread's wait on an empty queue (so it sees a stop)."""
 
 
-EngineCommand = AddRequest | AbortRequest | FailAll | Annotate | Wake
+EngineCommand = AddRequest | AbortRequest | AbortSample | FailAll | Annotate | Wake
 """Every command the engine applies."""

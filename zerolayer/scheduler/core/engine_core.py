@@ -11,11 +11,14 @@ import logging
 import time
 from dataclasses import dataclass
 
+import torch
+
 from zerolayer.common.config import WARM_UP_MAX_NEW_TOKENS, WARM_UP_PROMPT_TOKENS
 from zerolayer.common.errors import Unavailable, ZerolayerError
 from zerolayer.common.generation import EngineRequest, PositionLogprobs, SamplingParams
 from zerolayer.scheduler.core.engine_commands import (
     AbortRequest,
+    AbortSample,
     AddRequest,
     Annotate,
     EngineCommand,
@@ -24,6 +27,7 @@ from zerolayer.scheduler.core.engine_commands import (
     Wake,
 )
 from zerolayer.scheduler.core.scheduler import Scheduler
+from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 from zerolayer.scheduler.metrics import SchedulerMetrics
 from zerolayer.scheduler.model.logits_processors import apply_logits_processors
 from zerolayer.scheduler.model.logprobs import (
@@ -110,6 +114,8 @@ class EngineCore:
             case AbortRequest(request_id=request_id):
                 self._sinks.pop(request_id, None)
                 self.scheduler.abort_request(request_id)
+            case AbortSample(request_id=request_id, index=index):
+                self._abort_sample(request_id, index)
             case FailAll(error=error):
                 self._fail_all(error)
             case Annotate(name=name, attributes=attributes):
@@ -129,6 +135,17 @@ class EngineCore:
             command.sink(exc)
             return
         self._sinks[command.request.request_id] = command.sink
+
+    def _abort_sample(self, request_id: str, index: int) -> None:
+        """Ends one sample and delivers its last output (the stream ends with the last one)."""
+        result = self.scheduler.abort_sample(request_id, index)
+        if result is None:
+            return
+        sink = self._sinks.get(request_id)
+        if sink is not None:
+            sink(result)
+        if request_id not in self.scheduler.requests:
+            self._sinks.pop(request_id, None)
 
     def _fail_all(self, error: Unavailable) -> None:
         """Aborts every request in flight (frees its blocks) and ends it with ``error``."""
@@ -205,6 +222,7 @@ class EngineCore:
             record_prompt_logprobs(output, prompt_logprobs)
         else:
             logits = self.runner.execute(output)
+        logits = self._fork_samples(output, logits)
         sampling = [s.request for s in output.scheduled if s.samples]
         processed = apply_logits_processors(logits, sampling, self.scheduler.eos_token_ids)
         token_ids = self.sampler(
@@ -224,5 +242,20 @@ class EngineCore:
             sink = self._sinks.get(result.request_id)
             if sink is not None:
                 sink(result)
-            if result.finished:
+        for result in results:
+            # A request with n > 1 ends with its last sample.
+            if result.finished and result.request_id not in self.scheduler.requests:
                 self._sinks.pop(result.request_id, None)
+
+    def _fork_samples(self, output: SchedulerOutput, logits: torch.Tensor) -> torch.Tensor:
+        """Forks the requests with n > 1 whose prompt this step completed
+        (:meth:`Scheduler.fork_samples`): copies the KV blocks the new samples need and returns
+        ``logits`` with, appended, their sample 0's row for each (their first token is drawn
+        from it with their own seed)."""
+        fork = self.scheduler.fork_samples(output)
+        if fork.block_copies:
+            self.runner.copy_blocks(fork.block_copies)
+        if not fork.parent_rows:
+            return logits
+        rows = torch.tensor(fork.parent_rows, device=logits.device)
+        return torch.cat([logits, logits.index_select(0, rows)])

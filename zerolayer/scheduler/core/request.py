@@ -32,7 +32,14 @@ class Request:
         arrival_index: int,
         trace: RequestTraceHooks | None = None,
     ) -> None:
+        self.engine_request = engine_request
+        """The request as submitted (the samples of n > 1 are made from it)."""
         self.request_id = engine_request.request_id
+        self.index = 0
+        """Which sample of its request this is (0 to n - 1); its outputs carry it."""
+        self.samples: list[Request] = []
+        """Sample 0 of a request with n > 1: its other samples, once forked (see
+        :mod:`zerolayer.scheduler.core.sample_fork`); empty otherwise."""
         self.prompt_token_ids = list(engine_request.prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.max_new_tokens = engine_request.max_new_tokens

@@ -21,6 +21,7 @@ from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutp
 from zerolayer.common.settings import KV_UNAVAILABLE_TIMEOUT_S
 from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager, KVStoreUnavailable
 from zerolayer.scheduler.core.request import Request, RequestStatus
+from zerolayer.scheduler.core.sample_fork import MAX_SAMPLES, SampleFork, fork_samples
 from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.core.trace import RequestTraceHooks
 
@@ -62,7 +63,7 @@ class Scheduler:
 
         Raises:
             InvalidArgument: request_id already in flight; empty prompt; max_new_tokens 0; prompt
-                at or past the context length.
+                at or past the context length; n outside 1..16.
             ResourceExhausted: the request could never fit in the whole KV arena.
         """
         if engine_request.request_id in self.requests:
@@ -72,6 +73,8 @@ class Scheduler:
             raise InvalidArgument("prompt_token_ids", "empty")
         if engine_request.max_new_tokens <= 0:
             raise InvalidArgument("max_new_tokens", "must be > 0")
+        if not 1 <= engine_request.n <= MAX_SAMPLES:
+            raise InvalidArgument("n", f"must be 1 to {MAX_SAMPLES}, got {engine_request.n}")
         if num_prompt >= self.policy.max_model_len:
             raise InvalidArgument(
                 "prompt", f"{num_prompt} tokens; the context length is {self.policy.max_model_len}"
@@ -92,12 +95,37 @@ class Scheduler:
         return request
 
     def abort_request(self, request_id: str) -> bool:
-        """Removes a request and frees its blocks at once. Returns False if it is unknown."""
+        """Removes a request (every sample of it) and frees its blocks at once. Returns False if
+        it is unknown."""
         request = self.requests.get(request_id)
         if request is None:
             return False
-        self._finish(request, FinishReason.ABORT)
+        for sample in [request, *request.samples]:
+            if not sample.is_finished:
+                self._finish(sample, FinishReason.ABORT)
         return True
+
+    def abort_sample(self, request_id: str, index: int) -> RequestOutput | None:
+        """Ends sample ``index`` of a request (with ABORT) and frees its blocks at once.
+
+        Returns:
+            The sample's last output (no tokens, ABORT); None when the request or the sample is
+            unknown (not forked yet included) or the sample had finished.
+        """
+        request = self.requests.get(request_id)
+        samples = [] if request is None else [request, *request.samples]
+        sample = next((s for s in samples if s.index == index), None)
+        if sample is None or sample.is_finished:
+            return None
+        self._finish(sample, FinishReason.ABORT)
+        return RequestOutput(
+            request_id,
+            (),
+            FinishReason.ABORT,
+            sample.num_prompt_tokens,
+            sample.num_cached_tokens,
+            index,
+        )
 
     def abort_all_requests(self) -> list[str]:
         """Aborts every request in flight (after a failure); returns their ids in arrival order.
@@ -109,9 +137,10 @@ class Scheduler:
         for request_id in request_ids:
             request = self.requests[request_id]
             try:
-                self._finish(request, FinishReason.ABORT)
+                self.abort_request(request_id)
             except Exception:  # noqa: BLE001 - the kvstore may be what failed: recount later
-                self.kv.forget(request)
+                for sample in [request, *request.samples]:
+                    self.kv.forget(sample)
                 self.requests.pop(request_id, None)
         self.running.clear()
         self.waiting.clear()
@@ -216,8 +245,10 @@ class Scheduler:
             "the request needs it for KV blocks"
         )
         for request in [*blocked, *self.waiting]:
-            self._finish(request, FinishReason.ABORT)
-            output.failed[request.request_id] = error
+            # Every sample of the request ends with it (some may be planned in this step).
+            if self.abort_request(request.request_id):
+                output.failed[request.request_id] = error
+        output.scheduled = [item for item in output.scheduled if not item.request.is_finished]
 
     @staticmethod
     def _scheduled(request: Request, num_new: int) -> ScheduledRequest:
@@ -289,6 +320,12 @@ class Scheduler:
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
+    def fork_samples(self, output: SchedulerOutput) -> SampleFork:
+        """Makes the other samples of the requests with n > 1 whose prompt this step completes;
+        see :func:`zerolayer.scheduler.core.sample_fork.fork_samples`. Call after the forward,
+        before sampling."""
+        return fork_samples(self, output)
+
     def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[RequestOutput]:
         """Applies a step's results.
 
@@ -324,6 +361,7 @@ class Scheduler:
                     reason,
                     request.num_prompt_tokens,
                     request.num_cached_tokens,
+                    request.index,
                 )
             )
         return results
@@ -357,4 +395,6 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        del self.requests[request.request_id]
+        first = self.requests[request.request_id]
+        if all(sample.is_finished for sample in [first, *first.samples]):
+            del self.requests[request.request_id]

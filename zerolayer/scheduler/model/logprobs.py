@@ -66,8 +66,9 @@ def position_logprobs(
 
 def sampled_logprobs(
     logits: torch.Tensor, requests: Sequence[Request], token_ids: Sequence[int]
-) -> dict[str, PositionLogprobs]:
-    """Logprobs of the tokens just sampled, for the requests that asked, by request id.
+) -> dict[tuple[str, int], PositionLogprobs]:
+    """Logprobs of the tokens just sampled, for the requests that asked, by (request id, sample
+    index) (the samples of a request with n > 1 share its id).
 
     Args:
         logits: float32 [B, V] raw logits, row i for ``requests[i]``.
@@ -82,7 +83,9 @@ def sampled_logprobs(
         [token_ids[i] for i in rows],
         [requests[i].logprobs or 0 for i in rows],
     )
-    return {requests[i].request_id: e for i, e in zip(rows, entries, strict=True)}
+    return {
+        (requests[i].request_id, requests[i].index): e for i, e in zip(rows, entries, strict=True)
+    }
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,7 @@ def record_prompt_logprobs(
 def with_logprobs(
     results: Sequence[RequestOutput],
     requests: Sequence[Request],
-    sampled: dict[str, PositionLogprobs],
+    sampled: dict[tuple[str, int], PositionLogprobs],
 ) -> list[RequestOutput]:
     """``results`` with each one's sampled-token logprobs and the prompt logprobs its request
     holds (which are then delivered: the request's pending list is emptied).
@@ -162,11 +165,12 @@ def with_logprobs(
     Args:
         requests: the requests that sampled this step (each result's among them).
     """
-    by_id = {r.request_id: r for r in requests}
+    by_id = {(r.request_id, r.index): r for r in requests}
     out: list[RequestOutput] = []
     for result in results:
-        request = by_id.get(result.request_id)
-        entry = sampled.get(result.request_id)
+        key = (result.request_id, result.index)
+        request = by_id.get(key)
+        entry = sampled.get(key)
         if request is None or (entry is None and not request.pending_prompt_logprobs):
             out.append(result)
             continue

@@ -159,6 +159,16 @@ class ModelRunner:
             self.graphs.capture(self.kv_caches)
         return len(self.graphs.batch_sizes)
 
+    def copy_blocks(self, block_copies: Sequence[tuple[int, int]]) -> None:
+        """Copies the KV of whole blocks, every layer's K and V, from the first block_id of each
+        pair to the second (queued on the device's current stream, after the step before).
+        Destinations must be distinct and not among the sources."""
+        src = torch.tensor([s for s, _ in block_copies], device=self.device)
+        dst = torch.tensor([d for _, d in block_copies], device=self.device)
+        for k_cache, v_cache in self.kv_caches:
+            k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
+            v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
+
     def execute(
         self,
         output: SchedulerOutput,
