@@ -290,11 +290,36 @@ def test_a_chat_completion_and_its_stream(client, model) -> None:
     assert (last.choices, last.usage.completion_tokens) == ([], 5)
 
 
-@pytest.mark.xfail(strict=True, reason="needs n > 1 (issue 16): remove at merge")
 def test_n_completions_are_choices_by_index(client, model) -> None:
     completion = complete(client, model, max_tokens=4, n=2, temperature=1, seed=7)
     assert [c.index for c in completion.choices] == [0, 1]
     assert completion.usage.completion_tokens == 8
+    # Sample i is drawn with seed + i: each equals a lone request with that seed.
+    alone = [complete(client, model, max_tokens=4, temperature=1, seed=s) for s in (7, 8)]
+    assert [c.text for c in completion.choices] == [a.choices[0].text for a in alone]
+
+
+def test_n_streams_each_sample_under_its_index(client, model) -> None:
+    whole = complete(client, model, max_tokens=4, n=3, temperature=1, seed=11)
+    stream = complete(
+        client,
+        model,
+        max_tokens=4,
+        n=3,
+        temperature=1,
+        seed=11,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    texts, finished, usage = ["", "", ""], [None] * 3, None
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            finished[choice.index] = choice.finish_reason or finished[choice.index]
+        usage = chunk.usage or usage
+    assert texts == [c.text for c in whole.choices]
+    assert finished == ["length"] * 3
+    assert usage.completion_tokens == 12
 
 
 def test_completion_logprobs_have_openais_shape(client, model) -> None:
