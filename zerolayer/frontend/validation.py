@@ -17,6 +17,7 @@ from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
 from zerolayer.frontend.chat_template import ChatTemplate, check_messages
 from zerolayer.frontend.sampling_controls import with_request_controls, with_sampling_controls
+from zerolayer.common.structured_output import grammar_of
 from zerolayer.frontend.tokenizer import TextTokenizer
 
 MAX_REQUEST_ID_CHARS = 256
@@ -73,6 +74,8 @@ def validate(
     check_uint("max_new_tokens", params.max_new_tokens, MAX_UINT32)
     sampling = with_sampling_controls(_sampling(params), params, model.vocab_size)
     _check_strings(params, config)
+    if params.structured_output is not None:
+        grammar_of(params.structured_output)
     request = EngineRequest(
         request_id=params.request_id or uuid.uuid4().hex,
         prompt_token_ids=tuple(prompt_token_ids),
@@ -80,6 +83,7 @@ def validate(
         sampling=sampling,
         ignore_eos=params.ignore_eos,
         cache_salt=params.cache_salt,
+        structured_output=params.structured_output,
     )
     return with_request_controls(request, params, model.vocab_size)
 
