@@ -252,6 +252,8 @@ class EngineCore:
         results = self.scheduler.update(output, token_ids)
         results = with_logprobs(results, sampling, sampled)
         results = self._fail_grammar_errors(sampling, results)
+        if self.grammar is not None:
+            self.grammar.prefetch([r.grammar for r in sampling if r.grammar is not None])
         if self.metrics is not None:
             self.metrics.on_step(sampling, self.scheduler.num_preemptions)
         self._last_step_end = time.perf_counter()

@@ -6,9 +6,10 @@ Pipeline of a constrained request (one matcher, touched by one thread at a time)
 - at admission, a worker compiles the grammar and computes the mask of the first token;
 - before sampling, the engine waits on that mask (it should be ready: it was computed during the
   forward) and the sampler sets the disallowed logits to -inf;
-- after sampling, the engine thread consumes the token (:meth:`GrammarMatcher.accept`) and hands
-  the mask of the next token to a worker, which computes it while the engine schedules and runs
-  the next forward.
+- after sampling, the engine thread consumes the token (:meth:`GrammarMatcher.accept`); at the end
+  of the step it hands the next masks of all the step's constrained requests to the workers
+  (:meth:`GrammarBackend.prefetch`), which compute them while the engine schedules and runs the
+  next forward.
 
 llguidance releases the GIL while it compiles and computes masks. The workers run no torch code
 (numpy only): a torch CPU op on another thread would start an OpenMP pool there and slow the
@@ -32,15 +33,19 @@ from zerolayer.common.errors import InvalidArgument, ZerolayerError
 from zerolayer.common.generation import StructuredOutput
 from zerolayer.common.structured_output import grammar_of
 
-MASK_WORKERS = 2
-"""Threads computing masks (requests' masks are independent; llguidance drops the GIL)."""
+MASK_WORKERS = 1
+"""Threads computing masks. One: a mask takes 10 to 70 us (docs/benchmarks.md), so one thread
+keeps up with hundreds of constrained rows per step, and the torch default leaves one core free
+(:func:`zerolayer.common.config.default_num_threads`), where it runs beside the forward's OpenMP
+threads without slowing them."""
 
 
 class GrammarBackend:
     """Builds per-request matchers over the model's tokenizer and owns the mask workers.
 
-    The llguidance tokenizer is built once, lazily, by the first constrained request (on a worker:
-    about 5 ms for a 512-token vocabulary, about 1 s for 128k tokens per llguidance's docs).
+    The llguidance tokenizer is built once, on the worker, as soon as the backend exists (4.5 ms
+    for a 512-token vocabulary, 0.2 s for 32k, about 1 s for 128k per llguidance's docs), so a
+    constrained request does not wait for it unless it comes in the first second of serving.
     """
 
     def __init__(
@@ -61,7 +66,10 @@ class GrammarBackend:
         self._eos_token_ids = list(eos_token_ids)
         self._tokenizer: LLTokenizer | None = None
         self._lock = threading.Lock()
+        self._num_workers = num_workers
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="grammar-mask")
+        # NOTE: a failure here is raised again, to the request, by the next call.
+        self._pool.submit(self.tokenizer)
         self.mask_wait_s = 0.0
         """Total seconds the engine waited on masks before sampling (ideally about 0)."""
         self.num_masks = 0
@@ -91,6 +99,22 @@ class GrammarBackend:
         """Runs ``fn(*args)`` on a mask worker."""
         return self._pool.submit(fn, *args)
 
+    def prefetch(self, matchers: Sequence[GrammarMatcher]) -> None:
+        """Starts computing the next mask of each matcher that consumed a token since its last
+        one, in one job per worker (not one per matcher: each hand-off wakes a thread, which
+        on a busy CPU costs the engine thread more than the mask itself)."""
+        pending = [m for m in matchers if m.needs_mask]
+        if not pending:
+            return
+        jobs: list[list[tuple[GrammarMatcher, Future]]] = [[] for _ in range(self._num_workers)]
+        for i, matcher in enumerate(pending):
+            matcher.needs_mask = False
+            matcher._mask = Future()
+            jobs[i % self._num_workers].append((matcher, matcher._mask))
+        for job in jobs:
+            if job:
+                self._pool.submit(_compute_masks, job)
+
     def close(self) -> None:
         """Stops the workers (pending masks are dropped)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -111,6 +135,9 @@ class GrammarMatcher:
         self.is_done = False
         """The grammar is complete and allows nothing more (or the matcher failed): the request
         ends."""
+        self.needs_mask = False
+        """It consumed a token whose next mask is not asked for yet (:meth:`GrammarBackend.prefetch`
+        asks)."""
         self._mask: Future = backend.submit(self._start, constraint)
 
     def _start(self, constraint: StructuredOutput) -> np.ndarray | None:
@@ -130,6 +157,8 @@ class GrammarMatcher:
     def allowed(self) -> np.ndarray | None:
         """The next token's allowed ids: bool [vocab_size]; waits for the worker. None once the
         matcher failed (:attr:`error` says why; the request must end, its token discarded)."""
+        if self.needs_mask:
+            self._backend.prefetch([self])
         started = time.perf_counter()
         try:
             mask = self._mask.result()
@@ -147,9 +176,9 @@ class GrammarMatcher:
         return mask
 
     def accept(self, token_id: int) -> None:
-        """Consumes the sampled token (engine thread) and starts computing the next mask on a
-        worker; sets :attr:`is_done` when the grammar allows nothing more, :attr:`error` when
-        the matcher rejects the token."""
+        """Consumes the sampled token (engine thread; the next mask is then due:
+        :meth:`GrammarBackend.prefetch`); sets :attr:`is_done` when the grammar allows nothing
+        more, :attr:`error` when the matcher rejects the token."""
         if self.is_done:
             return
         started = time.perf_counter()
@@ -160,7 +189,7 @@ class GrammarMatcher:
         elif self._matcher.is_stopped():
             self.is_done = True
         else:
-            self._mask = self._backend.submit(self._compute_mask)
+            self.needs_mask = True
         self._backend.consume_s += time.perf_counter() - started
 
     def _fail(self, reason: str | ZerolayerError) -> None:
@@ -168,6 +197,14 @@ class GrammarMatcher:
             failure = ZerolayerError(f"structured output: {reason}")
             self.error = reason if isinstance(reason, ZerolayerError) else failure
         self.is_done = True
+
+
+def _compute_masks(job: list[tuple[GrammarMatcher, Future]]) -> None:
+    for matcher, future in job:
+        try:
+            future.set_result(matcher._compute_mask())
+        except Exception as exc:  # noqa: BLE001 - handed to the engine thread by allowed()
+            future.set_exception(exc)
 
 
 def allowed_tokens(
