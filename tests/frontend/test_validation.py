@@ -11,7 +11,12 @@ import pytest
 from zerolayer.checkpoints.byte_tokenizer import build_byte_level_tokenizer
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import InvalidArgument, NotFound
-from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
+from zerolayer.common.generation import (
+    EngineRequest,
+    GenerateParams,
+    SamplingParams,
+    StructuredOutput,
+)
 from zerolayer.frontend.tokenizer import TextTokenizer
 from zerolayer.frontend.validation import ServedModel, check_fits_context, validate
 
@@ -270,3 +275,22 @@ def test_check_fits_context_refuses_an_explicit_max_new_tokens_past_the_context(
     check_fits_context(fits, run(fits), make_model())
     unset = make_params(prompt_token_ids=(5, 6, 7), prompt=None)
     check_fits_context(unset, run(unset), make_model())  # the default is clipped, not refused
+
+
+@pytest.mark.parametrize(
+    ("constraint", "field"),
+    [
+        (StructuredOutput("json_schema", '{"type": "foo"}'), "structured_output.json_schema"),
+        (StructuredOutput("json_schema", "{"), "structured_output.json_schema"),
+        (StructuredOutput("regex", "(a"), "structured_output.regex"),
+        (StructuredOutput("grammar", "start: missing"), "structured_output.grammar"),
+    ],
+)
+def test_an_invalid_structured_output_is_named(constraint: StructuredOutput, field: str) -> None:
+    assert_invalid(make_params(structured_output=constraint), field)
+
+
+def test_a_valid_structured_output_reaches_the_engine_request() -> None:
+    constraint = StructuredOutput("regex", "[0-9]{3}")
+    assert run(make_params(structured_output=constraint)).structured_output == constraint
+    assert run(make_params()).structured_output is None

@@ -245,7 +245,7 @@ class EngineCore:
             [r.sampling for r in sampling],
             [r.seed for r in sampling],
             [r.num_tokens for r in sampling],
-            **({} if allowed is None else {"allowed": allowed}),
+            allowed=allowed,
         )
         self.num_steps += 1
         sampled = sampled_logprobs(logits, sampling, token_ids)
