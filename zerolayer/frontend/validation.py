@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
+from zerolayer.common.structured_output import grammar_of
 from zerolayer.frontend.chat_template import ChatTemplate, check_messages
 from zerolayer.frontend.sampling_controls import with_request_controls, with_sampling_controls
-from zerolayer.common.structured_output import grammar_of
 from zerolayer.frontend.tokenizer import TextTokenizer
 
 MAX_REQUEST_ID_CHARS = 256
