@@ -182,7 +182,11 @@ class GrammarMatcher:
         if self.is_done:
             return
         started = time.perf_counter()
-        self._mask.result()  # NOTE: the worker may not touch the matcher while it consumes
+        try:
+            self._mask.result()  # NOTE: the worker may not touch the matcher while it consumes
+        except Exception as exc:  # noqa: BLE001 - allowed() reports it; never fail the step
+            self._fail(f"{type(exc).__name__}: {exc}")
+            return
         if self._matcher is None or not self._matcher.consume_token(token_id):
             reason = self._matcher.get_error() if self._matcher is not None else "not compiled"
             self._fail(reason or f"token {token_id} rejected")
