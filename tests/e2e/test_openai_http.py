@@ -349,7 +349,6 @@ def test_chat_logprobs_have_openais_shape(client, model) -> None:
     assert all(len(c.top_logprobs) == 2 and c.bytes == list(c.token.encode()) for c in content)
 
 
-@pytest.mark.xfail(strict=True, reason="needs structured output (issue 16): remove at merge")
 def test_a_json_schema_response_format_gives_valid_json(client, model) -> None:
     schema = {
         "type": "object",

@@ -176,6 +176,8 @@ def test_what_chat_does_not_implement_is_refused_naming_the_field(body, field) -
         ("logprobs", True, "top_logprobs"),
         ("prompt", True, "messages"),
         ("temperature", True, "temperature"),
+        ("structured_output.json_schema", False, "response_format"),
+        ("structured_output.json_schema", True, "response_format"),
     ],
 )
 def test_error_fields_are_named_as_openai_names_them(field, chat_request, param) -> None:

@@ -11,7 +11,12 @@ import pytest
 from zerolayer.checkpoints.byte_tokenizer import build_byte_level_tokenizer
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import InvalidArgument, NotFound
-from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
+from zerolayer.common.generation import (
+    EngineRequest,
+    GenerateParams,
+    SamplingParams,
+    StructuredOutput,
+)
 from zerolayer.frontend.tokenizer import TextTokenizer
 from zerolayer.frontend.validation import ServedModel, check_fits_context, validate
 
@@ -281,3 +286,22 @@ def test_n_defaults_to_one_and_greedy_samples_are_allowed(n: int, expected: int)
 def test_n_above_16_is_refused(n: int) -> None:
     error = assert_invalid(make_params(n=n), "n")
     assert str(error) == f"n: must be an integer from 0 to 16, got {n}"
+
+
+@pytest.mark.parametrize(
+    ("constraint", "field"),
+    [
+        (StructuredOutput("json_schema", '{"type": "foo"}'), "structured_output.json_schema"),
+        (StructuredOutput("json_schema", "{"), "structured_output.json_schema"),
+        (StructuredOutput("regex", "(a"), "structured_output.regex"),
+        (StructuredOutput("grammar", "start: missing"), "structured_output.grammar"),
+    ],
+)
+def test_an_invalid_structured_output_is_named(constraint: StructuredOutput, field: str) -> None:
+    assert_invalid(make_params(structured_output=constraint), field)
+
+
+def test_a_valid_structured_output_reaches_the_engine_request() -> None:
+    constraint = StructuredOutput("regex", "[0-9]{3}")
+    assert run(make_params(structured_output=constraint)).structured_output == constraint
+    assert run(make_params()).structured_output is None

@@ -96,7 +96,15 @@ def build_local_engine(
     if model.device.is_cuda:
         arena = arena.to(str(model.device))
     allocator = LocalBlockAllocator(layout.num_blocks, layout.block_size, enable_prefix_caching)
-    parts = EngineParts(model.config, model.weights, allocator, arena, layout, model.device)
+    parts = EngineParts(
+        model.config,
+        model.weights,
+        allocator,
+        arena,
+        layout,
+        model.device,
+        model.manifest.tokenizer_json,
+    )
     return assemble_engine(parts, config, registry), allocator
 
 

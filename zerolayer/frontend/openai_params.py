@@ -174,10 +174,13 @@ def new_request_id() -> str:
 
 
 def openai_param(field: str, chat: bool) -> str:
-    """The OpenAI name of the GenerateParams ``field`` an error names (``stop[2]`` -> ``stop``;
-    in a chat, ``logprobs`` -> ``top_logprobs`` and ``prompt`` -> ``messages``)."""
+    """The OpenAI name of the GenerateParams ``field`` an error names (``stop[2]`` -> ``stop``,
+    ``structured_output.json_schema`` -> ``response_format``; in a chat, ``logprobs`` ->
+    ``top_logprobs`` and ``prompt`` -> ``messages``)."""
     if field.startswith("stop["):
         return "stop"
+    if field.startswith("structured_output"):  # structured_output.json_schema and the like
+        return "response_format"
     if chat and field in CHAT_PARAM_NAMES:
         return CHAT_PARAM_NAMES[field]
     return PARAM_NAMES.get(field, field)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
+from zerolayer.common.structured_output import grammar_of
 from zerolayer.frontend.chat_template import ChatTemplate, check_messages
 from zerolayer.frontend.sampling_controls import with_request_controls, with_sampling_controls
 from zerolayer.frontend.tokenizer import TextTokenizer
@@ -76,6 +77,8 @@ def validate(
     check_uint("n", params.n, MAX_N)
     sampling = with_sampling_controls(_sampling(params), params, model.vocab_size)
     _check_strings(params, config)
+    if params.structured_output is not None:
+        grammar_of(params.structured_output)
     request = EngineRequest(
         request_id=params.request_id or uuid.uuid4().hex,
         prompt_token_ids=tuple(prompt_token_ids),
@@ -84,6 +87,7 @@ def validate(
         ignore_eos=params.ignore_eos,
         cache_salt=params.cache_salt,
         n=params.n or 1,
+        structured_output=params.structured_output,
     )
     return with_request_controls(request, params, model.vocab_size)
 

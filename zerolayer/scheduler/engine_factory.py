@@ -28,6 +28,7 @@ from zerolayer.scheduler.model.llama import LlamaModel
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
 from zerolayer.scheduler.model.step_inputs import StepBuffers
+from zerolayer.scheduler.model.structured_output import GrammarBackend
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,9 @@ class EngineParts:
     """The arena's geometry (its ``block_size`` is the engine's)."""
     device: Device
     """Where the weights and the arena are and the forward runs."""
+    tokenizer_json: str = ""
+    """The model's tokenizer.json, for structured output; empty: constrained requests are
+    refused."""
 
 
 def assemble_engine(
@@ -109,7 +113,11 @@ def assemble_engine(
     scheduler = _scheduler(parts, config)
     metrics = None if registry is None else _metrics(registry, scheduler)
     # NOTE: each weight tensor keeps its file mapping alive (torch.frombuffer holds the mmap).
-    return Engine(scheduler, runner, Sampler(), metrics)
+    grammar = None
+    if parts.tokenizer_json:
+        cfg = parts.model_config
+        grammar = GrammarBackend(parts.tokenizer_json, cfg.vocab_size, cfg.eos_token_ids)
+    return Engine(scheduler, runner, Sampler(), metrics, grammar)
 
 
 def _check_arena(parts: EngineParts) -> None:

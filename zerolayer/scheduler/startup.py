@@ -47,7 +47,7 @@ def build_serving_engine(
     if device.is_cuda:
         torch.cuda.set_device(device.index)
     with tracing.tracer.start_as_current_span("start-up"):
-        model_config, weights = load_weights(config.loader_address, device, tracing)
+        model_config, weights, tokenizer_json = load_weights(config.loader_address, device, tracing)
         with tracing.tracer.start_as_current_span("map kv arena"):
             kv_client = KVStoreClient(
                 config.kvstore_address, tracing=tracing, device=device, owner_id=config.kv_owner_id
@@ -57,16 +57,18 @@ def build_serving_engine(
             # other schedulers' are not.
             kv_client.reconcile([])
             arena = kv_client.map()
-            parts = EngineParts(model_config, weights, kv_client, arena, kv_client.layout, device)
+            parts = EngineParts(
+                model_config, weights, kv_client, arena, kv_client.layout, device, tokenizer_json
+            )
             return assemble_engine(parts, EngineConfig.of(config), registry), kv_client
 
 
 def load_weights(
     loader_address: str, device: Device, tracing: Tracing
-) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """The loader's model: its config and its weight tensors on ``device`` (views of the files
+) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
+    """The loader's model: its config, its weight tensors on ``device`` (views of the files
     the loader mapped, or of the device memory it exports; never a copy unless the loader offers
-    only files to a GPU), in a "load weights" span.
+    only files to a GPU) and its tokenizer.json text, in a "load weights" span.
 
     Raises:
         grpc.RpcError: the loader did not answer.
@@ -98,4 +100,4 @@ def load_weights(
         span.set_attribute("zerolayer.weight_bytes", sum(manifest.file_sizes))
         span.set_attribute("zerolayer.num_tensors", len(manifest.tensors))
     # NOTE: each tensor keeps its file mapping (or its device allocation) alive.
-    return model_config, weights.tensors
+    return model_config, weights.tensors, manifest.tokenizer_json

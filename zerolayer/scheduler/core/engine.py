@@ -32,6 +32,7 @@ from zerolayer.scheduler.core.trace import RequestTraceHooks
 from zerolayer.scheduler.metrics import SchedulerMetrics
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
+from zerolayer.scheduler.model.structured_output import GrammarBackend
 
 # NOTE: EngineStats is part of the engine's public face (what stats() returns; the conversion
 # module imports it from here), though it is defined beside EngineCore.
@@ -51,8 +52,9 @@ class Engine(EngineCore):
         runner: ModelRunner,
         sampler: Sampler,
         metrics: SchedulerMetrics | None = None,
+        grammar: GrammarBackend | None = None,
     ) -> None:
-        super().__init__(scheduler, runner, sampler, metrics)
+        super().__init__(scheduler, runner, sampler, metrics, grammar)
         self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -96,6 +98,8 @@ class Engine(EngineCore):
         self._stopped.set()
         self.send(commands.Wake())
         self._thread.join(timeout=10)
+        if self.grammar is not None:
+            self.grammar.close()
 
     @property
     def is_running(self) -> bool:

@@ -14,8 +14,13 @@ from dataclasses import dataclass
 import torch
 
 from zerolayer.common.config import WARM_UP_MAX_NEW_TOKENS, WARM_UP_PROMPT_TOKENS
-from zerolayer.common.errors import Unavailable, ZerolayerError
-from zerolayer.common.generation import EngineRequest, PositionLogprobs, SamplingParams
+from zerolayer.common.errors import InvalidArgument, Unavailable, ZerolayerError
+from zerolayer.common.generation import (
+    EngineRequest,
+    PositionLogprobs,
+    RequestOutput,
+    SamplingParams,
+)
 from zerolayer.scheduler.core.engine_commands import (
     AbortRequest,
     AbortSample,
@@ -26,6 +31,7 @@ from zerolayer.scheduler.core.engine_commands import (
     Sink,
     Wake,
 )
+from zerolayer.scheduler.core.request import Request
 from zerolayer.scheduler.core.scheduler import Scheduler
 from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 from zerolayer.scheduler.metrics import SchedulerMetrics
@@ -37,6 +43,7 @@ from zerolayer.scheduler.model.logprobs import (
 )
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
+from zerolayer.scheduler.model.structured_output import GrammarBackend, allowed_tokens
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +72,11 @@ class EngineCore:
         runner: ModelRunner,
         sampler: Sampler,
         metrics: SchedulerMetrics | None = None,
+        grammar: GrammarBackend | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.grammar = grammar
+        """Matchers of structured-output requests; None: such requests are refused."""
         self.runner = runner
         self.sampler = sampler
         self.metrics = metrics
@@ -129,11 +139,17 @@ class EngineCore:
         if self.fault is not None:
             command.sink(self.fault)
             return
+        constraint = command.request.structured_output
+        if constraint is not None and self.grammar is None:
+            command.sink(InvalidArgument("structured_output", "this scheduler has no tokenizer"))
+            return
         try:
-            self.scheduler.add_request(command.request, command.trace)
+            request = self.scheduler.add_request(command.request, command.trace)
         except ZerolayerError as exc:
             command.sink(exc)
             return
+        if constraint is not None:
+            request.grammar = self.grammar.matcher(constraint)  # type: ignore[union-attr]
         self._sinks[command.request.request_id] = command.sink
 
     def _abort_sample(self, request_id: str, index: int) -> None:
@@ -198,6 +214,22 @@ class EngineCore:
             log.info("captured %d decode CUDA graphs in %.0f ms", num_graphs, elapsed * 1e3)
         return elapsed
 
+    def _fail_grammar_errors(
+        self, sampling: list[Request], results: list[RequestOutput]
+    ) -> list[RequestOutput]:
+        """Ends the requests whose structured-output matcher failed with its error
+        (:attr:`GrammarMatcher.error`) instead of their (unconstrained) token; returns the other
+        results."""
+        errors = {r.request_id: r.grammar.error for r in sampling if r.grammar and r.grammar.error}
+        if not errors:
+            return results
+        for request_id, error in errors.items():
+            log.warning("request %s: %s", request_id, error)
+            sink = self._sinks.pop(request_id, None)
+            if sink is not None:
+                sink(error)
+        return [r for r in results if r.request_id not in errors]
+
     def note_idle(self) -> None:
         """Nothing is in flight: the time until the next step is not a scheduling gap."""
         self._last_step_end = None
@@ -225,16 +257,21 @@ class EngineCore:
         logits = self._fork_samples(output, logits)
         sampling = [s.request for s in output.scheduled if s.samples]
         processed = apply_logits_processors(logits, sampling, self.scheduler.eos_token_ids)
+        allowed = allowed_tokens([r.grammar for r in sampling], logits.shape[-1])
         token_ids = self.sampler(
             processed,
             [r.sampling for r in sampling],
             [r.seed for r in sampling],
             [r.num_tokens for r in sampling],
+            allowed=allowed,
         )
         self.num_steps += 1
         sampled = sampled_logprobs(logits, sampling, token_ids)
         results = self.scheduler.update(output, token_ids)
         results = with_logprobs(results, sampling, sampled)
+        results = self._fail_grammar_errors(sampling, results)
+        if self.grammar is not None:
+            self.grammar.prefetch([r.grammar for r in sampling if r.grammar is not None])
         if self.metrics is not None:
             self.metrics.on_step(sampling, self.scheduler.num_preemptions)
         self._last_step_end = time.perf_counter()

@@ -8,6 +8,7 @@ import time
 
 from zerolayer.common.generation import EngineRequest, FinishReason, PositionLogprobs
 from zerolayer.scheduler.core.trace import RequestTraceHooks
+from zerolayer.scheduler.model.structured_output import GrammarMatcher
 
 
 class RequestStatus(enum.IntEnum):
@@ -75,6 +76,9 @@ class Request:
         """The seed this request's tokens are drawn with (see
         :mod:`zerolayer.scheduler.model.sampler`): the client's, or a random one from the OS;
         with the position of each token it decides the draw."""
+        self.grammar: GrammarMatcher | None = None
+        """The structured-output matcher of a constrained request (set by the engine when it
+        adds the request); None: free text."""
 
     @property
     def num_prompt_tokens(self) -> int:

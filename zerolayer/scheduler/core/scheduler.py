@@ -349,6 +349,8 @@ class Scheduler:
                 continue
             token_id = next(tokens)
             request.output_token_ids.append(token_id)
+            if request.grammar is not None:
+                request.grammar.accept(token_id)
             if request.trace is not None and len(request.output_token_ids) == 1:
                 request.trace.first_token()
             reason = self._check_stop(request, token_id)
@@ -367,6 +369,9 @@ class Scheduler:
         return results
 
     def _check_stop(self, request: Request, token_id: int) -> FinishReason:
+        if request.grammar is not None and request.grammar.is_done:
+            # NOTE: a failed matcher ends the request as aborted; the engine sends its error.
+            return FinishReason.ABORT if request.grammar.error is not None else FinishReason.EOS
         # NOTE: EOS and stop ids end nothing before min_new_tokens (the sampler masks them too).
         if len(request.output_token_ids) > request.min_new_tokens:
             if not request.ignore_eos and token_id in self.eos_token_ids:

@@ -84,6 +84,7 @@ class Sampler:
         params: Sequence[SamplingParams],
         seeds: Sequence[int],
         positions: Sequence[int],
+        allowed: torch.Tensor | None = None,
     ) -> list[int]:
         """Samples the next token of each row.
 
@@ -94,11 +95,16 @@ class Sampler:
             seeds: B unsigned 64-bit seeds, the requests' (greedy rows ignore theirs).
             positions: B positions of the token being sampled (the row's prompt plus output
                 length so far).
+            allowed: bool [B, V], or None: each row's tokens that may be chosen (structured
+                output, :mod:`zerolayer.scheduler.model.structured_output`); the others' logits
+                become -inf before anything else, so greedy rows take the allowed argmax.
 
         Returns:
             B token ids. A row's token depends only on its logits, its parameters, its seed and
             its position: not on the other rows, the batch size or the device.
         """
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
         token_ids = logits.argmax(dim=-1).cpu()
         rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if rows:

@@ -1,0 +1,101 @@
+"""The engine with structured output on stories260K in this process: masks applied to every
+sampled row, a preempted request recomputed without consuming its tokens twice, and a matcher
+failure ending the request with its error instead of a token."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from zerolayer.bench.inprocess import LocalModel, build_local_engine
+from zerolayer.checkpoints.default_model import write_default_model
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.common.generation import (
+    EngineRequest,
+    FinishReason,
+    RequestOutput,
+    SamplingParams,
+    StructuredOutput,
+)
+from zerolayer.scheduler.core.engine_commands import AddRequest
+from zerolayer.scheduler.engine_factory import EngineConfig
+
+BLOCK_SIZE = 16
+WORDS = "(?:[a-z]+ ){12}end"
+"""Twelve words then "end": long enough that three requests outgrow a small arena."""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(write_default_model(tmp_path_factory.mktemp("stories260K")))
+
+
+def run(model_dir: Path, num_blocks: int, requests: list[EngineRequest]):
+    model = LocalModel.load(model_dir)
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=128)
+    layout = model.arena_layout_of_blocks(BLOCK_SIZE, num_blocks)
+    engine, _ = build_local_engine(model, config, layout, enable_prefix_caching=False)
+    outputs: dict[str, list[RequestOutput | Exception]] = {r.request_id: [] for r in requests}
+    for request in requests:
+        engine.apply(AddRequest(request, outputs[request.request_id].append))
+    for _ in range(2000):
+        if not engine.scheduler.has_unfinished_requests:
+            break
+        engine.step()
+    assert engine.grammar is not None
+    engine.grammar.close()
+    return engine, outputs
+
+
+def text_of(model_dir: Path, results: list) -> tuple[str, FinishReason]:
+    ids = [t for r in results for t in r.new_token_ids]
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    return tokenizer.decode(ids), results[-1].finish_reason
+
+
+def test_preempted_constrained_requests_match_and_equal_an_unpreempted_run(
+    model_dir: Path,
+) -> None:
+    prompt = tuple([1, *range(300, 330)])  # 31 tokens: 2 blocks each, up to 6 with the output
+    requests = [
+        EngineRequest(
+            f"r{i}",
+            prompt,
+            64,
+            SamplingParams(temperature=1.0, seed=i),
+            structured_output=StructuredOutput("regex", WORDS),
+        )
+        for i in range(3)
+    ]
+    small, preempted = run(model_dir, 7, requests)
+    large, reference = run(model_dir, 64, requests)
+    assert small.scheduler.num_preemptions > 0
+    assert large.scheduler.num_preemptions == 0
+    for request in requests:
+        text, reason = text_of(model_dir, preempted[request.request_id])
+        assert re.fullmatch(WORDS, text), text
+        assert reason == FinishReason.EOS
+        # Recomputing does not advance the matcher: the same tokens as without preemption.
+        assert (text, reason) == text_of(model_dir, reference[request.request_id])
+
+
+def test_a_grammar_the_tokenizer_cannot_serve_ends_the_request_with_its_error(
+    model_dir: Path,
+) -> None:
+    bad = EngineRequest(
+        "bad",
+        (1, 403),
+        20,
+        SamplingParams(),
+        structured_output=StructuredOutput("grammar", 'start: <[9999]> "a"'),
+    )
+    good = EngineRequest("good", (1, 403), 5, SamplingParams(), ignore_eos=True)
+    _, outputs = run(model_dir, 16, [bad, good])
+    assert len(outputs["bad"]) == 1
+    error = outputs["bad"][0]
+    assert isinstance(error, InvalidArgument)
+    assert error.field == "structured_output.grammar"
+    assert sum(len(r.new_token_ids) for r in outputs["good"]) == 5
