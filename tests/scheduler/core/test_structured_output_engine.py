@@ -99,3 +99,38 @@ def test_a_grammar_the_tokenizer_cannot_serve_ends_the_request_with_its_error(
     assert isinstance(error, InvalidArgument)
     assert error.field == "structured_output.grammar"
     assert sum(len(r.new_token_ids) for r in outputs["good"]) == 5
+
+
+def constrained(request_id: str, prompt: tuple[int, ...], seed: int, **fields) -> EngineRequest:
+    return EngineRequest(
+        request_id,
+        prompt,
+        64,
+        SamplingParams(temperature=1.0, seed=seed),
+        structured_output=StructuredOutput("regex", WORDS),
+        **fields,
+    )
+
+
+def test_each_of_n_samples_follows_the_grammar_as_a_lone_request_would(model_dir: Path) -> None:
+    prompt = tuple([1, *range(300, 320)])
+    _, forked = run(model_dir, 64, [constrained("r", prompt, 5, n=3)])
+    _, alone = run(model_dir, 64, [constrained(f"s{i}", prompt, 5 + i) for i in range(3)])
+    for index in range(3):
+        sample = [o for o in forked["r"] if o.index == index]
+        text, reason = text_of(model_dir, sample)
+        assert re.fullmatch(WORDS, text), text
+        assert reason == FinishReason.EOS
+        assert text_of(model_dir, alone[f"s{index}"]) == (text, reason)
+
+
+def test_a_resubmitted_request_continues_the_grammar_where_it_was(model_dir: Path) -> None:
+    # A failover resubmission: the prompt ends with the first 10 output tokens, which the new
+    # matcher must consume before it masks the 11th; then the tokens are the undisturbed run's.
+    prompt = tuple([1, *range(300, 320)])
+    _, whole = run(model_dir, 64, [constrained("r", prompt, 9)])
+    ids = [t for o in whole["r"] for t in o.new_token_ids]
+    resumed = constrained("r2", (*prompt, *ids[:10]), 9, num_resumed_output_tokens=10)
+    _, rest = run(model_dir, 64, [resumed])
+    assert [t for o in rest["r2"] for t in o.new_token_ids] == ids[10:]
+    assert rest["r2"][-1].finish_reason == FinishReason.EOS

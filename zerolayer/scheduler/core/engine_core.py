@@ -148,9 +148,19 @@ class EngineCore:
         except ZerolayerError as exc:
             command.sink(exc)
             return
-        if constraint is not None:
-            request.grammar = self.grammar.matcher(constraint)  # type: ignore[union-attr]
+        self._attach_grammar(request)
         self._sinks[command.request.request_id] = command.sink
+
+    def _attach_grammar(self, request: Request) -> None:
+        """Gives a constrained request its structured-output matcher, which first consumes the
+        earlier output that ends a failover resubmission's prompt (``num_resumed_output_tokens``)
+        so the grammar continues where the lost scheduler left it."""
+        constraint = request.engine_request.structured_output
+        if constraint is None or self.grammar is None:
+            return
+        num_prompt = request.num_prompt_tokens
+        resumed = request.token_slice(num_prompt - request.num_resumed_output_tokens, num_prompt)
+        request.grammar = self.grammar.matcher(constraint, resumed)
 
     def _abort_sample(self, request_id: str, index: int) -> None:
         """Ends one sample and delivers its last output (the stream ends with the last one)."""
@@ -290,6 +300,8 @@ class EngineCore:
         ``logits`` with, appended, their sample 0's row for each (their first token is drawn
         from it with their own seed)."""
         fork = self.scheduler.fork_samples(output)
+        for sample in fork.samples:
+            self._attach_grammar(sample)  # each sample follows the grammar on its own
         if fork.block_copies:
             self.runner.copy_blocks(fork.block_copies)
         if not fork.parent_rows:

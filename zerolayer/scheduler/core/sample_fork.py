@@ -46,6 +46,9 @@ class SampleFork:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     """(source block_id, destination block_id) pairs whose KV (every layer, K and V) must be
     copied before the next step."""
+    samples: list[Request] = field(default_factory=list)
+    """Every sample made by the fork (running or waiting), for the engine to give each its own
+    structured-output matcher."""
 
 
 def needs_fork(request: Request) -> bool:
@@ -93,6 +96,7 @@ def fork_samples(scheduler: Scheduler, output: SchedulerOutput) -> SampleFork:
         for index in range(1, parent.engine_request.n):
             child = make_sample(parent, index)
             parent.samples.append(child)
+            fork.samples.append(child)
             if _share_prompt(scheduler, parent, child, fork.block_copies):
                 child.status = RequestStatus.RUNNING
                 scheduler.running.append(child)

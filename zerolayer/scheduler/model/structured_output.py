@@ -90,10 +90,11 @@ class GrammarBackend:
                 )
             return self._tokenizer
 
-    def matcher(self, constraint: StructuredOutput) -> GrammarMatcher:
-        """A matcher for one request; its grammar compiles and its first mask is computed on a
-        worker (errors surface as :attr:`GrammarMatcher.error`, never raised here)."""
-        return GrammarMatcher(self, constraint)
+    def matcher(self, constraint: StructuredOutput, resumed: Sequence[int] = ()) -> GrammarMatcher:
+        """A matcher for one request; its grammar compiles, consumes ``resumed`` (output the
+        request generated before a failover, now at the end of its prompt) and computes its first
+        mask on a worker (errors surface as :attr:`GrammarMatcher.error`, never raised here)."""
+        return GrammarMatcher(self, constraint, tuple(resumed))
 
     def submit(self, fn, *args) -> Future:  # noqa: ANN001 - a ThreadPoolExecutor.submit
         """Runs ``fn(*args)`` on a mask worker."""
@@ -124,7 +125,9 @@ class GrammarMatcher:
     """One request's grammar state: advances only when a token is appended to its output (so a
     request recomputed after preemption does not consume its tokens twice)."""
 
-    def __init__(self, backend: GrammarBackend, constraint: StructuredOutput) -> None:
+    def __init__(
+        self, backend: GrammarBackend, constraint: StructuredOutput, resumed: tuple[int, ...] = ()
+    ) -> None:
         self._backend = backend
         self._matcher: LLMatcher | None = None
         self.error: ZerolayerError | None = None
@@ -138,12 +141,15 @@ class GrammarMatcher:
         self.needs_mask = False
         """It consumed a token whose next mask is not asked for yet (:meth:`GrammarBackend.prefetch`
         asks)."""
-        self._mask: Future = backend.submit(self._start, constraint)
+        self._mask: Future = backend.submit(self._start, constraint, resumed)
 
-    def _start(self, constraint: StructuredOutput) -> np.ndarray | None:
+    def _start(self, constraint: StructuredOutput, resumed: tuple[int, ...]) -> np.ndarray | None:
         matcher = LLMatcher(self._backend.tokenizer(), grammar_of(constraint))
         if matcher.is_error():
             raise InvalidArgument(f"structured_output.{constraint.kind}", matcher.get_error())
+        for token_id in resumed:
+            if not matcher.consume_token(token_id):
+                raise ValueError(f"the resumed output's token {token_id} was rejected")
         self._matcher = matcher
         return self._compute_mask()
 
