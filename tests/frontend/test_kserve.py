@@ -4,6 +4,7 @@ generated from our proto, and NVIDIA's own tritonclient run from its own virtual
 from __future__ import annotations
 
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -571,3 +572,45 @@ def test_official_tritonclient(stack, native, model, triton_python: Path) -> Non
     assert summary["stream"]["id"] == "stream-1"
     assert summary["stream"]["text"] == expected
     assert len(summary["stream"]["pieces"]) > 1
+
+
+def test_vllm_settings_reach_generate_and_logprobs_come_back(stub, native, model) -> None:
+    sampling = {
+        "max_tokens": 6,
+        "temperature": 0.9,
+        "seed": 3,
+        "presence_penalty": 0.5,
+        "logit_bias": {"100": 3},
+        "logprobs": 2,
+        "guided_regex": "[a-z]{2,5}",
+    }
+    request = make_infer_request(model, "Hello", sampling_parameters=json.dumps(sampling))
+    request.outputs.add(name="text_output")
+    request.outputs.add(name="logprobs")
+    response = stub.ModelInfer(request, timeout=30)
+    outputs = {
+        o.name: raw[4:].decode()
+        for o, raw in zip(response.outputs, response.raw_output_contents, strict=True)
+    }
+    expected = native.Generate(
+        generation_pb2.GenerateRequest(
+            prompt="Hello",
+            max_new_tokens=6,
+            temperature=0.9,
+            seed=3,
+            presence_penalty=0.5,
+            logit_bias={100: 3.0},
+            logprobs=2,
+            structured_output=generation_pb2.StructuredOutput(regex="[a-z]{2,5}"),
+        ),
+        timeout=30,
+    )
+    assert re.fullmatch("[a-z]{2,5}", outputs["text_output"])
+    assert outputs["text_output"] == expected.text
+    logprobs = json.loads(outputs["logprobs"])
+    assert [(e["token_id"], e["token"], len(e["top_logprobs"])) for e in logprobs] == [
+        (p.chosen.token_id, p.chosen.token, 2) for p in expected.logprobs
+    ]
+    assert [e["logprob"] for e in logprobs] == pytest.approx(
+        [p.chosen.logprob for p in expected.logprobs], abs=1e-6
+    )
