@@ -11,11 +11,10 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from zerolayer.cli.presets import PRESET_NAMES
+from zerolayer.cli import tools
 from zerolayer.common.setting import add_arguments, config_from_args
 from zerolayer.common.settings import LAYERS, LISTEN, layer_settings, up_settings
 
@@ -99,24 +98,6 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def _add_tools(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "convert-llama2c", help="convert a llama2.c checkpoint to a Hugging Face directory"
-    )
-    p.add_argument("checkpoint", type=Path)
-    p.add_argument("tokenizer", type=Path)
-    p.add_argument("out_dir", type=Path)
-    p = sub.add_parser("make-dummy", help="write a seeded random-weight Llama directory")
-    p.add_argument("out_dir", type=Path)
-    p.add_argument(
-        "--preset",
-        default="tiny",
-        choices=PRESET_NAMES,
-        help="tiny (default), small (125M), medium (~0.5B) or 1b (1.1B)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-
-
 def _command_plugins() -> dict[str, ModuleType]:
     """Subcommands registered under the ``zerolayer.commands`` entry point group (e.g. ``bench``):
     modules with ``add_parser(subparsers)`` and ``run(args) -> int``."""
@@ -129,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_up(sub)
     _add_generate(sub)
-    _add_tools(sub)
+    tools.add_parsers(sub)
     for plugin in _command_plugins().values():
         plugin.add_parser(sub)
     for layer in LAYERS:
@@ -275,17 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in plugins:
         return plugins[args.command].run(args)
     if args.command == "convert-llama2c":
-        from zerolayer.checkpoints.llama2c import convert_llama2c
-
-        convert_llama2c(args.checkpoint, args.tokenizer, args.out_dir)
-        print(f"wrote {args.out_dir}")
-        return 0
+        return tools.run_convert_llama2c(args)
     if args.command == "make-dummy":
-        from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
-
-        write_dummy_model(args.out_dir, PRESETS[args.preset], args.seed)
-        print(f"wrote {args.out_dir}")
-        return 0
+        return tools.run_make_dummy(args)
     from zerolayer.common.layer_main import run
 
     program = importlib.import_module(f"zerolayer.{args.command}.__main__").PROGRAM
