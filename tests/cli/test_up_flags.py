@@ -118,3 +118,73 @@ def test_the_readme_states_the_bound_of_each_bounded_up_flag() -> None:
         start = paragraph.index(f"`{setting.flag}")
         end = paragraph.find("`--", start + 1)
         assert f"at most {setting.check.maximum}," in paragraph[start:end], setting.flag
+
+
+NOT_FROM_UP = {
+    "remove_arena_on_exit": "up removes the arena itself once every layer is down",
+    "owner_id": "each scheduler's default, its --address, is what up wants",
+    "nvml_script": "test only (hidden)",
+}
+"""The layer settings ``zerolayer up`` neither offers nor sets, and why."""
+
+
+def test_every_layer_setting_is_offered_by_up_or_set_by_it(tmp_path: Path) -> None:
+    """A layer setting declared later is reachable from ``up`` (offered, or wired by the
+    launcher), or this test names why not."""
+    from zerolayer.common.settings import SETTINGS
+    from zerolayer.stack.launcher import Stack
+
+    stack = Stack(StackConfig(model_dir=str(tmp_path), run_dir=str(tmp_path / "run")))
+    wired = set().union(*(stack.wiring(name) for name in stack.slots))
+    for setting in SETTINGS:
+        if setting.layers and not setting.up:
+            assert setting.name in wired or setting.name in NOT_FROM_UP, setting.flag
+    assert set(NOT_FROM_UP) <= {s.name for s in SETTINGS if s.layers and not s.up}
+    offered = {s.flag for s in up_settings()}
+    needed = "--metrics-host --model-name --attention-backend --default-max-new-tokens"
+    assert set(needed.split()) <= offered
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("536870912", 2**29), ("512M", 2**29), ("4G", 2**32), ("1T", 2**40), ("1.5GiB", 3 << 29)],
+)
+def test_kv_cache_bytes_takes_binary_size_units(text: str, size: int) -> None:
+    assert build_parser().parse_args(["up", "--kv-cache-bytes", text]).kv_cache_bytes == size
+    layer = build_parser().parse_args(["kvstore", "--kv-cache-bytes", text, *KVSTORE_WIRING])
+    assert layer.kv_cache_bytes == size
+
+
+KVSTORE_WIRING = ["--address", "unix:/a", "--loader", "unix:/b", "--shm-path", "/dev/shm/x"]
+
+
+def usage_error(*argv: str) -> str:
+    """stderr of ``zerolayer ARGV``, which must be a usage error (exit code 2)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as info:
+        build_parser().parse_args(list(argv))
+    assert info.value.code == 2
+    return err.getvalue()
+
+
+def test_a_bad_size_is_a_usage_error_that_says_what_a_size_is() -> None:
+    err = usage_error("up", "--kv-cache-bytes", "1X")
+    assert err.endswith(
+        "zerolayer up: error: argument --kv-cache-bytes: invalid size '1X': a number of bytes, "
+        "or with a binary unit K, M, G or T (also KiB ... TiB; 1K = 1024), e.g. 512M, 4G\n"
+    )
+
+
+@pytest.mark.parametrize("flag", ["--modle", "--mode"])
+def test_a_mistyped_flag_of_up_is_up_s_error_with_up_s_usage(flag: str) -> None:
+    err = usage_error("up", flag, "x")
+    assert err.startswith("usage: zerolayer up ")
+    assert err.endswith(f"zerolayer up: error: unrecognized arguments: {flag} x\n")
+
+
+def test_zerolayer_version() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--version"])
+    assert info.value.code == 0
+    assert re.fullmatch(r"zerolayer \d+\.\d+\.\d+\S*\n", out.getvalue())

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from zerolayer.cli.presets import PRESET_NAMES
+from zerolayer.common.setting import parse_bytes
 
 SCENARIOS = (
     "multiturn",
@@ -58,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             help="where JSON, PNG and logs go (default ./bench-results)",
         )
         s.add_argument("--port", type=int, default=50071, help="frontend port of the stacks")
-        s.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
+        s.add_argument("--kv-cache-bytes", type=parse_bytes, default=1 << 30)
         s.add_argument(
             "--smoke",
             action="store_true",

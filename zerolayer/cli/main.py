@@ -10,9 +10,9 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, version
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zerolayer.cli import tools
 from zerolayer.common.setting import add_arguments, config_from_args
@@ -104,10 +104,30 @@ def _command_plugins() -> dict[str, ModuleType]:
     return {ep.name: ep.load() for ep in entry_points(group="zerolayer.commands")}
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: a flag it does not know is its own usage error, with its usage
+    (argparse leaves unknown flags to the top-level parser, whose usage lists no subcommand's
+    flags); and a flag is spelled in full (no abbreviation such as ``--mode`` for ``--model``, which
+    a flag added later could silently change)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def parse_known_args(
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, but an unknown argument exits with this parser's usage error (code 2)."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``zerolayer`` command line."""
-    parser = argparse.ArgumentParser(prog="zerolayer", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="zerolayer", description=__doc__, allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"zerolayer {version('zerolayer')}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     _add_up(sub)
     _add_generate(sub)
     tools.add_parsers(sub)

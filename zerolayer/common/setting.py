@@ -8,9 +8,11 @@ and the checks of a value given in code (:meth:`Setting.validate`).
 from __future__ import annotations
 
 import argparse
+import decimal
 import enum
 import ipaddress
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -243,6 +245,32 @@ class AtMost:
         self.check(value)
         if value > self.maximum:
             raise ValueError(f"must be at most {self.maximum}")
+
+
+BYTE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+"""Units of a byte count (:func:`parse_bytes`), binary: ``1K`` = 1024 bytes; ``KiB`` ... ``TiB``
+(and ``KB`` ... ``TB``) are the same units, in any case."""
+BYTE_COUNT = re.compile(r"(\d+(?:\.\d*)?)\s*(?:([KMGT])(?:i?B)?|B)?", re.ASCII | re.IGNORECASE)
+"""A byte count as :func:`parse_bytes` reads it: the number, then the unit's letter."""
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count: a number, optionally followed by a binary unit of :data:`BYTE_UNITS`
+    (``536870912``, ``512M``, ``4G``, ``1.5GiB``, ``1T``); the result is rounded down to a
+    whole byte.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number with one of those units (the message says
+            what is accepted).
+    """
+    match = BYTE_COUNT.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: a number of bytes, or with a binary unit K, M, G or T "
+            "(also KiB ... TiB; 1K = 1024), e.g. 512M, 4G"
+        )
+    number, unit = match.groups()
+    return int(decimal.Decimal(number) * BYTE_UNITS[(unit or "").upper()])
 
 
 def non_negative(value: int) -> None:

@@ -17,6 +17,7 @@ from zerolayer.common.setting import (
     Setting,
     host_port,
     non_negative,
+    parse_bytes,
     port_or_zero,
     positive,
 )
@@ -147,12 +148,13 @@ DEVICE = Setting(
 KV_CACHE_BYTES = Setting(
     "kv_cache_bytes",
     "--kv-cache-bytes",
-    "KV arena size; all its pages are reserved at start, so it must fit the free space of the "
-    "arena's filesystem",
+    "KV arena size, in bytes or with a binary unit (512M, 4G, 1T: 1K = 1024); all its pages are "
+    "reserved at start, so it must fit the free space of the arena's filesystem",
     default=512 * 1024 * 1024,
+    parse=parse_bytes,
     check=positive,
     unit="bytes",
-    metavar="N",
+    metavar="SIZE",
     default_note="512 MiB",
     layers=(KVSTORE,),
     up=True,
