@@ -23,7 +23,7 @@ PUBLIC_FLAGS = (
     "--kv-unavailable-timeout-s --metrics-port-base --generate"
 ).split()
 """up's flags that outside scripts use: each keeps its name."""
-ADDED_FLAGS = "--model-name --no-prefetch --attention-backend --default-max-new-tokens "
+ADDED_FLAGS = "--served-model-name --no-prefetch --attention-backend --default-max-new-tokens "
 ADDED_FLAGS += "--metrics-host"
 
 
@@ -141,7 +141,7 @@ def test_every_layer_setting_is_offered_by_up_or_set_by_it(tmp_path: Path) -> No
             assert setting.name in wired or setting.name in NOT_FROM_UP, setting.flag
     assert set(NOT_FROM_UP) <= {s.name for s in SETTINGS if s.layers and not s.up}
     offered = {s.flag for s in up_settings()}
-    needed = "--metrics-host --model-name --attention-backend --default-max-new-tokens"
+    needed = "--metrics-host --served-model-name --attention-backend --default-max-new-tokens"
     assert set(needed.split()) <= offered
 
 
@@ -188,3 +188,17 @@ def test_zerolayer_version() -> None:
         build_parser().parse_args(["--version"])
     assert info.value.code == 0
     assert re.fullmatch(r"zerolayer \d+\.\d+\.\d+\S*\n", out.getvalue())
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("a\nb", "contains the control character '\\n' (none are allowed)"),
+        ("x" * 257, "longer than 256 characters"),
+    ],
+)
+def test_a_served_model_name_is_checked_as_a_request_id(name: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"--served-model-name: {reason}")):
+        StackConfig(model_dir="m", model_name=name)
+    err = usage_error("loader", "--address", "unix:/a", "--model", "m", "--served-model-name", name)
+    assert f"argument --served-model-name: {reason}" in err

@@ -18,11 +18,15 @@ from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, generate
 from zerolayer.bench.inprocess import local_engine_for_stack
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.frontend.tokenizer import TextTokenizer
+from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb2
+from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 
+SERVED = "tiny-llama"
+"""The stack's --served-model-name."""
 PROMPTS = [[1, 72, 101, 108, 108, 111], [1, *range(3, 60)], [1, 50, 60], [1, *[80] * 33]]
 
 
@@ -34,7 +38,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     with running_stack(
-        model_dir, tmp_path_factory.mktemp("logs"), max_num_batched_tokens=48
+        model_dir, tmp_path_factory.mktemp("logs"), max_num_batched_tokens=48, model_name=SERVED
     ) as stack:
         yield stack
 
@@ -267,7 +271,22 @@ def test_tokenize_and_model_info(stub, stack) -> None:
     assert (info.vocab_size, info.max_model_len, list(info.eos_token_ids)) == (259, 2048, [2])
     assert info.block_size == 16
     assert info.dtype == "float32"  # torch's name, as the proto documents (not safetensors' F32)
-    assert info.model == Path(stack.config.model_dir).name
+    assert info.model == SERVED != Path(stack.config.model_dir).name
+
+
+def test_the_served_model_name_is_the_one_requests_and_kserve_use(stub, stack) -> None:
+    response = stub.Generate(make_request(prompt="named", model=SERVED, ignore_eos=True))
+    assert len(response.token_ids) == 8
+    directory = Path(stack.config.model_dir).name
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Generate(make_request(prompt="named", model=directory))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    with grpc.insecure_channel(stack.config.listen) as channel:
+        kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+        metadata = kserve.ModelMetadata(kserve_pb2.ModelMetadataRequest(name=SERVED))
+        assert metadata.name == SERVED
+        assert kserve.ModelReady(kserve_pb2.ModelReadyRequest(name=SERVED)).ready
+        assert not kserve.ModelReady(kserve_pb2.ModelReadyRequest(name=directory)).ready
 
 
 def test_health_and_reflection(stack) -> None:

@@ -13,6 +13,7 @@ import enum
 import ipaddress
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -271,6 +272,21 @@ def parse_bytes(text: str) -> int:
         )
     number, unit = match.groups()
     return int(decimal.Decimal(number) * BYTE_UNITS[(unit or "").upper()])
+
+
+MAX_NAME_CHARS = 256
+"""Longest name :func:`printable_name` takes, characters (as a request's ``request_id``)."""
+
+
+def printable_name(value: str) -> None:
+    """Check: at most :data:`MAX_NAME_CHARS` characters and no control character (Unicode
+    category Cc), as a request's ``request_id``: the name is echoed in responses, logs, traces
+    and metric labels, where a newline or NUL could forge or cut a line."""
+    if len(value) > MAX_NAME_CHARS:
+        raise ValueError(f"longer than {MAX_NAME_CHARS} characters")
+    control = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+    if control is not None:
+        raise ValueError(f"contains the control character {control!r} (none are allowed)")
 
 
 def non_negative(value: int) -> None:

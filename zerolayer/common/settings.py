@@ -20,6 +20,7 @@ from zerolayer.common.setting import (
     parse_bytes,
     port_or_zero,
     positive,
+    printable_name,
 )
 
 MAX_WAIT_S = 3600
@@ -118,10 +119,14 @@ MODEL_DIR = Setting(
 )
 MODEL_NAME = Setting(
     "model_name",
-    "--model-name",
-    "name to serve the model under",
+    "--served-model-name",
+    "name the model is served under: GetModelInfo's model, the model a request may name, "
+    "KServe's model_name, the traces' gen_ai.request.model",
     default="",
-    default_note="the model directory's name",
+    check=printable_name,
+    metavar="NAME",
+    default_note="the model directory's base name (for a Hugging Face hub snapshot directory, "
+    "its commit hash: give a name)",
     layers=(LOADER,),
     up=True,
 )
