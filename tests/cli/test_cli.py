@@ -156,7 +156,9 @@ def test_generate_against_nothing_reports_unavailable() -> None:
     [
         (["--max-num-seqs", "0"], "--max-num-seqs: must be > 0"),
         (["--listen", "127.0.0.1:99999"], "--listen: '127.0.0.1:99999' is not HOST:PORT"),
-        (["--block-size", "0"], "--block-size: must be > 0"),
+        (["--block-size", "0"], "--block-size: must be a power of two (1, 2, 4, 8, 16 ...)"),
+        (["--block-size", "7"], "--block-size: must be a power of two (1, 2, 4, 8, 16 ...)"),
+        (["--block-size", "512"], "--block-size: must be at most 256"),
         (["--num-threads", "-3"], "--num-threads: must be >= 0"),
         (["--model", "/nonexistent"], "--model: /nonexistent: not a directory"),
         (["--device", "gpu"], "argument --device: 'gpu' is not one of cpu, auto, cuda, cuda:N"),

@@ -289,6 +289,12 @@ def printable_name(value: str) -> None:
         raise ValueError(f"contains the control character {control!r} (none are allowed)")
 
 
+def power_of_two(value: int) -> None:
+    """Check: 1, 2, 4, 8 ... (a power of two)."""
+    if value < 1 or value & (value - 1):
+        raise ValueError("must be a power of two (1, 2, 4, 8, 16 ...)")
+
+
 def non_negative(value: int) -> None:
     """Check: a number >= 0."""
     if value < 0:

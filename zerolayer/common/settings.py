@@ -20,6 +20,7 @@ from zerolayer.common.setting import (
     parse_bytes,
     port_or_zero,
     positive,
+    power_of_two,
     printable_name,
 )
 
@@ -28,6 +29,9 @@ MAX_WAIT_S = 3600
 milliseconds as a uint32, and the waits become timers."""
 MAX_UINT32 = 2**32 - 1
 """Largest value of a protobuf ``uint32`` field."""
+MAX_BLOCK_SIZE = 256
+"""Largest ``--block-size``, tokens (as vLLM's): a prompt reuses a cached prefix only in whole
+blocks, so a larger block would rarely be reused."""
 
 LAYERS = ("loader", "kvstore", "scheduler", "frontend")
 """The layers, in start order (``zerolayer up`` stops them in the reverse one)."""
@@ -167,9 +171,11 @@ KV_CACHE_BYTES = Setting(
 BLOCK_SIZE = Setting(
     "block_size",
     "--block-size",
-    "tokens per KV block",
+    "tokens per KV block, a power of two (the attention kernels take any size, but then a key "
+    "tile straddles blocks and a token's block is a division, not a shift); only whole blocks "
+    "are reused by the prefix cache",
     default=16,
-    check=positive,
+    check=AtMost(power_of_two, MAX_BLOCK_SIZE),
     unit="tokens",
     metavar="N",
     layers=(KVSTORE,),
