@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -418,3 +419,20 @@ def test_the_scheduler_leaves_one_core_to_the_other_layers(stack) -> None:
     log = (Path(stack.config.log_dir) / "scheduler.log").read_text()
     expected = max(1, len(os.sched_getaffinity(0)) - 1)
     assert f"engine started with {expected} torch threads" in log
+
+
+def test_zerolayer_tokenize_and_info_commands(stack, capsys: pytest.CaptureFixture[str]) -> None:
+    from zerolayer.cli.main import main as zerolayer_main
+
+    address = ["--address", stack.config.listen]
+    assert zerolayer_main(["tokenize", "hi", "--add-special-tokens", *address]) == 0
+    assert capsys.readouterr().out == "1 107 108\n1\t'<s>'\n107\t'h'\n108\t'i'\n"
+    assert zerolayer_main(["tokenize", "hi", "--json", *address]) == 0
+    assert json.loads(capsys.readouterr().out) == {"token_ids": [107, 108], "tokens": ["h", "i"]}
+    assert zerolayer_main(["info", "--json", *address]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["model"], info["vocab_size"], info["block_size"]) == (SERVED, 259, 16)
+    assert info["eos_token_ids"] == [2] and isinstance(info["num_parameters"], int)
+    assert zerolayer_main(["info", *address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"model: {SERVED}" in lines and "architecture: LlamaForCausalLM" in lines

@@ -14,9 +14,9 @@ from importlib.metadata import entry_points, version
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from zerolayer.cli import tools
+from zerolayer.cli import model_calls, tools
 from zerolayer.common.setting import add_arguments, config_from_args
-from zerolayer.common.settings import LAYERS, LISTEN, layer_settings, up_settings
+from zerolayer.common.settings import LAYERS, layer_settings, up_settings
 
 if TYPE_CHECKING:
     from zerolayer.stack.config import StackConfig
@@ -74,28 +74,24 @@ def _positive_float(text: str) -> float:
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="call Generate on a running zerolayer")
     p.add_argument("prompt", help="prompt text")
-    p.add_argument("--address", default=LISTEN.default, help="frontend HOST:PORT")
     p.add_argument("--stream", action="store_true", help="print tokens as they arrive")
     p.add_argument("--max-new-tokens", type=_uint32, default=0, help="0: the server's default (64)")
     p.add_argument("--temperature", type=_float32, default=None, help="default 0 (greedy)")
-    p.add_argument("--top-p", type=_float32, default=None)
-    p.add_argument("--top-k", type=_uint32, default=None)
-    p.add_argument("--seed", type=_int_up_to(UINT64_MAX), default=None)
+    p.add_argument(
+        "--top-p", type=_float32, default=None, help="nucleus sampling mass in (0, 1] (default 1)"
+    )
+    p.add_argument(
+        "--top-k", type=_uint32, default=None, help="sample among the K likeliest; 0: all"
+    )
+    p.add_argument(
+        "--seed",
+        type=_int_up_to(UINT64_MAX),
+        default=None,
+        help="seed of a sampled request, for a repeatable answer (default: a random one)",
+    )
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--timeout", type=_positive_float, default=300.0, help="deadline in seconds")
-    p.add_argument(
-        "--tls-ca", default="", metavar="PEM", help="connect with TLS, verifying the server by it"
-    )
-    p.add_argument(
-        "--tls-cert", default="", metavar="PEM", help="client certificate (mTLS; with --tls-key)"
-    )
-    p.add_argument("--tls-key", default="", metavar="PEM", help="private key of --tls-cert")
-    p.add_argument(
-        "--token-file",
-        default="",
-        metavar="FILE",
-        help="send the bearer token in FILE (a frontend with --tenants)",
-    )
+    model_calls.add_connection_arguments(p)
 
 
 def _command_plugins() -> dict[str, ModuleType]:
@@ -130,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     _add_up(sub)
     _add_generate(sub)
+    model_calls.add_parsers(sub)
     tools.add_parsers(sub)
     for plugin in _command_plugins().values():
         plugin.add_parser(sub)
@@ -272,6 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from zerolayer.cli.client import run_generate
 
         return run_generate(args)
+    if args.command == "tokenize":
+        return model_calls.run_tokenize(args)
+    if args.command == "info":
+        return model_calls.run_info(args)
     plugins = _command_plugins()
     if args.command in plugins:
         return plugins[args.command].run(args)
