@@ -227,8 +227,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 1
         if stop.is_set():
             return _interrupted(received[0])
+        # NOTE: status on stderr: stdout carries only --generate's answer.
         print(
-            f"zerolayer: serving on {args.listen} (internal sockets in {stack.run_dir})", flush=True
+            f"zerolayer: serving on {args.listen} (internal sockets in {stack.run_dir})",
+            file=sys.stderr,
+            flush=True,
         )
         if args.generate is not None:
             return _generate_once(args.listen, args.generate)
