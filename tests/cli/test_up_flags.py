@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import io
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,8 @@ def test_up_offers_every_public_flag_and_the_added_ones_each_once() -> None:
     flags = up_flags()
     assert len(flags) == len(set(flags))
     assert set(PUBLIC_FLAGS) | set(ADDED_FLAGS.split()) <= set(flags)
-    assert set(flags) == {"-h", "--help", "--generate", *(s.flag for s in up_settings())}
+    own = {"-h", "--help", "--generate", "--print-commands"}
+    assert set(flags) == own | {s.flag for s in up_settings()}
 
 
 def test_up_help_lists_every_up_setting_with_its_default() -> None:
@@ -202,3 +204,28 @@ def test_a_served_model_name_is_checked_as_a_request_id(name: str, reason: str) 
         StackConfig(model_dir="m", model_name=name)
     err = usage_error("loader", "--address", "unix:/a", "--model", "m", "--served-model-name", name)
     assert f"argument --served-model-name: {reason}" in err
+
+
+def test_print_commands_prints_what_up_runs_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zerolayer.cli.main import main
+    from zerolayer.stack.launcher import Stack
+
+    run_dir = tmp_path / "run"
+    flags = ["--model", str(tmp_path), "--run-dir", str(run_dir), "--metrics-port-base", "9100"]
+    assert main(["up", "--print-commands", *flags, "--served-model-name", "m"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert not run_dir.exists()  # nothing made, nothing started
+    config = StackConfig(
+        model_dir=str(tmp_path), run_dir=str(run_dir), metrics_port_base=9100, model_name="m"
+    )
+    stack = Stack(config)
+    expected = [
+        line for name in stack.slots for line in (f"# {name}", shlex.join(stack.command(name)))
+    ]
+    assert out == expected
+    scheduler = shlex.split(out[out.index("# scheduler") + 1])
+    assert scheduler[1:3] == ["-m", "zerolayer.scheduler"]
+    args = build_parser().parse_args(["scheduler", *scheduler[3:]])
+    assert args.metrics_port == 9102 and args.address == f"unix:{run_dir}/scheduler.sock"

@@ -26,6 +26,12 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start the four layers and serve until Ctrl-C")
     add_arguments(p, up_settings(), for_up=True)
     p.add_argument(
+        "--print-commands",
+        action="store_true",
+        help="print the command line of each process up would run (to run or restart one layer "
+        "by hand as up does; with --run-dir DIR, those of the stack on DIR) and exit",
+    )
+    p.add_argument(
         "--generate",
         metavar="TEXT",
         help="once healthy, send one Generate call with TEXT, print the answer and shut down",
@@ -137,9 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stack_config(args: argparse.Namespace) -> StackConfig:
+def _stack_config(args: argparse.Namespace, preflight: bool = True) -> StackConfig:
     """The stack's settings from ``up``'s flags (no ``--model``: the default model, stories260K),
-    checked against this machine.
+    checked against this machine unless not ``preflight``.
 
     Raises:
         ValueError: a setting is out of range or cannot work here; the message starts with its
@@ -158,7 +164,8 @@ def _stack_config(args: argparse.Namespace) -> StackConfig:
         )
         args = argparse.Namespace(**{**vars(args), "model_dir": model_dir})
     config = config_from_args(StackConfig, up_settings(), args)
-    check_stack(config)
+    if preflight:
+        check_stack(config)
     return config
 
 
@@ -176,6 +183,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     from zerolayer.stack.launcher import Stack, StackError, StartupInterrupted
 
     logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
+    if args.print_commands:
+        from zerolayer.cli.up_commands import print_commands
+
+        try:
+            # NOTE: no pre-flight: the stack may be running (its ports and run dir in use)
+            return print_commands(_stack_config(args, preflight=False))
+        except ValueError as exc:
+            print(f"zerolayer up: error: {exc}", file=sys.stderr)
+            return 2
     if args.generate is not None and (args.tls_cert or args.tenants):
         # NOTE: its call has no CA to verify the server with, nor a token to send
         flag, client_flag = (

@@ -172,6 +172,11 @@ class Stack:
         flags = command_line(layer_settings(layer), values)
         return [sys.executable, "-m", f"zerolayer.{layer}", *flags]
 
+    @staticmethod
+    def working_dir() -> Path:
+        """Where every process runs: the directory holding the ``zerolayer`` package."""
+        return Path(__file__).resolve().parents[2]
+
     def health_target(self, name: str) -> HealthTarget:
         """Where process ``name`` reports its health: a frontend under its instance name, on
         its private address when the frontends share the public port or it serves TLS."""
@@ -249,7 +254,7 @@ class Stack:
             self.command(name),
             stdin=subprocess.DEVNULL,
             stderr=stderr,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=self.working_dir(),
             start_new_session=True,
             env={**os.environ, LAUNCHER_PID_ENV: str(os.getpid())},
         )
