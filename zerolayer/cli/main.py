@@ -12,9 +12,10 @@ import threading
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points, version
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from zerolayer.cli import model_calls, tools
+from zerolayer.cli.command_parser import CommandParser
 from zerolayer.common.setting import add_arguments, config_from_args
 from zerolayer.common.settings import LAYERS, layer_settings, up_settings
 
@@ -104,25 +105,6 @@ def _command_plugins() -> dict[str, ModuleType]:
     """Subcommands registered under the ``zerolayer.commands`` entry point group (e.g. ``bench``):
     modules with ``add_parser(subparsers)`` and ``run(args) -> int``."""
     return {ep.name: ep.load() for ep in entry_points(group="zerolayer.commands")}
-
-
-class CommandParser(argparse.ArgumentParser):
-    """A subcommand's parser: a flag it does not know is its own usage error, with its usage
-    (argparse leaves unknown flags to the top-level parser, whose usage lists no subcommand's
-    flags); and a flag is spelled in full (no abbreviation such as ``--mode`` for ``--model``, which
-    a flag added later could silently change)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
-
-    def parse_known_args(
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        """argparse's, but an unknown argument exits with this parser's usage error (code 2)."""
-        namespace, extras = super().parse_known_args(args, namespace)
-        if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace, extras
 
 
 def build_parser() -> argparse.ArgumentParser:
