@@ -27,9 +27,16 @@ CLIENTS = ("*_client.py", "common/clients.py")
 """Clients of another layer's service: stubs and the conversion module."""
 ENTRY_POINTS = ("*/__main__.py",)
 """Each layer's program registers its servicer (``add_*Servicer_to_server``)."""
-OUTSIDE_CLIENTS = ("stack/probes.py", "stack/health_watch.py", "cli/client.py", "bench/*.py")
+OUTSIDE_CLIENTS = (
+    "stack/probes.py",
+    "stack/health_watch.py",
+    "cli/client.py",
+    "cli/model_calls.py",
+    "bench/*.py",
+)
 """Callers of the public API or of health and stats from outside the layers, the way any client
-would: the stack's health probing, the ``zerolayer generate`` client, the benchmarks."""
+would: the stack's health probing, the ``zerolayer generate``, ``tokenize`` and ``info`` clients,
+the benchmarks."""
 ALLOWED = (*CONVERSION, *KSERVE_CODEC, *SERVICERS, *CLIENTS, *ENTRY_POINTS, *OUTSIDE_CLIENTS)
 
 

@@ -10,6 +10,9 @@ Usage::
 
     pip install grpcio grpcio-tools protobuf
     python client.py "Hello" [HOST:PORT] [MAX_NEW_TOKENS] [--proto-dir protos/]
+
+In zerolayer's own virtual environment, grpcio-tools comes with the ``test`` extra
+(``.venv/bin/pip install -e '.[test]'``); without it the client says so in one line (exit code 2).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ PROTO_DIR = Path(__file__).resolve().parents[2] / "protos"
 """The repository's protos/ directory (the published wire contract)."""
 
 DEADLINE_S = 60.0
+NO_GRPC_TOOLS = (
+    "needs grpcio-tools to compile the .proto at run time: pip install grpcio-tools "
+    "(in zerolayer's venv it comes with the test extra: .venv/bin/pip install -e '.[test]')"
+)
 
 
 def load_text_generation(proto_dir: Path) -> tuple[Any, Any]:
@@ -87,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         record = run(args.address, args.prompt, args.max_new_tokens, args.proto_dir)
+    except (FileNotFoundError, NotImplementedError) as exc:
+        # NOTE: grpc raises NotImplementedError when grpcio-tools is not installed
+        reason = NO_GRPC_TOOLS if isinstance(exc, NotImplementedError) else str(exc)
+        print(f"client.py: error: {reason}", file=sys.stderr)
+        return 2
     except grpc.RpcError as exc:
         print(f"zerolayer: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1

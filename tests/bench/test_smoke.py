@@ -52,6 +52,9 @@ def test_multiturn_smoke_writes_json_and_png(tmp_path: Path) -> None:
     systems = results["ttft_s_per_turn"]
     assert set(systems) == {"zerolayer_prefix_caching", "zerolayer_no_caching", "hf_transformers"}
     assert all(len(ttfts) == 2 and all(t > 0 for t in ttfts) for ttfts in systems.values())
+    # named after the last turn, whichever it is (2 here)
+    assert results["last_turn_ttft_vs_hf"] > 0 and "turn8_ttft_vs_hf" not in results
+    assert results["target"] == "turn-2 (last) TTFT / turn-1 TTFT <= 1.5 with prefix caching"
 
 
 def test_chat_smoke_renders_the_same_prompts_as_transformers(tmp_path: Path) -> None:

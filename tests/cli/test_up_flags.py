@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import io
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ PUBLIC_FLAGS = (
     "--kv-unavailable-timeout-s --metrics-port-base --generate"
 ).split()
 """up's flags that outside scripts use: each keeps its name."""
-ADDED_FLAGS = "--model-name --no-prefetch --attention-backend --default-max-new-tokens "
+ADDED_FLAGS = "--served-model-name --no-prefetch --attention-backend --default-max-new-tokens "
 ADDED_FLAGS += "--metrics-host"
 
 
@@ -45,7 +46,8 @@ def test_up_offers_every_public_flag_and_the_added_ones_each_once() -> None:
     flags = up_flags()
     assert len(flags) == len(set(flags))
     assert set(PUBLIC_FLAGS) | set(ADDED_FLAGS.split()) <= set(flags)
-    assert set(flags) == {"-h", "--help", "--generate", *(s.flag for s in up_settings())}
+    own = {"-h", "--help", "--generate", "--print-commands"}
+    assert set(flags) == own | {s.flag for s in up_settings()}
 
 
 def test_up_help_lists_every_up_setting_with_its_default() -> None:
@@ -118,3 +120,112 @@ def test_the_readme_states_the_bound_of_each_bounded_up_flag() -> None:
         start = paragraph.index(f"`{setting.flag}")
         end = paragraph.find("`--", start + 1)
         assert f"at most {setting.check.maximum}," in paragraph[start:end], setting.flag
+
+
+NOT_FROM_UP = {
+    "remove_arena_on_exit": "up removes the arena itself once every layer is down",
+    "owner_id": "each scheduler's default, its --address, is what up wants",
+    "nvml_script": "test only (hidden)",
+}
+"""The layer settings ``zerolayer up`` neither offers nor sets, and why."""
+
+
+def test_every_layer_setting_is_offered_by_up_or_set_by_it(tmp_path: Path) -> None:
+    """A layer setting declared later is reachable from ``up`` (offered, or wired by the
+    launcher), or this test names why not."""
+    from zerolayer.common.settings import SETTINGS
+    from zerolayer.stack.launcher import Stack
+
+    stack = Stack(StackConfig(model_dir=str(tmp_path), run_dir=str(tmp_path / "run")))
+    wired = set().union(*(stack.wiring(name) for name in stack.slots))
+    for setting in SETTINGS:
+        if setting.layers and not setting.up:
+            assert setting.name in wired or setting.name in NOT_FROM_UP, setting.flag
+    assert set(NOT_FROM_UP) <= {s.name for s in SETTINGS if s.layers and not s.up}
+    offered = {s.flag for s in up_settings()}
+    needed = "--metrics-host --served-model-name --attention-backend --default-max-new-tokens"
+    assert set(needed.split()) <= offered
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("536870912", 2**29), ("512M", 2**29), ("4G", 2**32), ("1T", 2**40), ("1.5GiB", 3 << 29)],
+)
+def test_kv_cache_bytes_takes_binary_size_units(text: str, size: int) -> None:
+    assert build_parser().parse_args(["up", "--kv-cache-bytes", text]).kv_cache_bytes == size
+    layer = build_parser().parse_args(["kvstore", "--kv-cache-bytes", text, *KVSTORE_WIRING])
+    assert layer.kv_cache_bytes == size
+
+
+KVSTORE_WIRING = ["--address", "unix:/a", "--loader", "unix:/b", "--shm-path", "/dev/shm/x"]
+
+
+def usage_error(*argv: str) -> str:
+    """stderr of ``zerolayer ARGV``, which must be a usage error (exit code 2)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as info:
+        build_parser().parse_args(list(argv))
+    assert info.value.code == 2
+    return err.getvalue()
+
+
+def test_a_bad_size_is_a_usage_error_that_says_what_a_size_is() -> None:
+    err = usage_error("up", "--kv-cache-bytes", "1X")
+    assert err.endswith(
+        "zerolayer up: error: argument --kv-cache-bytes: invalid size '1X': a number of bytes, "
+        "or with a binary unit K, M, G or T (also KiB ... TiB; 1K = 1024), e.g. 512M, 4G\n"
+    )
+
+
+@pytest.mark.parametrize("flag", ["--modle", "--mode"])
+def test_a_mistyped_flag_of_up_is_up_s_error_with_up_s_usage(flag: str) -> None:
+    err = usage_error("up", flag, "x")
+    assert err.startswith("usage: zerolayer up ")
+    assert err.endswith(f"zerolayer up: error: unrecognized arguments: {flag} x\n")
+
+
+def test_zerolayer_version() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--version"])
+    assert info.value.code == 0
+    assert re.fullmatch(r"zerolayer \d+\.\d+\.\d+\S*\n", out.getvalue())
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("a\nb", "contains the control character '\\n' (none are allowed)"),
+        ("x" * 257, "longer than 256 characters"),
+    ],
+)
+def test_a_served_model_name_is_checked_as_a_request_id(name: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"--served-model-name: {reason}")):
+        StackConfig(model_dir="m", model_name=name)
+    err = usage_error("loader", "--address", "unix:/a", "--model", "m", "--served-model-name", name)
+    assert f"argument --served-model-name: {reason}" in err
+
+
+def test_print_commands_prints_what_up_runs_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zerolayer.cli.main import main
+    from zerolayer.stack.launcher import Stack
+
+    run_dir = tmp_path / "run"
+    flags = ["--model", str(tmp_path), "--run-dir", str(run_dir), "--metrics-port-base", "9100"]
+    assert main(["up", "--print-commands", *flags, "--served-model-name", "m"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert not run_dir.exists()  # nothing made, nothing started
+    config = StackConfig(
+        model_dir=str(tmp_path), run_dir=str(run_dir), metrics_port_base=9100, model_name="m"
+    )
+    stack = Stack(config)
+    expected = [
+        line for name in stack.slots for line in (f"# {name}", shlex.join(stack.command(name)))
+    ]
+    assert out == expected
+    scheduler = shlex.split(out[out.index("# scheduler") + 1])
+    assert scheduler[1:3] == ["-m", "zerolayer.scheduler"]
+    args = build_parser().parse_args(["scheduler", *scheduler[3:]])
+    assert args.metrics_port == 9102 and args.address == f"unix:{run_dir}/scheduler.sock"

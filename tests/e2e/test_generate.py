@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -18,11 +19,15 @@ from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, generate
 from zerolayer.bench.inprocess import local_engine_for_stack
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.frontend.tokenizer import TextTokenizer
+from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb2
+from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 
+SERVED = "tiny-llama"
+"""The stack's --served-model-name."""
 PROMPTS = [[1, 72, 101, 108, 108, 111], [1, *range(3, 60)], [1, 50, 60], [1, *[80] * 33]]
 
 
@@ -34,7 +39,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     with running_stack(
-        model_dir, tmp_path_factory.mktemp("logs"), max_num_batched_tokens=48
+        model_dir, tmp_path_factory.mktemp("logs"), max_num_batched_tokens=48, model_name=SERVED
     ) as stack:
         yield stack
 
@@ -335,7 +340,22 @@ def test_tokenize_and_model_info(stub, stack) -> None:
     assert info.block_size == 16
     assert not info.has_chat_template
     assert info.dtype == "float32"  # torch's name, as the proto documents (not safetensors' F32)
-    assert info.model == Path(stack.config.model_dir).name
+    assert info.model == SERVED != Path(stack.config.model_dir).name
+
+
+def test_the_served_model_name_is_the_one_requests_and_kserve_use(stub, stack) -> None:
+    response = stub.Generate(make_request(prompt="named", model=SERVED, ignore_eos=True))
+    assert len(response.token_ids) == 8
+    directory = Path(stack.config.model_dir).name
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Generate(make_request(prompt="named", model=directory))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    with grpc.insecure_channel(stack.config.listen) as channel:
+        kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+        metadata = kserve.ModelMetadata(kserve_pb2.ModelMetadataRequest(name=SERVED))
+        assert metadata.name == SERVED
+        assert kserve.ModelReady(kserve_pb2.ModelReadyRequest(name=SERVED)).ready
+        assert not kserve.ModelReady(kserve_pb2.ModelReadyRequest(name=directory)).ready
 
 
 def test_health_and_reflection(stack) -> None:
@@ -478,3 +498,20 @@ def test_the_scheduler_leaves_one_core_to_the_other_layers(stack) -> None:
     log = (Path(stack.config.log_dir) / "scheduler.log").read_text()
     expected = max(1, len(os.sched_getaffinity(0)) - 1)
     assert f"engine started with {expected} torch threads" in log
+
+
+def test_zerolayer_tokenize_and_info_commands(stack, capsys: pytest.CaptureFixture[str]) -> None:
+    from zerolayer.cli.main import main as zerolayer_main
+
+    address = ["--address", stack.config.listen]
+    assert zerolayer_main(["tokenize", "hi", "--add-special-tokens", *address]) == 0
+    assert capsys.readouterr().out == "1 107 108\n1\t'<s>'\n107\t'h'\n108\t'i'\n"
+    assert zerolayer_main(["tokenize", "hi", "--json", *address]) == 0
+    assert json.loads(capsys.readouterr().out) == {"token_ids": [107, 108], "tokens": ["h", "i"]}
+    assert zerolayer_main(["info", "--json", *address]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["model"], info["vocab_size"], info["block_size"]) == (SERVED, 259, 16)
+    assert info["eos_token_ids"] == [2] and isinstance(info["num_parameters"], int)
+    assert zerolayer_main(["info", *address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"model: {SERVED}" in lines and "architecture: LlamaForCausalLM" in lines

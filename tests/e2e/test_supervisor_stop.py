@@ -1,5 +1,6 @@
 """Stopping a stack after the supervisor restarted a layer: the restarted layer is stopped in
-order with SIGTERM, like the others (not by the parent-death SIGHUP of the supervisor thread)."""
+order with the final stop's SIGUSR1, like the others (not by the parent-death SIGHUP of the
+supervisor thread)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from zerolayer.checkpoints.dummy import ensure_dummy_model
 pytestmark = pytest.mark.e2e
 
 
-def test_a_restarted_layer_is_stopped_with_sigterm_in_order(tmp_path: Path) -> None:
+def test_a_restarted_layer_is_stopped_for_good_in_order(tmp_path: Path) -> None:
     model_dir = ensure_dummy_model(cache_dir=tmp_path / "cache")
     logs = tmp_path / "logs"
     with running_stack(model_dir, logs) as stack:
@@ -28,10 +29,11 @@ def test_a_restarted_layer_is_stopped_with_sigterm_in_order(tmp_path: Path) -> N
         assert stack.processes["kvstore"].pid != pid
     kvstore = (logs / "kvstore.log").read_text()
     assert "SIGHUP" not in kvstore
-    assert kvstore.count("shutting down (SIGTERM)") == 1
-    # A clean stop keeps the arena for a restart until the launcher removes it (not the
-    # SIGHUP path, where the kvstore removes it itself).
-    assert "keeping the arena" in kvstore.rsplit("shutting down", 1)[1]
+    assert kvstore.count("shutting down (SIGUSR1)") == 1
+    # The stack's final stop: the kvstore releases the arena (it says so, rather than that it
+    # keeps it for a restart that will not come).
+    assert "releasing the arena" in kvstore.rsplit("shutting down", 1)[1]
+    assert "keeping the arena" not in kvstore
 
 
 def _back(stack) -> str:  # noqa: ANN001

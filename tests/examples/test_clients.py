@@ -125,6 +125,29 @@ def test_python_client_uses_only_the_protos(tmp_path: Path) -> None:
     assert done.stdout.strip() == "None", done.stderr
 
 
+def test_python_client_without_grpcio_tools_says_how_to_get_it(tmp_path: Path) -> None:
+    blocked = tmp_path / "blocked" / "grpc_tools"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError(\"No module named 'grpc_tools'\")\n")
+    env = isolated_python_env()
+    env["PYTHONPATH"] = os.pathsep.join((str(blocked.parent), env["PYTHONPATH"]))
+    client = ROOT / "examples" / "python" / "client.py"
+    done = subprocess.run(
+        [sys.executable, "-S", str(client), PROMPT, "127.0.0.1:1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        "client.py: error: needs grpcio-tools to compile the .proto at run time: pip install "
+        "grpcio-tools (in zerolayer's venv it comes with the test extra: .venv/bin/pip install "
+        "-e '.[test]')\n"
+    )
+
+
 def test_python_client_matches_native_generate(stack, native, tmp_path: Path) -> None:
     client = ROOT / "examples" / "python" / "client.py"
     record = run_client(
@@ -133,3 +156,12 @@ def test_python_client_matches_native_generate(stack, native, tmp_path: Path) ->
         env=isolated_python_env(),
     )
     assert_matches_native(record, native)
+
+
+def test_the_examples_readme_gives_the_triton_client_s_venv_command() -> None:
+    from frontend.test_kserve import TRITON_CLIENT_REQUIREMENT
+
+    readme = (ROOT / "examples" / "README.md").read_text()
+    assert "python3 -m venv .venv-triton && .venv-triton/bin/pip install " in readme
+    assert f"'{TRITON_CLIENT_REQUIREMENT}'" in readme
+    assert ".venv-triton/bin/python examples/kserve/triton_client.py" in readme

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import shlex
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from zerolayer.cli.presets import PRESET_NAMES
+from zerolayer.common.setting import parse_bytes
 
 SCENARIOS = (
     "multiturn",
@@ -28,6 +30,16 @@ SCENARIOS = (
     "failover",
 )
 """Each is a module of this package with ``add_arguments(p)`` and ``main(args) -> dict``."""
+
+REQUIREMENTS = {
+    **dict.fromkeys(SCENARIOS, ("matplotlib", "transformers")),
+    "split": ("matplotlib",),
+    "failover": ("matplotlib",),
+}
+"""The packages of the ``bench`` extra each scenario imports (matplotlib for its plot,
+transformers for its Hugging Face baseline), checked before it starts anything."""
+BENCH_EXTRA = "pip install 'zerolayer[bench]'"
+"""How to install them (from a clone: ``.venv/bin/pip install -e '.[bench]'``)."""
 
 MULTITURN_SMOKE = {"turns": 2, "repeats": 1, "message_tokens": 8, "answer_tokens": 4}
 """What ``--smoke`` changes for multiturn; the other scenarios declare their own ``SMOKE``."""
@@ -58,7 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             help="where JSON, PNG and logs go (default ./bench-results)",
         )
         s.add_argument("--port", type=int, default=50071, help="frontend port of the stacks")
-        s.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
+        s.add_argument("--kv-cache-bytes", type=parse_bytes, default=1 << 30)
         s.add_argument(
             "--smoke",
             action="store_true",
@@ -67,8 +79,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         module.add_arguments(s)
 
 
+def missing_requirements(scenario: str) -> list[str]:
+    """The packages of :data:`REQUIREMENTS` ``scenario`` needs that cannot be imported here
+    (looked up, not imported)."""
+    return [name for name in REQUIREMENTS[scenario] if importlib.util.find_spec(name) is None]
+
+
 def run(args: argparse.Namespace) -> int:
-    """Runs the chosen scenario and prints its results."""
+    """Runs the chosen scenario and prints its results; exit code 2, before anything starts,
+    when a package it needs is missing (one line naming the packages and the extra)."""
+    missing = missing_requirements(args.scenario)
+    if missing:
+        print(
+            f"zerolayer bench {args.scenario}: error: needs {', '.join(missing)}, not installed: "
+            f"{BENCH_EXTRA} (from a clone: .venv/bin/pip install -e '.[bench]')",
+            file=sys.stderr,
+        )
+        return 2
     args.command = "zerolayer " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     module = _module(args.scenario)
     if args.smoke:

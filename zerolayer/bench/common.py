@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -113,6 +114,15 @@ def write_results(out_dir: Path, scenario: str, command: str, results: dict) -> 
     return path
 
 
+def integer_ticks(ax: Any, xs: Sequence[float]) -> None:
+    """Ticks the x axis of matplotlib axes ``ax`` at whole numbers only when every x is an int
+    (turns, requests: 1.5 turns is no point of the plot)."""
+    if xs and all(isinstance(x, int) for x in xs):
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def plot_lines(
     path: Path,
     title: str,
@@ -129,6 +139,7 @@ def plot_lines(
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o", label=name)
+    integer_ticks(ax, [x for xs, _ in series.values() for x in xs])
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -59,6 +59,7 @@ from zerolayer.bench.streams import (
 )
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.dummy import ensure_dummy_model
+from zerolayer.common.setting import parse_bytes
 from zerolayer.common.settings import MAX_NUM_SEQS
 from zerolayer.stack.launcher import Stack, StackConfig
 from zerolayer.v1 import generation_pb2_grpc
@@ -73,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--copy-bytes", type=int, default=1 << 30)
     p.add_argument("--port", type=int, default=50777)
-    p.add_argument("--kv-cache-bytes", type=int, default=4 << 30)
+    p.add_argument("--kv-cache-bytes", type=parse_bytes, default=4 << 30)
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--budget-s", type=float, default=600.0, help="bound of the whole run")
     p.add_argument("--report", default="", help="JSON file rewritten after every phase")

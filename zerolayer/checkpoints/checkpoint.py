@@ -18,6 +18,7 @@ import xxhash
 
 from zerolayer.checkpoints.dtypes import itemsize
 from zerolayer.checkpoints.errors import CheckpointError
+from zerolayer.checkpoints.model_hints import model_dir_hint
 from zerolayer.checkpoints.shard_index import check_shards, read_weight_map
 from zerolayer.sharing.file_identity import FileIdentity
 from zerolayer.sharing.manifest import HandleKind, TensorSpec, WeightManifest
@@ -136,15 +137,17 @@ def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
         model_name: name to serve the model under; default the directory's base name.
 
     Raises:
-        CheckpointError: a required file is missing, a safetensors header is invalid, two files
-            hold the same tensor, or the shards disagree with the index (see :func:`check_shards`).
+        CheckpointError: not a directory or a required file is missing (with a hint for a
+            llama2.c checkpoint, a hub id or a hub cache folder: :mod:`.model_hints`), a
+            safetensors header is invalid, two files hold the same tensor, or the shards disagree
+            with the index (see :func:`check_shards`).
     """
-    model_dir = model_dir.resolve()
+    given, model_dir = model_dir, model_dir.resolve()
     if not model_dir.is_dir():
-        raise CheckpointError(f"{model_dir}: not a directory")
+        raise CheckpointError(f"{model_dir}: not a directory{model_dir_hint(given)}")
     for required in ("config.json", "tokenizer.json"):
         if not (model_dir / required).exists():
-            raise CheckpointError(f"{model_dir}: missing {required}")
+            raise CheckpointError(f"{model_dir}: missing {required}{model_dir_hint(given)}")
     config_json = (model_dir / "config.json").read_text()
     weight_map = read_weight_map(model_dir)
     files = weight_files(model_dir, weight_map)

@@ -28,6 +28,20 @@ HEADER_FORMAT = "<7i"
 HEADER_BYTES = struct.calcsize(HEADER_FORMAT)
 VERSIONED_MAGIC = 0x616B3432  # "ak42": llama2.c's version 1/2 export formats, not supported here
 SPECIAL_PIECES = ("<unk>", "<s>", "</s>")
+
+
+class Llama2cInputError(ValueError):
+    """An input of :func:`convert_llama2c` cannot be read or is not what it must be; the message
+    names the argument and the path (``checkpoint /x.bin: ...``)."""
+
+    def __init__(self, argument: str, path: Path, reason: str) -> None:
+        super().__init__(f"{argument} {path}: {reason}")
+        self.argument = argument
+        """``checkpoint`` or ``tokenizer``."""
+        self.reason = reason
+        """Why, without the argument and path."""
+
+
 BOS_TOKEN_ID = 1
 EOS_TOKEN_ID = 2
 NUM_BYTE_PIECES = 256
@@ -321,6 +335,11 @@ def _write_json(path: Path, value: dict) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
 
 
+def _reason(exc: Exception) -> str:
+    """An input's error without the path (an OSError's ``strerror``: the path is said apart)."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
 def convert_llama2c(checkpoint: Path, tokenizer: Path, out_dir: Path) -> None:
     """Write a Hugging Face Llama directory for a llama2.c checkpoint and tokenizer.
 
@@ -331,10 +350,23 @@ def convert_llama2c(checkpoint: Path, tokenizer: Path, out_dir: Path) -> None:
     written.
 
     Raises:
-        ValueError: a malformed or truncated checkpoint or tokenizer file.
+        Llama2cInputError: a missing, unreadable, malformed or truncated checkpoint or tokenizer
+            file (a tokenizer given as the checkpoint: its header makes no sense).
     """
-    header, arrays = read_checkpoint(Path(checkpoint))
-    pieces, scores = read_tokenizer(Path(tokenizer), header.vocab_size)
+    try:
+        header, arrays = read_checkpoint(Path(checkpoint))
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if isinstance(exc, ValueError):
+            reason += (
+                " (not a llama2.c model checkpoint; the order is CHECKPOINT TOKENIZER OUT_DIR)"
+            )
+        raise Llama2cInputError("checkpoint", Path(checkpoint), reason) from None
+    try:
+        pieces, scores = read_tokenizer(Path(tokenizer), header.vocab_size)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise Llama2cInputError("tokenizer", Path(tokenizer), reason) from None
     hf_tokenizer = build_tokenizer(pieces, scores)
     tensors = to_hf_tensors(header, arrays)
     out_dir = Path(out_dir)

@@ -140,6 +140,20 @@ def rpc_error_line(command: str, exc: grpc.RpcError) -> str:
     return f"zerolayer {command}: {exc.code().name}: {exc.details()}"
 
 
+def connect(
+    command: str, args: argparse.Namespace
+) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]] | None:
+    """The channel and call metadata of ``zerolayer COMMAND``'s connection flags (``--address``,
+    ``--tls-*``, ``--token-file``); None, with the one-line error printed on stderr, for a flag
+    that cannot work (see :class:`UsageError`)."""
+    try:
+        metadata = bearer_metadata(args.token_file)
+        return open_channel(args.address, args.tls_ca, args.tls_cert, args.tls_key), metadata
+    except UsageError as exc:
+        print(f"zerolayer {command}: error: {exc}", file=sys.stderr)
+        return None
+
+
 def run_generate(args: argparse.Namespace) -> int:
     """``zerolayer generate``: prints the text (streamed or whole); exit code 1 on a gRPC error,
     2 for a TLS or token flag that cannot work (see :class:`UsageError`), 130 on Ctrl-C. A
@@ -153,12 +167,10 @@ def run_generate(args: argparse.Namespace) -> int:
         args.seed,
         args.stop,
     )
-    try:
-        metadata = bearer_metadata(args.token_file)
-        channel = open_channel(args.address, args.tls_ca, args.tls_cert, args.tls_key)
-    except UsageError as exc:
-        print(f"zerolayer generate: error: {exc}", file=sys.stderr)
+    connection = connect("generate", args)
+    if connection is None:
         return 2
+    channel, metadata = connection
     if metadata and not (args.tls_ca or args.tls_cert):
         print(
             "zerolayer generate: warning: --token-file without TLS: the bearer token travels "

@@ -10,14 +10,14 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
-from pathlib import Path
+from importlib.metadata import entry_points, version
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from zerolayer.cli.presets import PRESET_NAMES
+from zerolayer.cli import model_calls, tools
+from zerolayer.cli.command_parser import CommandParser
 from zerolayer.common.setting import add_arguments, config_from_args
-from zerolayer.common.settings import LAYERS, LISTEN, layer_settings, up_settings
+from zerolayer.common.settings import LAYERS, layer_settings, up_settings
 
 if TYPE_CHECKING:
     from zerolayer.stack.config import StackConfig
@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 def _add_up(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start the four layers and serve until Ctrl-C")
     add_arguments(p, up_settings(), for_up=True)
+    p.add_argument(
+        "--print-commands",
+        action="store_true",
+        help="print the command line of each process up would run (to run or restart one layer "
+        "by hand as up does; with --run-dir DIR, those of the stack on DIR) and exit",
+    )
     p.add_argument(
         "--generate",
         metavar="TEXT",
@@ -75,46 +81,24 @@ def _positive_float(text: str) -> float:
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="call Generate on a running zerolayer")
     p.add_argument("prompt", help="prompt text")
-    p.add_argument("--address", default=LISTEN.default, help="frontend HOST:PORT")
     p.add_argument("--stream", action="store_true", help="print tokens as they arrive")
     p.add_argument("--max-new-tokens", type=_uint32, default=0, help="0: the server's default (64)")
     p.add_argument("--temperature", type=_float32, default=None, help="default 0 (greedy)")
-    p.add_argument("--top-p", type=_float32, default=None)
-    p.add_argument("--top-k", type=_uint32, default=None)
-    p.add_argument("--seed", type=_int_up_to(UINT64_MAX), default=None)
+    p.add_argument(
+        "--top-p", type=_float32, default=None, help="nucleus sampling mass in (0, 1] (default 1)"
+    )
+    p.add_argument(
+        "--top-k", type=_uint32, default=None, help="sample among the K likeliest; 0: all"
+    )
+    p.add_argument(
+        "--seed",
+        type=_int_up_to(UINT64_MAX),
+        default=None,
+        help="seed of a sampled request, for a repeatable answer (default: a random one)",
+    )
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--timeout", type=_positive_float, default=300.0, help="deadline in seconds")
-    p.add_argument(
-        "--tls-ca", default="", metavar="PEM", help="connect with TLS, verifying the server by it"
-    )
-    p.add_argument(
-        "--tls-cert", default="", metavar="PEM", help="client certificate (mTLS; with --tls-key)"
-    )
-    p.add_argument("--tls-key", default="", metavar="PEM", help="private key of --tls-cert")
-    p.add_argument(
-        "--token-file",
-        default="",
-        metavar="FILE",
-        help="send the bearer token in FILE (a frontend with --tenants)",
-    )
-
-
-def _add_tools(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "convert-llama2c", help="convert a llama2.c checkpoint to a Hugging Face directory"
-    )
-    p.add_argument("checkpoint", type=Path)
-    p.add_argument("tokenizer", type=Path)
-    p.add_argument("out_dir", type=Path)
-    p = sub.add_parser("make-dummy", help="write a seeded random-weight Llama directory")
-    p.add_argument("out_dir", type=Path)
-    p.add_argument(
-        "--preset",
-        default="tiny",
-        choices=PRESET_NAMES,
-        help="tiny (default), small (125M), medium (~0.5B) or 1b (1.1B)",
-    )
-    p.add_argument("--seed", type=int, default=0)
+    model_calls.add_connection_arguments(p)
 
 
 def _command_plugins() -> dict[str, ModuleType]:
@@ -125,11 +109,13 @@ def _command_plugins() -> dict[str, ModuleType]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``zerolayer`` command line."""
-    parser = argparse.ArgumentParser(prog="zerolayer", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="zerolayer", description=__doc__, allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"zerolayer {version('zerolayer')}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     _add_up(sub)
     _add_generate(sub)
-    _add_tools(sub)
+    model_calls.add_parsers(sub)
+    tools.add_parsers(sub)
     for plugin in _command_plugins().values():
         plugin.add_parser(sub)
     for layer in LAYERS:
@@ -139,9 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stack_config(args: argparse.Namespace) -> StackConfig:
+def _stack_config(args: argparse.Namespace, preflight: bool = True) -> StackConfig:
     """The stack's settings from ``up``'s flags (no ``--model``: the default model, stories260K),
-    checked against this machine.
+    checked against this machine unless not ``preflight``.
 
     Raises:
         ValueError: a setting is out of range or cannot work here; the message starts with its
@@ -160,7 +146,8 @@ def _stack_config(args: argparse.Namespace) -> StackConfig:
         )
         args = argparse.Namespace(**{**vars(args), "model_dir": model_dir})
     config = config_from_args(StackConfig, up_settings(), args)
-    check_stack(config)
+    if preflight:
+        check_stack(config)
     return config
 
 
@@ -178,6 +165,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     from zerolayer.stack.launcher import Stack, StackError, StartupInterrupted
 
     logging.basicConfig(level="INFO", format="%(asctime)s up %(levelname)s: %(message)s")
+    if args.print_commands:
+        from zerolayer.cli.up_commands import print_commands
+
+        try:
+            # NOTE: no pre-flight: the stack may be running (its ports and run dir in use)
+            return print_commands(_stack_config(args, preflight=False))
+        except ValueError as exc:
+            print(f"zerolayer up: error: {exc}", file=sys.stderr)
+            return 2
     if args.generate is not None and (args.tls_cert or args.tenants):
         # NOTE: its call has no CA to verify the server with, nor a token to send
         flag, client_flag = (
@@ -229,8 +225,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 1
         if stop.is_set():
             return _interrupted(received[0])
+        # NOTE: status on stderr: stdout carries only --generate's answer.
         print(
-            f"zerolayer: serving on {args.listen} (internal sockets in {stack.run_dir})", flush=True
+            f"zerolayer: serving on {args.listen} (internal sockets in {stack.run_dir})",
+            file=sys.stderr,
+            flush=True,
         )
         if args.generate is not None:
             return _generate_once(args.listen, args.generate)
@@ -271,21 +270,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from zerolayer.cli.client import run_generate
 
         return run_generate(args)
+    if args.command == "tokenize":
+        return model_calls.run_tokenize(args)
+    if args.command == "info":
+        return model_calls.run_info(args)
     plugins = _command_plugins()
     if args.command in plugins:
         return plugins[args.command].run(args)
     if args.command == "convert-llama2c":
-        from zerolayer.checkpoints.llama2c import convert_llama2c
-
-        convert_llama2c(args.checkpoint, args.tokenizer, args.out_dir)
-        print(f"wrote {args.out_dir}")
-        return 0
+        return tools.run_convert_llama2c(args)
     if args.command == "make-dummy":
-        from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
-
-        write_dummy_model(args.out_dir, PRESETS[args.preset], args.seed)
-        print(f"wrote {args.out_dir}")
-        return 0
+        return tools.run_make_dummy(args)
     from zerolayer.common.layer_main import run
 
     program = importlib.import_module(f"zerolayer.{args.command}.__main__").PROGRAM

@@ -328,7 +328,7 @@ class LayerServer:
 
 
 async def wait_for_shutdown_signal() -> signal.Signals:
-    """Returns the first of SIGTERM, SIGINT or SIGHUP the process receives.
+    """Returns the first of SIGTERM, SIGINT, SIGHUP or :data:`FINAL_STOP` the process receives.
 
     SIGHUP is what a layer gets when its launcher dies (see :func:`exit_with_launcher`).
     """
@@ -344,9 +344,9 @@ async def run_layer(
     on_start: Callable[[], Awaitable[None]] | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> signal.Signals:
-    """Starts ``server``, runs ``on_start``, reports SERVING, and serves until SIGTERM, SIGINT or
-    SIGHUP; returns the signal that stopped it. An error of ``on_start`` stops the server, then
-    propagates."""
+    """Starts ``server``, runs ``on_start``, reports SERVING, and serves until SIGTERM, SIGINT,
+    SIGHUP or :data:`FINAL_STOP`; returns the signal that stopped it. An error of ``on_start``
+    stops the server, then propagates."""
     await server.start()
     if on_start is not None:
         try:
@@ -365,7 +365,12 @@ async def run_layer(
     return received
 
 
-LAYER_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FINAL_STOP = signal.SIGUSR1
+"""A stop for good: what ``zerolayer up`` sends its layers when the stack ends (the kvstore then
+releases its arena instead of keeping it for a restart). Its default action, before a layer's
+handler is installed, ends the process quietly, as SIGTERM's does (SIGINT's would raise
+KeyboardInterrupt in whatever is running)."""
+LAYER_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, FINAL_STOP)
 
 LAUNCHER_PID_ENV = "ZEROLAYER_LAUNCHER_PID"
 """Set by the launcher for its layers: a layer exits when that process dies."""

@@ -8,9 +8,12 @@ and the checks of a value given in code (:meth:`Setting.validate`).
 from __future__ import annotations
 
 import argparse
+import decimal
 import enum
 import ipaddress
 import math
+import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -243,6 +246,53 @@ class AtMost:
         self.check(value)
         if value > self.maximum:
             raise ValueError(f"must be at most {self.maximum}")
+
+
+BYTE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+"""Units of a byte count (:func:`parse_bytes`), binary: ``1K`` = 1024 bytes; ``KiB`` ... ``TiB``
+(and ``KB`` ... ``TB``) are the same units, in any case."""
+BYTE_COUNT = re.compile(r"(\d+(?:\.\d*)?)\s*(?:([KMGT])(?:i?B)?|B)?", re.ASCII | re.IGNORECASE)
+"""A byte count as :func:`parse_bytes` reads it: the number, then the unit's letter."""
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count: a number, optionally followed by a binary unit of :data:`BYTE_UNITS`
+    (``536870912``, ``512M``, ``4G``, ``1.5GiB``, ``1T``); the result is rounded down to a
+    whole byte.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number with one of those units (the message says
+            what is accepted).
+    """
+    match = BYTE_COUNT.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: a number of bytes, or with a binary unit K, M, G or T "
+            "(also KiB ... TiB; 1K = 1024), e.g. 512M, 4G"
+        )
+    number, unit = match.groups()
+    return int(decimal.Decimal(number) * BYTE_UNITS[(unit or "").upper()])
+
+
+MAX_NAME_CHARS = 256
+"""Longest name :func:`printable_name` takes, characters (as a request's ``request_id``)."""
+
+
+def printable_name(value: str) -> None:
+    """Check: at most :data:`MAX_NAME_CHARS` characters and no control character (Unicode
+    category Cc), as a request's ``request_id``: the name is echoed in responses, logs, traces
+    and metric labels, where a newline or NUL could forge or cut a line."""
+    if len(value) > MAX_NAME_CHARS:
+        raise ValueError(f"longer than {MAX_NAME_CHARS} characters")
+    control = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+    if control is not None:
+        raise ValueError(f"contains the control character {control!r} (none are allowed)")
+
+
+def power_of_two(value: int) -> None:
+    """Check: 1, 2, 4, 8 ... (a power of two)."""
+    if value < 1 or value & (value - 1):
+        raise ValueError("must be a power of two (1, 2, 4, 8, 16 ...)")
 
 
 def non_negative(value: int) -> None:

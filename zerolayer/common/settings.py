@@ -18,8 +18,11 @@ from zerolayer.common.setting import (
     host_port,
     host_port_or_empty,
     non_negative,
+    parse_bytes,
     port_or_zero,
     positive,
+    power_of_two,
+    printable_name,
 )
 
 MAX_WAIT_S = 3600
@@ -27,6 +30,9 @@ MAX_WAIT_S = 3600
 milliseconds as a uint32, and the waits become timers."""
 MAX_UINT32 = 2**32 - 1
 """Largest value of a protobuf ``uint32`` field."""
+MAX_BLOCK_SIZE = 256
+"""Largest ``--block-size``, tokens (as vLLM's): a prompt reuses a cached prefix only in whole
+blocks, so a larger block would rarely be reused."""
 
 LAYERS = ("loader", "kvstore", "scheduler", "frontend")
 """The layers, in start order (``zerolayer up`` stops them in the reverse one)."""
@@ -118,10 +124,14 @@ MODEL_DIR = Setting(
 )
 MODEL_NAME = Setting(
     "model_name",
-    "--model-name",
-    "name to serve the model under",
+    "--served-model-name",
+    "name the model is served under: GetModelInfo's model, the model a request may name, "
+    "KServe's model_name, the traces' gen_ai.request.model",
     default="",
-    default_note="the model directory's name",
+    check=printable_name,
+    metavar="NAME",
+    default_note="the model directory's base name (for a Hugging Face hub snapshot directory, "
+    "its commit hash: give a name)",
     layers=(LOADER,),
     up=True,
 )
@@ -148,12 +158,13 @@ DEVICE = Setting(
 KV_CACHE_BYTES = Setting(
     "kv_cache_bytes",
     "--kv-cache-bytes",
-    "KV arena size; all its pages are reserved at start, so it must fit the free space of the "
-    "arena's filesystem",
+    "KV arena size, in bytes or with a binary unit (512M, 4G, 1T: 1K = 1024); all its pages are "
+    "reserved at start, so it must fit the free space of the arena's filesystem",
     default=512 * 1024 * 1024,
+    parse=parse_bytes,
     check=positive,
     unit="bytes",
-    metavar="N",
+    metavar="SIZE",
     default_note="512 MiB",
     layers=(KVSTORE,),
     up=True,
@@ -161,9 +172,11 @@ KV_CACHE_BYTES = Setting(
 BLOCK_SIZE = Setting(
     "block_size",
     "--block-size",
-    "tokens per KV block",
+    "tokens per KV block, a power of two (the attention kernels take any size, but then a key "
+    "tile straddles blocks and a token's block is a division, not a shift); only whole blocks "
+    "are reused by the prefix cache",
     default=16,
-    check=positive,
+    check=AtMost(power_of_two, MAX_BLOCK_SIZE),
     unit="tokens",
     metavar="N",
     layers=(KVSTORE,),

@@ -8,13 +8,16 @@ endpoint from ``OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT``, e.g. Jaeger's ``http://l
 ``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES`` name the process (default ``zerolayer-<layer>``).
 Spans leave through a BatchSpanProcessor: a background thread with a bounded queue, so exporting
 never blocks a request (spans are dropped, not waited for, when the queue is full); they are
-flushed on shutdown. No global tracer provider is installed: the provider is passed explicitly.
+flushed on shutdown for at most ``SHUTDOWN_FLUSH_S``; a failing export is logged once per outage
+(:mod:`zerolayer.common.export_outage`). No global tracer provider is installed: the provider is
+passed explicitly.
 Attribute values OTLP cannot hold (an int outside int64, e.g. a uint64 seed) are exported as their
 decimal string (:class:`OtlpSafeExporter`), so no attribute is dropped.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -36,7 +39,12 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import Attributes, AttributeValue
 
+from zerolayer.common.export_outage import ExportOutageLog, OutageReportingExporter
 from zerolayer.common.interceptors import Wrapping, WrappingInterceptor
+
+SHUTDOWN_FLUSH_S = 1.0
+"""Longest a layer waits at exit for its last spans to be exported, seconds (the OTLP exporter's
+own timeout, 10 s by default, with retries, would hold up a stop by ~7 s with a dead collector)."""
 
 # GenAI semantic conventions (opentelemetry semantic-conventions, gen-ai spans/attributes).
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
@@ -98,7 +106,12 @@ class Tracing:
         else:
             resource = Resource.create({"service.name": config.service_name})
             self._provider = TracerProvider(resource=resource)
-            self._provider.add_span_processor(BatchSpanProcessor(OtlpSafeExporter(exporter)))
+            outage = ExportOutageLog()
+            outage.install()
+            self._exporter = exporter
+            self._provider.add_span_processor(
+                BatchSpanProcessor(OutageReportingExporter(OtlpSafeExporter(exporter), outage))
+            )
             self.tracer = self._provider.get_tracer("zerolayer")
         self._propagator = TraceContextTextMapPropagator()
 
@@ -144,9 +157,19 @@ class Tracing:
             span.end()
 
     def shutdown(self) -> None:
-        """Flushes pending spans and stops the exporter."""
-        if self._provider is not None:
-            self._provider.shutdown()
+        """Flushes pending spans for at most :data:`SHUTDOWN_FLUSH_S` and stops the exporter
+        (an export in progress is abandoned: a dead collector does not hold up the exit)."""
+        if self._provider is None:
+            return
+        # NOTE: the SDK's shutdown waits up to 30 s for the batch processor's worker, whose export
+        # retries a dead collector until the exporter's own timeout; stopping the exporter ends
+        # them (and its call in flight).
+        flushing = threading.Thread(target=self._provider.shutdown, name="span-flush", daemon=True)
+        flushing.start()
+        flushing.join(SHUTDOWN_FLUSH_S)
+        if flushing.is_alive():
+            self._exporter.shutdown()
+            flushing.join(SHUTDOWN_FLUSH_S)
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

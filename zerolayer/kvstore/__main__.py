@@ -11,7 +11,7 @@ from zerolayer.common.clients import fetch_manifest
 from zerolayer.common.config import KVStoreConfig
 from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
-from zerolayer.common.server import LayerServer, ServiceBinding, run_layer
+from zerolayer.common.server import FINAL_STOP, LayerServer, ServiceBinding, run_layer
 from zerolayer.common.settings import KV_CACHE_BYTES, SHM_PATH
 from zerolayer.common.tracing import Tracing
 from zerolayer.kv.arena_file import ArenaSizeError
@@ -47,8 +47,10 @@ async def serve(config: KVStoreConfig, tracing: Tracing) -> None:
         received = await run_layer(server)
     finally:
         sweeper.cancel()
-        # NOTE: a kvstore whose launcher died (SIGHUP) removes the arena itself: nobody else will.
-        store.close(remove_arena=config.remove_arena_on_exit or received == signal.SIGHUP)
+        # NOTE: SIGHUP: the launcher died (nobody else will remove the arena); FINAL_STOP: the
+        # launcher stops the stack for good. Nothing will reopen the arena.
+        final = received in (signal.SIGHUP, FINAL_STOP)
+        store.close(remove_arena=config.remove_arena_on_exit or final)
 
 
 async def sweep_leases(store: KVStore) -> None:

@@ -28,6 +28,7 @@ import grpc
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.common.server import (
     CHANNEL_OPTIONS,
+    FINAL_STOP,
     LAUNCHER_PID_ENV,
     instance_health_name,
 )
@@ -171,6 +172,11 @@ class Stack:
         flags = command_line(layer_settings(layer), values)
         return [sys.executable, "-m", f"zerolayer.{layer}", *flags]
 
+    @staticmethod
+    def working_dir() -> Path:
+        """Where every process runs: the directory holding the ``zerolayer`` package."""
+        return Path(__file__).resolve().parents[2]
+
     def health_target(self, name: str) -> HealthTarget:
         """Where process ``name`` reports its health: a frontend under its instance name, on
         its private address when the frontends share the public port or it serves TLS."""
@@ -248,7 +254,7 @@ class Stack:
             self.command(name),
             stdin=subprocess.DEVNULL,
             stderr=stderr,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=self.working_dir(),
             start_new_session=True,
             env={**os.environ, LAUNCHER_PID_ENV: str(os.getpid())},
         )
@@ -289,15 +295,18 @@ class Stack:
             return ""
         return "\n--- " + str(path) + " ---\n" + path.read_text(errors="replace")[-3000:]
 
-    def stop_layer(self, name: str, timeout_s: float = 10.0) -> None:
-        """Stops process ``name`` on purpose (the supervisor leaves it down): SIGTERM, then
-        SIGKILL after ``timeout_s`` seconds."""
+    def stop_layer(
+        self, name: str, timeout_s: float = 10.0, signum: signal.Signals = signal.SIGTERM
+    ) -> None:
+        """Stops process ``name`` on purpose (the supervisor leaves it down): ``signum``, then
+        SIGKILL after ``timeout_s`` seconds. SIGTERM: it may be started again (the kvstore keeps
+        its arena); :data:`zerolayer.common.server.FINAL_STOP`: the stack ends."""
         with self.lock:
             self.held.add(name)
             process = self.processes.get(name)
         if process is None or process.poll() is not None:
             return
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signum)
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -309,7 +318,7 @@ class Stack:
         the shared memory."""
         self.stopping.set()
         for name in reversed(self.slots):
-            self.stop_layer(name)
+            self.stop_layer(name, signum=FINAL_STOP)
         self.layers_down.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=30)

@@ -9,6 +9,8 @@ block tables padded past their used entries.
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +32,12 @@ from zerolayer.scheduler.model.attention import (
     paged_attention_reference,
     write_kv,
 )
-from zerolayer.scheduler.model.kernels import KernelLoader, _build_lock
+from zerolayer.scheduler.model.kernels import (
+    EXTENSION_NAME,
+    KernelLoader,
+    _build_lock,
+    is_built,
+)
 from zerolayer.scheduler.model.llama import LlamaModel
 from zerolayer.scheduler.model.model_runner import ModelRunner, build_metadata
 from zerolayer.scheduler.model.weights import MappedWeights
@@ -347,6 +354,28 @@ def test_build_lock_clears_a_lock_file_left_by_a_killed_build(tmp_path: Path) ->
     (tmp_path / "lock").touch()  # torch's lock file, which it would wait on forever
     with _build_lock(tmp_path):
         assert not (tmp_path / "lock").exists()
+
+
+def test_a_cached_build_is_loaded_without_the_build_time_line(
+    native: KernelLoader, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="zerolayer.scheduler.model.kernels"):
+        assert KernelLoader().load() is not None
+    [line] = caplog.messages
+    assert line.startswith("loading the native kernels from ") and "30 s" not in line
+
+
+def test_is_built_when_the_library_is_newer_than_every_input(tmp_path: Path) -> None:
+    source, header = tmp_path / "a.cpp", tmp_path / "a.h"
+    source.touch()
+    header.touch()
+    assert not is_built(tmp_path, (source, header))  # no library yet
+    library = tmp_path / f"{EXTENSION_NAME}.so"
+    library.touch()
+    os.utime(library, ns=(2 * 10**18, 2 * 10**18))
+    assert is_built(tmp_path, (source, header))
+    os.utime(header, ns=(3 * 10**18, 3 * 10**18))  # a header edited since
+    assert not is_built(tmp_path, (source, header))
 
 
 def test_disabled_loader_never_builds(tmp_path: Path) -> None:

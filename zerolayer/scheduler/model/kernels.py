@@ -56,6 +56,19 @@ def default_build_dir() -> Path:
     return Path(cache) / "zerolayer" / "torch_extensions" / tag
 
 
+def is_built(build_dir: Path, inputs: tuple[Path, ...] | None = None) -> bool:
+    """Whether ``build_dir`` holds the library, newer than each of ``inputs`` (default: the
+    sources and the headers of ``csrc/``): loading it then only links it. ninja decides the same
+    way (and also rebuilds for changed flags); this only words the log line.
+    """
+    inputs = inputs if inputs is not None else (*SOURCES, *sorted(CSRC_DIR.glob("*.h")))
+    try:
+        built = (build_dir / f"{EXTENSION_NAME}.so").stat().st_mtime_ns
+        return all(path.stat().st_mtime_ns <= built for path in inputs)
+    except FileNotFoundError:
+        return False
+
+
 class KernelLoader:
     """Builds and loads the native kernels on first use; one per model runner.
 
@@ -215,7 +228,10 @@ class KernelLoader:
         if ninja_dir is None:
             return None, "ninja not found (pip install ninja)"
         build_dir = self._build_dir or default_build_dir()
-        log.info("loading native attention kernel from %s (first build takes ~30 s)", build_dir)
+        if is_built(build_dir):
+            log.info("loading the native kernels from %s", build_dir)
+        else:
+            log.info("building the native kernels in %s (about 30 s, once)", build_dir)
         try:
             from torch.utils import cpp_extension
 

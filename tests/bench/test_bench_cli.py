@@ -1,0 +1,48 @@
+"""``zerolayer bench`` before it starts anything: the packages of the bench extra, and plots."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from zerolayer.bench.cli import REQUIREMENTS, SCENARIOS
+from zerolayer.bench.common import integer_ticks
+from zerolayer.cli.main import main
+
+
+def test_every_scenario_declares_what_it_needs() -> None:
+    assert set(REQUIREMENTS) == set(SCENARIOS) and "chat" in SCENARIOS
+    assert REQUIREMENTS["chat"] == REQUIREMENTS["multiturn"] == ("matplotlib", "transformers")
+
+
+@pytest.mark.parametrize("scenario", ["multiturn", "chat"])
+def test_a_missing_package_is_one_line_naming_the_extra_before_anything_starts(
+    scenario: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    found = importlib.util.find_spec
+
+    def without_transformers(name: str, *args: object):  # noqa: ANN202 - find_spec's type
+        return None if name == "transformers" else found(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_transformers)
+    assert main(["bench", scenario, "--smoke", "--out", "/nonexistent/out"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"zerolayer bench {scenario}: error: needs transformers, not installed: pip install "
+        "'zerolayer[bench]' (from a clone: .venv/bin/pip install -e '.[bench]')\n"
+    )
+
+
+def test_whole_number_xs_get_whole_number_ticks() -> None:
+    from matplotlib.figure import Figure
+
+    ax = Figure().subplots()
+    ax.plot([1, 2], [0.5, 0.7])
+    integer_ticks(ax, [1, 2])
+    assert all(tick == int(tick) for tick in ax.get_xticks())
+    fractional = Figure().subplots()
+    fractional.plot([1, 2], [0.5, 0.7])
+    integer_ticks(fractional, [1.0, 2.0])
+    assert any(tick != int(tick) for tick in fractional.get_xticks())  # matplotlib's own

@@ -1,0 +1,70 @@
+"""``zerolayer convert-llama2c`` and ``make-dummy`` as a user meets their mistakes: one line
+naming the argument at fault, exit code 2, no traceback (in process: no layer runs)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from zerolayer.cli.main import main
+
+DATA = Path(__file__).resolve().parents[2] / "zerolayer/checkpoints/data/stories260K"
+MODEL, TOKENIZER = DATA / "stories260K.bin", DATA / "tok512.bin"
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    """``zerolayer ARGV`` in process: exit code, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_swapped_arguments_name_the_checkpoint_and_the_order(tmp_path: Path) -> None:
+    code, out, err = run("convert-llama2c", str(TOKENIZER), str(MODEL), str(tmp_path / "o"))
+    assert code == 2 and out == ""
+    [line] = err.splitlines()
+    assert line.startswith(f"zerolayer convert-llama2c: error: checkpoint {TOKENIZER}: ")
+    assert "non-positive size" in line
+    assert line.endswith("the order is CHECKPOINT TOKENIZER OUT_DIR)")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("which", ["checkpoint", "tokenizer"])
+def test_a_missing_input_is_one_line(which: str, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.bin"
+    inputs = (missing, TOKENIZER) if which == "checkpoint" else (MODEL, missing)
+    code, _, err = run("convert-llama2c", *map(str, inputs), str(tmp_path / "o"))
+    assert code == 2
+    assert err == (
+        f"zerolayer convert-llama2c: error: {which} {missing}: No such file or directory\n"
+    )
+
+
+def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run("convert-llama2c", str(MODEL), str(TOKENIZER), str(blocker / "o"))
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith(f"zerolayer convert-llama2c: error: out_dir {blocker / 'o'}: ")
+
+
+def test_convert_llama2c_help_explains_each_argument() -> None:
+    code, out, _ = run("convert-llama2c", "--help")
+    assert code == 0
+    text = " ".join(out.split())
+    assert "checkpoint the llama2.c model file, e.g. stories15M.bin (first)" in text
+    assert "tokenizer the llama2.c tokenizer file, e.g. tokenizer.bin (second)" in text
+    assert "out_dir directory to write (created if missing)" in text
+
+
+def test_make_dummy_help_says_the_big_presets_give_empty_text() -> None:
+    code, out, _ = run("make-dummy", "--help")
+    assert code == 0
+    assert "their text is (nearly) empty" in " ".join(out.split())
