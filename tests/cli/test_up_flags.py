@@ -47,7 +47,7 @@ def test_up_offers_every_public_flag_and_the_added_ones_each_once() -> None:
     assert len(flags) == len(set(flags))
     assert set(PUBLIC_FLAGS) | set(ADDED_FLAGS.split()) <= set(flags)
     own = {"-h", "--help", "--generate", "--print-commands"}
-    assert set(flags) == own | {s.flag for s in up_settings()}
+    assert set(flags) == own | {f for s in up_settings() for f in (s.flag, *s.aliases)}
 
 
 def test_up_help_lists_every_up_setting_with_its_default() -> None:
@@ -203,7 +203,7 @@ def test_a_served_model_name_is_checked_as_a_request_id(name: str, reason: str) 
     with pytest.raises(ValueError, match=re.escape(f"--served-model-name: {reason}")):
         StackConfig(model_dir="m", model_name=name)
     err = usage_error("loader", "--address", "unix:/a", "--model", "m", "--served-model-name", name)
-    assert f"argument --served-model-name: {reason}" in err
+    assert f"argument --served-model-name/--model-name: {reason}" in err
 
 
 def test_print_commands_prints_what_up_runs_and_starts_nothing(
@@ -229,3 +229,12 @@ def test_print_commands_prints_what_up_runs_and_starts_nothing(
     assert scheduler[1:3] == ["-m", "zerolayer.scheduler"]
     args = build_parser().parse_args(["scheduler", *scheduler[3:]])
     assert args.metrics_port == 9102 and args.address == f"unix:{run_dir}/scheduler.sock"
+
+
+def test_the_earlier_model_name_flag_still_sets_the_served_name() -> None:
+    # --model-name was the layers' flag before --served-model-name: scripts still pass it.
+    for program in ("loader", "up"):
+        parsers = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001
+        address = ["--address", "unix:/a"] if program != "up" else []
+        args = parsers[program].parse_args(["--model", "m", "--model-name", "tiny", *address])
+        assert args.model_name == "tiny"

@@ -62,6 +62,8 @@ class Setting:
     default_note: str = ""
     """What the default means, when the value does not say (``every core but one``); for a
     required flag that ``up`` offers, what ``up`` does without it."""
+    aliases: tuple[str, ...] = ()
+    """Earlier spellings of the flag, still accepted (clients and scripts use them)."""
     multiple: bool = False
     """The value is a tuple of items: the flag may be repeated and each occurrence may be a
     comma-separated list (``--scheduler A --scheduler B,C``); :attr:`parse` and :attr:`check`
@@ -121,12 +123,13 @@ class Setting:
         if self.is_switch:
             action = "store_false" if self.default else "store_true"
             parser.add_argument(
-                self.flag, dest=self.name, action=action, help=self.help_text(for_up)
+                self.flag, *self.aliases, dest=self.name, action=action, help=self.help_text(for_up)
             )
             return
         parse_one = self.parser if for_up else self._parse_and_check
         parser.add_argument(
             self.flag,
+            *self.aliases,
             dest=self.name,
             type=partial(_parse_items, parse_one) if self.multiple else parse_one,
             action=_AddItems if self.multiple else "store",

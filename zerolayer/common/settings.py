@@ -132,6 +132,7 @@ MODEL_NAME = Setting(
     metavar="NAME",
     default_note="the model directory's base name (for a Hugging Face hub snapshot directory, "
     "its commit hash: give a name)",
+    aliases=("--model-name",),
     layers=(LOADER,),
     up=True,
 )
