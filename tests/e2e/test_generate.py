@@ -515,3 +515,47 @@ def test_zerolayer_tokenize_and_info_commands(stack, capsys: pytest.CaptureFixtu
     assert zerolayer_main(["info", *address]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert f"model: {SERVED}" in lines and "architecture: LlamaForCausalLM" in lines
+
+
+def test_zerolayer_generate_says_why_it_stopped_and_prints_json(
+    stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zerolayer.cli.main import main as zerolayer_main
+
+    address = ["--address", stack.config.listen]
+    expected = text_stub(stack).Generate(
+        pb.GenerateRequest(prompt="hi", max_new_tokens=4, ignore_eos=True), timeout=30
+    )
+    assert zerolayer_main(["generate", "hi", "--max-new-tokens=4", "--ignore-eos", *address]) == 0
+    out, err = capsys.readouterr()
+    assert out == expected.text + "\n"
+    assert err == (
+        "zerolayer generate: finish_reason length; prompt_tokens 3, completion_tokens 4, "
+        "cached_prompt_tokens 0\n"
+    )
+    argv = ["generate", "hi", "--max-new-tokens=4", "--ignore-eos", "--json", "--logprobs=1"]
+    assert zerolayer_main([*argv, *address]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert (document["finish_reason"], document["usage"]["completion_tokens"]) == (
+        "FINISH_REASON_LENGTH",
+        4,
+    )
+    assert [e["chosen"]["token_id"] for e in document["logprobs"]] == document["token_ids"]
+    # A stop string at the very start: an empty answer, and the reason for it.
+    first = expected.text[0]
+    assert zerolayer_main(["generate", "hi", f"--stop={first}", "--ignore-eos", *address]) == 0
+    out, err = capsys.readouterr()
+    assert out == "\n"
+    assert "finish_reason stop;" in err and "the text is empty" in err
+
+
+def test_zerolayer_generate_streams_several_samples(stack, capsys) -> None:
+    from zerolayer.cli.main import main as zerolayer_main
+
+    argv = ["generate", "hi", "-n", "2", "--temperature=1", "--seed=3", "--max-new-tokens=3"]
+    argv += ["--ignore-eos", "--stream", "--address", stack.config.listen]
+    assert zerolayer_main(argv) == 0
+    out, err = capsys.readouterr()
+    headers = [line for line in out.splitlines() if line.startswith("--- sample ")]
+    assert sorted(headers) == ["--- sample 0 ---", "--- sample 1 ---"]
+    assert "finish_reason length, length; prompt_tokens 3, completion_tokens 6" in err

@@ -155,18 +155,18 @@ def connect(
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    """``zerolayer generate``: prints the text (streamed or whole); exit code 1 on a gRPC error,
-    2 for a TLS or token flag that cannot work (see :class:`UsageError`), 130 on Ctrl-C. A
-    token sent in plaintext (no TLS flag) is warned of on stderr."""
-    request = build_request(
-        args.prompt,
-        args.max_new_tokens,
-        args.temperature,
-        args.top_p,
-        args.top_k,
-        args.seed,
-        args.stop,
-    )
+    """``zerolayer generate``: prints the text (streamed or whole) and, on stderr, why it stopped
+    and the token counts (:mod:`zerolayer.cli.generate_output`); exit code 1 on a gRPC error, 2
+    for a flag that cannot work (see :class:`UsageError`), 130 on Ctrl-C. A token sent in
+    plaintext (no TLS flag) is warned of on stderr."""
+    from zerolayer.cli.generate_output import print_response, print_stream
+    from zerolayer.cli.generate_request import request_from_args
+
+    try:
+        request = request_from_args(args)
+    except UsageError as exc:
+        print(f"zerolayer generate: error: {exc}", file=sys.stderr)
+        return 2
     connection = connect("generate", args)
     if connection is None:
         return 2
@@ -181,14 +181,11 @@ def run_generate(args: argparse.Namespace) -> int:
         with channel:
             stub = generation_pb2_grpc.TextGenerationStub(channel)
             if args.stream:
-                for part in stub.GenerateStream(request, timeout=args.timeout, metadata=metadata):
-                    sys.stdout.write(printable(part.text))
-                    sys.stdout.flush()
-                sys.stdout.write("\n")
+                parts = stub.GenerateStream(request, timeout=args.timeout, metadata=metadata)
+                print_stream(parts, max(request.n, 1), args.json)
             else:
-                print(
-                    printable(stub.Generate(request, timeout=args.timeout, metadata=metadata).text)
-                )
+                response = stub.Generate(request, timeout=args.timeout, metadata=metadata)
+                print_response(response, args.json)
     except grpc.RpcError as exc:
         print(rpc_error_line("generate", exc), file=sys.stderr)
         return 1

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from zerolayer.cli import model_calls, tools
 from zerolayer.cli.command_parser import CommandParser
+from zerolayer.cli.generate_request import add_generate_arguments
 from zerolayer.common.setting import add_arguments, config_from_args
 from zerolayer.common.settings import LAYERS, layer_settings, up_settings
 
@@ -79,24 +80,13 @@ def _positive_float(text: str) -> float:
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="call Generate on a running zerolayer")
-    p.add_argument("prompt", help="prompt text")
-    p.add_argument("--stream", action="store_true", help="print tokens as they arrive")
-    p.add_argument("--max-new-tokens", type=_uint32, default=0, help="0: the server's default (64)")
-    p.add_argument("--temperature", type=_float32, default=None, help="default 0 (greedy)")
-    p.add_argument(
-        "--top-p", type=_float32, default=None, help="nucleus sampling mass in (0, 1] (default 1)"
+    p = sub.add_parser(
+        "generate",
+        help="call Generate on a running zerolayer",
+        description="Prints the generated text on stdout and, on stderr, why generation stopped "
+        "and the token counts (--json: the whole response as JSON).",
     )
-    p.add_argument(
-        "--top-k", type=_uint32, default=None, help="sample among the K likeliest; 0: all"
-    )
-    p.add_argument(
-        "--seed",
-        type=_int_up_to(UINT64_MAX),
-        default=None,
-        help="seed of a sampled request, for a repeatable answer (default: a random one)",
-    )
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_generate_arguments(p, _uint32, _int_up_to(UINT64_MAX), _float32)
     p.add_argument("--timeout", type=_positive_float, default=300.0, help="deadline in seconds")
     model_calls.add_connection_arguments(p)
 
