@@ -31,6 +31,8 @@ OUTSIDE_CLIENTS = (
     "stack/probes.py",
     "stack/health_watch.py",
     "cli/client.py",
+    "cli/generate_request.py",
+    "cli/generate_output.py",
     "cli/model_calls.py",
     "bench/*.py",
 )
