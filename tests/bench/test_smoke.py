@@ -137,7 +137,9 @@ def test_split_smoke_writes_json_and_png(tmp_path: Path) -> None:
     for r in results["services"].values():
         cpu = r["cpu_ms_per_token"]
         assert set(cpu) == {"loader", "kvstore", "scheduler", "frontend", "client"}
-        assert cpu["scheduler"] > 0 and cpu["frontend"] > 0 and cpu["client"] > 0
+        # NOTE: /proc counts CPU time in clock ticks (10 ms): the frontend's share of this tiny
+        # run can stay under one tick on a busy machine (CI measured 0.0 once).
+        assert cpu["scheduler"] > 0 and cpu["client"] > 0
         assert all(v >= 0 for v in cpu.values())
 
 
