@@ -160,6 +160,8 @@ def test_the_client_raises_openai_errors(client, model) -> None:
     [
         ({"prompt": "x", "temperature": -1}, "temperature", ["temperature"]),
         ({"prompt": "x", "temperature": "hot"}, "temperature", ["number"]),
+        ({"prompt": "x", "temperature": 1e308}, "temperature", ["float32"]),
+        ({"prompt": "x", "repetition_penalty": 3.5e39}, "repetition_penalty", ["float32"]),
         ({"prompt": "x", "top_p": 0}, "top_p", ["(0, 1]"]),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens", ["greater than or equal to 1"]),
         ({"prompt": "x", "bogus": 1}, "bogus", ["unrecognized"]),
@@ -209,9 +211,12 @@ def test_an_unknown_model_is_a_404(stack) -> None:
     assert (status, answer["error"]["code"], answer["error"]["param"]) == (
         404,
         "model_not_found",
-        None,
+        "model",
     )
     assert get(stack, "/v1/models/gpt-x")[0] == 404
+    # An unknown route is not a missing model.
+    status, answer = get(stack, "/v1/nothing")
+    assert (status, answer["error"]["code"]) == (404, None)
 
 
 @pytest.mark.parametrize("token", [None, "wrong"])

@@ -110,6 +110,8 @@ def test_request_parameters_are_in_range_or_refused_naming_the_field(
         ({"top_p": math.inf}, "sampling_parameters.top_p: must be in (0, 1], got inf"),
         ({"temperature": -1}, "sampling_parameters.temperature: must be a finite number >= 0"),
         ({"seed": 10**400}, "sampling_parameters.seed: must be an integer from 0 to 1844"),
+        ({"temperature": 1e39}, "sampling_parameters.temperature: 1e+39 is beyond what a float32"),
+        ({"top_p": 1e-50}, "sampling_parameters.top_p: 1e-50 is beyond what a float32 holds"),
     ],
 )
 def test_out_of_range_numbers_are_refused_naming_the_field(sampling, message) -> None:

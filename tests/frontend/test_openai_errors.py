@@ -36,7 +36,8 @@ def test_domain_errors_have_the_status_of_their_grpc_code(exc, status, kind, cod
     error = error_of(exc, chat=False)
     assert error.status == status
     assert error.body["error"]["type"] == kind and error.body["error"]["code"] == code
-    assert error.body["error"]["param"] is None
+    # OpenAI names the model as the param of model_not_found
+    assert error.body["error"]["param"] == ("model" if code == "model_not_found" else None)
 
 
 def test_an_upstream_grpc_error_keeps_its_status() -> None:

@@ -268,8 +268,8 @@ def test_check_fits_context_refuses_an_explicit_max_new_tokens_past_the_context(
     assert (info.value.field, info.value.reason) == ("max_new_tokens", "context-length-exceeded")
     assert str(info.value) == (
         "max_new_tokens: this model's maximum context length is 16 tokens; however, you "
-        "requested 17 tokens (3 in the prompt, 14 in the completion): reduce the prompt or "
-        "max_new_tokens"
+        "requested 17 tokens (3 in the prompt, 14 in the completion): shorten the prompt or ask "
+        "for fewer tokens"
     )
     fits = make_params(prompt_token_ids=(5, 6, 7), prompt=None, max_new_tokens=13)
     check_fits_context(fits, run(fits), make_model())
@@ -305,3 +305,28 @@ def test_a_valid_structured_output_reaches_the_engine_request() -> None:
     constraint = StructuredOutput("regex", "[0-9]{3}")
     assert run(make_params(structured_output=constraint)).structured_output == constraint
     assert run(make_params()).structured_output is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", 1e39),
+        ("temperature", 1e308),
+        ("top_p", 1e-50),
+        ("repetition_penalty", 3.5e39),
+        ("repetition_penalty", 1e-50),
+        ("presence_penalty", -1e-60),
+    ],
+)
+def test_numbers_a_float32_cannot_hold_are_refused(field: str, value: float) -> None:
+    # JSON (HTTP, KServe) carries float64: 1e39 became inf and 1e-50 became 0 in the engine.
+    error = assert_invalid(make_params(**{field: value}), field)
+    assert "beyond what a float32 holds" in str(error)
+
+
+def test_a_logit_bias_a_float32_cannot_hold_is_refused() -> None:
+    assert_invalid(make_params(logit_bias=((5, 1e-45 / 10),)), "logit_bias[5]")
+
+
+def test_float32_extremes_are_taken() -> None:
+    run(make_params(temperature=3.4e38, top_p=1e-38, repetition_penalty=1e-38))

@@ -20,6 +20,7 @@ from zerolayer.frontend.kserve_tensors import Tensor, check_dtype, read_tensors
 from zerolayer.frontend.validation import (
     MAX_UINT32,
     MAX_UINT64,
+    check_float32,
     check_float_range,
     check_request_id,
     check_temperature,
@@ -273,6 +274,8 @@ def _set(settings: dict[str, Any], key: str, value: Any, field: str) -> None:
     if kind == "uints":
         for i, item in enumerate(converted):
             check_uint(f"{field}[{i}]", item, MAX_UINT32)
+    if kind == "float":
+        check_float32(field, converted)
     if canonical in FLOAT_CHECKS:
         FLOAT_CHECKS[canonical](field, converted)
     settings[canonical] = converted

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+import struct
 import unicodedata
 import uuid
 from dataclasses import dataclass
@@ -75,6 +76,10 @@ def validate(
         )
     check_uint("max_new_tokens", params.max_new_tokens, MAX_UINT32)
     check_uint("n", params.n, MAX_N)
+    for field in FLOAT32_FIELDS:
+        check_float32(field, getattr(params, field))
+    for token_id, bias in params.logit_bias:
+        check_float32(f"logit_bias[{token_id}]", bias)
     sampling = with_sampling_controls(_sampling(params), params, model.vocab_size)
     _check_strings(params, config)
     if params.structured_output is not None:
@@ -154,7 +159,8 @@ def check_fits_context(params: GenerateParams, request: EngineRequest, model: Se
             "max_new_tokens",
             f"this model's maximum context length is {model.max_model_len} tokens; however, "
             f"you requested {total} tokens ({num_prompt_tokens} in the prompt, "
-            f"{params.max_new_tokens} in the completion): reduce the prompt or max_new_tokens",
+            f"{params.max_new_tokens} in the completion): shorten the prompt or ask for fewer "
+            "tokens",
         )
         error.reason = "context-length-exceeded"
         raise error
@@ -237,6 +243,37 @@ def check_top_p(field: str, value: float) -> None:
     """
     if not (math.isfinite(value) and 0 < value <= 1):
         raise InvalidArgument(field, f"must be in (0, 1], got {value}")
+
+
+FLOAT32_FIELDS = (
+    "temperature",
+    "top_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "min_p",
+)
+"""GenerateParams fields the engine holds as float32 (they are float fields of the protos)."""
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def check_float32(field: str, value: float | None) -> None:
+    """Refuses a finite number a float32 cannot hold: beyond +-3.40282e38, or so close to 0
+    that it rounds to 0 (a top_p of 1e-50 would become 0, a repetition_penalty a division by
+    0). The HTTP and KServe APIs read JSON numbers as float64, so they can send such values;
+    gRPC's float fields cannot. None (unset), NaN and infinities are left to the range checks.
+
+    Raises:
+        InvalidArgument: naming ``field``.
+    """
+    if value is None or not math.isfinite(value):
+        return
+    if abs(value) > FLOAT32_MAX or (
+        value != 0 and struct.unpack("f", struct.pack("f", value))[0] == 0
+    ):
+        raise InvalidArgument(
+            field, f"{value!r} is beyond what a float32 holds (magnitude 1.2e-38 to 3.4e38, or 0)"
+        )
 
 
 def check_float_range(
