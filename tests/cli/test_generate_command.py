@@ -111,6 +111,7 @@ def test_messages_make_a_chat_request(tmp_path) -> None:
         (["hi", "--logit-bias=a=1"], "--logit-bias: 'a=1' is not ID=VALUE (numbers)"),
         (["hi", "--json-schema={"], "--json-schema: not JSON"),
         (["hi", "--grammar=@/no/such/file"], "--grammar: cannot read /no/such/file"),
+        (["hi", "--no-generation-prompt"], "--no-generation-prompt: only with --message"),
     ],
 )
 def test_what_cannot_be_said_is_a_usage_error(argv, message, capsys) -> None:
@@ -120,6 +121,15 @@ def test_what_cannot_be_said_is_a_usage_error(argv, message, capsys) -> None:
     # ...and the command exits 2 with it, before connecting anywhere
     assert zerolayer_main(["generate", *argv, "--address", "127.0.0.1:1"]) == 2
     assert capsys.readouterr().err.startswith(f"zerolayer generate: error: {message}")
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"), [("-n=17", "must be in [0, 16]"), ("--logprobs=21", "must be in [0, 20]")]
+)
+def test_documented_ranges_are_checked_before_calling(flag: str, message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse("hi", flag)
+    assert exited.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_constraints_are_mutually_exclusive(capsys) -> None:
@@ -165,6 +175,7 @@ def test_a_unary_response_prints_text_logprobs_and_samples(capsys) -> None:
     print_response(response, as_json=True)
     document = json.loads(capsys.readouterr().out)
     assert document["finish_reason"] == "FINISH_REASON_EOS"
+    assert document["usage"]["cached_prompt_tokens"] == 0  # zero values are printed too
     assert [c["text"] for c in document["choices"]] == ["a", "b"]
 
 

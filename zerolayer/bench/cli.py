@@ -55,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     scenarios = p.add_subparsers(dest="scenario", required=True)
     for name in SCENARIOS:
         module = _module(name)
-        s = scenarios.add_parser(name, help=module.__doc__.splitlines()[0])
+        s = scenarios.add_parser(name, help=module.__doc__.splitlines()[0].replace("``", "`"))
         s.add_argument(
             "--preset",
             default="small",
@@ -69,8 +69,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             default=Path("bench-results"),
             help="where JSON, PNG and logs go (default ./bench-results)",
         )
-        s.add_argument("--port", type=int, default=50071, help="frontend port of the stacks")
-        s.add_argument("--kv-cache-bytes", type=parse_bytes, default=1 << 30)
+        s.add_argument(
+            "--port", type=int, default=50071, help="frontend port of the stacks (default 50071)"
+        )
+        s.add_argument(
+            "--kv-cache-bytes",
+            type=parse_bytes,
+            default=1 << 30,
+            help="KV arena of the stacks, bytes or with a unit such as 512M (default 1G)",
+        )
         s.add_argument(
             "--smoke",
             action="store_true",

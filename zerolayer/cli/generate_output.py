@@ -51,8 +51,14 @@ def logprob_lines(entries: Iterable[generation_pb2.TokenLogprobs]) -> list[str]:
 
 
 def json_line(message: generation_pb2.GenerateResponse) -> str:
-    """A response as one line of JSON (proto field names, default values left out)."""
-    return json_format.MessageToJson(message, preserving_proto_field_name=True, indent=None)
+    """A response as one line of JSON (proto field names; fields at their default values are
+    written too, e.g. ``"cached_prompt_tokens": 0``, except unset optional ones)."""
+    return json_format.MessageToJson(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        indent=None,
+    )
 
 
 def print_response(

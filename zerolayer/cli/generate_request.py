@@ -16,6 +16,10 @@ from pathlib import Path
 from zerolayer.cli.client import UsageError
 from zerolayer.v1 import generation_pb2
 
+MAX_N = 16
+"""Most samples of a request (GenerateRequest.n)."""
+MAX_LOGPROBS = 20
+"""Most alternatives per position (GenerateRequest.logprobs, prompt_logprobs)."""
 ROLES = ("system", "user", "assistant", "tool")
 """Roles a ``--message`` may have (GenerateRequest.messages)."""
 
@@ -23,14 +27,16 @@ ROLES = ("system", "user", "assistant", "tool")
 def add_generate_arguments(
     p: argparse.ArgumentParser,
     uint32: Callable[[str], int],
-    uint64: Callable[[str], int],
+    up_to: Callable[[int], Callable[[str], int]],
     float32: Callable[[str], float],
 ) -> None:
     """The request flags of ``zerolayer generate`` (the connection flags are added elsewhere).
 
     Args:
-        uint32, uint64, float32: argparse types that refuse values the proto fields cannot hold.
+        uint32, float32: argparse types that refuse values the proto fields cannot hold.
+        up_to: ``up_to(m)`` is the argparse type of an integer in [0, m].
     """
+    uint64 = up_to(2**64 - 1)
     p.add_argument(
         "prompt",
         nargs="?",
@@ -124,20 +130,20 @@ def add_generate_arguments(
         "-n",
         "--n",
         dest="n",
-        type=uint32,
+        type=up_to(MAX_N),
         default=0,
         help="samples of the prompt (1 to 16; sample i is drawn with seed + i)",
     )
     p.add_argument(
         "--logprobs",
-        type=uint32,
+        type=up_to(MAX_LOGPROBS),
         default=None,
         metavar="N",
         help="print each token's logprob and the N likeliest alternatives (0 to 20)",
     )
     p.add_argument(
         "--prompt-logprobs",
-        type=uint32,
+        type=up_to(MAX_LOGPROBS),
         default=None,
         metavar="N",
         help="also for each prompt token (0 to 20; the prompt is then computed whole)",
@@ -187,6 +193,8 @@ def request_from_args(args: argparse.Namespace) -> generation_pb2.GenerateReques
     )
     if args.message and args.prompt is not None:
         raise UsageError("--message: give messages or a prompt, not both")
+    if args.no_generation_prompt and not args.message:
+        raise UsageError("--no-generation-prompt: only with --message")
     if args.message:
         request.messages.messages.extend(_message(text) for text in args.message)
         if args.no_generation_prompt:

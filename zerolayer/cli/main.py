@@ -86,7 +86,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         description="Prints the generated text on stdout and, on stderr, why generation stopped "
         "and the token counts (--json: the whole response as JSON).",
     )
-    add_generate_arguments(p, _uint32, _int_up_to(UINT64_MAX), _float32)
+    add_generate_arguments(p, _uint32, _int_up_to, _float32)
     p.add_argument("--timeout", type=_positive_float, default=300.0, help="deadline in seconds")
     model_calls.add_connection_arguments(p)
 
