@@ -182,7 +182,14 @@ def run_generate(args: argparse.Namespace) -> int:
             stub = generation_pb2_grpc.TextGenerationStub(channel)
             if args.stream:
                 parts = stub.GenerateStream(request, timeout=args.timeout, metadata=metadata)
-                print_stream(parts, max(request.n, 1), args.json)
+                try:
+                    print_stream(parts, max(request.n, 1), args.json)
+                except KeyboardInterrupt:
+                    # NOTE: the call is cancelled before the channel closes (the server frees
+                    # the request's blocks at once, and closing a channel with a call still
+                    # running was seen to hang once).
+                    parts.cancel()
+                    raise
             else:
                 response = stub.Generate(request, timeout=args.timeout, metadata=metadata)
                 print_response(response, args.json)
