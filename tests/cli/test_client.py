@@ -144,3 +144,23 @@ def test_a_token_sent_in_plaintext_is_warned_of(tmp_path: Path, capsys) -> None:
     assert error.startswith("zerolayer generate: UNAVAILABLE")
     assert zerolayer_main(argv) == 1
     assert "warning" not in capsys.readouterr().err
+
+
+def test_the_client_commands_do_not_import_torch() -> None:
+    # Importing torch costs 2 s idle and up to 9 s under load: every `zerolayer generate` paid it
+    # while the server answered in milliseconds.
+    script = """
+import sys
+from zerolayer.cli.main import main
+nowhere = ["--address", "127.0.0.1:1"]
+for argv in (["generate", "hi", "--timeout", "0.5", *nowhere], ["info", *nowhere], ["--help"]):
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+print(sorted(m for m in ("torch", "transformers", "llguidance") if m in sys.modules))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stderr[-2000:]

@@ -97,8 +97,15 @@ def _command_plugins() -> dict[str, ModuleType]:
     return {ep.name: ep.load() for ep in entry_points(group="zerolayer.commands")}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole ``zerolayer`` command line."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``zerolayer`` command line.
+
+    Args:
+        command: the subcommand about to run. A command plugin (``bench``, whose scenarios
+            import torch and transformers) is loaded whole only when it is that command; the
+            others then show in ``--help`` by their ``HELP`` line alone, so ``zerolayer
+            generate`` starts without importing torch. None: every plugin whole.
+    """
     parser = argparse.ArgumentParser(prog="zerolayer", description=__doc__, allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"zerolayer {version('zerolayer')}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
@@ -106,8 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     model_calls.add_parsers(sub)
     tools.add_parsers(sub)
-    for plugin in _command_plugins().values():
-        plugin.add_parser(sub)
+    for name, plugin in _command_plugins().items():
+        if command is None or command == name or not hasattr(plugin, "HELP"):
+            plugin.add_parser(sub)
+        else:
+            sub.add_parser(name, help=plugin.HELP, add_help=False)
     for layer in LAYERS:
         add_arguments(
             sub.add_parser(layer, help=f"run the {layer} layer alone"), layer_settings(layer)
@@ -253,7 +263,9 @@ def _generate_once(address: str, prompt: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``zerolayer`` console script."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((word for word in argv if not word.startswith("-")), "")
+    args = build_parser(command).parse_args(argv)
     if args.command == "up":
         return cmd_up(args)
     if args.command == "generate":
