@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 import shutil
@@ -40,16 +41,35 @@ NATIVE_DTYPES = frozenset({torch.float32, torch.bfloat16})
 """Dtypes of q and the caches the native kernel handles."""
 
 
+def build_key(csrc_dir: Path, torch_dir: Path) -> str:
+    """A short hash (12 hex digits, SHA-256) of what a build's command line and inputs depend
+    on: the ``csrc`` directory's path and the contents of its sources and headers, torch's
+    install path (its headers and libraries) and the compiler flags.
+
+    Two checkouts or virtual environments sharing one kernel cache then build into different
+    directories, each once, instead of rebuilding each other's library on every start (ninja
+    rebuilds when the command line changes, and it names both paths).
+    """
+    digest = hashlib.sha256()
+    for part in (str(csrc_dir), str(torch_dir), *EXTRA_CFLAGS, *EXTRA_LDFLAGS):
+        digest.update(part.encode() + b"\0")
+    for path in sorted([*csrc_dir.glob("*.cpp"), *csrc_dir.glob("*.h")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def default_build_dir() -> Path:
     """``$ZEROLAYER_KERNEL_CACHE`` or ``~/.cache/zerolayer/torch_extensions``, then
-    ``<torch>-<python>`` (read when called, not at import).
+    ``<torch>-<python>-<build_key>`` (read when called, not at import).
 
     Not under ``$XDG_CACHE_HOME``: tests and benchmarks give each stack its own model cache, and
     should not rebuild the kernel (about 30 s) for each. The torch and Python versions are part
-    of the path since the library links against both.
+    of the path since the library links against both; :func:`build_key` since the build's
+    command line names the checkout and the venv.
     """
     override = os.environ.get("ZEROLAYER_KERNEL_CACHE")
-    tag = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+    key = build_key(CSRC_DIR, Path(torch.__file__).parent)
+    tag = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}-{key}"
     if override:
         return Path(override) / tag
     cache = str(Path.home() / ".cache")
