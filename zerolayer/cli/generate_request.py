@@ -14,12 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zerolayer.cli.client import UsageError
+from zerolayer.frontend.sampling_controls import MAX_LOGPROBS, MAX_N
 from zerolayer.v1 import generation_pb2
 
-MAX_N = 16
-"""Most samples of a request (GenerateRequest.n)."""
-MAX_LOGPROBS = 20
-"""Most alternatives per position (GenerateRequest.logprobs, prompt_logprobs)."""
 ROLES = ("system", "user", "assistant", "tool")
 """Roles a ``--message`` may have (GenerateRequest.messages)."""
 

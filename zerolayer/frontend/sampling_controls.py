@@ -15,6 +15,8 @@ from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingP
 
 MAX_ABS_PENALTY = 2.0
 """presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's range)."""
+MAX_N = 16
+"""Most samples of a request (n)."""
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_ABS_LOGIT_BIAS = 100.0

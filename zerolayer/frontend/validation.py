@@ -18,7 +18,11 @@ from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
 from zerolayer.common.structured_output import grammar_of
 from zerolayer.frontend.chat_template import ChatTemplate, check_messages
-from zerolayer.frontend.sampling_controls import with_request_controls, with_sampling_controls
+from zerolayer.frontend.sampling_controls import (
+    MAX_N,
+    with_request_controls,
+    with_sampling_controls,
+)
 from zerolayer.frontend.tokenizer import TextTokenizer
 
 MAX_REQUEST_ID_CHARS = 256
@@ -30,8 +34,6 @@ MAX_UINT32 = 2**32 - 1
 """Largest max_new_tokens and top_k (uint32 fields of GenerateRequest and EngineRequest)."""
 MAX_UINT64 = 2**64 - 1
 """Largest seed (a uint64 field)."""
-MAX_N = 16
-"""Most samples of one request (``n``)."""
 
 
 @dataclass(frozen=True)
