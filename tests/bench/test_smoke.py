@@ -190,3 +190,15 @@ def test_failover_smoke_writes_json_and_png(tmp_path: Path) -> None:
         "identical_outputs",
         "max_gap_s_with_standby",
     }
+
+
+def test_threads_smoke_compares_the_default_with_explicit_counts(tmp_path: Path) -> None:
+    results = run_smoke(tmp_path, "threads")
+    # --smoke runs two of the settings (each stack measured alone, then beside a busy process)
+    labels = {"default", "1 threads"}
+    assert labels == set(results["decode_tok_s"]["quiet"]) == set(results["decode_tok_s"]["busy"])
+    assert results["settings"]["1 threads"] == {"num_threads": 1, "openmp_env": {}}
+    assert all(r["1"] > 0 for r in results["decode_tok_s"]["quiet"].values())
+    verdict = results["comparison"]["1"]
+    assert verdict["best_setting"] == "1 threads"
+    assert verdict["default_vs_best_quiet"] > 0 and verdict["default_busy_vs_quiet"] > 0

@@ -48,13 +48,15 @@ def vocab_size_of(model_dir: Path) -> int:
 
 
 def stack_config(args: argparse.Namespace, model_dir: Path, **overrides: object) -> StackConfig:
-    """The four layers on ``--port`` with the measured thread count, logs in ``<out>/logs``."""
+    """The four layers on ``--port`` with the measured thread count (or ``num_threads`` of
+    ``overrides``), logs in ``<out>/logs``."""
+    if "num_threads" not in overrides:
+        overrides["num_threads"] = measured_threads(args)
     settings: dict[str, object] = {
         "model_dir": str(model_dir),
         "listen": f"127.0.0.1:{args.port}",
         "log_dir": str(args.out / "logs"),
         "kv_cache_bytes": args.kv_cache_bytes,
-        "num_threads": measured_threads(args),
         **overrides,
     }
     return StackConfig(**settings)  # type: ignore[arg-type]

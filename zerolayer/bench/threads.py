@@ -1,0 +1,223 @@
+"""The scheduler's thread default against explicit thread counts, quiet and beside a busy process.
+
+Each setting starts the four layers afresh (OpenMP reads its environment once, when torch loads
+libgomp) and streams batch-1 (and other batch sizes') decodes through the services. A setting
+is a torch thread count (0: the scheduler's default) and the OpenMP waiting policy the scheduler
+process starts with. The same settings run again with one busy process (a Python busy loop, as a
+neighbour on a shared machine would be) beside the stack. Targets (issue 18): the default
+reaches at least 90% of the best explicit thread count on a quiet machine, and at least half of
+its own quiet figure beside a busy process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from zerolayer.bench.common import median, write_results
+from zerolayer.bench.plots import plot_bars
+from zerolayer.bench.scenario import model_dir_for, stack_config, vocab_size_of, warm_up
+from zerolayer.bench.streams import (
+    decode_tok_s,
+    generate_request,
+    num_cores,
+    random_prompts,
+    run_streams,
+)
+from zerolayer.stack.launcher import Stack
+
+SMOKE = {
+    "batch_sizes": "1",
+    "prompt_tokens": 16,
+    "max_new_tokens": 16,
+    "repeats": 1,
+    "only": "default,1 threads",
+}
+"""Overrides of ``--smoke``."""
+
+OPENMP_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+"""The OpenMP variables a setting may set (any other value in this process's environment is
+left as it is; a setting without one runs with it unset)."""
+
+
+@dataclass(frozen=True)
+class ThreadSetting:
+    """One way of running the scheduler.
+
+    Attributes:
+        label: the name in the results.
+        num_threads: torch intra-op threads; 0: the scheduler's default.
+        openmp_env: OMP_WAIT_POLICY / GOMP_SPINCOUNT for the stack's processes; empty: the
+            process's own values (the default a user gets).
+    """
+
+    label: str
+    num_threads: int
+    openmp_env: dict[str, str] = field(default_factory=dict)
+
+
+def settings_for(cores: int, spin_counts: list[str]) -> list[ThreadSetting]:
+    """The default, each explicit count 1..``cores`` and, at ``cores`` threads, passive waiting
+    and each GOMP spin count of ``spin_counts``."""
+    out = [ThreadSetting("default", 0)]
+    out += [ThreadSetting(f"{n} threads", n) for n in range(1, cores + 1)]
+    out.append(ThreadSetting(f"{cores} threads, passive", cores, {"OMP_WAIT_POLICY": "passive"}))
+    out += [
+        ThreadSetting(f"{cores} threads, spin {s}", cores, {"GOMP_SPINCOUNT": s})
+        for s in spin_counts
+    ]
+    return out
+
+
+@contextlib.contextmanager
+def openmp_environment(overrides: dict[str, str]) -> Iterator[None]:
+    """This process's environment (which the stack's processes inherit) with ``overrides``
+    for :data:`OPENMP_ENV`, restored on exit. Without overrides nothing changes."""
+    if not overrides:
+        yield
+        return
+    saved = {name: os.environ.get(name) for name in OPENMP_ENV}
+    for name in OPENMP_ENV:
+        os.environ.pop(name, None)
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def busy_neighbour() -> Iterator[None]:
+    """One Python busy loop beside the stack while the block runs."""
+    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        process.kill()
+        process.wait()
+
+
+def decode_rates(
+    args: argparse.Namespace, address: str, vocab_size: int, batch_sizes: list[int]
+) -> dict:
+    """Median decode tok/s per batch size (str) through the stack at ``address``."""
+    out = {}
+    for b in batch_sizes:
+        rates = []
+        for r in range(args.repeats):
+            prompts = random_prompts(b, args.prompt_tokens, vocab_size, 1000 * b + r)
+            requests = [generate_request(p, args.max_new_tokens) for p in prompts]
+            rates.append(decode_tok_s(run_streams(address, requests, [0.0] * b)))
+        out[str(b)] = median(rates)
+    return out
+
+
+def measure(args: argparse.Namespace, setting: ThreadSetting, batch_sizes: list[int]) -> dict:
+    """``{"quiet": rates, "busy": rates}`` of ``setting`` through one fresh stack: first alone,
+    then beside a busy process (see :func:`decode_rates`)."""
+    model_dir = model_dir_for(args)
+    vocab_size = vocab_size_of(model_dir)
+    config = stack_config(args, model_dir, num_threads=setting.num_threads)
+    with openmp_environment(setting.openmp_env), Stack(config):
+        warm_up(config.listen, vocab_size)
+        quiet = decode_rates(args, config.listen, vocab_size, batch_sizes)
+        with busy_neighbour():
+            busy = decode_rates(args, config.listen, vocab_size, batch_sizes)
+    return {"quiet": quiet, "busy": busy}
+
+
+def verdict(results: dict, batch_sizes: list[int]) -> dict:
+    """Per batch size: default / best explicit thread count (quiet) and default busy / quiet."""
+    out = {}
+    for b in map(str, batch_sizes):
+        quiet = {label: r[b] for label, r in results["quiet"].items()}
+        explicit = {label: v for label, v in quiet.items() if label != "default"}
+        best = max(explicit, key=explicit.get)
+        default_vs_best = quiet["default"] / explicit[best]
+        busy_vs_quiet = results["busy"]["default"][b] / quiet["default"]
+        out[b] = {
+            "best_setting": best,
+            "default_vs_best_quiet": default_vs_best,
+            "default_busy_vs_quiet": busy_vs_quiet,
+            "targets_met": {
+                "default_vs_best_quiet": default_vs_best >= 0.9,
+                "default_busy_vs_quiet": busy_vs_quiet >= 0.5,
+            },
+        }
+    return out
+
+
+def main(args: argparse.Namespace) -> dict:
+    """Runs the scenario; returns the results document."""
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    spin_counts = [s for s in args.spin_counts.split(",") if s]
+    settings = settings_for(num_cores(), spin_counts)
+    if args.only:
+        settings = [s for s in settings if s.label in args.only.split(",")]
+    results: dict = {"quiet": {}, "busy": {}}
+    # NOTE: quiet and busy alternate per setting, so a drift of the machine hits both alike.
+    for setting in settings:
+        for state, rates in measure(args, setting, batch_sizes).items():
+            results[state][setting.label] = rates
+    document = {
+        "model": str(model_dir_for(args)),
+        "workload": {
+            "batch_sizes": batch_sizes,
+            "prompt_tokens": args.prompt_tokens,
+            "max_new_tokens": args.max_new_tokens,
+            "repeats": args.repeats,
+            "decode_tok_s": "through the four services; tokens arriving while every request "
+            "of the batch decodes, per second; median of repeats",
+            "busy": "one `python -c 'while True: pass'` process beside the stack",
+        },
+        "cores": num_cores(),
+        "settings": {
+            s.label: {"num_threads": s.num_threads, "openmp_env": s.openmp_env} for s in settings
+        },
+        "decode_tok_s": results,
+        "comparison": verdict(results, batch_sizes),
+        "targets": {
+            "default_vs_best_quiet": ">= 0.9",
+            "default_busy_vs_quiet": ">= 0.5",
+        },
+    }
+    plot_bars(
+        args.out / "threads.png",
+        "Scheduler threads: decode tok/s through the services",
+        {
+            f"{state}, batch {b}": {label: r[str(b)] for label, r in results[state].items()}
+            for b in batch_sizes
+            for state in ("quiet", "busy")
+        },
+    )
+    write_results(args.out, "threads", args.command, document)
+    return document
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of the scenario."""
+    p.add_argument("--batch-sizes", default="1,16", help="comma-separated (default %(default)s)")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=2, help="runs per batch size (medians)")
+    p.add_argument(
+        "--spin-counts",
+        default="10000",
+        help="GOMP_SPINCOUNT values to try at one thread per core, comma-separated "
+        "(default %(default)s; empty: none)",
+    )
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated labels of the settings to run (default all: 'default', "
+        "'N threads', 'N threads, passive', 'N threads, spin S')",
+    )
