@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from e2e.stack import free_port
 
+from zerolayer.common.config import default_num_threads
+
 pytestmark = pytest.mark.e2e
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -75,8 +77,9 @@ def test_throughput_smoke_writes_json_and_png(tmp_path: Path) -> None:
         "ignore_eos": True,
         "greedy": True,
     }
+    # zerolayer with its default threads, transformers with torch's (one per core)
     assert results["torch_threads"] == {
-        "zerolayer_scheduler": results["machine"]["cores"],
+        "zerolayer_scheduler": default_num_threads(results["machine"]["cores"]),
         "hf_transformers": results["machine"]["cores"],
     }
     assert results["hf_sequential"]["requests_timed"] == 1

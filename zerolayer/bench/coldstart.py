@@ -29,6 +29,7 @@ from zerolayer.bench.scenario import (
     stack_config,
     vocab_size_of,
     warm_up,
+    zerolayer_threads,
 )
 from zerolayer.bench.startup import (
     first_token_from_scheduler,
@@ -54,7 +55,7 @@ def up_to_first_token(args: argparse.Namespace, model_dir: Path, prompt: list[in
     log_dir = args.out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "zerolayer", "up", "--model", str(model_dir)]
-    command += ["--listen", f"127.0.0.1:{args.port}", "--num-threads", str(measured_threads(args))]
+    command += ["--listen", f"127.0.0.1:{args.port}", "--num-threads", str(args.num_threads)]
     with open(log_dir / "coldstart-up.log", "ab") as log:
         start = time.perf_counter()
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
@@ -180,7 +181,7 @@ def main(args: argparse.Namespace) -> dict:
     results = {
         "model": str(model_dir),
         "workload": {"prompt_tokens": args.prompt_tokens, "repeats": args.repeats},
-        "torch_threads": {"zerolayer_scheduler": threads, "hf_process": threads},
+        "torch_threads": {"zerolayer_scheduler": zerolayer_threads(args), "hf_process": threads},
         "python_import_torch_grpc_s": imports,
         "zerolayer_up_to_first_token_s": up,
         "hf_process_to_first_token": hf,

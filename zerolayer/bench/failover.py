@@ -26,11 +26,11 @@ from zerolayer.bench.common import write_results
 from zerolayer.bench.plots import plot_bars
 from zerolayer.bench.scenario import (
     add_threads_argument,
-    measured_threads,
     model_dir_for,
     stack_config,
     vocab_size_of,
     warm_up,
+    zerolayer_threads,
 )
 from zerolayer.bench.streams import random_prompts
 from zerolayer.common.settings import BATCH_INVARIANT, MAX_NUM_SEQS
@@ -253,7 +253,7 @@ def main(args: argparse.Namespace) -> dict:
         },
         "stack": {
             "schedulers": args.schedulers,
-            "torch_threads_each": measured_threads(args),
+            "torch_threads_each": zerolayer_threads(args),
             "batch_invariant": args.batch_invariant,
         },
         "cases": cases,

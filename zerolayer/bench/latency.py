@@ -23,6 +23,7 @@ from zerolayer.bench.scenario import (
     stack_config,
     vocab_size_of,
     warm_up,
+    zerolayer_threads,
 )
 from zerolayer.bench.streams import (
     TokenTimes,
@@ -151,7 +152,10 @@ def main(args: argparse.Namespace) -> dict:
             "seed": args.seed,
             "arrivals": "Poisson (exponential gaps, seeded random.Random)",
         },
-        "torch_threads": {"zerolayer_scheduler": threads, "hf_transformers": threads},
+        "torch_threads": {
+            "zerolayer_scheduler": zerolayer_threads(args),
+            "hf_transformers": threads,
+        },
         "zerolayer_per_rate": zerolayer,
         "hf_batch1": hf,
         "isolated_ttft": {

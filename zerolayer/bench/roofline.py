@@ -26,6 +26,7 @@ from zerolayer.bench.scenario import (
     stack_config,
     vocab_size_of,
     warm_up,
+    zerolayer_threads,
 )
 from zerolayer.bench.streams import decode_tok_s, generate_request, random_prompts, run_streams
 from zerolayer.checkpoints.checkpoint import read_checkpoint
@@ -183,7 +184,7 @@ def main(args: argparse.Namespace) -> dict:
         },
         "torch_threads": {
             "microbenchmarks": threads,
-            "zerolayer_scheduler": threads,
+            "zerolayer_scheduler": zerolayer_threads(args),
             "hf": threads,
         },
         "machine_rates": {

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from zerolayer.bench.streams import generate_request, num_cores, random_prompts, run_streams
 from zerolayer.checkpoints.dummy import ensure_dummy_model
+from zerolayer.common.config import default_num_threads
 from zerolayer.stack.launcher import StackConfig
 
 WARMUP_SEED = 10_000
@@ -20,14 +21,21 @@ def add_threads_argument(p: argparse.ArgumentParser) -> None:
         "--num-threads",
         type=int,
         default=0,
-        help="torch threads of the measured side (zerolayer's scheduler, the in-process engine, "
-        "transformers); 0: one per core. Sides are measured one at a time.",
+        help="torch threads of every measured side; 0 (default): each side's own default "
+        "(zerolayer: the scheduler's, every core but one; transformers and the in-process engine: "
+        "one per core). Sides are measured one at a time.",
     )
 
 
 def measured_threads(args: argparse.Namespace) -> int:
-    """The torch thread count every measured side runs with."""
+    """The torch thread count of the in-process sides (transformers, the engine as a library)."""
     return args.num_threads or num_cores()
+
+
+def zerolayer_threads(args: argparse.Namespace) -> int:
+    """The torch thread count of zerolayer's scheduler: ``--num-threads`` or its default (the
+    number the scheduler picks for ``--num-threads 0``, which the stack is started with)."""
+    return args.num_threads or default_num_threads(num_cores())
 
 
 def set_torch_threads(num_threads: int) -> None:
@@ -48,11 +56,10 @@ def vocab_size_of(model_dir: Path) -> int:
 
 
 def stack_config(args: argparse.Namespace, model_dir: Path, **overrides: object) -> StackConfig:
-    """The four layers on ``--port`` with the measured thread count (or ``num_threads`` of
-    ``overrides``), logs in ``<out>/logs``."""
-    if "num_threads" not in overrides:
-        overrides["num_threads"] = measured_threads(args)
+    """The four layers on ``--port`` with ``--num-threads`` (0: the scheduler's default) or
+    ``num_threads`` of ``overrides``, logs in ``<out>/logs``."""
     settings: dict[str, object] = {
+        "num_threads": args.num_threads,
         "model_dir": str(model_dir),
         "listen": f"127.0.0.1:{args.port}",
         "log_dir": str(args.out / "logs"),

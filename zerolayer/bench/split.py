@@ -128,7 +128,8 @@ def main(args: argparse.Namespace) -> dict:
     vocab_size = vocab_size_of(model_dir)
     prompts = workload(batch_sizes, vocab_size, args)
     set_torch_threads(threads)
-    config = stack_config(args, model_dir)
+    # NOTE: both sides run the same engine with the same thread count (not the default).
+    config = stack_config(args, model_dir, num_threads=threads)
     in_process = run_in_process(config, prompts, vocab_size, args)
     with Stack(config) as stack:
         warm_up(config.listen, vocab_size)

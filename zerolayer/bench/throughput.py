@@ -25,6 +25,7 @@ from zerolayer.bench.scenario import (
     stack_config,
     vocab_size_of,
     warm_up,
+    zerolayer_threads,
 )
 from zerolayer.bench.streams import generate_request, random_prompts
 from zerolayer.common.settings import MAX_NUM_SEQS
@@ -122,7 +123,10 @@ def main(args: argparse.Namespace) -> dict:
             "ignore_eos": True,
             "greedy": True,
         },
-        "torch_threads": {"zerolayer_scheduler": threads, "hf_transformers": threads},
+        "torch_threads": {
+            "zerolayer_scheduler": zerolayer_threads(args),
+            "hf_transformers": threads,
+        },
         "zerolayer": {
             **zerolayer,
             "max_num_seqs": config.max_num_seqs,
