@@ -28,6 +28,7 @@ SCENARIOS = (
     "split",
     "roofline",
     "failover",
+    "int8",
 )
 """Each is a module of this package with ``add_arguments(p)`` and ``main(args) -> dict``."""
 
@@ -35,6 +36,7 @@ REQUIREMENTS = {
     **dict.fromkeys(SCENARIOS, ("matplotlib", "transformers")),
     "split": ("matplotlib",),
     "failover": ("matplotlib",),
+    "int8": ("matplotlib",),
 }
 """The packages of the ``bench`` extra each scenario imports (matplotlib for its plot,
 transformers for its Hugging Face baseline), checked before it starts anything."""
