@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from zerolayer.bench import scenario
 from zerolayer.bench.common import median, write_results
-from zerolayer.bench.logit_agreement import agreement, chunked_logits
+from zerolayer.bench.inprocess import LocalModel
+from zerolayer.bench.logit_agreement import BLOCK_SIZE, agreement, chunked_logits, span_metadata
 from zerolayer.bench.plots import plot_bars
 from zerolayer.bench.streams import decode_tok_s, generate_request, random_prompts, run_streams
 from zerolayer.checkpoints.quantize import quantize_checkpoint
 from zerolayer.scheduler.model.kernels import KernelLoader
+from zerolayer.scheduler.model.llama import LlamaModel
 from zerolayer.stack.launcher import Stack
 
-SMOKE = {"max_new_tokens": 16, "repeats": 1, "positions": 16}
+SMOKE = {"max_new_tokens": 16, "repeats": 1, "positions": 16, "steps": 2}
 """Overrides of ``--smoke``."""
 SIDES = ("original", "int8")
 
@@ -44,6 +50,40 @@ def decode_rates(addresses: dict[str, str], vocab_size: int, args: argparse.Name
             runs = run_streams(address, [generate_request(prompt, args.max_new_tokens)], [0.0])
             rates[side].append(decode_tok_s(runs))
     return {side: {"decode_tok_s": median(v), "samples": v} for side, v in rates.items()}
+
+
+def decode_step(model_dir: Path, kernels: KernelLoader, context: int) -> Callable[[], object]:
+    """One batch-1 decode step of the checkpoint in this process (forward of one token at
+    position ``context``, then its logits), as a callable to time."""
+    local = LocalModel.load(model_dir)
+    model = LlamaModel(local.config, local.weights)
+    cfg = local.config
+    num_blocks = -(-(context + 1) // BLOCK_SIZE)
+    shape = (num_blocks, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim)
+    caches = [(torch.zeros(shape, dtype=model.dtype),) * 2 for _ in model.layers]
+    meta = span_metadata(context, context + 1, torch.arange(num_blocks), BLOCK_SIZE)
+    ids, positions = torch.tensor([3]), torch.tensor([context])
+    return lambda: model.compute_logits(
+        model.forward(ids, positions, caches, meta, kernels), kernels
+    )
+
+
+def step_times(dirs: dict[str, Path], args: argparse.Namespace) -> dict:
+    """Seconds per in-process decode step of each side, calls alternating: minimum and median
+    (the minimum is the least disturbed by other processes)."""
+    kernels = KernelLoader()
+    steps = {side: decode_step(d, kernels, context=127) for side, d in dirs.items()}
+    samples: dict[str, list[float]] = {side: [] for side in steps}
+    for i in range(args.steps + 2):
+        for side, step in steps.items():
+            start = time.perf_counter()
+            step()
+            if i >= 2:  # two warm-up calls each
+                samples[side].append(time.perf_counter() - start)
+    return {
+        side: {"min_s": min(v), "median_s": median(v), "decode_tok_s_at_min": 1 / min(v)}
+        for side, v in samples.items()
+    }
 
 
 def teacher_forced(dirs: dict[str, Path], vocab_size: int, args: argparse.Namespace) -> dict:
@@ -75,6 +115,7 @@ def main(args: argparse.Namespace) -> dict:
         for config in configs.values():
             scenario.warm_up(config.listen, vocab_size)
         rates = decode_rates({s: c.listen for s, c in configs.items()}, vocab_size, args)
+    steps = step_times(dirs, args)
     quality = teacher_forced(dirs, vocab_size, args)
     results = {
         "model": str(model_dir),
@@ -86,6 +127,9 @@ def main(args: argparse.Namespace) -> dict:
             "repeats": args.repeats,
             "decode_tok_s": "batch 1 through the four layers, after the first token; requests "
             "alternate between the two stacks; median of repeats",
+            "in_process_decode_step": "one batch-1 step (forward of a token at position 127 and "
+            "its logits) of each checkpoint in this process, calls alternating; minimum and "
+            "median of --steps calls",
             "teacher_forced": "the same random token sequence through both forwards in this "
             "process, 4 tokens a step (the decode path); argmax and logit cosine per position",
         },
@@ -93,13 +137,19 @@ def main(args: argparse.Namespace) -> dict:
         "services": rates,
         "int8_vs_original_decode_tok_s": rates["int8"]["decode_tok_s"]
         / rates["original"]["decode_tok_s"],
+        "in_process_decode_step": steps,
+        "int8_vs_original_in_process_step_speed": steps["original"]["min_s"]
+        / steps["int8"]["min_s"],
         "teacher_forced": quality,
     }
     plot_bars(
         args.out / "int8.png",
         "int8 weights vs the original checkpoint",
         {
-            "decode tokens/s, batch 1": {s: rates[s]["decode_tok_s"] for s in SIDES},
+            "decode tokens/s, batch 1 (services)": {s: rates[s]["decode_tok_s"] for s in SIDES},
+            "decode steps/s, batch 1 (in process, best)": {
+                s: steps[s]["decode_tok_s_at_min"] for s in SIDES
+            },
             "teacher-forced agreement": {
                 "argmax": quality["argmax_agreement"],
                 "mean logit cosine": quality["mean_logit_cosine"],
@@ -116,6 +166,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5, help="requests per side (median)")
+    p.add_argument("--steps", type=int, default=30, help="timed in-process steps per side")
     p.add_argument(
         "--positions", type=int, default=256, help="teacher-forced positions (default 256)"
     )

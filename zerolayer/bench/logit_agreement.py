@@ -44,20 +44,29 @@ def chunked_logits(
     out = []
     for start in range(0, n, step_tokens):
         end = min(n, start + step_tokens)
-        meta = AttentionMetadata(
-            slot_mapping=torch.arange(start, end),
-            decode_rows=torch.zeros(0, dtype=torch.int64),
-            decode_block_tables=torch.zeros(0, 1, dtype=torch.int64),
-            decode_mask=torch.zeros(0, 1, 1, block_size, dtype=torch.bool),
-            prefills=(PrefillSpan(0, end - start, end, block_ids[: -(-end // block_size)]),),
-            query_start_loc=torch.tensor([0, end - start]),
-            seq_lens=torch.tensor([end]),
-            block_tables=block_ids[: -(-end // block_size)].unsqueeze(0),
-        )
+        meta = span_metadata(start, end, block_ids, block_size)
         ids = torch.tensor(tokens[start:end])
         hidden = model.forward(ids, torch.arange(start, end), caches, meta, kernels)
         out.append(model.compute_logits(hidden, kernels))
     return torch.cat(out)
+
+
+def span_metadata(
+    start: int, end: int, block_ids: torch.Tensor, block_size: int
+) -> AttentionMetadata:
+    """One sequence's step feeding positions [start, end), its K/V at slots start..end-1 of the
+    blocks ``block_ids`` (in order)."""
+    used = block_ids[: -(-end // block_size)]
+    return AttentionMetadata(
+        slot_mapping=torch.arange(start, end),
+        decode_rows=torch.zeros(0, dtype=torch.int64),
+        decode_block_tables=torch.zeros(0, 1, dtype=torch.int64),
+        decode_mask=torch.zeros(0, 1, 1, block_size, dtype=torch.bool),
+        prefills=(PrefillSpan(0, end - start, end, used),),
+        query_start_loc=torch.tensor([0, end - start]),
+        seq_lens=torch.tensor([end]),
+        block_tables=used.unsqueeze(0),
+    )
 
 
 def agreement(reference: torch.Tensor, other: torch.Tensor) -> dict:
