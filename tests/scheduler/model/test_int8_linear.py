@@ -130,3 +130,14 @@ def test_rejects_what_it_does_not_handle(native: KernelLoader) -> None:
         module.int8_linear(make_x(1, 64, torch.float32, 9), weight.qweight.float(), weight.scales)
     with pytest.raises(RuntimeError, match="columns"):
         module.int8_linear(make_x(1, 32, torch.float32, 9), *weight.tensors())
+
+
+def test_batch_invariant_rows_do_not_depend_on_the_batch() -> None:
+    invariant = KernelLoader(batch_invariant=True)
+    _, weight = make_weight(40, 128, 32, seed=10)
+    x = make_x(9, 128, torch.bfloat16, seed=11)
+    whole = invariant.linear(x, weight)
+    for m in (1, 2, 4, 5):  # either side of the decode kernel's 4 rows
+        assert torch.equal(invariant.linear(x[:m], weight), whole[:m])
+    want = F.linear(x.float(), dequantize_weight(weight.qweight, weight.scales)).to(x.dtype)
+    assert relative_error(whole, want) < 0.01

@@ -10,6 +10,7 @@ held.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -77,9 +78,17 @@ def int8_linear_reference(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     return y.to(x.dtype)
 
 
-def int8_linear_chunked(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
-    """``F.linear(x, dequantize(weight))`` with the weight dequantized (to ``x``'s dtype) a
+def int8_linear_chunked(
+    x: torch.Tensor,
+    weight: Int8Weight,
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear,
+) -> torch.Tensor:
+    """``linear(x, dequantize(weight))`` with the weight dequantized (to ``x``'s dtype) a
     block of rows at a time into scratch (prefill, or no native kernel); any M, any device.
+
+    Args:
+        linear: the product of ``x`` and a block of rows (``F.linear``, or the batch-invariant
+            kernel: each output then depends only on its row of ``x`` and on the weight).
 
     Returns:
         [M, N] in the dtype of ``x``.
@@ -87,13 +96,13 @@ def int8_linear_chunked(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     n, k = weight.qweight.shape
     rows = max(1, CHUNK_ELEMENTS // k)
     if rows >= n:
-        return F.linear(x, dequantize_weight(weight.qweight, weight.scales, x.dtype))
+        return linear(x, dequantize_weight(weight.qweight, weight.scales, x.dtype))
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     for n0 in range(0, n, rows):
         block = dequantize_weight(
             weight.qweight[n0 : n0 + rows], weight.scales[n0 : n0 + rows], x.dtype
         )
-        out[:, n0 : n0 + rows] = F.linear(x, block)
+        out[:, n0 : n0 + rows] = linear(x, block)
     return out
 
 

@@ -213,16 +213,20 @@ class KernelLoader:
         ``csrc/int8_linear.cpp`` (x quantized per group to int8, VNNI int32 group sums where the
         CPU has them); anything else, or no native module, to
         :func:`~zerolayer.scheduler.model.int8_linear.int8_linear_chunked` (a block of weight
-        rows dequantized at a time, then matmul).
+        rows dequantized at a time, then matmul). With :attr:`batch_invariant`, every CPU call
+        takes the chunks with the batch-invariant kernel for the matmul (any M: a row's result
+        then does not depend on M, which the decode kernel's switch at M = 4 would break).
 
         Returns:
             [M, N] in the dtype of ``x``.
         """
         module = self._module if self._loaded else self.load()
+        cpu = not x.is_cuda and weight.device.type != "cuda"
+        if self.batch_invariant and module is not None and cpu and x.dtype in NATIVE_DTYPES:
+            return int8_linear_chunked(x, weight, module.invariant_linear)
         if (
             module is not None
-            and not x.is_cuda
-            and not weight.device.type == "cuda"
+            and cpu
             and x.dim() == 2
             and x.dtype in NATIVE_DTYPES
             and x.shape[0] <= module.max_skinny_rows
