@@ -167,3 +167,21 @@ def test_refusals_are_one_line_and_exit_2(
 def test_library_refuses_a_group_size_below_one(source: Path, tmp_path: Path) -> None:
     with pytest.raises(QuantizeError, match="must be positive"):
         quantize_checkpoint(source, tmp_path / "o", group_size=0)
+
+
+@pytest.mark.parametrize(
+    "quantization",
+    [
+        {"quant_method": "awq", "bits": 8, "group_size": 32},
+        {"quant_method": "zerolayer_int8", "bits": 4, "group_size": 32},
+        {"quant_method": "zerolayer_int8", "bits": 8, "group_size": 0},
+        {"quant_method": "zerolayer_int8", "bits": 8, "group_size": "32"},
+        {"quant_method": "zerolayer_int8", "bits": 8},
+        "zerolayer_int8",
+    ],
+)
+def test_config_refuses_other_quantizations(source: Path, quantization: object) -> None:
+    config = {**json.loads((source / "config.json").read_text())}
+    config["quantization_config"] = quantization
+    with pytest.raises(ValueError, match="quantization_config=.* is not supported"):
+        ModelConfig.from_json(json.dumps(config))
