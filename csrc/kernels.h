@@ -15,4 +15,13 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w);
 // a fixed order per output: row m of y depends only on row m of x and on w, for any M.
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w);
 
+// y [M, N] = x [M, K] @ dequant(wq [N, K] int8, ws [N, K / G] float32)^T, x bfloat16 or float32
+// quantized per group of G to int8 (Q8_0), int32 dot products per group, float32 accumulation;
+// M <= kMaxSkinnyRows. Result in x's dtype.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& ws);
+
+// The instruction set int8_linear uses on this CPU for group size G ("avx512vnni", "avxvnni",
+// "portable").
+const char* int8_linear_isa(int64_t group_size);
+
 }  // namespace zerolayer

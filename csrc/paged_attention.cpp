@@ -693,5 +693,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("w"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   }
+  m.def(
+      "int8_linear",
+      &zerolayer::int8_linear,
+      "x [M, K] @ dequant(w int8 [N, K], scales float32 [N, K / G])^T for M <= max_skinny_rows: "
+      "x quantized to int8 per group, int32 group sums (VNNI where present) -> [M, N]",
+      pybind11::arg("x"),
+      pybind11::arg("w"),
+      pybind11::arg("scales"),
+      pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("int8_linear_isa", &zerolayer::int8_linear_isa, "int8_linear's ISA for a group size",
+        pybind11::arg("group_size"));
   m.attr("max_skinny_rows") = zerolayer::kMaxSkinnyRows;
 }

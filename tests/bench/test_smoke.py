@@ -205,3 +205,14 @@ def test_threads_smoke_compares_the_default_with_explicit_counts(tmp_path: Path)
     verdict = results["comparison"]["1"]
     assert verdict["best_setting"] == "1 threads"
     assert verdict["default_vs_best_quiet"] > 0 and verdict["default_busy_vs_quiet"] > 0
+
+
+def test_int8_smoke_compares_decode_speed_and_agreement(tmp_path: Path) -> None:
+    results = run_smoke(tmp_path, "int8")
+    assert set(results["services"]) == {"original", "int8"}
+    assert all(side["decode_tok_s"] > 0 for side in results["services"].values())
+    assert results["int8_vs_original_decode_tok_s"] > 0
+    quality = results["teacher_forced"]
+    assert quality["positions"] == 16
+    assert quality["argmax_agreement"] >= 0.5 and quality["mean_logit_cosine"] > 0.99
+    assert (tmp_path / "tiny-seed0-v1-int8" / "config.json").is_file()

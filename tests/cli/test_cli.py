@@ -212,7 +212,7 @@ MODEL_REFUSALS = {
     "quantization_config": (
         {"quantization_config": {"quant_method": "awq"}},
         "--model: config.json: quantization_config={'quant_method': 'awq'} is not supported "
-        "(supported: null only)",
+        '(supported: {"quant_method": "zerolayer_int8", "bits": 8, "group_size": G})',
     ),
     "shape": (
         {"intermediate_size": 512},

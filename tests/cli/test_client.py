@@ -153,7 +153,10 @@ def test_the_client_commands_do_not_import_torch() -> None:
 import sys
 from zerolayer.cli.main import main
 nowhere = ["--address", "127.0.0.1:1"]
-for argv in (["generate", "hi", "--timeout", "0.5", *nowhere], ["info", *nowhere], ["--help"]):
+quantize = ["quantize", "/nowhere/in", "/nowhere/out"]  # refused before any tensor is read
+for argv in (
+    ["generate", "hi", "--timeout", "0.5", *nowhere], ["info", *nowhere], ["--help"], quantize
+):
     try:
         main(argv)
     except SystemExit:

@@ -29,6 +29,7 @@ SCENARIOS = (
     "roofline",
     "failover",
     "threads",
+    "int8",
 )
 """Each is a module of this package with ``add_arguments(p)`` and ``main(args) -> dict``."""
 
@@ -37,6 +38,7 @@ REQUIREMENTS = {
     "split": ("matplotlib",),
     "failover": ("matplotlib",),
     "threads": ("matplotlib",),
+    "int8": ("matplotlib",),
 }
 """The packages of the ``bench`` extra each scenario imports (matplotlib for its plot,
 transformers for its Hugging Face baseline), checked before it starts anything."""

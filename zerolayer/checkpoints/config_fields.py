@@ -68,7 +68,10 @@ COMMON_FIELDS: dict[str, FieldRule] = {
     "id2label": _no_effect(),
     "label2id": _no_effect(),
     "problem_type": _no_effect(),
-    "quantization_config": _default_only(None),
+    "quantization_config": _impl(
+        'null, or {"quant_method": "zerolayer_int8", "bits": 8, "group_size": G} '
+        "(zerolayer quantize)"
+    ),
     "vocab_size": _impl(),
     "hidden_size": _impl(),
     "intermediate_size": _impl(),

@@ -12,6 +12,7 @@ from zerolayer.checkpoints.config_fields import (
     check_fields,
     refusal,
 )
+from zerolayer.checkpoints.int8_format import BITS, QUANT_METHOD
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 """config.json dtypes the forward computes in."""
@@ -108,6 +109,9 @@ class ModelConfig:
     """Layers whose queries see only the last ``sliding_window`` keys (key > query -
     sliding_window, transformers' sliding_window_overlay), in the reference attention (Gemma 2).
     With any, the context is not capped at the window."""
+    int8_group_size: int | None = None
+    """Weights per scale of an int8 checkpoint (``zerolayer quantize``, format in
+    :mod:`zerolayer.checkpoints.int8_format`); None: the matrices are stored in ``dtype``."""
 
     @classmethod
     def from_json(cls, config_json: str, generation_config_json: str = "") -> ModelConfig:
@@ -141,6 +145,7 @@ class ModelConfig:
                 **_family_options(cfg, arch),
                 **_gemma_options(cfg, arch),
                 **_tokens(cfg, gen),
+                int8_group_size=_int8_group_size(cfg.get("quantization_config")),
             )
         except KeyError as exc:
             raise ValueError(f"config.json: missing field {exc.args[0]!r}") from None
@@ -318,6 +323,30 @@ def _gemma_options(cfg: dict, arch: str) -> dict:
                 i for i, kind in enumerate(_gemma2_layer_types(cfg)) if kind == "sliding_attention"
             )
     return options
+
+
+def _int8_group_size(quantization: object) -> int | None:
+    """The group size of a zerolayer int8 ``quantization_config``; None for none.
+
+    Raises:
+        ValueError: another quantization method, bits other than 8, or a group size that is not
+            a positive integer.
+    """
+    if quantization is None:
+        return None
+    supported = '{"quant_method": "zerolayer_int8", "bits": 8, "group_size": G}'
+    if not isinstance(quantization, dict):
+        raise ValueError(refusal("quantization_config", quantization, supported))
+    group_size = quantization.get("group_size")
+    if (
+        quantization.get("quant_method") != QUANT_METHOD
+        or quantization.get("bits", BITS) != BITS
+        or not isinstance(group_size, int)
+        or isinstance(group_size, bool)
+        or group_size < 1
+    ):
+        raise ValueError(refusal("quantization_config", quantization, supported))
+    return group_size
 
 
 def _tokens(cfg: dict, gen: dict) -> dict:

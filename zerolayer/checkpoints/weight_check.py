@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from zerolayer.checkpoints.checkpoint import CheckpointError
 from zerolayer.checkpoints.dtypes import itemsize, torch_name
+from zerolayer.checkpoints.int8_format import is_quantized_name, scale_name
 from zerolayer.checkpoints.model_config import FLOAT_DTYPES, ModelConfig
 from zerolayer.sharing.manifest import TensorSpec, WeightManifest
 
@@ -21,7 +22,8 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         EMBED: (c.vocab_size, c.hidden_size),
         "model.norm.weight": (c.hidden_size,),
     }
-    if not c.tie_word_embeddings:
+    if not c.tie_word_embeddings or c.int8_group_size is not None:
+        # NOTE: zerolayer quantize writes an int8 lm_head.weight for tied embeddings too.
         shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
     for i in range(c.num_hidden_layers):
         shapes.update(_layer_tensors(c, f"model.layers.{i}."))
@@ -85,12 +87,16 @@ def check_weights(manifest: WeightManifest, config: ModelConfig) -> None:
     checked then too.
     Matrices must be stored in the compute dtype (they are used in place, never converted);
     vectors (norms, biases) may be stored in another float dtype and are cast per use, which
-    equals transformers casting them once at load.
+    equals transformers casting them once at load. In an int8 checkpoint
+    (``config.int8_group_size``) the projections and the LM head are int8 with float32 scales
+    (:mod:`zerolayer.checkpoints.int8_format`).
 
     Raises:
         CheckpointError: one line naming the first tensor that is missing, has another shape than
             the config implies, a dtype other than float32/float16/bfloat16, a matrix dtype other
-            than the compute dtype, or data not aligned to its element size (torch views need it).
+            than the compute dtype, or data not aligned to its element size (torch views need it);
+            in an int8 checkpoint, a quantized weight that is not int8 or whose scales are
+            missing or not float32 [N, K / group_size].
     """
     dtype = compute_dtype(manifest, config)
     by_name = {t.name: t for t in manifest.tensors}
@@ -98,11 +104,44 @@ def check_weights(manifest: WeightManifest, config: ModelConfig) -> None:
         tensor = by_name.get(name)
         if tensor is None:
             raise CheckpointError(f"checkpoint: missing tensor {name!r}{_tie_hint(name)}")
-        _check_tensor(tensor, shape, dtype)
+        if config.int8_group_size is not None and is_quantized_name(name):
+            _check_int8(by_name, tensor, shape, config.int8_group_size)
+        else:
+            _check_tensor(tensor, shape, dtype)
     head = by_name.get("lm_head.weight")
-    if config.tie_word_embeddings and head is not None:
+    if config.tie_word_embeddings and head is not None and config.int8_group_size is None:
         # NOTE: read in place of the embedding (see LlamaModel), as transformers does.
         _check_tensor(head, (config.vocab_size, config.hidden_size), dtype)
+
+
+def _check_int8(
+    by_name: dict[str, TensorSpec], tensor: TensorSpec, shape: tuple[int, ...], group_size: int
+) -> None:
+    name = tensor.name
+    if tensor.dtype != "I8":
+        raise CheckpointError(
+            f"checkpoint: tensor {name!r} has dtype {tensor.dtype}, the quantization_config "
+            "implies I8"
+        )
+    if tuple(tensor.shape) != shape or shape[1] % group_size:
+        raise CheckpointError(
+            f"checkpoint: tensor {name!r} has shape {list(tensor.shape)}, the config implies "
+            f"{list(shape)} with K a multiple of group_size {group_size}"
+        )
+    scales = by_name.get(scale_name(name))
+    scale_shape = (shape[0], shape[1] // group_size)
+    if scales is None:
+        raise CheckpointError(f"checkpoint: missing tensor {scale_name(name)!r} (int8 scales)")
+    if scales.dtype != "F32" or tuple(scales.shape) != scale_shape:
+        raise CheckpointError(
+            f"checkpoint: tensor {scales.name!r} is {scales.dtype} {list(scales.shape)}, the "
+            f"quantization_config implies F32 {list(scale_shape)}"
+        )
+    if scales.offset_bytes % 4:
+        raise CheckpointError(
+            f"checkpoint: tensor {scales.name!r} data at byte {scales.offset_bytes} is not "
+            "aligned to its 4-byte elements"
+        )
 
 
 def _check_tensor(tensor: TensorSpec, shape: tuple[int, ...], dtype: str) -> None:

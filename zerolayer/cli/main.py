@@ -283,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return tools.run_convert_llama2c(args)
     if args.command == "make-dummy":
         return tools.run_make_dummy(args)
+    if args.command == "quantize":
+        return tools.run_quantize(args)
     from zerolayer.common.layer_main import run
 
     program = importlib.import_module(f"zerolayer.{args.command}.__main__").PROGRAM

@@ -1,16 +1,18 @@
-"""``zerolayer convert-llama2c`` and ``zerolayer make-dummy``: the checkpoint tools."""
+"""``zerolayer convert-llama2c``, ``make-dummy`` and ``quantize``: the checkpoint tools."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from zerolayer.cli.presets import PRESET_NAMES
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """Adds ``convert-llama2c`` and ``make-dummy`` to the ``zerolayer`` subcommands."""
+    """Adds ``convert-llama2c``, ``make-dummy`` and ``quantize`` to the ``zerolayer``
+    subcommands."""
     p = sub.add_parser(
         "convert-llama2c",
         help="convert a llama2.c checkpoint to a Hugging Face directory",
@@ -36,6 +38,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "text is (nearly) empty; for speed, not text",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    p = sub.add_parser(
+        "quantize",
+        help="write an int8 (weight-only) copy of a checkpoint",
+        description="Write an int8 copy of a Hugging Face checkpoint that zerolayer up --model "
+        "serves: every projection weight and the LM head become int8 with one float32 scale per "
+        "group of K elements (symmetric, like llama.cpp's Q8_0); embeddings and norms stay.",
+    )
+    p.add_argument("in_dir", type=Path, help="the model directory to quantize")
+    p.add_argument("out_dir", type=Path, help="directory to write (missing or empty)")
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=32,
+        help="weights per scale along each row (default 32); must divide every K",
+    )
 
 
 def run_convert_llama2c(args: argparse.Namespace) -> int:
@@ -43,14 +60,12 @@ def run_convert_llama2c(args: argparse.Namespace) -> int:
     fault (a missing or malformed input, an output directory that cannot be written)."""
     from zerolayer.checkpoints.llama2c import Llama2cInputError, convert_llama2c
 
-    try:
-        convert_llama2c(args.checkpoint, args.tokenizer, args.out_dir)
-    except Llama2cInputError as exc:
-        return _error(str(exc))
-    except OSError as exc:
-        return _error(f"out_dir {args.out_dir}: {exc.strerror or exc}")
-    print(f"wrote {args.out_dir}")
-    return 0
+    return _write(
+        "convert-llama2c",
+        args.out_dir,
+        lambda: convert_llama2c(args.checkpoint, args.tokenizer, args.out_dir),
+        Llama2cInputError,
+    )
 
 
 def run_make_dummy(args: argparse.Namespace) -> int:
@@ -62,6 +77,34 @@ def run_make_dummy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _error(line: str) -> int:
-    print(f"zerolayer convert-llama2c: error: {line}", file=sys.stderr)
+def run_quantize(args: argparse.Namespace) -> int:
+    """Runs ``quantize`` (imports torch); returns 0, or 2 with one line on stderr (a missing or
+    already quantized input, a K the group size does not divide, a non-float weight, an output
+    directory that is not empty or cannot be written)."""
+    from zerolayer.checkpoints.errors import CheckpointError
+    from zerolayer.checkpoints.quantize import quantize_checkpoint
+
+    return _write(
+        "quantize",
+        args.out_dir,
+        lambda: quantize_checkpoint(args.in_dir, args.out_dir, args.group_size),
+        CheckpointError,
+    )
+
+
+def _write(
+    command: str, out_dir: Path, write: Callable[[], object], input_error: type[Exception]
+) -> int:
+    """Runs ``write``: 0 and "wrote OUT_DIR", or 2 and one line on stderr for an
+    ``input_error`` or an OSError (then about ``out_dir``)."""
+    try:
+        write()
+    except input_error as exc:
+        line = str(exc)
+    except OSError as exc:
+        line = f"out_dir {out_dir}: {exc.strerror or exc}"
+    else:
+        print(f"wrote {out_dir}")
+        return 0
+    print(f"zerolayer {command}: error: {line}", file=sys.stderr)
     return 2

@@ -19,13 +19,13 @@ from test_llama_parity import BLOCK_SIZE, hf_generate, make_engine, make_prompts
 from transformers.activations import ACT2FN
 
 from zerolayer.bench.inprocess import LocalModel, build_local_engine
+from zerolayer.bench.logit_agreement import chunked_logits
 from zerolayer.checkpoints.byte_tokenizer import write_byte_level_tokenizer
 from zerolayer.checkpoints.config_fields import HIDDEN_ACTS
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.scheduler.core.engine import Engine
 from zerolayer.scheduler.engine_factory import EngineConfig
-from zerolayer.scheduler.model.attention import AttentionMetadata, PrefillSpan
-from zerolayer.scheduler.model.llama import ACTIVATIONS, LlamaModel
+from zerolayer.scheduler.model.llama import ACTIVATIONS
 
 TINY = {
     "vocab_size": 259,
@@ -93,29 +93,7 @@ def write_family_model(out_dir: Path, family: str) -> Path:
 def prefill_logits(model_dir: Path, prompt: list[int]) -> torch.Tensor:
     """float32 [len(prompt), vocab] logits of one prefill of our forward (pure torch; KV caches
     in the model's dtype)."""
-    local = LocalModel.load(model_dir)
-    model = LlamaModel(local.config, local.weights)
-    cfg = local.config
-    n = len(prompt)
-    num_blocks = -(-n // BLOCK_SIZE)
-    cache_shape = (num_blocks, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim)
-    caches = [
-        (torch.zeros(cache_shape, dtype=model.dtype), torch.zeros(cache_shape, dtype=model.dtype))
-        for _ in model.layers
-    ]
-    block_ids = torch.arange(num_blocks)
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(n),
-        decode_rows=torch.zeros(0, dtype=torch.int64),
-        decode_block_tables=torch.zeros(0, 1, dtype=torch.int64),
-        decode_mask=torch.zeros(0, 1, 1, BLOCK_SIZE, dtype=torch.bool),
-        prefills=(PrefillSpan(0, n, n, block_ids),),
-        query_start_loc=torch.tensor([0, n]),
-        seq_lens=torch.tensor([n]),
-        block_tables=block_ids.unsqueeze(0),
-    )
-    hidden = model.forward(torch.tensor(prompt), torch.arange(n), caches, meta)
-    return model.compute_logits(hidden)
+    return chunked_logits(model_dir, prompt, None, len(prompt), BLOCK_SIZE)
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,21 @@ from types import ModuleType
 
 import torch
 
+from zerolayer.scheduler.model.int8_linear import Int8Weight, int8_linear_chunked
+
 log = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parents[3] / "csrc"
 PAGED_ATTENTION_SOURCE = CSRC_DIR / "paged_attention.cpp"
 SKINNY_LINEAR_SOURCE = CSRC_DIR / "skinny_linear.cpp"
 INVARIANT_LINEAR_SOURCE = CSRC_DIR / "invariant_linear.cpp"
-SOURCES = (PAGED_ATTENTION_SOURCE, SKINNY_LINEAR_SOURCE, INVARIANT_LINEAR_SOURCE)
+INT8_LINEAR_SOURCE = CSRC_DIR / "int8_linear.cpp"
+SOURCES = (
+    PAGED_ATTENTION_SOURCE,
+    SKINNY_LINEAR_SOURCE,
+    INVARIANT_LINEAR_SOURCE,
+    INT8_LINEAR_SOURCE,
+)
 EXTENSION_NAME = "zerolayer_paged_attention"
 # NOTE: no -march: the source multiversions its hot functions (target_clones), so a cached build
 # stays valid if the cache moves to another CPU. -ffp-contract=fast lets vector a * b + c be an FMA.
@@ -152,8 +160,10 @@ class KernelLoader:
         """Whether the native kernels are usable (builds them on the first call)."""
         return self.load() is not None
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight) -> torch.Tensor:
         """``F.linear(x, weight)``, through a native kernel when one applies.
+
+        An :class:`Int8Weight` goes to :meth:`int8_linear`.
 
         With :attr:`batch_invariant`, CPU ``x`` [M, K] and ``weight`` [N, K] of the same dtype,
         bfloat16 or float32, go to ``csrc/invariant_linear.cpp``: any M and K, float32
@@ -169,6 +179,8 @@ class KernelLoader:
         Returns:
             [M, N] in the dtype of ``x``.
         """
+        if isinstance(weight, Int8Weight):
+            return self.int8_linear(x, weight)
         module = self._module if self._loaded else self.load()
         if (
             self.batch_invariant
@@ -193,6 +205,34 @@ class KernelLoader:
         ):
             return module.skinny_linear(x, weight)
         return torch.nn.functional.linear(x, weight)
+
+    def int8_linear(self, x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
+        """``x`` [M, K] times an int8 weight's transpose (a ``zerolayer quantize`` checkpoint).
+
+        CPU bfloat16 or float32 ``x`` with M at most ``max_skinny_rows`` (decode) goes to
+        ``csrc/int8_linear.cpp`` (x quantized per group to int8, VNNI int32 group sums where the
+        CPU has them); anything else, or no native module, to
+        :func:`~zerolayer.scheduler.model.int8_linear.int8_linear_chunked` (a block of weight
+        rows dequantized at a time, then matmul). With :attr:`batch_invariant`, every CPU call
+        takes the chunks with the batch-invariant kernel for the matmul (any M: a row's result
+        then does not depend on M, which the decode kernel's switch at M = 4 would break).
+
+        Returns:
+            [M, N] in the dtype of ``x``.
+        """
+        module = self._module if self._loaded else self.load()
+        cpu = not x.is_cuda and weight.device.type != "cuda"
+        if self.batch_invariant and module is not None and cpu and x.dtype in NATIVE_DTYPES:
+            return int8_linear_chunked(x, weight, module.invariant_linear)
+        if (
+            module is not None
+            and cpu
+            and x.dim() == 2
+            and x.dtype in NATIVE_DTYPES
+            and x.shape[0] <= module.max_skinny_rows
+        ):
+            return module.int8_linear(x, weight.qweight, weight.scales)
+        return int8_linear_chunked(x, weight)
 
     def paged_attention_native(
         self,

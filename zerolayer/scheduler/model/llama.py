@@ -17,11 +17,16 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from zerolayer.checkpoints.int8_format import scale_name
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.scheduler.model.attention import AttentionMetadata, paged_attention, write_kv
 from zerolayer.scheduler.model.gemma import gemma_rms_norm, scale_embeddings, soft_cap
+from zerolayer.scheduler.model.int8_linear import Int8Weight, torch_linear
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.rope import RotaryEmbedding, apply_rotary
+
+Matrix = torch.Tensor | Int8Weight
+"""A linear weight [N, K]: in the model dtype, or int8 with scales."""
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -36,6 +41,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 class LayerWeights:
     """One decoder layer's weights (views into the mapped checkpoint, never copies).
 
+    Projections are :class:`Int8Weight` in an int8 checkpoint (``zerolayer quantize``).
     ``qkv`` is (q_proj, k_proj, v_proj), or (qkv_proj,) for fused checkpoints (Phi-3);
     ``gate_up`` is (gate_proj, up_proj) or (gate_up_proj,). Biases and q/k norms are None when
     the family has none, and so are the feed-forward norms outside Gemma 2 (whose
@@ -43,28 +49,27 @@ class LayerWeights:
     """
 
     input_norm: torch.Tensor
-    qkv: tuple[torch.Tensor, ...]
+    qkv: tuple[Matrix, ...]
     qkv_bias: tuple[torch.Tensor, ...] | None
-    o_proj: torch.Tensor
+    o_proj: Matrix
     o_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     post_attention_norm: torch.Tensor
-    gate_up: tuple[torch.Tensor, ...]
+    gate_up: tuple[Matrix, ...]
     gate_up_bias: tuple[torch.Tensor, ...] | None
-    down_proj: torch.Tensor
+    down_proj: Matrix
     down_bias: torch.Tensor | None
     pre_feedforward_norm: torch.Tensor | None = None
     post_feedforward_norm: torch.Tensor | None = None
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every tensor of the layer."""
+        """Every tensor of the layer (both of an int8 weight)."""
         out: list[torch.Tensor] = []
         for value in vars(self).values():
-            if isinstance(value, torch.Tensor):
-                out.append(value)
-            elif value is not None:
-                out.extend(value)
+            if value is not None:
+                for item in value if isinstance(value, tuple) else (value,):
+                    out.extend(item.tensors() if isinstance(item, Int8Weight) else [item])
         return out
 
 
@@ -83,7 +88,7 @@ def biased_linear(linear: Callable, fuse_bias: bool) -> Callable:
     """``linear(x, weight)`` extended to ``(x, weight, bias=None)``.
 
     Args:
-        linear: ``F.linear`` or :meth:`KernelLoader.linear` (no bias argument).
+        linear: :func:`torch_linear` or :meth:`KernelLoader.linear` (no bias argument).
         fuse_bias: add a bias inside the matmul (``F.linear(x, w, b)``: one rounding to the
             model dtype, as transformers' ``nn.Linear`` does; rounding the product first and
             adding the bias after moved bfloat16 logits by about 0.07); False adds it after
@@ -94,12 +99,10 @@ def biased_linear(linear: Callable, fuse_bias: bool) -> Callable:
         bias of a bfloat16 checkpoint, as transformers casts it at load).
     """
 
-    def call(
-        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def call(x: torch.Tensor, weight: Matrix, bias: torch.Tensor | None = None) -> torch.Tensor:
         if bias is None:
             return linear(x, weight)
-        if fuse_bias:
+        if fuse_bias and isinstance(weight, torch.Tensor):
             return F.linear(x, weight, bias.to(x.dtype))
         return linear(x, weight) + bias.to(x.dtype)
 
@@ -135,10 +138,11 @@ class LlamaModel:
         # NOTE: with tie_word_embeddings, an lm_head.weight the checkpoint holds anyway is used
         # as transformers 5 uses it: equal to the embedding it changes nothing; different, it
         # "will NOT tie them" and computes the logits with lm_head.weight.
+        self._int8 = config.int8_group_size is not None
         self.lm_head = (
-            weights.get("lm_head.weight", self.embed_tokens)
-            if config.tie_word_embeddings
-            else weights["lm_head.weight"]
+            self._matrix(weights, "lm_head.weight")
+            if "lm_head.weight" in weights or not config.tie_word_embeddings
+            else self.embed_tokens
         )
         self.act = ACTIVATIONS[config.hidden_act]
         self.layers = [self._layer(weights, i) for i in range(config.num_hidden_layers)]
@@ -154,19 +158,22 @@ class LlamaModel:
             raise ValueError(
                 f"embed_tokens: shape {tuple(self.embed_tokens.shape)}, config says {expected}"
             )
-        used = [
-            self.norm,
-            self.lm_head,
-            *(t for layer in self.layers for t in layer.tensors()),
-        ]
+        head = self.lm_head.tensors() if isinstance(self.lm_head, Int8Weight) else [self.lm_head]
+        used = [self.norm, *head, *(t for layer in self.layers for t in layer.tensors())]
         devices = {tensor.device for tensor in used} - {self.device}
         if devices:
             raise ValueError(
                 f"weights on {sorted(map(str, devices))}, embed_tokens on {self.device}"
             )
 
-    @staticmethod
-    def _layer(weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
+    def _matrix(self, weights: dict[str, torch.Tensor], name: str) -> Matrix:
+        """The linear weight ``name``: the tensor, or in an int8 checkpoint the int8 tensor with
+        its ``<name>_scale`` scales (both in place)."""
+        if not self._int8:
+            return weights[name]
+        return Int8Weight(weights[name], weights[scale_name(name)])
+
+    def _layer(self, weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
         """Layer ``i``'s tensors by their transformers names; the config's biases, norms and
         fusion decide which exist (checked before start-up by ``weight_check``)."""
         p = f"model.layers.{i}."
@@ -176,16 +183,16 @@ class LlamaModel:
         gate_up = ["gate_up_proj"] if fused else ["gate_proj", "up_proj"]
         return LayerWeights(
             input_norm=weights[p + "input_layernorm.weight"],
-            qkv=tuple(weights[f"{attn}{n}.weight"] for n in qkv),
+            qkv=tuple(self._matrix(weights, f"{attn}{n}.weight") for n in qkv),
             qkv_bias=_optional(weights, [f"{attn}{n}.bias" for n in qkv]),
-            o_proj=weights[attn + "o_proj.weight"],
+            o_proj=self._matrix(weights, attn + "o_proj.weight"),
             o_bias=weights.get(attn + "o_proj.bias"),
             q_norm=weights.get(attn + "q_norm.weight"),
             k_norm=weights.get(attn + "k_norm.weight"),
             post_attention_norm=weights[p + "post_attention_layernorm.weight"],
-            gate_up=tuple(weights[f"{mlp}{n}.weight"] for n in gate_up),
+            gate_up=tuple(self._matrix(weights, f"{mlp}{n}.weight") for n in gate_up),
             gate_up_bias=_optional(weights, [f"{mlp}{n}.bias" for n in gate_up]),
-            down_proj=weights[mlp + "down_proj.weight"],
+            down_proj=self._matrix(weights, mlp + "down_proj.weight"),
             down_bias=weights.get(mlp + "down_proj.bias"),
             pre_feedforward_norm=weights.get(p + "pre_feedforward_layernorm.weight"),
             post_feedforward_norm=weights.get(p + "post_feedforward_layernorm.weight"),
@@ -214,7 +221,7 @@ class LlamaModel:
         """
         cfg = self.config
         linear = biased_linear(
-            kernels.linear if kernels is not None else F.linear,
+            kernels.linear if kernels is not None else torch_linear,
             fuse_bias=kernels is None or not kernels.batch_invariant,
         )
         h = F.embedding(input_ids, self.embed_tokens)
@@ -285,7 +292,7 @@ class LlamaModel:
         ``kernels``: the native GEMV for small batches (see :meth:`KernelLoader.linear`). Gemma 2's
         final soft-cap applies in the model dtype, then the cast, as transformers computes it.
         """
-        linear = kernels.linear if kernels is not None else F.linear
+        linear = kernels.linear if kernels is not None else torch_linear
         logits = linear(hidden, self.lm_head)
         cap = self.config.final_logit_softcapping
         return (logits if cap is None else soft_cap(logits, cap)).float()

@@ -1,0 +1,143 @@
+"""Tests for the int8 linear (csrc/int8_linear.cpp) against its torch reference and against
+F.linear of the dequantized weight, and for the paths KernelLoader.int8_linear takes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from zerolayer.checkpoints.int8_format import dequantize_weight, quantize_weight
+from zerolayer.scheduler.model import int8_linear as int8
+from zerolayer.scheduler.model.int8_linear import (
+    Int8Weight,
+    int8_linear_chunked,
+    int8_linear_reference,
+    quantize_activations,
+)
+from zerolayer.scheduler.model.kernels import KernelLoader
+
+
+@pytest.fixture(scope="module")
+def native() -> KernelLoader:
+    loader = KernelLoader()
+    assert loader.native_available(), f"native kernels did not build: {loader.unavailable_reason}"
+    return loader
+
+
+def make_weight(n: int, k: int, group_size: int, seed: int) -> tuple[torch.Tensor, Int8Weight]:
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) / k**0.5
+    return w, Int8Weight(*quantize_weight(w, group_size))
+
+
+def make_x(m: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def relative_error(y: torch.Tensor, want: torch.Tensor) -> float:
+    return float((y.double() - want.double()).norm() / want.double().norm())
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    ("n", "k", "g"), [(1, 32, 32), (7, 64, 32), (256, 768, 32), (768, 2048, 32), (33, 128, 64)]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_reference_and_dequantized_linear(
+    native: KernelLoader, m: int, n: int, k: int, g: int, dtype: torch.dtype
+) -> None:
+    w, weight = make_weight(n, k, g, seed=n + k + g)
+    x = make_x(m, k, dtype, seed=m)
+    y = native.load().int8_linear(x, weight.qweight, weight.scales)
+    assert y.dtype == dtype and y.shape == (m, n)
+    want = int8_linear_reference(x, weight)
+    # Same integer group sums; only the float32 order of the group sums and one rounding differ.
+    eps = 2.0**-7 if dtype == torch.bfloat16 else 1e-5
+    assert torch.allclose(y.float(), want.float(), rtol=eps, atol=eps)
+    # Quantizing x and w to 8 bits each costs well under 1% of the product.
+    dequantized = F.linear(x.double(), dequantize_weight(weight.qweight, weight.scales).double())
+    assert relative_error(y, dequantized) < 0.02
+    assert relative_error(y, F.linear(x.double(), w.double())) < 0.03
+
+
+def test_portable_group_sizes_use_the_same_arithmetic(native: KernelLoader) -> None:
+    # G = 16 is no multiple of 32: the portable loop, not VNNI.
+    assert native.load().int8_linear_isa(16) == "portable"
+    _, weight = make_weight(40, 64, 16, seed=1)
+    x = make_x(2, 64, torch.float32, seed=2)
+    y = native.load().int8_linear(x, weight.qweight, weight.scales)
+    assert torch.allclose(y, int8_linear_reference(x, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_uses_vnni_where_the_cpu_has_it(native: KernelLoader) -> None:
+    flags = open("/proc/cpuinfo").read()
+    isa = native.load().int8_linear_isa(32)
+    if " avx512_vnni" in flags:
+        assert isa == "avx512vnni"
+    elif " avx_vnni" in flags:
+        assert isa == "avxvnni"
+    else:
+        assert isa == "portable"
+
+
+def test_exact_on_values_the_format_represents(native: KernelLoader) -> None:
+    # Weights and x that are already integers with unit scales: every sum is exact.
+    qweight = torch.tensor([[127, -127] + [0] * 30, [1] * 32, [-3] * 32], dtype=torch.int8)
+    weight = Int8Weight(qweight, torch.tensor([[0.5], [2.0], [0.0]]))
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 1] = 127.0, -127.0
+    y = native.load().int8_linear(x, weight.qweight, weight.scales)
+    assert y.tolist() == [[127.0 * 127 * 2 * 0.5, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_chunked_path_equals_linear_of_the_dequantized_weight(
+    monkeypatch: pytest.MonkeyPatch, m: int
+) -> None:
+    monkeypatch.setattr(int8, "CHUNK_ELEMENTS", 7 * 64)  # several blocks, the last one short
+    _, weight = make_weight(30, 64, 32, seed=3)
+    x = make_x(m, 64, torch.float32, seed=4)
+    want = F.linear(x, dequantize_weight(weight.qweight, weight.scales))
+    assert torch.allclose(int8_linear_chunked(x, weight), want, rtol=1e-6, atol=1e-6)
+
+
+def test_kernel_loader_routes_decode_to_the_kernel_and_prefill_to_the_chunks(
+    native: KernelLoader,
+) -> None:
+    _, weight = make_weight(64, 128, 32, seed=5)
+    decode, prefill = make_x(4, 128, torch.bfloat16, 6), make_x(5, 128, torch.bfloat16, 7)
+    kernel = native.load().int8_linear(decode, *weight.tensors())
+    assert torch.equal(native.linear(decode, weight), kernel)
+    assert torch.equal(native.linear(prefill, weight), int8_linear_chunked(prefill, weight))
+    off = KernelLoader(enabled=False)
+    assert torch.equal(off.linear(decode, weight), int8_linear_chunked(decode, weight))
+
+
+def test_quantize_activations_is_q8_0() -> None:
+    x = torch.tensor([[1.0, -2.0, 0.5, 0.25], [0.0, 0.0, 0.0, 0.0]])
+    q, scales = quantize_activations(x, 4)
+    assert scales.tolist() == [[torch.tensor(2.0 / 127).item()], [0.0]]
+    assert q.tolist() == [[64.0, -127.0, 32.0, 16.0], [0.0, 0.0, 0.0, 0.0]]
+
+
+def test_rejects_what_it_does_not_handle(native: KernelLoader) -> None:
+    module = native.load()
+    _, weight = make_weight(8, 64, 32, seed=8)
+    with pytest.raises(RuntimeError, match="rows of x"):
+        module.int8_linear(make_x(5, 64, torch.float32, 9), *weight.tensors())
+    with pytest.raises(RuntimeError, match="int8 w"):
+        module.int8_linear(make_x(1, 64, torch.float32, 9), weight.qweight.float(), weight.scales)
+    with pytest.raises(RuntimeError, match="columns"):
+        module.int8_linear(make_x(1, 32, torch.float32, 9), *weight.tensors())
+
+
+def test_batch_invariant_rows_do_not_depend_on_the_batch() -> None:
+    invariant = KernelLoader(batch_invariant=True)
+    _, weight = make_weight(40, 128, 32, seed=10)
+    x = make_x(9, 128, torch.bfloat16, seed=11)
+    whole = invariant.linear(x, weight)
+    for m in (1, 2, 4, 5):  # either side of the decode kernel's 4 rows
+        assert torch.equal(invariant.linear(x[:m], weight), whole[:m])
+    want = F.linear(x.float(), dequantize_weight(weight.qweight, weight.scales)).to(x.dtype)
+    assert relative_error(whole, want) < 0.01
