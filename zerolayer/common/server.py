@@ -388,10 +388,11 @@ def exit_with_launcher(environ: dict[str, str]) -> None:
     if not expected:
         return
     import ctypes
-    import ctypes.util
 
     pr_set_pdeathsig = 1
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    # NOTE: the symbols already loaded (libc's among them), not ctypes.util.find_library("c"),
+    # which runs /sbin/ldconfig in a subprocess: tens of ms per layer at every start-up.
+    libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(pr_set_pdeathsig, signal.SIGHUP, 0, 0, 0)
     if os.getppid() != int(expected):  # the launcher died before the prctl took effect
         os._exit(1)
