@@ -6,11 +6,13 @@ path to the first token)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
 import pytest
 
+from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.scheduler.model.kernels import KernelLoader
 
 
@@ -21,13 +23,23 @@ def fresh_python(code: str) -> str:
     return done.stdout.strip()
 
 
-def test_the_launcher_spawns_its_layers_without_importing_numpy() -> None:
-    # up imports these, reads the checkpoint (pre-flight and Stack.start), then spawns
+def test_up_starts_its_first_layer_without_importing_numpy() -> None:
+    # up's own path (flags, pre-flight, checkpoint read) until it would spawn the loader
+    model_dir = ensure_dummy_model("tiny")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
     code = (
-        "import sys, zerolayer.cli.main, zerolayer.stack.launcher, zerolayer.stack.preflight\n"
-        "print('numpy' in sys.modules)"
+        "import sys\n"
+        "from zerolayer.stack.launcher import Stack\n"
+        "def first(self, name):\n"
+        "    print(name, 'numpy' in sys.modules, flush=True)\n"
+        "    raise SystemExit(0)\n"
+        "Stack.start_layer = first\n"
+        "from zerolayer.cli.main import main\n"
+        f"main(['up', '--model', {str(model_dir)!r}, '--listen', '127.0.0.1:{port}'])"
     )
-    assert fresh_python(code) == "False"
+    assert fresh_python(code) == "loader False"
 
 
 def test_a_frontend_without_http_listen_does_not_import_fastapi_or_uvicorn() -> None:
