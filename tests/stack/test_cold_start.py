@@ -42,12 +42,18 @@ def test_up_starts_its_first_layer_without_importing_numpy() -> None:
     assert fresh_python(code) == "loader False"
 
 
-def test_a_frontend_without_http_listen_does_not_import_fastapi_or_uvicorn() -> None:
+def test_a_frontend_without_http_listen_imports_no_fastapi_uvicorn_or_numpy() -> None:
     code = (
         "import sys, zerolayer.frontend.__main__\n"
-        "print(sorted(m for m in ('fastapi', 'starlette', 'uvicorn') if m in sys.modules))"
+        "print(sorted(m for m in ('fastapi', 'starlette', 'uvicorn', 'numpy') if m in sys.modules))"
     )
     assert fresh_python(code) == "[]"
+
+
+def test_the_kvstore_starts_without_importing_numpy() -> None:
+    assert fresh_python(
+        "import sys, zerolayer.kvstore.__main__; print('numpy' in sys.modules)"
+    ) == ("False")
 
 
 def test_a_layer_started_by_up_asks_for_sighup_without_running_ldconfig() -> None:
