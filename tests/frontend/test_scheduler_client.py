@@ -13,7 +13,7 @@ import pytest
 from zerolayer.common.errors import SchedulerLost, Unavailable
 from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.common.status import ANSWERED_METADATA
-from zerolayer.frontend.scheduler_client import SchedulerClient
+from zerolayer.frontend.scheduler_client import SCHEDULER_CHANNEL_OPTIONS, SchedulerClient
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -104,3 +104,12 @@ def test_unavailable_answered_by_the_scheduler_reaches_clients_without_internals
         asyncio.run(generate_with(address, FakeScheduler(answer=True, details=details)))
     assert str(info.value) == public  # the prefix once, no socket path
     assert f"scheduler {address} answered UNAVAILABLE: {details}" in caplog.messages
+
+
+def test_a_scheduler_that_starts_listening_is_connected_within_100_ms() -> None:
+    # NOTE: with CHANNEL_OPTIONS' 1 s, a scheduler that listens after its torch import (seconds
+    # after the frontend) was seen up to a second late by ``zerolayer up`` (issue 18, cold start)
+    options = dict(SCHEDULER_CHANNEL_OPTIONS)
+    assert len(options) == len(SCHEDULER_CHANNEL_OPTIONS)  # gRPC would take the first
+    assert options["grpc.max_reconnect_backoff_ms"] == 100
+    assert options["grpc.keepalive_time_ms"] == 1000

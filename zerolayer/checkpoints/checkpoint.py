@@ -9,11 +9,11 @@ the data. Only the header is read here; tensor bytes are mapped, never read.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
 
-import numpy as np
 import xxhash
 
 from zerolayer.checkpoints.dtypes import itemsize
@@ -172,7 +172,7 @@ def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
             spec = _tensor_spec(path, name, header[name], file_index, data_start)
             tensors.append(spec)
             shape = spec.shape
-            num_parameters += int(np.prod(shape)) if shape else 1
+            num_parameters += math.prod(shape)
     return WeightManifest(
         model=model_name or model_dir.name,
         model_dir=str(model_dir),

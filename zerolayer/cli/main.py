@@ -133,11 +133,13 @@ def _stack_config(args: argparse.Namespace, preflight: bool = True) -> StackConf
         ValueError: a setting is out of range or cannot work here; the message starts with its
             flag.
     """
-    from zerolayer.checkpoints.default_model import ensure_default_model
     from zerolayer.stack.config import StackConfig
     from zerolayer.stack.preflight import check_stack
 
     if args.model_dir is None:
+        # NOTE: imported here: it needs numpy, which up does not import before its layers start
+        from zerolayer.checkpoints.default_model import ensure_default_model
+
         model_dir = str(ensure_default_model())
         print(
             f"zerolayer: no --model given, serving the default model {model_dir} "

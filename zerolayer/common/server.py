@@ -35,6 +35,15 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
 
+FAST_RECONNECT_CHANNEL_OPTIONS = (
+    *(option for option in CHANNEL_OPTIONS if option[0] != "grpc.max_reconnect_backoff_ms"),
+    ("grpc.max_reconnect_backoff_ms", 100),
+)
+""":data:`CHANNEL_OPTIONS` with reconnect attempts at most 100 ms apart, for a channel that waits
+on a process still starting (the launcher's health polls, the frontend's schedulers): with up to
+1 s between attempts, one that starts listening after a few seconds is seen up to a second late,
+on the path to the first token. A failed attempt on a unix socket costs microseconds."""
+
 MIN_CLIENT_PING_INTERVAL_MS = 500
 """Shortest interval between a client's HTTP/2 keepalive pings that the servers accept, ms."""
 
@@ -388,10 +397,11 @@ def exit_with_launcher(environ: dict[str, str]) -> None:
     if not expected:
         return
     import ctypes
-    import ctypes.util
 
     pr_set_pdeathsig = 1
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    # NOTE: the symbols already loaded (libc's among them), not ctypes.util.find_library("c"),
+    # which runs /sbin/ldconfig in a subprocess: tens of ms per layer at every start-up.
+    libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(pr_set_pdeathsig, signal.SIGHUP, 0, 0, 0)
     if os.getppid() != int(expected):  # the launcher died before the prctl took effect
         os._exit(1)

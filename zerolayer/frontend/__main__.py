@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from zerolayer.common.access import plaintext_tokens_warning, read_server_tls, read_tenants
 from zerolayer.common.clients import fetch_manifest
@@ -18,10 +19,8 @@ from zerolayer.common.setting import SettingError
 from zerolayer.common.settings import HTTP_LISTEN, TLS_CLIENT_CA
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.generation import TextGenerator
-from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
 from zerolayer.frontend.kserve import kserve_binding
 from zerolayer.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
-from zerolayer.frontend.openai_http import create_app
 from zerolayer.frontend.public_health import FrontendServer
 from zerolayer.frontend.router import Router
 from zerolayer.frontend.scheduler_client import SchedulerClient
@@ -29,6 +28,9 @@ from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
 from zerolayer.frontend.server import TextGenerationServicer
 from zerolayer.frontend.tenants import TenantPolicy
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
+
+if TYPE_CHECKING:
+    from zerolayer.frontend.http_server import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,10 @@ def http_server(config: FrontendConfig) -> HttpServer | None:
         return None
     if config.tls_client_ca:
         raise SettingError(HTTP_LISTEN, f"cannot be combined with {TLS_CLIENT_CA.flag}")
+    # NOTE: imported here, as is FastAPI (openai_http): they take about a second of CPU at
+    # start-up, which a frontend without --http-listen does not spend (issue 18, cold start).
+    from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
+
     return HttpServer(
         HttpServerConfig(config.http_listen, config.reuse_port, config.tls_cert, config.tls_key)
     )
@@ -113,11 +119,12 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
 
     # NOTE: bearer tokens alone: the HTTP server sees no client certificates (see http_server)
     http_tenants = TenantPolicy(tenants.token_tenants)
-    app = create_app(generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES)
 
     async def on_start() -> None:
         if http is not None:
-            await http.start(app)
+            from zerolayer.frontend.openai_http import create_app
+
+            await http.start(create_app(generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES))
         for client in pool.clients.values():
             client.watch_health(pool.router)
         # NOTE: a frontend started with its schedulers reports SERVING once it has seen one

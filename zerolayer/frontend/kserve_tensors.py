@@ -12,16 +12,15 @@ import math
 import struct
 from typing import Any
 
-import numpy as np
-
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 
+# NOTE: struct formats, not numpy (about 0.15 s of every frontend start-up for these alone)
 _INT_DTYPES = {
-    **{f"INT{b}": np.dtype(f"<i{b // 8}") for b in (8, 16, 32, 64)},
-    **{f"UINT{b}": np.dtype(f"<u{b // 8}") for b in (8, 16, 32, 64)},
+    **{f"INT{b}": code for b, code in zip((8, 16, 32, 64), "bhiq", strict=True)},
+    **{f"UINT{b}": code for b, code in zip((8, 16, 32, 64), "BHIQ", strict=True)},
 }
-_FLOAT_DTYPES = {f"FP{b}": np.dtype(f"<f{b // 8}") for b in (16, 32, 64)}
+_FLOAT_DTYPES = {f"FP{b}": code for b, code in zip((16, 32, 64), "efd", strict=True)}
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents",
     "BYTES": "bytes_contents",
@@ -106,12 +105,13 @@ def _decode(tensor: Tensor, raw: bytes | None) -> list[Any]:
         return _unpack_bytes(raw, name)
     if dtype == "BOOL":
         return [b != 0 for b in raw]
-    np_dtype = _INT_DTYPES.get(dtype) or _FLOAT_DTYPES.get(dtype)
-    if np_dtype is None:
+    code = _INT_DTYPES.get(dtype) or _FLOAT_DTYPES.get(dtype)
+    if code is None:
         raise InvalidArgument(name, f"datatype {dtype!r} not supported")
-    if len(raw) % np_dtype.itemsize:
+    itemsize = struct.calcsize(f"<{code}")
+    if len(raw) % itemsize:
         raise InvalidArgument(name, f"{len(raw)} raw bytes is not a whole number of {dtype}")
-    return np.frombuffer(raw, dtype=np_dtype).tolist()
+    return list(struct.unpack(f"<{len(raw) // itemsize}{code}", raw))
 
 
 def _unpack_bytes(raw: bytes, name: str) -> list[bytes]:

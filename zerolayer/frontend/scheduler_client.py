@@ -22,7 +22,7 @@ from zerolayer.common.convert import (
 from zerolayer.common.errors import SchedulerLost, Unavailable
 from zerolayer.common.generation import EngineRequest, RequestOutput
 from zerolayer.common.scheduler_role import SchedulerRole
-from zerolayer.common.server import CHANNEL_OPTIONS
+from zerolayer.common.server import FAST_RECONNECT_CHANNEL_OPTIONS
 from zerolayer.common.status import answered_by_handler
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.health_client import HealthWatcher
@@ -45,7 +45,8 @@ PING_INTERVAL_S = 1.0
 servers accept pings every ``MIN_CLIENT_PING_INTERVAL_MS`` or slower)."""
 
 SCHEDULER_CHANNEL_OPTIONS = (
-    *CHANNEL_OPTIONS,
+    # NOTE: a scheduler that starts, or restarts, is routed to within 100 ms of listening
+    *FAST_RECONNECT_CHANNEL_OPTIONS,
     # NOTE: a hung scheduler keeps its connection open and its health stream just goes quiet, so
     # without pings the router kept routing to it and the public health stayed SERVING while
     # every Generate timed out. HTTP/2 pings are answered by gRPC's core threads, not the Python
@@ -62,7 +63,7 @@ SCHEDULER_CHANNEL_OPTIONS = (
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.http2.min_time_between_pings_ms", int(PING_INTERVAL_S * 1000)),
 )
-"""Options of the frontend's channel to each scheduler: :data:`CHANNEL_OPTIONS` plus keepalive."""
+"""Options of the frontend's channel to each scheduler: fast reconnects plus keepalive."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import xxhash
 
 from zerolayer.common.errors import InvalidArgument
@@ -99,7 +98,7 @@ class PrefixCache:
         data = b"".join(
             (
                 key.parent_hash,
-                np.asarray(key.token_ids, dtype=np.uint32).tobytes(),
+                struct.pack(f"<{len(key.token_ids)}I", *key.token_ids),
                 struct.pack("<I", len(self._fingerprint)),
                 self._fingerprint,
                 struct.pack("<I", len(salt)),

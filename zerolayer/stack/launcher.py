@@ -27,7 +27,7 @@ import grpc
 
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.common.server import (
-    CHANNEL_OPTIONS,
+    FAST_RECONNECT_CHANNEL_OPTIONS,
     FINAL_STOP,
     LAUNCHER_PID_ENV,
     instance_health_name,
@@ -53,10 +53,7 @@ from zerolayer.stack.supervisor import Supervisor
 __all__ = ["LAYERS", "Stack", "StackConfig", "StackError", "StartupInterrupted"]
 
 
-POLL_CHANNEL_OPTIONS = (
-    *(option for option in CHANNEL_OPTIONS if option[0] != "grpc.max_reconnect_backoff_ms"),
-    ("grpc.max_reconnect_backoff_ms", 100),
-)
+POLL_CHANNEL_OPTIONS = FAST_RECONNECT_CHANNEL_OPTIONS
 """Options of the channel :meth:`Stack.wait_healthy` polls on: a process starts listening after
 the first tries, and gRPC's reconnect backoff (up to 1 s with ``CHANNEL_OPTIONS``, 1.6 s and more
 by default) would see it that much later; a takeover by a standby still starting waits on it."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -290,6 +291,14 @@ class KernelLoader:
         build_dir = self._build_dir or default_build_dir()
         if is_built(build_dir):
             log.info("loading the native kernels from %s", build_dir)
+            if self._build_dir is None:
+                # NOTE: the default directory is keyed by the sources, paths and flags
+                # (build_key), so a library there is this build's: loaded as it is, without
+                # cpp_extension (which imports setuptools and runs the compiler and ninja to
+                # check it, about 0.3 s of every scheduler start). One that does not load is
+                # built again below.
+                with contextlib.suppress(ImportError), _build_lock(build_dir):
+                    return import_library(build_dir), None
         else:
             log.info("building the native kernels in %s (about 30 s, once)", build_dir)
         try:
@@ -319,6 +328,22 @@ class KernelLoader:
         if self._which(str(beside / "ninja")) is not None:
             return beside
         return None
+
+
+def import_library(build_dir: Path) -> ModuleType:
+    """Imports the extension built in ``build_dir`` (``zerolayer_paged_attention.so``), as
+    ``torch.utils.cpp_extension.load`` does once its build is up to date.
+
+    Raises:
+        ImportError: the library is missing or cannot be loaded.
+    """
+    path = build_dir / f"{EXTENSION_NAME}.so"
+    spec = importlib.util.spec_from_file_location(EXTENSION_NAME, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a loadable extension")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @contextlib.contextmanager
