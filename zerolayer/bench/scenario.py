@@ -58,8 +58,9 @@ def vocab_size_of(model_dir: Path) -> int:
 def stack_config(args: argparse.Namespace, model_dir: Path, **overrides: object) -> StackConfig:
     """The four layers on ``--port`` with ``--num-threads`` (0: the scheduler's default) or
     ``num_threads`` of ``overrides``, logs in ``<out>/logs``."""
+    if "num_threads" not in overrides:
+        overrides["num_threads"] = args.num_threads
     settings: dict[str, object] = {
-        "num_threads": args.num_threads,
         "model_dir": str(model_dir),
         "listen": f"127.0.0.1:{args.port}",
         "log_dir": str(args.out / "logs"),
