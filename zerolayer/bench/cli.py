@@ -28,6 +28,7 @@ SCENARIOS = (
     "split",
     "roofline",
     "failover",
+    "llamacpp",
 )
 """Each is a module of this package with ``add_arguments(p)`` and ``main(args) -> dict``."""
 
