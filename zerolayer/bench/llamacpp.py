@@ -9,9 +9,10 @@ token of a long prompt, the output tok/s of a batch sent at once (prefill includ
 serving with Poisson arrivals against ``llama-server`` (parallel slots, continuous batching).
 
 zerolayer runs with ``zerolayer up``'s defaults (threads included) unless
-``--zerolayer-num-threads`` is given; llama.cpp gets one thread per core, its own default. The llama.cpp side needs the
-``bench`` extra's llama-cpp-python and gguf (and a built ``llama-server`` for the online part):
-without them it is skipped with a message and the zerolayer side still runs.
+``--zerolayer-num-threads`` is given; llama.cpp gets one thread per core, its own default. The
+llama.cpp side needs the ``bench`` extra's llama-cpp-python and gguf (and a built ``llama-server``
+for the online part): without them it is skipped with a message and the zerolayer side still
+runs.
 """
 
 from __future__ import annotations
