@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from zerolayer.bench.gguf_export import GGUF_TENSOR_NAMES, LlamaShape, rope_permute
+from zerolayer.bench.gguf_export import GGUF_TENSOR_NAMES, check_exportable, rope_permute
 from zerolayer.checkpoints.dummy import ensure_dummy_model
+from zerolayer.checkpoints.model_config import ModelConfig
 
 needs_gguf = pytest.mark.skipif(
     importlib.util.find_spec("gguf") is None,
@@ -33,13 +34,14 @@ def test_rope_permute_interleaves_each_heads_halves() -> None:
     assert rope_permute(weight, 2).shape == (8, 3)
 
 
-def test_llama_shape_reads_the_tiny_preset() -> None:
+def test_only_plain_llama_configs_are_exported() -> None:
     config = json.loads((ensure_dummy_model("tiny") / "config.json").read_text())
-    assert LlamaShape.from_config(config) == LlamaShape(
-        128, 256, 4, 4, 2, 32, 259, 2048, 1e-5, 10000.0, False
-    )
-    with pytest.raises(ValueError, match="rope_scaling"):
-        LlamaShape.from_config({**config, "rope_scaling": {"type": "linear", "factor": 2.0}})
+    check_exportable(ModelConfig.from_json(json.dumps(config)))
+    scaled = {**config, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    with pytest.raises(ValueError, match="RoPE scaling"):
+        check_exportable(ModelConfig.from_json(json.dumps(scaled)))
+    with pytest.raises(ValueError, match="mlp_bias"):
+        check_exportable(ModelConfig.from_json(json.dumps({**config, "mlp_bias": True})))
 
 
 @needs_gguf

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from zerolayer.checkpoints.model_config import ModelConfig
 
 GGUF_TYPES = ("f32", "bf16", "q8_0")
 """The weight types :func:`export_gguf` writes (llama.cpp's ``--outtype`` names)."""
@@ -40,48 +41,18 @@ PRE_TOKENIZER = "default"
 byte is its own token whatever the split, so text tokenizes as the Hugging Face tokenizer does)."""
 
 
-@dataclass(frozen=True)
-class LlamaShape:
-    """The config.json fields the ``llama`` architecture's metadata and permutation need."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
-    max_position_embeddings: int
-    rms_norm_eps: float
-    rope_theta: float
-    tie_word_embeddings: bool
-
-    @classmethod
-    def from_config(cls, config: dict) -> LlamaShape:
-        """Reads a Hugging Face Llama config.json (as a dict).
-
-        Raises:
-            ValueError: not a Llama, or RoPE scaling (which this exporter does not write).
-            KeyError: a required field is missing.
-        """
-        if config.get("model_type") != "llama":
-            raise ValueError(f"model_type {config.get('model_type')!r}: only 'llama' is exported")
-        if config.get("rope_scaling"):
-            raise ValueError("rope_scaling is not exported")
-        heads = config["num_attention_heads"]
-        return cls(
-            config["hidden_size"],
-            config["intermediate_size"],
-            config["num_hidden_layers"],
-            heads,
-            config.get("num_key_value_heads", heads),
-            config.get("head_dim") or config["hidden_size"] // heads,
-            config["vocab_size"],
-            config["max_position_embeddings"],
-            config["rms_norm_eps"],
-            config.get("rope_theta", 10000.0),
-            config.get("tie_word_embeddings", False),
-        )
+def check_exportable(config: ModelConfig) -> None:
+    """Raises ValueError unless ``config`` is a plain Llama: the ``llama`` architecture of GGUF
+    has no biases, fused projections, q/k norms, sliding windows or RoPE scaling (as exported
+    here)."""
+    if config.architecture != "LlamaForCausalLM":
+        raise ValueError(f"architecture {config.architecture!r}: only LlamaForCausalLM is exported")
+    if config.rope.rope_type != "default":
+        raise ValueError(f"rope_type {config.rope.rope_type!r}: RoPE scaling is not exported")
+    extras = ("qkv_bias", "o_bias", "mlp_bias", "qk_norm", "fused_projections", "sliding_window")
+    used = [name for name in extras if getattr(config, name)]
+    if used or config.hidden_act != "silu":
+        raise ValueError(f"{', '.join(used) or config.hidden_act}: not exported")
 
 
 def rope_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -107,7 +78,7 @@ def rope_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def gguf_tensors(
-    weights: dict[str, torch.Tensor], shape: LlamaShape
+    weights: dict[str, torch.Tensor], shape: ModelConfig
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors under their GGUF names, q/k rows permuted, in float32.
 
@@ -197,7 +168,7 @@ def add_byte_tokenizer(writer: object, model_dir: Path, vocab_size: int) -> None
     writer.add_add_bos_token(bool(config.get("add_bos_token", False)))
 
 
-def add_llama_metadata(writer: object, shape: LlamaShape, name: str, gguf_type: str) -> None:
+def add_llama_metadata(writer: object, shape: ModelConfig, name: str, gguf_type: str) -> None:
     """The ``llama`` architecture's hyperparameters and the file type."""
     import gguf
 
@@ -211,7 +182,7 @@ def add_llama_metadata(writer: object, shape: LlamaShape, name: str, gguf_type: 
     writer.add_key_length(shape.head_dim)
     writer.add_value_length(shape.head_dim)
     writer.add_rope_dimension_count(shape.head_dim)
-    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_rope_freq_base(shape.rope.theta)
     writer.add_layer_norm_rms_eps(shape.rms_norm_eps)
     writer.add_vocab_size(shape.vocab_size)
     writer.add_file_type(
@@ -230,7 +201,7 @@ def export_gguf(model_dir: Path, out_path: Path, gguf_type: str) -> Path:
     Written to a temporary sibling and renamed, so a reader never sees half a file.
 
     Raises:
-        ValueError: see :meth:`LlamaShape.from_config` and :func:`add_byte_tokenizer`, or an
+        ValueError: see :func:`check_exportable` and :func:`add_byte_tokenizer`, or an
             unknown ``gguf_type``.
         ImportError: the ``gguf`` package is not installed.
     """
@@ -240,8 +211,10 @@ def export_gguf(model_dir: Path, out_path: Path, gguf_type: str) -> Path:
 
     if gguf_type not in GGUF_TYPES:
         raise ValueError(f"gguf_type {gguf_type!r}: one of {', '.join(GGUF_TYPES)}")
-    shape = LlamaShape.from_config(json.loads((model_dir / "config.json").read_text()))
-    weights = LocalModel.load(model_dir).weights
+    model = LocalModel.load(model_dir)
+    shape = model.config
+    check_exportable(shape)
+    weights = model.weights
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp")
     writer = gguf.GGUFWriter(str(tmp), "llama")

@@ -15,13 +15,12 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from zerolayer.bench.streams import TokenTimes
+from zerolayer.bench.streams import TokenTimes, run_scheduled
 
 HEALTH_TIMEOUT_S = 120.0
 """How long a starting server may take to load its model."""
@@ -160,26 +159,4 @@ class LlamaServer:
         Raises:
             RuntimeError: the first failed request's error, after all have ended.
         """
-        results: list[TokenTimes | BaseException | None] = [None] * len(prompts)
-        start = time.perf_counter()
-
-        def send(i: int) -> None:
-            delay = start + offsets_s[i] - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            try:
-                results[i] = self.stream(prompts[i], max_new_tokens)
-            except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
-                results[i] = exc
-
-        threads = [
-            threading.Thread(target=send, args=(i,), daemon=True) for i in range(len(prompts))
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        return results  # type: ignore[return-value]
+        return run_scheduled(lambda i: self.stream(prompts[i], max_new_tokens), offsets_s)
