@@ -232,7 +232,10 @@ def export_gguf(model_dir: Path, out_path: Path, gguf_type: str) -> Path:
 
 
 def ensure_gguf(model_dir: Path, cache_dir: Path, gguf_type: str) -> Path:
-    """``<cache_dir>/<model dir name>-<gguf_type>.gguf``, exported once by :func:`export_gguf`
-    (the model directories of the cache are named after their preset, seed and format)."""
+    """``<cache_dir>/<model dir name>-<gguf_type>.gguf``, exported by :func:`export_gguf` when
+    missing or older than one of the checkpoint's safetensors files."""
     path = cache_dir / f"{model_dir.name}-{gguf_type}.gguf"
-    return path if path.exists() else export_gguf(model_dir, path, gguf_type)
+    newest = max(f.stat().st_mtime for f in model_dir.glob("*.safetensors"))
+    if path.exists() and path.stat().st_mtime >= newest:
+        return path
+    return export_gguf(model_dir, path, gguf_type)

@@ -2,7 +2,8 @@
 
 The server runs ``--parallel`` slots with continuous batching; each request sends its prompt as
 token ids to ``POST /completion`` (greedy, EOS ignored, no prompt cache) and is timed as it
-streams (server-sent events, one per token). The binary is ``--llama-server`` or found on PATH or
+streams (server-sent events, one per token, except that a token ending inside a UTF-8
+character is sent with the next). The binary is ``--llama-server`` or found on PATH or
 where ``scripts/build_llama_server.sh`` puts it.
 
 Source: llama.cpp's ``tools/server/README.md`` (``/completion``, ``/health``).
@@ -128,7 +129,6 @@ class LlamaServer:
             "temperature": 0.0,
             "ignore_eos": True,
             "cache_prompt": False,
-            "return_tokens": True,
         }
         conn = http.client.HTTPConnection("127.0.0.1", self.config.port, timeout=600)
         send = time.perf_counter()
@@ -141,8 +141,10 @@ class LlamaServer:
             if not line.startswith(b"data: "):
                 continue
             event = json.loads(line[6:])
-            num_tokens = len(event.get("tokens") or ())
-            arrivals.extend([time.perf_counter()] * num_tokens)
+            # NOTE: a token that ends inside a UTF-8 character is held back and sent with the
+            # next one, so the count of tokens so far, not the event, says how many arrived.
+            num_new = event.get("tokens_predicted", 0) - len(arrivals)
+            arrivals.extend([time.perf_counter()] * num_new)
             if event.get("stop"):
                 break
         conn.close()

@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
-import socket
-import sys
 from pathlib import Path
 
 from zerolayer.bench.common import median, write_results
 from zerolayer.bench.latency import latency_summary, poisson_offsets
-from zerolayer.bench.llama_server import LlamaServer, LlamaServerConfig, find_llama_server
+from zerolayer.bench.llamacpp_baselines import start_llama
 from zerolayer.bench.llamacpp_systems import (
     ZEROLAYER_VARIANTS,
     HfSystem,
-    LlamaCppSystem,
     ZerolayerSystem,
     ZerolayerVariant,
 )
@@ -57,37 +53,6 @@ SMOKE = {
 """Overrides of ``--smoke``."""
 
 MEASUREMENTS = ("decode_tok_s", "ttft_s", "batch_output_tok_s")
-LLAMA_EXTRA = "pip install 'zerolayer[bench]' (from a clone: .venv/bin/pip install -e '.[bench]')"
-
-
-def llama_skip_reason() -> str | None:
-    """Why the in-process llama.cpp side cannot run here (None: it can)."""
-    missing = [m for m in ("llama_cpp", "gguf") if importlib.util.find_spec(m) is None]
-    if missing:
-        return f"{' and '.join(missing)} not installed: {LLAMA_EXTRA}"
-    return None
-
-
-def server_skip_reason(binary: Path | None) -> str | None:
-    """Why the llama-server side cannot run (None: it can)."""
-    if binary is None:
-        return "llama-server not found (scripts/build_llama_server.sh, or --llama-server PATH)"
-    if not binary.exists():
-        return f"--llama-server {binary} does not exist"
-    return None
-
-
-def skipped(what: str, reason: str) -> dict:
-    """Prints that ``what`` is skipped (stderr, so CI logs show it) and returns the record."""
-    print(f"zerolayer bench llamacpp: {what} skipped: {reason}", file=sys.stderr)
-    return {"skipped": reason}
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (for llama-server)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prompts_of_round(r: int, vocab_size: int, args: argparse.Namespace) -> dict:
@@ -163,37 +128,6 @@ def zerolayer_stack(
     return StackConfig(**settings)  # type: ignore[arg-type]
 
 
-def open_llama_systems(
-    model_dir: Path, gguf_types: list[str], num_threads: int, args: argparse.Namespace
-) -> tuple[dict, list[LlamaCppSystem]]:
-    """The GGUF files (exported once under ``<out>/gguf``) and a system per weight type."""
-    from zerolayer.bench.gguf_export import ensure_gguf
-    from zerolayer.bench.llamacpp_engine import LlamaCppConfig, LlamaCppModel
-
-    paths = {t: ensure_gguf(model_dir, args.out / "gguf", t) for t in gguf_types}
-    longest = max(
-        args.decode_prompt_tokens + args.decode_tokens,
-        args.ttft_prompt_tokens + 1,
-        args.batch_prompt_tokens + args.batch_max_new_tokens,
-    )
-    systems = []
-    for t, path in paths.items():
-        single = LlamaCppModel(path, LlamaCppConfig(num_threads, 1, longest))
-        batched = LlamaCppModel(path, LlamaCppConfig(num_threads, args.batch_requests, longest))
-        systems.append(LlamaCppSystem(f"llama.cpp {t.upper()}", single, batched))
-    return paths, systems
-
-
-def exactness(model_dir: Path, vocab_size: int, num_threads: int, args: argparse.Namespace) -> dict:
-    """:func:`zerolayer.bench.gguf_exactness.gguf_agreement` of F32, BF16 and Q8_0 GGUFs."""
-    from zerolayer.bench.gguf_exactness import EXACTNESS_PROMPT_SEED, gguf_agreement
-    from zerolayer.bench.gguf_export import ensure_gguf
-
-    paths = {t: ensure_gguf(model_dir, args.out / "gguf", t) for t in ("f32", "bf16", "q8_0")}
-    prompt = random_prompts(1, 32, vocab_size, EXACTNESS_PROMPT_SEED)[0]
-    return gguf_agreement(model_dir, paths, prompt, args.exactness_tokens, num_threads)
-
-
 def warm_up_baselines(systems: list, servers: dict, vocab_size: int) -> None:
     """One short run of each, so first-call costs are not measured."""
     prompt = random_prompts(1, 8, vocab_size, seed=7)[0]
@@ -240,41 +174,12 @@ def main(args: argparse.Namespace) -> dict:
     names = args.zerolayer_variants.split(",") if args.zerolayer_variants else None
     variants = [v for v in ZEROLAYER_VARIANTS if names is None or v.name in names]
     set_torch_threads(cores)
-    llama = {"gguf_types": gguf_types}
-    reason = llama_skip_reason()
-    server_binary = find_llama_server(args.llama_server)
-    server_reason = reason or server_skip_reason(server_binary)
     baselines: list = []
     with contextlib.ExitStack() as stack:
-        if reason:
-            llama["exactness"] = skipped("llama.cpp (in process and llama-server)", reason)
-        else:
-            llama["exactness"] = exactness(model_dir, vocab_size, llama_threads, args)
-            paths, llama_systems = open_llama_systems(model_dir, gguf_types, llama_threads, args)
-            for s in llama_systems:
-                stack.callback(s.close)
-            baselines += llama_systems
-            llama["gguf_files"] = {t: str(p) for t, p in paths.items()}
-        servers = {}
-        if server_reason:
-            if not reason:
-                llama["llama_server"] = skipped("llama-server (online serving)", server_reason)
-        else:
-            for t in gguf_types:
-                config = LlamaServerConfig(
-                    server_binary,
-                    Path(llama["gguf_files"][t]),
-                    free_port(),
-                    llama_threads,
-                    args.online_slots,
-                    args.online_prompt_tokens + args.online_max_new_tokens,
-                    args.out / "logs" / f"llama-server-{t}.log",
-                )
-                servers[f"llama-server {t.upper()}"] = stack.enter_context(LlamaServer(config))
-            llama["llama_server"] = {
-                "binary": str(server_binary),
-                "argv": {n: s.config.argv() for n, s in servers.items()},
-            }
+        llama, llama_systems, servers = start_llama(
+            model_dir, gguf_types, llama_threads, stack, args
+        )
+        baselines += llama_systems
         if not args.no_hf:
             from zerolayer.bench.hf_baseline import load_hf
 
