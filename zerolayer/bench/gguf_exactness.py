@@ -80,17 +80,19 @@ def gguf_agreement(
     prompt: Sequence[int],
     num_tokens: int,
     num_threads: int,
+    repack: bool = True,
 ) -> dict:
     """Per GGUF (named by its weight type): :func:`agreement` of llama.cpp's greedy run of
     ``prompt`` for ``num_tokens`` tokens with transformers float32 on ``model_dir``; the F32
     file's entry adds ``exact``: every greedy id equal and logits within
-    :data:`EXACT_MAX_ABS_LOGIT_DIFF`.
+    :data:`EXACT_MAX_ABS_LOGIT_DIFF`. ``repack``: llama.cpp's weight repacking
+    (:class:`~zerolayer.bench.llamacpp_engine.LlamaCppConfig`'s ``extra_buffer_types``).
 
     Raises:
         ImportError: llama-cpp-python or transformers is not installed.
     """
     ref_ids, model = hf_fp32_reference(model_dir, prompt, num_tokens)
-    config = LlamaCppConfig(num_threads, 1, len(prompt) + num_tokens)
+    config = LlamaCppConfig(num_threads, 1, len(prompt) + num_tokens, extra_buffer_types=repack)
     out = {}
     for name, path in gguf_paths.items():
         with LlamaCppModel(path, config) as llm:

@@ -60,6 +60,9 @@ class LlamaServerConfig:
     max_seq_tokens: int
     """Context of one slot (prompt plus generated tokens)."""
     log_path: Path
+    repack: bool = True
+    """Weights repacked into the CPU backend's extra buffer types (llama.cpp's default); False
+    adds ``--no-repack``."""
 
     def argv(self) -> list[str]:
         """The command line."""
@@ -69,6 +72,7 @@ class LlamaServerConfig:
             *("--threads", str(self.num_threads), "--threads-batch", str(self.num_threads)),
             *("--parallel", str(self.num_slots), "--cont-batching"),
             *("--ctx-size", str(self.num_slots * self.max_seq_tokens)),
+            *(() if self.repack else ("--no-repack",)),
         ]
 
 

@@ -8,9 +8,11 @@ import contextlib
 import importlib.util
 import json
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
+from zerolayer.bench.gguf_export import ensure_gguf
 from zerolayer.bench.llama_server import LlamaServer, LlamaServerConfig, find_llama_server
 from zerolayer.bench.llamacpp_systems import LlamaCppSystem
 from zerolayer.bench.streams import random_prompts
@@ -48,11 +50,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def repacking_works(gguf_path: Path, num_threads: int) -> bool:
+    """Whether llama.cpp survives two greedy tokens of ``gguf_path`` with its default weight
+    repacking, tried in a child process.
+
+    NOTE: on a VM that lists AMX among the CPU's flags and grants the process its tile state but
+    whose tile loads still fault (seen here: SIGILL in ggml's AMX matmul of Q8_0 weights), a
+    native build of llama.cpp dies on any quantized model; without repacking it runs.
+    """
+    code = (
+        "import sys; from pathlib import Path; "
+        "from zerolayer.bench.llamacpp_engine import LlamaCppConfig, LlamaCppModel; "
+        "config = LlamaCppConfig(int(sys.argv[2]), 1, 16); "
+        "LlamaCppModel(Path(sys.argv[1]), config).greedy([[3, 4]], 2)"
+    )
+    argv = [sys.executable, "-c", code, str(gguf_path), str(num_threads)]
+    proc = subprocess.run(argv, capture_output=True, timeout=300)
+    return proc.returncode == 0
+
+
 def open_llama_systems(
-    model_dir: Path, gguf_types: list[str], num_threads: int, args: argparse.Namespace
+    model_dir: Path,
+    gguf_types: list[str],
+    num_threads: int,
+    repack: bool,
+    args: argparse.Namespace,
 ) -> tuple[dict, list[LlamaCppSystem]]:
     """The GGUF files (exported once under ``<out>/gguf``) and a system per weight type."""
-    from zerolayer.bench.gguf_export import ensure_gguf
     from zerolayer.bench.llamacpp_engine import LlamaCppConfig, LlamaCppModel
 
     paths = {t: ensure_gguf(model_dir, args.out / "gguf", t) for t in gguf_types}
@@ -63,20 +87,26 @@ def open_llama_systems(
     )
     systems = []
     for t, path in paths.items():
-        single = LlamaCppModel(path, LlamaCppConfig(num_threads, 1, longest))
-        batched = LlamaCppModel(path, LlamaCppConfig(num_threads, args.batch_requests, longest))
+        single = LlamaCppModel(
+            path, LlamaCppConfig(num_threads, 1, longest, extra_buffer_types=repack)
+        )
+        batched = LlamaCppModel(
+            path,
+            LlamaCppConfig(num_threads, args.batch_requests, longest, extra_buffer_types=repack),
+        )
         systems.append(LlamaCppSystem(f"llama.cpp {t.upper()}", single, batched))
     return paths, systems
 
 
-def exactness(model_dir: Path, vocab_size: int, num_threads: int, args: argparse.Namespace) -> dict:
+def exactness(
+    model_dir: Path, vocab_size: int, num_threads: int, repack: bool, args: argparse.Namespace
+) -> dict:
     """:func:`zerolayer.bench.gguf_exactness.gguf_agreement` of F32, BF16 and Q8_0 GGUFs."""
     from zerolayer.bench.gguf_exactness import EXACTNESS_PROMPT_SEED, gguf_agreement
-    from zerolayer.bench.gguf_export import ensure_gguf
 
     paths = {t: ensure_gguf(model_dir, args.out / "gguf", t) for t in ("f32", "bf16", "q8_0")}
     prompt = random_prompts(1, 32, vocab_size, EXACTNESS_PROMPT_SEED)[0]
-    return gguf_agreement(model_dir, paths, prompt, args.exactness_tokens, num_threads)
+    return gguf_agreement(model_dir, paths, prompt, args.exactness_tokens, num_threads, repack)
 
 
 def start_llama(
@@ -98,8 +128,19 @@ def start_llama(
         llama["exactness"] = skipped("llama.cpp (in process and llama-server)", reason)
         return llama, [], {}
     vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    llama["exactness"] = exactness(model_dir, vocab_size, num_threads, args)
-    paths, systems = open_llama_systems(model_dir, gguf_types, num_threads, args)
+    repack = all(
+        repacking_works(ensure_gguf(model_dir, args.out / "gguf", t), num_threads)
+        for t in sorted({*gguf_types, "q8_0"})
+    )
+    llama["weight_repacking"] = repack
+    if not repack:
+        llama["weight_repacking_note"] = (
+            "llama.cpp's default weight repacking (AMX here) crashed in a child process on this "
+            "machine: measured without it (use_extra_bufts=false, llama-server --no-repack)"
+        )
+        print(f"zerolayer bench llamacpp: {llama['weight_repacking_note']}", file=sys.stderr)
+    llama["exactness"] = exactness(model_dir, vocab_size, num_threads, repack, args)
+    paths, systems = open_llama_systems(model_dir, gguf_types, num_threads, repack, args)
     for s in systems:
         stack.callback(s.close)
     llama["gguf_files"] = {t: str(p) for t, p in paths.items()}
@@ -118,6 +159,7 @@ def start_llama(
             args.online_slots,
             args.online_prompt_tokens + args.online_max_new_tokens,
             args.out / "logs" / f"llama-server-{t}.log",
+            repack,
         )
         servers[f"llama-server {t.upper()}"] = stack.enter_context(LlamaServer(config))
     llama["llama_server"] = {

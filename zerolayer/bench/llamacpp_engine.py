@@ -38,6 +38,9 @@ class LlamaCppConfig:
     """Prompt plus generated tokens of one sequence, at most."""
     max_batch_tokens: int = 2048
     """Tokens one ``llama_decode`` call takes (llama.cpp's ``n_batch``, its default)."""
+    extra_buffer_types: bool = True
+    """Weights may be repacked into the CPU backend's extra buffer types (AMX, interleaved
+    blocks), llama.cpp's default; False is llama-server's ``--no-repack``."""
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,9 @@ class LlamaCppModel:
         self._log = llama_cpp.llama_log_callback(lambda level, text, data: None)
         llama_cpp.llama_log_set(self._log, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
-        self._model = llama_cpp.llama_model_load_from_file(
-            str(gguf_path).encode(), llama_cpp.llama_model_default_params()
-        )
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.use_extra_bufts = config.extra_buffer_types
+        self._model = llama_cpp.llama_model_load_from_file(str(gguf_path).encode(), model_params)
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {gguf_path}")
         params = llama_cpp.llama_context_default_params()
