@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -216,3 +217,32 @@ def test_int8_smoke_compares_decode_speed_and_agreement(tmp_path: Path) -> None:
     assert quality["positions"] == 16
     assert quality["argmax_agreement"] >= 0.5 and quality["mean_logit_cosine"] > 0.99
     assert (tmp_path / "tiny-seed0-v1-int8" / "config.json").is_file()
+
+
+def test_llamacpp_smoke_measures_zerolayer_with_or_without_llama_cpp(tmp_path: Path) -> None:
+    results = run_smoke(tmp_path, "llamacpp")
+    assert results["workload"]["batch"]["num_requests"] == 4
+    cores = results["machine"]["cores"]
+    threads = results["threads"]
+    assert threads["zerolayer_threads_from"] == "zerolayer up's default"
+    assert threads["zerolayer_scheduler"] == default_num_threads(cores)
+    assert threads["llama_cpp"] == threads["llama_server"] == cores
+    variant = results["variants"]["zerolayer"]
+    assert len(variant["rounds"]) == 1
+    systems = set(variant["median"])
+    for system in systems:
+        m = variant["median"][system]
+        assert m["decode_tok_s"] > 0 and m["ttft_s"] > 0 and m["batch_output_tok_s"] > 0
+    llama = results["llama_cpp"]
+    if importlib.util.find_spec("llama_cpp") is None:
+        # CI: no bench extra; the llama.cpp side says why it is skipped, zerolayer still runs.
+        assert "not installed" in llama["exactness"]["skipped"]
+        assert systems == {"zerolayer", "transformers"}
+        assert set(variant["online"]["median"]) == {"zerolayer"}
+    else:
+        assert llama["exactness"]["f32"]["exact"] is True
+        assert {"llama.cpp BF16", "llama.cpp Q8_0"} <= systems
+        assert set(variant["ratios"]) >= {
+            "zerolayer / llama.cpp BF16",
+            "zerolayer / llama.cpp Q8_0",
+        }

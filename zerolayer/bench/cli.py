@@ -30,6 +30,7 @@ SCENARIOS = (
     "failover",
     "threads",
     "int8",
+    "llamacpp",
 )
 """Each is a module of this package with ``add_arguments(p)`` and ``main(args) -> dict``."""
 

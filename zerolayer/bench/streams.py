@@ -10,7 +10,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -95,40 +95,50 @@ def stream_token_times(
     return TokenTimes(send, tuple(arrivals))
 
 
-def run_streams(
-    address: str, requests: Sequence[pb.GenerateRequest], offsets_s: Sequence[float]
+def run_scheduled(
+    send: Callable[[int], TokenTimes], offsets_s: Sequence[float]
 ) -> list[TokenTimes]:
-    """Sends request i ``offsets_s[i]`` seconds after the start, each on its own thread over one
-    shared channel, and waits for all of them.
+    """Calls ``send(i)`` ``offsets_s[i]`` seconds after the start, each on its own thread, and
+    waits for all of them.
 
     Raises:
-        grpc.RpcError | RuntimeError: the first failed request's error, after all have ended.
+        BaseException: the first failed call's error, after all have ended.
     """
-    results: list[TokenTimes | BaseException | None] = [None] * len(requests)
-    with grpc.insecure_channel(address) as channel:
-        stub = generation_pb2_grpc.TextGenerationStub(channel)
-        start = time.perf_counter()
+    results: list[TokenTimes | BaseException | None] = [None] * len(offsets_s)
+    start = time.perf_counter()
 
-        def send(i: int) -> None:
-            delay = start + offsets_s[i] - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            try:
-                results[i] = stream_token_times(stub, requests[i])
-            except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
-                results[i] = exc
+    def run(i: int) -> None:
+        delay = start + offsets_s[i] - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        try:
+            results[i] = send(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            results[i] = exc
 
-        threads = [
-            threading.Thread(target=send, args=(i,), daemon=True) for i in range(len(requests))
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(offsets_s))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     for result in results:
         if isinstance(result, BaseException):
             raise result
     return results  # type: ignore[return-value]
+
+
+def run_streams(
+    address: str, requests: Sequence[pb.GenerateRequest], offsets_s: Sequence[float]
+) -> list[TokenTimes]:
+    """Sends request i ``offsets_s[i]`` seconds after the start, each on its own thread over one
+    shared channel, and waits for all of them (:func:`run_scheduled`).
+
+    Raises:
+        grpc.RpcError | RuntimeError: the first failed request's error, after all have ended.
+    """
+    with grpc.insecure_channel(address) as channel:
+        stub = generation_pb2_grpc.TextGenerationStub(channel)
+        return run_scheduled(lambda i: stream_token_times(stub, requests[i]), offsets_s)
 
 
 def decode_tok_s(runs: Sequence[TokenTimes]) -> float:

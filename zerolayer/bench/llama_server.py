@@ -1,0 +1,168 @@
+"""llama.cpp's ``llama-server`` as a serving baseline: started on a GGUF file, streamed over HTTP.
+
+The server runs ``--parallel`` slots with continuous batching; each request sends its prompt as
+token ids to ``POST /completion`` (greedy, EOS ignored, no prompt cache) and is timed as it
+streams (server-sent events, one per token, except that a token ending inside a UTF-8
+character is sent with the next). The binary is ``--llama-server`` or found on PATH or
+where ``scripts/build_llama_server.sh`` puts it.
+
+Source: llama.cpp's ``tools/server/README.md`` (``/completion``, ``/health``).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerolayer.bench.streams import TokenTimes, run_scheduled
+
+HEALTH_TIMEOUT_S = 120.0
+"""How long a starting server may take to load its model."""
+
+
+def default_build_dir() -> Path:
+    """Where ``scripts/build_llama_server.sh`` installs by default:
+    ``$XDG_CACHE_HOME/zerolayer/llama-server`` (``~/.cache`` without XDG_CACHE_HOME)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "zerolayer" / "llama-server"
+
+
+def find_llama_server(explicit: str | None) -> Path | None:
+    """``explicit`` if given (even if missing, so the caller reports it), else ``llama-server``
+    on PATH, else ``<default_build_dir()>/bin/llama-server`` if it exists, else None."""
+    if explicit:
+        return Path(explicit)
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return Path(on_path)
+    built = default_build_dir() / "bin" / "llama-server"
+    return built if built.exists() else None
+
+
+@dataclass(frozen=True)
+class LlamaServerConfig:
+    """How ``llama-server`` is started."""
+
+    binary: Path
+    gguf_path: Path
+    port: int
+    num_threads: int
+    """``--threads`` and ``--threads-batch``."""
+    num_slots: int
+    """``--parallel``: requests decoded together."""
+    max_seq_tokens: int
+    """Context of one slot (prompt plus generated tokens)."""
+    log_path: Path
+    repack: bool = True
+    """Weights repacked into the CPU backend's extra buffer types (llama.cpp's default); False
+    adds ``--no-repack``."""
+
+    def argv(self) -> list[str]:
+        """The command line."""
+        return [
+            str(self.binary),
+            *("--model", str(self.gguf_path), "--host", "127.0.0.1", "--port", str(self.port)),
+            *("--threads", str(self.num_threads), "--threads-batch", str(self.num_threads)),
+            *("--parallel", str(self.num_slots), "--cont-batching"),
+            *("--ctx-size", str(self.num_slots * self.max_seq_tokens)),
+            *(() if self.repack else ("--no-repack",)),
+        ]
+
+
+class LlamaServer:
+    """A running ``llama-server`` process (a context manager: started on enter, terminated on
+    exit)."""
+
+    def __init__(self, config: LlamaServerConfig) -> None:
+        self.config = config
+        self._process: subprocess.Popen | None = None
+
+    def __enter__(self) -> LlamaServer:
+        self.config.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.config.log_path.open("wb") as log:
+            self._process = subprocess.Popen(
+                self.config.argv(), stdout=log, stderr=subprocess.STDOUT
+            )
+        self._wait_healthy()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + HEALTH_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(
+                    f"llama-server exited with {self._process.returncode}; see "
+                    f"{self.config.log_path}"
+                )
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.config.port, timeout=2)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"llama-server not healthy in {HEALTH_TIMEOUT_S} s")
+
+    def stream(self, prompt: Sequence[int], max_new_tokens: int) -> TokenTimes:
+        """One streamed greedy completion of ``prompt`` (ids), timed per token.
+
+        Raises:
+            RuntimeError: an HTTP error, or not ``max_new_tokens`` tokens.
+        """
+        body = {
+            "prompt": list(prompt),
+            "n_predict": max_new_tokens,
+            "stream": True,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "cache_prompt": False,
+        }
+        conn = http.client.HTTPConnection("127.0.0.1", self.config.port, timeout=600)
+        send = time.perf_counter()
+        conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"llama-server: HTTP {response.status} {response.read()[:200]!r}")
+        arrivals: list[float] = []
+        for line in response:
+            if not line.startswith(b"data: "):
+                continue
+            event = json.loads(line[6:])
+            # NOTE: a token that ends inside a UTF-8 character is held back and sent with the
+            # next one, so the count of tokens so far, not the event, says how many arrived.
+            num_new = event.get("tokens_predicted", 0) - len(arrivals)
+            arrivals.extend([time.perf_counter()] * num_new)
+            if event.get("stop"):
+                break
+        conn.close()
+        if len(arrivals) != max_new_tokens:
+            raise RuntimeError(f"llama-server streamed {len(arrivals)} of {max_new_tokens} tokens")
+        return TokenTimes(send, tuple(arrivals))
+
+    def run_scheduled(
+        self, prompts: Sequence[Sequence[int]], offsets_s: Sequence[float], max_new_tokens: int
+    ) -> list[TokenTimes]:
+        """Sends prompt i ``offsets_s[i]`` seconds after the start, each on its own thread (the
+        HTTP counterpart of :func:`zerolayer.bench.streams.run_streams`).
+
+        Raises:
+            RuntimeError: the first failed request's error, after all have ended.
+        """
+        return run_scheduled(lambda i: self.stream(prompts[i], max_new_tokens), offsets_s)
