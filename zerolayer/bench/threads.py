@@ -1,12 +1,12 @@
 """The scheduler's thread default against explicit thread counts, quiet and beside a busy process.
 
 Each setting starts the four layers afresh (OpenMP reads its environment once, when torch loads
-libgomp) and streams batch-1 (and other batch sizes') decodes through the services. A setting
-is a torch thread count (0: the scheduler's default) and the OpenMP waiting policy the scheduler
-process starts with. The same settings run again with one busy process (a Python busy loop, as a
-neighbour on a shared machine would be) beside the stack. Targets (issue 18): the default
-reaches at least 90% of the best explicit thread count on a quiet machine, and at least half of
-its own quiet figure beside a busy process.
+libgomp) and streams batch-1 (and other batch sizes') decodes through the services. A setting is
+a torch thread count (0: the scheduler's default) and the OpenMP spin count the scheduler
+process starts with (none: the scheduler's default waiting policy). The same settings run again
+with one busy process (a Python busy loop, as a neighbour on a shared machine would be) beside
+the stack. Targets (issue 18): the default reaches at least 90% of the best explicit thread
+count on a quiet machine, and at least half of its own quiet figure beside a busy process.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ SMOKE = {
 """Overrides of ``--smoke``."""
 
 OPENMP_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-"""The OpenMP variables a setting may set (any other value in this process's environment is
-left as it is; a setting without one runs with it unset)."""
+"""The OpenMP variables a setting may set; a setting without one runs with it unset (so the
+scheduler's own default applies: see zerolayer.scheduler.openmp_waiting)."""
 
 
 @dataclass(frozen=True)
@@ -62,11 +62,11 @@ class ThreadSetting:
 
 
 def settings_for(cores: int, spin_counts: list[str]) -> list[ThreadSetting]:
-    """The default, each explicit count 1..``cores`` and, at ``cores`` threads, passive waiting
-    and each GOMP spin count of ``spin_counts``."""
+    """The default, each explicit count 1..``cores`` (with the scheduler's waiting policy) and,
+    at ``cores`` threads, each GOMP spin count of ``spin_counts`` (300000 is libgomp's own
+    default: spin, then sleep)."""
     out = [ThreadSetting("default", 0)]
     out += [ThreadSetting(f"{n} threads", n) for n in range(1, cores + 1)]
-    out.append(ThreadSetting(f"{cores} threads, passive", cores, {"OMP_WAIT_POLICY": "passive"}))
     out += [
         ThreadSetting(f"{cores} threads, spin {s}", cores, {"GOMP_SPINCOUNT": s})
         for s in spin_counts
@@ -76,11 +76,8 @@ def settings_for(cores: int, spin_counts: list[str]) -> list[ThreadSetting]:
 
 @contextlib.contextmanager
 def openmp_environment(overrides: dict[str, str]) -> Iterator[None]:
-    """This process's environment (which the stack's processes inherit) with ``overrides``
-    for :data:`OPENMP_ENV`, restored on exit. Without overrides nothing changes."""
-    if not overrides:
-        yield
-        return
+    """This process's environment (which the stack's processes inherit) without any of
+    :data:`OPENMP_ENV` but ``overrides``, restored on exit."""
     saved = {name: os.environ.get(name) for name in OPENMP_ENV}
     for name in OPENMP_ENV:
         os.environ.pop(name, None)
@@ -211,13 +208,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=2, help="runs per batch size (medians)")
     p.add_argument(
         "--spin-counts",
-        default="10000",
-        help="GOMP_SPINCOUNT values to try at one thread per core, comma-separated "
-        "(default %(default)s; empty: none)",
+        default="300000,10000",
+        help="GOMP_SPINCOUNT values to try at one thread per core, comma-separated; 300000 is "
+        "libgomp's default when no waiting policy is set (default %(default)s; empty: none)",
     )
     p.add_argument(
         "--only",
         default="",
         help="comma-separated labels of the settings to run (default all: 'default', "
-        "'N threads', 'N threads, passive', 'N threads, spin S')",
+        "'N threads', 'N threads, spin S')",
     )

@@ -7,11 +7,20 @@ import logging
 import os
 import sys
 
+from zerolayer.scheduler.openmp_waiting import prefer_passive_waiting
+
+# NOTE: before torch loads libgomp, which reads its environment once (see openmp_waiting).
+OPENMP_WAITING = prefer_passive_waiting(os.environ)
+
 import grpc
 import torch
 from prometheus_client import CollectorRegistry
 
-from zerolayer.common.config import WARM_UP_PROMPT_TOKENS, SchedulerConfig, default_num_threads
+from zerolayer.common.config import (
+    WARM_UP_PROMPT_TOKENS,
+    SchedulerConfig,
+    default_num_threads,
+)
 from zerolayer.common.device import resolve_device
 from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
@@ -77,8 +86,9 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
         holder["kv_readiness"] = asyncio.create_task(readiness.follow(), name="kvstore health")
         stats = engine.stats()
         log.info(
-            "engine started with %d torch threads; attention: %s, %d decode CUDA graphs; %s",
+            "engine started with %d torch threads (%s); attention: %s, %d decode CUDA graphs; %s",
             torch.get_num_threads(),
+            OPENMP_WAITING,
             stats.attention_backend,
             stats.num_cuda_graphs,
             role.role.name.lower(),

@@ -1,0 +1,47 @@
+"""The scheduler's OpenMP waiting policy: passive unless the user chose one, set before torch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from zerolayer.scheduler.openmp_waiting import prefer_passive_waiting
+
+
+def test_passive_when_nothing_is_chosen() -> None:
+    environ: dict[str, str] = {"PATH": "/bin"}
+    assert prefer_passive_waiting(environ) == "OMP_WAIT_POLICY=PASSIVE"
+    assert environ == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@pytest.mark.parametrize("chosen", [{"OMP_WAIT_POLICY": "active"}, {"GOMP_SPINCOUNT": "300000"}])
+def test_the_users_choice_wins(chosen: dict[str, str]) -> None:
+    environ = dict(chosen)
+    ((name, value),) = chosen.items()
+    assert prefer_passive_waiting(environ) == f"{name}={value}"
+    assert environ == chosen
+
+
+def probe(env: dict[str, str]) -> list[str]:
+    """What the scheduler's entry module reports and leaves in the environment once it has
+    imported torch (a fresh process, as the launcher starts it)."""
+    code = (
+        "import os, sys\n"
+        "import zerolayer.scheduler.__main__ as m\n"
+        "print(m.OPENMP_WAITING)\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'))\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
+
+
+def test_the_scheduler_process_waits_passively_by_default() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    assert probe(env) == ["OMP_WAIT_POLICY=PASSIVE", "PASSIVE", "True"]
+    assert probe({**env, "GOMP_SPINCOUNT": "1000"}) == ["GOMP_SPINCOUNT=1000", "None", "True"]
