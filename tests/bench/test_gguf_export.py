@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from zerolayer.bench.gguf_export import GGUF_TENSOR_NAMES, check_exportable, rope_permute
+from zerolayer.bench.llamacpp_systems import ZEROLAYER_VARIANTS
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.checkpoints.model_config import ModelConfig
 
@@ -100,3 +101,13 @@ def test_f32_gguf_greedy_ids_and_logits_equal_transformers_fp32(tmp_path: Path) 
     assert f32["max_abs_logit_diff"] < 1e-2 and f32["min_logit_cosine"] > 0.99999
     for name in ("bf16", "q8_0"):
         assert result[name]["num_tokens"] == 16 and result[name]["min_logit_cosine"] > 0.9
+
+
+def test_the_llama_cpp_comparison_includes_zerolayers_int8_checkpoint(tmp_path: Path) -> None:
+    variants = {v.name: v for v in ZEROLAYER_VARIANTS}
+    assert set(variants) == {"zerolayer", "zerolayer int8"}
+    model_dir = ensure_dummy_model("tiny")
+    assert variants["zerolayer"].checkpoint(model_dir, tmp_path) == model_dir
+    int8_dir = variants["zerolayer int8"].checkpoint(model_dir, tmp_path)
+    config = json.loads((int8_dir / "config.json").read_text())
+    assert config["quantization_config"]["group_size"] == 32

@@ -49,6 +49,8 @@ SMOKE = {
     "online_prompt_tokens": 16,
     "online_max_new_tokens": 8,
     "online_slots": 4,
+    # The int8 variant has a smoke run of its own (zerolayer bench int8 --smoke).
+    "zerolayer_variants": "zerolayer",
 }
 """Overrides of ``--smoke``."""
 

@@ -59,7 +59,18 @@ class ZerolayerVariant:
     """StackConfig fields that differ from ``zerolayer up``'s defaults."""
 
 
-ZEROLAYER_VARIANTS = (ZerolayerVariant("zerolayer"),)
+def int8_checkpoint(model_dir: Path, out_dir: Path) -> Path:
+    """``zerolayer quantize`` of the checkpoint (groups of 32, as llama.cpp's Q8_0) under
+    ``out_dir``."""
+    from zerolayer.bench.int8 import quantized_copy
+
+    return quantized_copy(model_dir, out_dir, 32)
+
+
+ZEROLAYER_VARIANTS = (
+    ZerolayerVariant("zerolayer"),
+    ZerolayerVariant("zerolayer int8", int8_checkpoint),
+)
 """Every zerolayer variant ``--zerolayer-variants`` may name; the default measures all."""
 
 
