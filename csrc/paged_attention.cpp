@@ -693,5 +693,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("w"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   }
+  m.def(
+      "skinny_linear_multi",
+      &zerolayer::skinny_linear_multi,
+      "[x @ w^T for w in ws]: skinny_linear of one x [M, K] with several w [N_i, K] in one "
+      "parallel region -> list of [M, N_i]",
+      pybind11::arg("x"),
+      pybind11::arg("ws"),
+      pybind11::call_guard<pybind11::gil_scoped_release>());
   m.attr("max_skinny_rows") = zerolayer::kMaxSkinnyRows;
 }

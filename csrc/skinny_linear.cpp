@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels.h"
 #include "simd.h"
@@ -65,26 +66,69 @@ RowsFn rows_for(int64_t m) {
 
 }  // namespace
 
-at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "skinny_linear: x [M, K] and w [N, K] expected");
+namespace {
+
+// The checks both entry points make, and x in float32 [M, K].
+at::Tensor checked_x32(const at::Tensor& x, const at::Tensor& w, const char* who) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, who, ": x [M, K] and w [N, K] expected");
   TORCH_CHECK(
       x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16,
-      "skinny_linear: bfloat16 x and w expected");
-  TORCH_CHECK(x.size(1) == w.size(1), "skinny_linear: x has ", x.size(1), " columns, w ", w.size(1));
+      who, ": bfloat16 x and w expected");
+  TORCH_CHECK(x.size(1) == w.size(1), who, ": x has ", x.size(1), " columns, w ", w.size(1));
+  const int64_t m = x.size(0);
+  TORCH_CHECK(m >= 1 && m <= kMaxSkinnyRows, who, ": 1 to ", kMaxSkinnyRows, " rows of x");
+  TORCH_CHECK(x.size(1) % kLanes == 0, who, ": K must be a multiple of ", kLanes);
+  TORCH_CHECK(w.is_contiguous(), who, ": w must be contiguous");
+  return x.to(at::kFloat).contiguous();
+}
+
+// Grain: 256 KiB of weights per task at least, so small matrices stay on one thread.
+int64_t grain_rows(int64_t k) { return std::max<int64_t>(1, (256 << 10) / (2 * k)); }
+
+}  // namespace
+
+at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w) {
+  const at::Tensor x32 = checked_x32(x, w, "skinny_linear");
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  TORCH_CHECK(m >= 1 && m <= kMaxSkinnyRows, "skinny_linear: 1 to ", kMaxSkinnyRows, " rows of x");
-  TORCH_CHECK(k % kLanes == 0, "skinny_linear: K must be a multiple of ", kLanes);
-  TORCH_CHECK(w.is_contiguous(), "skinny_linear: w must be contiguous");
-  const at::Tensor x32 = x.to(at::kFloat).contiguous();
   at::Tensor y = at::empty({m, n}, x.options());
   const float* xp = x32.data_ptr<float>();
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   RowsFn fn = rows_for(m);
-  // Grain: 256 KiB of weights per task at least, so small matrices stay on one thread.
-  const int64_t grain = std::max<int64_t>(1, (256 << 10) / (2 * k));
-  at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { fn(xp, wp, yp, k, n, n0, n1); });
+  at::parallel_for(0, n, grain_rows(k), [&](int64_t n0, int64_t n1) {
+    fn(xp, wp, yp, k, n, n0, n1);
+  });
   return y;
+}
+
+std::vector<at::Tensor> skinny_linear_multi(const at::Tensor& x, const std::vector<at::Tensor>& ws) {
+  TORCH_CHECK(!ws.empty(), "skinny_linear_multi: at least one w expected");
+  at::Tensor x32;
+  for (const at::Tensor& w : ws) x32 = checked_x32(x, w, "skinny_linear_multi");
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t count = static_cast<int64_t>(ws.size());
+  std::vector<at::Tensor> ys;
+  std::vector<const uint16_t*> wps;
+  std::vector<uint16_t*> yps;
+  std::vector<int64_t> starts{0};  // weight i owns rows [starts[i], starts[i + 1]) of the concatenation
+  for (const at::Tensor& w : ws) {
+    ys.push_back(at::empty({m, w.size(0)}, x.options()));
+    wps.push_back(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()));
+    yps.push_back(reinterpret_cast<uint16_t*>(ys.back().data_ptr<at::BFloat16>()));
+    starts.push_back(starts.back() + w.size(0));
+  }
+  const float* xp = x32.data_ptr<float>();
+  RowsFn fn = rows_for(m);
+  // NOTE: one parallel region for all the weights (q, k, v or gate, up): each region is a
+  // barrier and, with passive OpenMP waiting, a wake-up per thread; the weights stay where the
+  // loader mapped them (no concatenated copy).
+  at::parallel_for(0, starts.back(), grain_rows(k), [&](int64_t r0, int64_t r1) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t lo = std::max(r0, starts[i]), hi = std::min(r1, starts[i + 1]);
+      if (lo < hi) fn(xp, wps[i], yps[i], k, starts[i + 1] - starts[i], lo - starts[i], hi - starts[i]);
+    }
+  });
+  return ys;
 }
 
 }  // namespace zerolayer
