@@ -13,6 +13,12 @@ constexpr int64_t kMaxSkinnyRows = 4;
 // y [M, N] = x [M, K] @ w [N, K]^T in bfloat16, float32 accumulation; M <= kMaxSkinnyRows.
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w);
 
+// skinny_linear through the float32-widening loop whatever the CPU (for comparisons).
+at::Tensor skinny_linear_widened(const at::Tensor& x, const at::Tensor& w);
+
+// Whether skinny_linear uses AVX-512 BF16's dot product (vdpbf16ps) on this CPU.
+bool has_bf16_dot();
+
 // skinny_linear of one x with each of ws (same K) in one parallel region: [x @ w^T for w in ws].
 std::vector<at::Tensor> skinny_linear_multi(const at::Tensor& x, const std::vector<at::Tensor>& ws);
 

@@ -3,6 +3,8 @@ for when KernelLoader.linear takes it."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,15 +25,19 @@ def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x.double(), w.double())
 
 
+@pytest.mark.parametrize("kernel", ["skinny_linear", "skinny_linear_widened"])
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
-@pytest.mark.parametrize(("n", "k"), [(1, 16), (7, 32), (256, 768), (2048, 768), (768, 2048)])
+@pytest.mark.parametrize(
+    ("n", "k"), [(1, 16), (7, 32), (5, 48), (256, 768), (2048, 768), (768, 2048)]
+)
 def test_matches_a_float64_reference_within_bfloat16_rounding(
-    native: KernelLoader, m: int, n: int, k: int
+    native: KernelLoader, kernel: str, m: int, n: int, k: int
 ) -> None:
+    # skinny_linear takes AVX-512 BF16's dot product where the CPU has it (K = 48: a tail of 16).
     gen = torch.Generator().manual_seed(m * 1000 + n + k)
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
     w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
-    y = native.load().skinny_linear(x, w)
+    y = getattr(native.load(), kernel)(x, w)
     want = reference(x, w)
     assert y.dtype == torch.bfloat16 and y.shape == (m, n)
     # One bfloat16 rounding of the float32 sum: relative 2^-8, plus float32 accumulation error.
@@ -42,7 +48,13 @@ def test_matches_a_float64_reference_within_bfloat16_rounding(
     assert (y.double() - want).abs().max() <= torch_err + want.abs().max() * 2.0**-7
 
 
-def test_rounds_to_nearest_and_keeps_special_values(native: KernelLoader) -> None:
+def test_uses_the_bfloat16_dot_product_where_the_cpu_has_it(native: KernelLoader) -> None:
+    flags = open("/proc/cpuinfo").read().split() if sys.platform == "linux" else []
+    assert native.load().has_bf16_dot == ("avx512_bf16" in flags)
+
+
+@pytest.mark.parametrize("kernel", ["skinny_linear", "skinny_linear_widened"])
+def test_rounds_to_nearest_and_keeps_special_values(native: KernelLoader, kernel: str) -> None:
     x = torch.ones(1, 16, dtype=torch.bfloat16)
     w = torch.zeros(4, 16, dtype=torch.bfloat16)
     w[0, 0] = float("nan")
@@ -50,7 +62,7 @@ def test_rounds_to_nearest_and_keeps_special_values(native: KernelLoader) -> Non
     w[2, 0] = 1.0 + 2.0**-7  # representable; 16 of them sum to a value needing rounding
     w[2, 1:] = 1.0 + 2.0**-7
     w[3, 0] = -3.0
-    y = native.load().skinny_linear(x, w)
+    y = getattr(native.load(), kernel)(x, w)
     assert torch.isnan(y[0, 0])
     assert y[0, 1] == float("inf")
     assert y[0, 2] == F.linear(x.float(), w.float())[0, 2].to(torch.bfloat16)
