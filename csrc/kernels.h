@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 namespace zerolayer {
 
 // Most rows of x skinny_linear takes (decode batches up to this size use it).
@@ -10,6 +12,15 @@ constexpr int64_t kMaxSkinnyRows = 4;
 
 // y [M, N] = x [M, K] @ w [N, K]^T in bfloat16, float32 accumulation; M <= kMaxSkinnyRows.
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w);
+
+// skinny_linear through the float32-widening loop whatever the CPU (for comparisons).
+at::Tensor skinny_linear_widened(const at::Tensor& x, const at::Tensor& w);
+
+// Whether skinny_linear uses AVX-512 BF16's dot product (vdpbf16ps) on this CPU.
+bool has_bf16_dot();
+
+// skinny_linear of one x with each of ws (same K) in one parallel region: [x @ w^T for w in ws].
+std::vector<at::Tensor> skinny_linear_multi(const at::Tensor& x, const std::vector<at::Tensor>& ws);
 
 // y [M, N] = x [M, K] @ w [N, K]^T, bfloat16 or float32 (both the same), float32 accumulation in
 // a fixed order per output: row m of y depends only on row m of x and on w, for any M.

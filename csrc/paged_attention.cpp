@@ -679,6 +679,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
        &zerolayer::skinny_linear,
        "x [M, K] @ w [N, K]^T in bfloat16 for M <= max_skinny_rows (decode GEMV), float32 "
        "accumulation -> [M, N]"},
+      {"skinny_linear_widened",
+       &zerolayer::skinny_linear_widened,
+       "skinny_linear through its float32-widening loop, also where AVX-512 BF16 is available"},
       {"invariant_linear",
        &zerolayer::invariant_linear,
        "x [M, K] @ w [N, K]^T in bfloat16 or float32 with a fixed reduction order per output "
@@ -704,5 +707,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("int8_linear_isa", &zerolayer::int8_linear_isa, "int8_linear's ISA for a group size",
         pybind11::arg("group_size"));
+  m.def(
+      "skinny_linear_multi",
+      &zerolayer::skinny_linear_multi,
+      "[x @ w^T for w in ws]: skinny_linear of one x [M, K] with several w [N_i, K] in one "
+      "parallel region -> list of [M, N_i]",
+      pybind11::arg("x"),
+      pybind11::arg("ws"),
+      pybind11::call_guard<pybind11::gil_scoped_release>());
   m.attr("max_skinny_rows") = zerolayer::kMaxSkinnyRows;
+  m.attr("has_bf16_dot") = zerolayer::has_bf16_dot();
 }

@@ -8,7 +8,10 @@
 // reads one contiguous slice of w and the hardware prefetcher sees a sequential stream.
 //
 // Vectors are GCC/Clang vector extensions compiled for x86-64-v4, x86-64-v3 and baseline with the
-// right one picked at load time (target_clones), like paged_attention.cpp.
+// right one picked at load time (target_clones), like paged_attention.cpp. Where the CPU has
+// AVX-512 BF16 (Cooper Lake, Sapphire Rapids, Zen 4 and later), the dot product instruction
+// vdpbf16ps multiplies bfloat16 pairs straight from memory instead (skinny_linear_widened keeps the
+// widening loop callable for comparison).
 //
 // Python reference this is tested against: torch.nn.functional.linear.
 
@@ -17,6 +20,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernels.h"
 #include "simd.h"
@@ -33,7 +41,8 @@ using simd::widen;
 // Rows [n0, n1) of w against all M rows of x32 (float32 [M, K]); K a multiple of kLanes.
 template <int M>
 ZL_MULTIVERSION void rows_kernel(
-    const float* x32, const uint16_t* w, uint16_t* y, int64_t k, int64_t n, int64_t n0, int64_t n1) {
+    const void* x, const uint16_t* w, uint16_t* y, int64_t k, int64_t n, int64_t n0, int64_t n1) {
+  const float* x32 = static_cast<const float*>(x);
   for (int64_t r = n0; r < n1; ++r) {
     const uint16_t* wr = w + r * k;
     VecF acc[M];
@@ -51,40 +60,165 @@ ZL_MULTIVERSION void rows_kernel(
   }
 }
 
-using RowsFn = void (*)(const float*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t, int64_t);
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ZL_HAVE_BF16_DOT 1
+// Rows [n0, n1) of w against all M rows of x (bfloat16 [M, K]) with AVX-512 BF16's vdpbf16ps:
+// each lane adds the products of a pair of bfloat16 values to a float32 accumulator. The products
+// are exact in float32 (8-bit significands), so this differs from rows_kernel only in the order
+// of the float32 additions (and in flushing subnormals); x needs no widening since it is bfloat16.
+template <int M>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_kernel_bf16_dot(
+    const void* x, const uint16_t* w, uint16_t* y, int64_t k, int64_t n, int64_t n0, int64_t n1) {
+  const uint16_t* x16 = static_cast<const uint16_t*>(x);
+  for (int64_t r = n0; r < n1; ++r) {
+    const uint16_t* wr = w + r * k;
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 32 <= k; j += 32) {
+      __builtin_prefetch(wr + j + 8 * k, 0, 0);
+      const __m512i wv = _mm512_loadu_si512(wr + j);
+      for (int m = 0; m < M; ++m) {
+        const __m512i xv = _mm512_loadu_si512(x16 + m * k + j);
+        acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)wv, (__m512bh)xv);
+      }
+    }
+    if (j < k) {  // K is a multiple of 16: one half vector left, the other half zeros
+      const __m512i wv = _mm512_maskz_loadu_epi16(0xffff, wr + j);
+      for (int m = 0; m < M; ++m) {
+        const __m512i xv = _mm512_maskz_loadu_epi16(0xffff, x16 + m * k + j);
+        acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)wv, (__m512bh)xv);
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      VecF v;
+      std::memcpy(&v, &acc[m], sizeof(v));
+      y[m * n + r] = to_bf16(hsum(v));
+    }
+  }
+}
+#endif
 
-RowsFn rows_for(int64_t m) {
+using RowsFn = void (*)(const void*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t, int64_t);
+
+// The kernel for M rows of x, and whether it takes x in bfloat16 (else float32).
+struct Rows {
+  RowsFn fn;
+  bool bf16_x;
+};
+
+bool has_bf16_dot_cpu() {
+#ifdef ZL_HAVE_BF16_DOT
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+Rows rows_for(int64_t m, bool bf16_dot) {
+#ifdef ZL_HAVE_BF16_DOT
+  if (bf16_dot) {
+    switch (m) {
+      case 1: return {&rows_kernel_bf16_dot<1>, true};
+      case 2: return {&rows_kernel_bf16_dot<2>, true};
+      case 3: return {&rows_kernel_bf16_dot<3>, true};
+      case 4: return {&rows_kernel_bf16_dot<4>, true};
+      default: return {nullptr, false};
+    }
+  }
+#endif
   switch (m) {
-    case 1: return &rows_kernel<1>;
-    case 2: return &rows_kernel<2>;
-    case 3: return &rows_kernel<3>;
-    case 4: return &rows_kernel<4>;
-    default: return nullptr;
+    case 1: return {&rows_kernel<1>, false};
+    case 2: return {&rows_kernel<2>, false};
+    case 3: return {&rows_kernel<3>, false};
+    case 4: return {&rows_kernel<4>, false};
+    default: return {nullptr, false};
   }
 }
 
 }  // namespace
 
-at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "skinny_linear: x [M, K] and w [N, K] expected");
+namespace {
+
+// Grain: 256 KiB of weights per task at least, so small matrices stay on one thread.
+int64_t grain_rows(int64_t k) { return std::max<int64_t>(1, (256 << 10) / (2 * k)); }
+
+// The checks the entry points make.
+void check(const at::Tensor& x, const at::Tensor& w, const char* who) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, who, ": x [M, K] and w [N, K] expected");
   TORCH_CHECK(
       x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16,
-      "skinny_linear: bfloat16 x and w expected");
-  TORCH_CHECK(x.size(1) == w.size(1), "skinny_linear: x has ", x.size(1), " columns, w ", w.size(1));
+      who, ": bfloat16 x and w expected");
+  TORCH_CHECK(x.size(1) == w.size(1), who, ": x has ", x.size(1), " columns, w ", w.size(1));
+  const int64_t m = x.size(0);
+  TORCH_CHECK(m >= 1 && m <= kMaxSkinnyRows, who, ": 1 to ", kMaxSkinnyRows, " rows of x");
+  TORCH_CHECK(x.size(1) % kLanes == 0, who, ": K must be a multiple of ", kLanes);
+  TORCH_CHECK(w.is_contiguous(), who, ": w must be contiguous");
+}
+
+// x as the kernel reads it: bfloat16 or float32 [M, K], contiguous.
+at::Tensor x_for(const at::Tensor& x, const Rows& rows) {
+  return rows.bf16_x ? x.contiguous() : x.to(at::kFloat).contiguous();
+}
+
+at::Tensor linear_with(const at::Tensor& x, const at::Tensor& w, bool bf16_dot) {
+  check(x, w, "skinny_linear");
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  TORCH_CHECK(m >= 1 && m <= kMaxSkinnyRows, "skinny_linear: 1 to ", kMaxSkinnyRows, " rows of x");
-  TORCH_CHECK(k % kLanes == 0, "skinny_linear: K must be a multiple of ", kLanes);
-  TORCH_CHECK(w.is_contiguous(), "skinny_linear: w must be contiguous");
-  const at::Tensor x32 = x.to(at::kFloat).contiguous();
+  const Rows rows = rows_for(m, bf16_dot);
+  const at::Tensor xk = x_for(x, rows);
   at::Tensor y = at::empty({m, n}, x.options());
-  const float* xp = x32.data_ptr<float>();
+  const void* xp = xk.data_ptr();
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  RowsFn fn = rows_for(m);
-  // Grain: 256 KiB of weights per task at least, so small matrices stay on one thread.
-  const int64_t grain = std::max<int64_t>(1, (256 << 10) / (2 * k));
-  at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { fn(xp, wp, yp, k, n, n0, n1); });
+  at::parallel_for(0, n, grain_rows(k), [&](int64_t n0, int64_t n1) {
+    rows.fn(xp, wp, yp, k, n, n0, n1);
+  });
   return y;
+}
+
+}  // namespace
+
+bool has_bf16_dot() {
+  static const bool supported = has_bf16_dot_cpu();
+  return supported;
+}
+
+at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w) {
+  return linear_with(x, w, has_bf16_dot());
+}
+
+at::Tensor skinny_linear_widened(const at::Tensor& x, const at::Tensor& w) {
+  return linear_with(x, w, false);
+}
+
+std::vector<at::Tensor> skinny_linear_multi(const at::Tensor& x, const std::vector<at::Tensor>& ws) {
+  TORCH_CHECK(!ws.empty(), "skinny_linear_multi: at least one w expected");
+  for (const at::Tensor& w : ws) check(x, w, "skinny_linear_multi");
+  const int64_t m = x.size(0), k = x.size(1);
+  const Rows rows = rows_for(m, has_bf16_dot());
+  const at::Tensor xk = x_for(x, rows);
+  const int64_t count = static_cast<int64_t>(ws.size());
+  std::vector<at::Tensor> ys;
+  std::vector<const uint16_t*> wps;
+  std::vector<uint16_t*> yps;
+  std::vector<int64_t> starts{0};  // weight i owns rows [starts[i], starts[i + 1]) of the concatenation
+  for (const at::Tensor& w : ws) {
+    ys.push_back(at::empty({m, w.size(0)}, x.options()));
+    wps.push_back(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()));
+    yps.push_back(reinterpret_cast<uint16_t*>(ys.back().data_ptr<at::BFloat16>()));
+    starts.push_back(starts.back() + w.size(0));
+  }
+  const void* xp = xk.data_ptr();
+  // NOTE: one parallel region for all the weights (q, k, v or gate, up): each region is a
+  // barrier and, with passive OpenMP waiting, a wake-up per thread; the weights stay where the
+  // loader mapped them (no concatenated copy).
+  at::parallel_for(0, starts.back(), grain_rows(k), [&](int64_t r0, int64_t r1) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t lo = std::max(r0, starts[i]), hi = std::min(r1, starts[i + 1]);
+      if (lo < hi) rows.fn(xp, wps[i], yps[i], k, starts[i + 1] - starts[i], lo - starts[i], hi - starts[i]);
+    }
+  });
+  return ys;
 }
 
 }  // namespace zerolayer

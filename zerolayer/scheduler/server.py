@@ -21,6 +21,7 @@ from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import RequestOutput
 from zerolayer.common.tracing import Tracing
 from zerolayer.scheduler.core.engine import Engine
+from zerolayer.scheduler.delivery import LoopDelivery
 from zerolayer.scheduler.request_trace import RequestTrace
 from zerolayer.scheduler.role import RoleSwitch
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -47,6 +48,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._role = role
         self._tracing = tracing
         self._outage = outage
+        self._delivery: LoopDelivery | None = None
 
     def attach(self, engine: Engine) -> None:
         """Starts serving requests with ``engine`` (until then calls get UNAVAILABLE)."""
@@ -62,7 +64,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     ) -> AsyncIterator[scheduler_pb2.EngineOutput]:
         engine = self._require_engine()
         engine_request = engine_request_from_pb(request)
-        loop = asyncio.get_running_loop()
+        if self._delivery is None:
+            self._delivery = LoopDelivery(asyncio.get_running_loop())
         outputs: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         # NOTE: only a call of a caller's trace is traced (the frontend's; see
         # TracingServerInterceptor): spans without a current one would each be a root.
@@ -74,11 +77,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             and get_current_span(parent).get_span_context().is_valid
             else None
         )
-        engine.submit(
-            engine_request,
-            lambda item: loop.call_soon_threadsafe(outputs.put_nowait, item),
-            trace,
-        )
+        # NOTE: the engine flushes the delivery once per step: one wake-up of this loop for all
+        # the step's outputs, not one per output.
+        engine.submit(engine_request, self._delivery.sink(outputs), trace)
         finished = False
         num_unfinished = max(engine_request.n, 1)
         try:

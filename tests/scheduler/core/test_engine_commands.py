@@ -3,7 +3,7 @@ right one, and anything that is not a command is refused."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 
 import pytest
@@ -199,3 +199,29 @@ def test_the_thread_safe_methods_queue_their_commands_until_process_commands() -
     engine.process_commands()
     assert (a, b) == ([ERROR], []) and engine.scheduler.requests == {}
     assert allocator.pool.num_free_blocks == NUM_BLOCKS
+
+
+class BatchedOutputs(Outputs):
+    """A batched sink with the given ``flush``."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        super().__init__()
+        self.flush = flush
+
+
+def test_a_drain_of_commands_flushes_each_batched_sink_once() -> None:
+    engine, _ = make_engine()
+    flushes: list[int] = []
+
+    def flush() -> None:
+        flushes.append(1)
+
+    sinks = [BatchedOutputs(flush) for _ in range(3)]
+    for i, sink in enumerate(sinks):
+        engine.send(AddRequest(make_request(f"r{i}"), sink))
+    engine.process_commands()
+    assert flushes == []  # nothing delivered yet
+    engine.send(FailAll(ERROR))
+    engine.process_commands()
+    assert [list(sink) for sink in sinks] == [[ERROR]] * 3
+    assert flushes == [1]

@@ -128,6 +128,9 @@ class Engine(EngineCore):
         """
         if self.fault is not None:
             sink(self.fault)
+            flush = getattr(sink, "flush", None)
+            if flush is not None:
+                flush()
             return
         self.send(commands.AddRequest(request, sink, trace))
 
@@ -163,12 +166,15 @@ class Engine(EngineCore):
             command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
         except queue.Empty:
             return
-        while True:
-            self.apply(command)
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        try:
+            while True:
+                self.apply(command)
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    return
+        finally:
+            self.flush_deliveries()
 
     def _loop(self) -> None:
         while not self._stopped.is_set():

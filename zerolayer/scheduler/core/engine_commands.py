@@ -6,13 +6,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import EngineRequest, RequestOutput
 from zerolayer.scheduler.core.trace import RequestTraceHooks
 
 Sink = Callable[[RequestOutput | Exception], None]
-"""Receives a request's outputs (or the error that ended it); called on the engine thread."""
+"""Receives a request's outputs (or the error that ended it); called on the engine thread. A sink
+with a ``flush()`` method (a :class:`BatchedSink`) may hold its outputs until the engine calls it,
+which it does once after each step and each drain of its commands, whatever number of sinks
+share one ``flush``."""
+
+
+class BatchedSink(Protocol):
+    """A :data:`Sink` that hands its outputs on only when flushed."""
+
+    def __call__(self, item: RequestOutput | Exception) -> None: ...
+
+    flush: Callable[[], None]
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +84,7 @@ class EngineCore:
         self.num_steps = 0
         self._last_step_end: float | None = None
         self._sinks: dict[str, Sink] = {}
+        self._unflushed: set[Callable[[], None]] = set()
         self.fault: Unavailable | None = None
         """The error every request gets once the GPU failed (:meth:`Engine.fail`); None while
         serving."""
@@ -137,16 +139,19 @@ class EngineCore:
 
     def _add(self, command: AddRequest) -> None:
         if self.fault is not None:
-            command.sink(self.fault)
+            self._deliver(command.sink, self.fault)
             return
         constraint = command.request.structured_output
         if constraint is not None and self.grammar is None:
-            command.sink(InvalidArgument("structured_output", "this scheduler has no tokenizer"))
+            self._deliver(
+                command.sink,
+                InvalidArgument("structured_output", "this scheduler has no tokenizer"),
+            )
             return
         try:
             request = self.scheduler.add_request(command.request, command.trace)
         except ZerolayerError as exc:
-            command.sink(exc)
+            self._deliver(command.sink, exc)
             return
         self._attach_grammar(request)
         self._sinks[command.request.request_id] = command.sink
@@ -169,7 +174,7 @@ class EngineCore:
             return
         sink = self._sinks.get(request_id)
         if sink is not None:
-            sink(result)
+            self._deliver(sink, result)
         if request_id not in self.scheduler.requests:
             self._sinks.pop(request_id, None)
 
@@ -178,7 +183,7 @@ class EngineCore:
         for request_id in self.scheduler.abort_all_requests():
             sink = self._sinks.pop(request_id, None)
             if sink is not None:
-                sink(error)
+                self._deliver(sink, error)
 
     def warm_up(self, num_prompt_tokens: int = WARM_UP_PROMPT_TOKENS) -> float:
         """Runs one short request through prefill and decode before serving (first-call costs:
@@ -237,15 +242,39 @@ class EngineCore:
             log.warning("request %s: %s", request_id, error)
             sink = self._sinks.pop(request_id, None)
             if sink is not None:
-                sink(error)
+                self._deliver(sink, error)
         return [r for r in results if r.request_id not in errors]
+
+    def _deliver(self, sink: Sink, item: RequestOutput | Exception) -> None:
+        sink(item)
+        flush = getattr(sink, "flush", None)
+        if flush is not None:
+            self._unflushed.add(flush)
+
+    def flush_deliveries(self) -> None:
+        """Calls ``flush`` of each batched sink (:class:`BatchedSink`) that got outputs since the
+        last call, once per distinct ``flush``; the engine calls it after each step and each
+        drain of its commands.
+
+        Raises:
+            Exception: whatever a ``flush`` raised (the others stay pending).
+        """
+        while self._unflushed:
+            self._unflushed.pop()()
 
     def note_idle(self) -> None:
         """Nothing is in flight: the time until the next step is not a scheduling gap."""
         self._last_step_end = None
 
     def step(self) -> None:
-        """Runs one schedule -> forward -> sample -> update cycle and delivers the outputs."""
+        """Runs one schedule -> forward -> sample -> update cycle and delivers the outputs (batched
+        sinks are flushed at its end, even when it raises)."""
+        try:
+            self._step()
+        finally:
+            self.flush_deliveries()
+
+    def _step(self) -> None:
         start = time.perf_counter()
         if self.metrics is not None and self._last_step_end is not None:
             self.metrics.step_gap.observe((start - self._last_step_end) * 1e6)
@@ -253,7 +282,7 @@ class EngineCore:
         for request_id, error in output.failed.items():
             sink = self._sinks.pop(request_id, None)
             if sink is not None:
-                sink(error)
+                self._deliver(sink, error)
         if not output.scheduled:
             self._last_step_end = None
             time.sleep(0.001)
@@ -288,7 +317,7 @@ class EngineCore:
         for result in results:
             sink = self._sinks.get(result.request_id)
             if sink is not None:
-                sink(result)
+                self._deliver(sink, result)
         for result in results:
             # A request with n > 1 ends with its last sample.
             if result.finished and result.request_id not in self.scheduler.requests:

@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -234,6 +234,39 @@ class KernelLoader:
         ):
             return module.int8_linear(x, weight.qweight, weight.scales)
         return int8_linear_chunked(x, weight)
+
+    def linears(
+        self, x: torch.Tensor, weights: Sequence[torch.Tensor | Int8Weight]
+    ) -> list[torch.Tensor]:
+        """``[F.linear(x, w) for w in weights]``, as :meth:`linear` computes each, in one native
+        call when the bfloat16 GEMV applies to every weight (q, k and v, or gate and up, of a
+        decode step): one parallel region over their rows instead of one each, and the weights
+        read in place (no concatenated copy). Int8 weights go one by one to :meth:`linear`.
+
+        Returns:
+            One [M, N_i] tensor per weight, in the dtype of ``x``; the same values as
+            :meth:`linear` gives for each weight.
+        """
+        module = self._module if self._loaded else self.load()
+        if (
+            len(weights) > 1
+            and module is not None
+            and not self.batch_invariant
+            and not x.is_cuda
+            and x.dtype == torch.bfloat16
+            and x.dim() == 2
+            and x.shape[0] <= module.max_skinny_rows
+            and x.shape[1] % 16 == 0
+            and all(
+                isinstance(w, torch.Tensor)
+                and w.dtype == torch.bfloat16
+                and not w.is_cuda
+                and w.is_contiguous()
+                for w in weights
+            )
+        ):
+            return module.skinny_linear_multi(x, list(weights))
+        return [self.linear(x, w) for w in weights]
 
     def paged_attention_native(
         self,

@@ -109,6 +109,28 @@ def biased_linear(linear: Callable, fuse_bias: bool) -> Callable:
     return call
 
 
+def grouped_linear(linear: Callable, kernels: KernelLoader | None) -> Callable:
+    """``linear`` (from :func:`biased_linear`) over several weights that share one input.
+
+    Returns:
+        A callable ``(x, weights, biases=None)`` giving ``[linear(x, w, b) ...]``; without
+        biases and with ``kernels``, one :meth:`KernelLoader.linears` call (one parallel region
+        for all the weights in the native decode GEMV).
+    """
+
+    def call(
+        x: torch.Tensor,
+        weights: tuple[torch.Tensor, ...],
+        biases: tuple[torch.Tensor, ...] | None = None,
+    ) -> list[torch.Tensor]:
+        if biases is None and kernels is not None:
+            return kernels.linears(x, weights)
+        biases = biases or (None,) * len(weights)
+        return [linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
+
+    return call
+
+
 def _optional(
     weights: dict[str, torch.Tensor], names: list[str]
 ) -> tuple[torch.Tensor, ...] | None:
@@ -224,6 +246,7 @@ class LlamaModel:
             kernels.linear if kernels is not None else torch_linear,
             fuse_bias=kernels is None or not kernels.batch_invariant,
         )
+        linears = grouped_linear(linear, kernels)
         h = F.embedding(input_ids, self.embed_tokens)
         if cfg.scale_embeddings:
             h = scale_embeddings(h, cfg.hidden_size)
@@ -231,7 +254,7 @@ class LlamaModel:
         num_tokens = input_ids.shape[0]
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = self.norm_fn(h, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = self._qkv(x, layer, linear)
+            q, k, v = self._qkv(x, layer, linears)
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
@@ -240,30 +263,34 @@ class LlamaModel:
                 q, k_cache, v_cache, meta, self.scale, kernels, cfg.attn_logit_softcapping, window
             )
             out = linear(attn.reshape(num_tokens, -1), layer.o_proj, layer.o_bias)
-            h = self._residual_mlp(h, out, layer, linear)
+            h = self._residual_mlp(h, out, layer, linear, linears)
         return self.norm_fn(h, self.norm, cfg.rms_norm_eps)
 
     def _residual_mlp(
-        self, h: torch.Tensor, attn_out: torch.Tensor, layer: LayerWeights, linear: Callable
+        self,
+        h: torch.Tensor,
+        attn_out: torch.Tensor,
+        layer: LayerWeights,
+        linear: Callable,
+        linears: Callable,
     ) -> torch.Tensor:
         """The rest of a layer after attention: residual adds around the attention output and
         the MLP, with Gemma 2's sandwich norms (post-attention, pre- and post-feed-forward)."""
         eps, norm = self.config.rms_norm_eps, self.norm_fn
         if layer.pre_feedforward_norm is None or layer.post_feedforward_norm is None:
             h = h + attn_out
-            return h + self._mlp(norm(h, layer.post_attention_norm, eps), layer, linear)
+            return h + self._mlp(norm(h, layer.post_attention_norm, eps), layer, linear, linears)
         h = h + norm(attn_out, layer.post_attention_norm, eps)
-        mlp_out = self._mlp(norm(h, layer.pre_feedforward_norm, eps), layer, linear)
+        mlp_out = self._mlp(norm(h, layer.pre_feedforward_norm, eps), layer, linear, linears)
         return h + norm(mlp_out, layer.post_feedforward_norm, eps)
 
     def _qkv(
-        self, x: torch.Tensor, layer: LayerWeights, linear: Callable
+        self, x: torch.Tensor, layer: LayerWeights, linears: Callable
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, H, D], k and v [T, Hkv, D]: projections (fused ones split after the matmul),
         biases, and Qwen3's per-head RMSNorm of q and k (before RoPE, as transformers)."""
         cfg = self.config
-        biases = layer.qkv_bias or (None,) * len(layer.qkv)
-        outs = [linear(x, w, b) for w, b in zip(layer.qkv, biases, strict=True)]
+        outs = linears(x, layer.qkv, layer.qkv_bias)
         if len(outs) == 1:
             q_dim = cfg.num_attention_heads * cfg.head_dim
             outs = list(outs[0].split([q_dim, cfg.kv_dim, cfg.kv_dim], dim=-1))
@@ -276,10 +303,11 @@ class LlamaModel:
             k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         return q, k, v
 
-    def _mlp(self, x: torch.Tensor, layer: LayerWeights, linear: Callable) -> torch.Tensor:
+    def _mlp(
+        self, x: torch.Tensor, layer: LayerWeights, linear: Callable, linears: Callable
+    ) -> torch.Tensor:
         """The gated MLP: down(act(gate(x)) * up(x)); Phi-3's gate_up output is [gate | up]."""
-        biases = layer.gate_up_bias or (None,) * len(layer.gate_up)
-        outs = [linear(x, w, b) for w, b in zip(layer.gate_up, biases, strict=True)]
+        outs = linears(x, layer.gate_up, layer.gate_up_bias)
         gate, up = outs if len(outs) == 2 else outs[0].chunk(2, dim=-1)
         return linear(self.act(gate) * up, layer.down_proj, layer.down_bias)
 
