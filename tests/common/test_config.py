@@ -7,6 +7,6 @@ import pytest
 from zerolayer.common.config import default_num_threads
 
 
-@pytest.mark.parametrize(("num_cores", "expected"), [(1, 1), (2, 1), (3, 2), (16, 15), (0, 1)])
-def test_default_num_threads_leaves_one_core_to_the_other_layers(num_cores, expected) -> None:
+@pytest.mark.parametrize(("num_cores", "expected"), [(1, 1), (2, 2), (3, 3), (16, 16), (0, 1)])
+def test_default_num_threads_is_one_per_core(num_cores, expected) -> None:
     assert default_num_threads(num_cores) == expected

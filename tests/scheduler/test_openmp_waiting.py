@@ -1,4 +1,4 @@
-"""The scheduler's OpenMP waiting policy: passive unless the user chose one, set before torch."""
+"""The scheduler's OpenMP waiting: a short spin unless the user chose, set before torch."""
 
 from __future__ import annotations
 
@@ -8,20 +8,20 @@ import sys
 
 import pytest
 
-from zerolayer.scheduler.openmp_waiting import prefer_passive_waiting
+from zerolayer.scheduler.openmp_waiting import default_openmp_waiting
 
 
-def test_passive_when_nothing_is_chosen() -> None:
+def test_a_short_spin_when_nothing_is_chosen() -> None:
     environ: dict[str, str] = {"PATH": "/bin"}
-    assert prefer_passive_waiting(environ) == "OMP_WAIT_POLICY=PASSIVE"
-    assert environ == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert default_openmp_waiting(environ) == "GOMP_SPINCOUNT=100"
+    assert environ == {"PATH": "/bin", "GOMP_SPINCOUNT": "100"}
 
 
 @pytest.mark.parametrize("chosen", [{"OMP_WAIT_POLICY": "active"}, {"GOMP_SPINCOUNT": "300000"}])
 def test_the_users_choice_wins(chosen: dict[str, str]) -> None:
     environ = dict(chosen)
     ((name, value),) = chosen.items()
-    assert prefer_passive_waiting(environ) == f"{name}={value}"
+    assert default_openmp_waiting(environ) == f"{name}={value}"
     assert environ == chosen
 
 
@@ -32,7 +32,7 @@ def probe(env: dict[str, str]) -> list[str]:
         "import os, sys\n"
         "import zerolayer.scheduler.__main__ as m\n"
         "print(m.OPENMP_WAITING)\n"
-        "print(os.environ.get('OMP_WAIT_POLICY'))\n"
+        "print(os.environ.get('GOMP_SPINCOUNT'))\n"
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run(
@@ -41,7 +41,7 @@ def probe(env: dict[str, str]) -> list[str]:
     return out.stdout.split()
 
 
-def test_the_scheduler_process_waits_passively_by_default() -> None:
+def test_the_scheduler_process_spins_briefly_by_default() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    assert probe(env) == ["OMP_WAIT_POLICY=PASSIVE", "PASSIVE", "True"]
-    assert probe({**env, "GOMP_SPINCOUNT": "1000"}) == ["GOMP_SPINCOUNT=1000", "None", "True"]
+    assert probe(env) == ["GOMP_SPINCOUNT=100", "100", "True"]
+    assert probe({**env, "OMP_WAIT_POLICY": "active"}) == ["OMP_WAIT_POLICY=active", "None", "True"]

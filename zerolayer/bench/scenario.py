@@ -22,8 +22,8 @@ def add_threads_argument(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="torch threads of every measured side; 0 (default): each side's own default "
-        "(zerolayer: the scheduler's, every core but one; transformers and the in-process engine: "
-        "one per core). Sides are measured one at a time.",
+        "(zerolayer: the scheduler's, one per core with a short OpenMP spin; transformers and the "
+        "in-process engine: one per core). Sides are measured one at a time.",
     )
 
 

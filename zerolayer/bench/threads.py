@@ -68,7 +68,7 @@ def settings_for(cores: int, spin_counts: list[str]) -> list[ThreadSetting]:
     out = [ThreadSetting("default", 0)]
     out += [ThreadSetting(f"{n} threads", n) for n in range(1, cores + 1)]
     out += [
-        ThreadSetting(f"{cores} threads, spin {s}", cores, {"GOMP_SPINCOUNT": s})
+        ThreadSetting(f"{cores} threads spin {s}", cores, {"GOMP_SPINCOUNT": s})
         for s in spin_counts
     ]
     return out
@@ -216,5 +216,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--only",
         default="",
         help="comma-separated labels of the settings to run (default all: 'default', "
-        "'N threads', 'N threads, spin S')",
+        "'N threads', 'N threads spin S')",
     )

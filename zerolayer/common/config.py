@@ -85,7 +85,7 @@ class EngineSettings:
     max_num_batched_tokens: int = settings.MAX_NUM_BATCHED_TOKENS.default
     """Token budget of one step (prefill chunks plus decodes), tokens."""
     num_threads: int = settings.NUM_THREADS.default
-    """torch intra-op threads; 0: :func:`default_num_threads` (one per available core but one)."""
+    """torch intra-op threads; 0: :func:`default_num_threads` (one per available core)."""
     kv_unavailable_timeout_s: float = settings.KV_UNAVAILABLE_TIMEOUT_S.default
     """Seconds requests that need KV blocks wait for an unusable kvstore before they end with
     UNAVAILABLE."""
@@ -226,13 +226,14 @@ class FrontendConfig(ApiSettings, AccessSettings, RoutingSettings, LayerSettings
 
 
 def default_num_threads(num_cores: int) -> int:
-    """The scheduler's torch threads when none are asked for: every core but one, at least 1.
+    """The scheduler's torch threads when none are asked for: one per core, at least 1.
 
-    The spare core is for the layers beside the engine (frontend, kvstore, gRPC, tokenization):
-    OpenMP's barriers wait for the slowest thread, so when any other busy process preempts one
-    of as many threads as cores, every parallel region of the forward waits a scheduler time
-    slice. Measured on 2 cores with one busy process beside the stack: batch-1 decode 1.9
-    tok/s with 2 threads, 55.6 with 1 (docs/benchmarks.md, "split"). vLLM's CPU backend
-    reserves a core for its frontend the same way (``VLLM_CPU_NUM_OF_RESERVED_CPU``).
+    With one thread per core, another busy process used to stall every OpenMP barrier of the
+    forward (libgomp's threads spin 300,000 iterations before they sleep: batch-1 decode fell
+    to 2.3 tok/s beside one busy process on 2 cores), which is why this was every core but one.
+    The scheduler now starts libgomp with a short spin
+    (:mod:`zerolayer.scheduler.openmp_waiting`), and one thread per core measured 37.4 tok/s
+    quiet and 22.6 beside a busy process, against 22.8 and 22.0 with one thread fewer, and
+    90-96% of libgomp's own spin on a quiet machine (docs/benchmarks.md, "threads").
     """
-    return max(1, num_cores - 1)
+    return max(1, num_cores)

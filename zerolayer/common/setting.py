@@ -60,7 +60,7 @@ class Setting:
     hidden: bool = False
     """Left out of ``--help`` (test-only flags)."""
     default_note: str = ""
-    """What the default means, when the value does not say (``every core but one``); for a
+    """What the default means, when the value does not say (``one per available core``); for a
     required flag that ``up`` offers, what ``up`` does without it."""
     aliases: tuple[str, ...] = ()
     """Earlier spellings of the flag, still accepted (clients and scripts use them)."""

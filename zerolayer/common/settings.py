@@ -242,7 +242,7 @@ NUM_THREADS = Setting(
     default=0,
     check=non_negative,
     metavar="N",
-    default_note="every available core but one, which the other layers use",
+    default_note="one per available core (with a short OpenMP spin: see README)",
     layers=(SCHEDULER,),
     up=True,
 )

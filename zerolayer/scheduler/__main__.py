@@ -7,10 +7,10 @@ import logging
 import os
 import sys
 
-from zerolayer.scheduler.openmp_waiting import prefer_passive_waiting
+from zerolayer.scheduler.openmp_waiting import default_openmp_waiting
 
 # NOTE: before torch loads libgomp, which reads its environment once (see openmp_waiting).
-OPENMP_WAITING = prefer_passive_waiting(os.environ)
+OPENMP_WAITING = default_openmp_waiting(os.environ)
 
 import grpc
 import torch

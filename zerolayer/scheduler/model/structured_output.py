@@ -35,9 +35,9 @@ from zerolayer.common.structured_output import grammar_of
 
 MASK_WORKERS = 1
 """Threads computing masks. One: a mask takes 10 to 70 us (docs/benchmarks.md), so one thread
-keeps up with hundreds of constrained rows per step, and the torch default leaves one core free
-(:func:`zerolayer.common.config.default_num_threads`), where it runs beside the forward's OpenMP
-threads without slowing them."""
+keeps up with hundreds of constrained rows per step; it runs while the forward's OpenMP threads
+compute and takes a core from them only for those microseconds (their short spin,
+:mod:`zerolayer.scheduler.openmp_waiting`, lets it in)."""
 
 
 class GrammarBackend:
