@@ -165,3 +165,34 @@ def test_a_private_address_that_cannot_be_bound_is_one_error_naming_it(tmp_path:
 
     with pytest.raises(BindError, match=f"^cannot listen on {private} \\("):
         asyncio.run(start())
+
+
+def test_stop_ends_health_watches_at_once_without_an_error_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    address = f"unix:{tmp_path / 's.sock'}"
+
+    async def run() -> tuple[list[int], str, float]:
+        server = make_server(address)
+        await server.start()
+        await server.set_serving(True)
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service=SERVICE)
+            )
+            seen = [(await call.read()).status]
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await server.stop(grace_s=5.0)
+            took = loop.time() - started
+            while (response := await call.read()) is not grpc.aio.EOF:
+                seen.append(response.status)
+            return seen, (await call.code()).name, took
+
+    with caplog.at_level("ERROR"):
+        seen, code, took = asyncio.run(run())
+    assert seen == [SERVING, NOT_SERVING]
+    assert code == "OK"
+    # the grace period (5 s) was not spent waiting for the watch
+    assert took < 1.0
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from zerolayer.common.health_watch import HealthServicer
 from zerolayer.common.malformed_requests import MalformedRequestInterceptor
 from zerolayer.common.status import ErrorMappingInterceptor
 from zerolayer.common.tracing import Tracing, TracingServerInterceptor
@@ -213,7 +214,7 @@ class LayerServer:
                 ("grpc.max_receive_message_length", max_receive_bytes),
             ),
         )
-        self.health = health.aio.HealthServicer()
+        self.health = HealthServicer()
         self.not_serving_reason = ""
         """Set by :meth:`stop_serving`: why the process, alive, must get no work."""
 
@@ -327,8 +328,10 @@ class LayerServer:
         await self.set_serving(False)
 
     async def stop(self, grace_s: float = 2.0) -> None:
-        """Stops accepting calls and waits up to ``grace_s`` seconds for calls in flight."""
+        """Stops accepting calls and waits up to ``grace_s`` seconds for calls in flight (health
+        Watch streams end at once, after NOT_SERVING)."""
         await self.set_serving(False)
+        self.health.end_watches()
         await self.server.stop(grace_s)
         if self._private is not None:
             await self._private.stop(0)
