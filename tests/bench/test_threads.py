@@ -28,3 +28,30 @@ def test_openmp_environment_replaces_both_variables_and_restores_them(
     with openmp_environment({}):
         assert "GOMP_SPINCOUNT" not in os.environ
     assert os.environ["GOMP_SPINCOUNT"] == "5"
+
+
+def test_verdict_needs_the_default_and_another_setting() -> None:
+    from zerolayer.bench.threads import verdict
+
+    assert verdict({"quiet": {"default": {"1": 5.0}}, "busy": {"default": {"1": 4.0}}}, [1]) == {}
+    results = {
+        "quiet": {"default": {"1": 9.0}, "1 threads": {"1": 10.0}},
+        "busy": {"default": {"1": 6.0}, "1 threads": {"1": 8.0}},
+    }
+    assert verdict(results, [1])["1"]["default_vs_best_quiet"] == pytest.approx(0.9)
+
+
+def test_only_refuses_unknown_settings_before_starting_anything(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "zerolayer.cli.main", "bench", "threads", "--only", "bogus"]
+        + ["--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--only: unknown setting bogus" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "logs").exists()

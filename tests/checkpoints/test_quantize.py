@@ -185,3 +185,68 @@ def test_config_refuses_other_quantizations(source: Path, quantization: object) 
     config["quantization_config"] = quantization
     with pytest.raises(ValueError, match="quantization_config=.* is not supported"):
         ModelConfig.from_json(json.dumps(config))
+
+
+@pytest.mark.parametrize("case", ["truncated", "config_list", "config_quantization_string"])
+def test_broken_inputs_are_one_line_and_exit_2(case: str, source: Path, tmp_path: Path) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    config = json.loads((source / "config.json").read_text())
+    weights = (source / "model.safetensors").read_bytes()
+    if case == "truncated":
+        weights = weights[:1000]
+        expected = f"{src / 'model.safetensors'}: "
+    elif case == "config_list":
+        config = [1, 2]
+        expected = f"{src}/config.json: not a JSON object"
+    else:
+        config["quantization_config"] = "gptq"
+        expected = f"{src}: already quantized (quantization_config '?')"
+    (src / "config.json").write_text(json.dumps(config))
+    (src / "model.safetensors").write_bytes(weights)
+    code, stdout, err = run("quantize", str(src), str(out))
+    assert (code, stdout) == (2, "")
+    assert err.startswith(f"zerolayer quantize: error: {expected}") and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_a_failed_write_leaves_nothing_behind(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    def fail(src: object, dst: object) -> None:
+        raise KeyboardInterrupt  # as Ctrl-C (or SIGTERM's SystemExit) during the copy
+
+    monkeypatch.setattr(shutil, "copyfile", fail)
+    with pytest.raises(KeyboardInterrupt):
+        quantize_checkpoint(source, tmp_path / "out", group_size=32)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_during_quantize_leaves_nothing_behind(source: Path, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    big = write_dummy_model(
+        tmp_path / "big", DummyPreset(768, 2048, 8, 12, 4, 32000, 512, dtype="bfloat16"), seed=2
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zerolayer.cli.main", "quantize", str(big), str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # NOTE: stopped as soon as it starts writing (anything new beside the source).
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if [p for p in tmp_path.iterdir() if p.name != "big"]:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big"]
+    assert "Traceback" not in proc.stderr.read()

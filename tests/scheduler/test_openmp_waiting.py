@@ -13,7 +13,7 @@ from zerolayer.scheduler.openmp_waiting import default_openmp_waiting
 
 def test_a_short_spin_when_nothing_is_chosen() -> None:
     environ: dict[str, str] = {"PATH": "/bin"}
-    assert default_openmp_waiting(environ) == "GOMP_SPINCOUNT=100"
+    assert default_openmp_waiting(environ) == "GOMP_SPINCOUNT=100 (default)"
     assert environ == {"PATH": "/bin", "GOMP_SPINCOUNT": "100"}
 
 
@@ -21,7 +21,7 @@ def test_a_short_spin_when_nothing_is_chosen() -> None:
 def test_the_users_choice_wins(chosen: dict[str, str]) -> None:
     environ = dict(chosen)
     ((name, value),) = chosen.items()
-    assert default_openmp_waiting(environ) == f"{name}={value}"
+    assert default_openmp_waiting(environ) == f"{name}={value} (set)"
     assert environ == chosen
 
 
@@ -38,10 +38,14 @@ def probe(env: dict[str, str]) -> list[str]:
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    return out.stdout.split()
+    return out.stdout.splitlines()
 
 
 def test_the_scheduler_process_spins_briefly_by_default() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    assert probe(env) == ["GOMP_SPINCOUNT=100", "100", "True"]
-    assert probe({**env, "OMP_WAIT_POLICY": "active"}) == ["OMP_WAIT_POLICY=active", "None", "True"]
+    assert probe(env) == ["GOMP_SPINCOUNT=100 (default)", "100", "True"]
+    assert probe({**env, "OMP_WAIT_POLICY": "active"}) == [
+        "OMP_WAIT_POLICY=active (set)",
+        "None",
+        "True",
+    ]

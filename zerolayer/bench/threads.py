@@ -133,8 +133,11 @@ def measure(args: argparse.Namespace, setting: ThreadSetting, batch_sizes: list[
 
 
 def verdict(results: dict, batch_sizes: list[int]) -> dict:
-    """Per batch size: default / best explicit thread count (quiet) and default busy / quiet."""
+    """Per batch size: default / best explicit thread count (quiet) and default busy / quiet;
+    empty unless the default and another setting were measured."""
     out = {}
+    if "default" not in results["quiet"] or len(results["quiet"]) < 2:
+        return out  # nothing to compare the default with (--only)
     for b in map(str, batch_sizes):
         quiet = {label: r[b] for label, r in results["quiet"].items()}
         explicit = {label: v for label, v in quiet.items() if label != "default"}
@@ -159,6 +162,15 @@ def main(args: argparse.Namespace) -> dict:
     spin_counts = [s for s in args.spin_counts.split(",") if s]
     settings = settings_for(num_cores(), spin_counts)
     if args.only:
+        known = {s.label for s in settings}
+        unknown = [label for label in args.only.split(",") if label not in known]
+        if unknown:
+            print(
+                f"zerolayer bench threads: error: --only: unknown setting {', '.join(unknown)} "
+                f"(known with --spin-counts {args.spin_counts!r}: {', '.join(sorted(known))})",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
         settings = [s for s in settings if s.label in args.only.split(",")]
     results: dict = {"quiet": {}, "busy": {}}
     # NOTE: quiet and busy alternate per setting, so a drift of the machine hits both alike.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 from zerolayer.checkpoints.checkpoint import weight_files
@@ -19,7 +20,7 @@ from zerolayer.checkpoints.int8_format import (
     quantize_weight,
     scale_name,
 )
-from zerolayer.checkpoints.model_files import make_model_dir, share_model_files
+from zerolayer.checkpoints.model_files import MODEL_DIR_MODE, make_model_dir, share_model_files
 from zerolayer.checkpoints.shard_index import read_weight_map
 
 COPIED_PATTERNS = (
@@ -53,8 +54,9 @@ def quantize_checkpoint(src: Path, dst: Path, group_size: int = 32) -> None:
         QuantizeError: ``src`` is not a model directory or holds no safetensors, is already
             quantized, has a weight of a non-float dtype or a K not divisible by
             ``group_size``; ``group_size`` is not positive; ``dst`` is ``src`` or a non-empty
-            directory.
-        OSError: ``dst`` cannot be written.
+            directory; a file of ``src`` cannot be read or is not valid safetensors.
+        OSError: ``dst`` cannot be written (nothing is left there: the copy is written into a
+            hidden sibling of ``dst`` and renamed into place).
     """
     config = _source_config(src)
     if group_size < 1:
@@ -64,12 +66,23 @@ def quantize_checkpoint(src: Path, dst: Path, group_size: int = 32) -> None:
     tensors = _quantized_tensors(src, group_size, bool(config.get("tie_word_embeddings")))
     from safetensors.torch import save_file
 
-    make_model_dir(dst)
-    config["quantization_config"] = quantization_config(group_size)
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
-    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    copied = _copy_side_files(src, dst)
-    share_model_files(dst, ("config.json", "model.safetensors", *copied))
+    make_model_dir(dst.parent)
+    # NOTE: written into a hidden sibling and renamed into place, so a failure or an interrupt
+    # (KeyboardInterrupt, SystemExit) leaves no half-written model directory behind.
+    staging = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.partial-"))
+    try:
+        config["quantization_config"] = quantization_config(group_size)
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        copied = _copy_side_files(src, staging)
+        share_model_files(staging, ("config.json", "model.safetensors", *copied))
+        staging.chmod(MODEL_DIR_MODE)
+        if dst.is_dir():
+            dst.rmdir()
+        staging.rename(dst)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _source_config(src: Path) -> dict:
@@ -81,8 +94,13 @@ def _source_config(src: Path) -> dict:
         raise QuantizeError(f"{src}: no config.json") from None
     except json.JSONDecodeError as exc:
         raise QuantizeError(f"{src}/config.json: {exc}") from None
-    if config.get("quantization_config") is not None:
-        method = config["quantization_config"].get("quant_method", "?")
+    except OSError as exc:
+        raise QuantizeError(f"{src}/config.json: {exc.strerror or exc}") from None
+    if not isinstance(config, dict):
+        raise QuantizeError(f"{src}/config.json: not a JSON object")
+    quantization = config.get("quantization_config")
+    if quantization is not None:
+        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
         raise QuantizeError(f"{src}: already quantized (quantization_config {method!r})")
     return config
 
@@ -92,10 +110,17 @@ def _quantized_tensors(src: Path, group_size: int, tied: bool) -> dict:
 
     out = {}
     for path in weight_files(src, read_weight_map(src)):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                tensor = f.get_tensor(name)
-                out.update(_converted(name, tensor, group_size))
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    tensor = f.get_tensor(name)
+                    out.update(_converted(name, tensor, group_size))
+        except QuantizeError:
+            raise
+        except OSError as exc:
+            raise QuantizeError(f"{path}: {exc.strerror or exc}") from None
+        except Exception as exc:  # safetensors' SafetensorError: a truncated or corrupt file
+            raise QuantizeError(f"{path}: {exc}") from None
     if tied and "lm_head.weight" not in out and "model.embed_tokens.weight" in out:
         out.update(_converted("lm_head.weight", out["model.embed_tokens.weight"], group_size))
     return out

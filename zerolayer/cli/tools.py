@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -84,12 +85,18 @@ def run_quantize(args: argparse.Namespace) -> int:
     from zerolayer.checkpoints.errors import CheckpointError
     from zerolayer.checkpoints.quantize import quantize_checkpoint
 
-    return _write(
-        "quantize",
-        args.out_dir,
-        lambda: quantize_checkpoint(args.in_dir, args.out_dir, args.group_size),
-        CheckpointError,
-    )
+    # NOTE: SIGTERM unwinds like Ctrl-C, so the partial copy is removed (quantize_checkpoint).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        return _write(
+            "quantize",
+            args.out_dir,
+            lambda: quantize_checkpoint(args.in_dir, args.out_dir, args.group_size),
+            CheckpointError,
+        )
+    except KeyboardInterrupt:
+        print("zerolayer quantize: interrupted; nothing written", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 def _write(

@@ -242,7 +242,8 @@ NUM_THREADS = Setting(
     default=0,
     check=non_negative,
     metavar="N",
-    default_note="one per available core (with a short OpenMP spin: see README)",
+    default_note="one per available core; the scheduler sets GOMP_SPINCOUNT=100 unless "
+    "GOMP_SPINCOUNT or OMP_WAIT_POLICY is set",
     layers=(SCHEDULER,),
     up=True,
 )

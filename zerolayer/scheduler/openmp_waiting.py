@@ -34,11 +34,11 @@ def default_openmp_waiting(environ: MutableMapping[str, str]) -> str:
         environ: the process environment (``os.environ``), changed in place.
 
     Returns:
-        What is in force, for the log: ``"GOMP_SPINCOUNT=100"``, or the user's
-        ``"OMP_WAIT_POLICY=..."`` / ``"GOMP_SPINCOUNT=..."``.
+        What is in force, for the log: ``"GOMP_SPINCOUNT=100 (default)"``, or the user's
+        ``"OMP_WAIT_POLICY=... (set)"`` / ``"GOMP_SPINCOUNT=... (set)"``.
     """
     for name in (WAIT_POLICY_ENV, SPIN_COUNT_ENV):
         if name in environ:
-            return f"{name}={environ[name]}"
+            return f"{name}={environ[name]} (set)"
     environ[SPIN_COUNT_ENV] = DEFAULT_SPIN_COUNT
-    return f"{SPIN_COUNT_ENV}={DEFAULT_SPIN_COUNT}"
+    return f"{SPIN_COUNT_ENV}={DEFAULT_SPIN_COUNT} (default)"
