@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,13 @@ def test_whole_number_xs_get_whole_number_ticks() -> None:
     fractional.plot([1, 2], [0.5, 0.7])
     integer_ticks(fractional, [1.0, 2.0])
     assert any(tick != int(tick) for tick in fractional.get_xticks())  # matplotlib's own
+
+
+def test_a_refused_checkpoint_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    code = main(
+        ["bench", "int8", "--smoke", "--group-size", "3", "--out", str(tmp_path), "--port", "1"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("zerolayer bench int8: error: tensor ") and err.count("\n") == 1
+    assert "is not a multiple of --group-size 3" in err

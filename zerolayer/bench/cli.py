@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from zerolayer.checkpoints.errors import CheckpointError
 from zerolayer.cli.presets import PRESET_NAMES
 from zerolayer.common.setting import parse_bytes
 
@@ -103,7 +104,8 @@ def missing_requirements(scenario: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the chosen scenario and prints its results; exit code 2, before anything starts,
-    when a package it needs is missing (one line naming the packages and the extra)."""
+    when a package it needs is missing (one line naming the packages and the extra), and when
+    the checkpoint is refused (one line)."""
     missing = missing_requirements(args.scenario)
     if missing:
         print(
@@ -118,6 +120,11 @@ def run(args: argparse.Namespace) -> int:
         args.preset = "tiny"
         for name, value in getattr(module, "SMOKE", MULTITURN_SMOKE).items():
             setattr(args, name, value)
-    results = module.main(args)
+    try:
+        results = module.main(args)
+    except CheckpointError as exc:
+        # e.g. --model not a checkpoint, or int8's --group-size not dividing a weight's K
+        print(f"zerolayer bench {args.scenario}: error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(results, indent=2))
     return 0
