@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 
 import grpc
-from grpc_health.v1 import health, health_pb2
+from grpc_health.v1 import health
 
 FLUSH_S = 0.05
 """How long an ending Watch may still take to send its last status change (seconds)."""
@@ -29,10 +29,9 @@ class HealthServicer(health.aio.HealthServicer):
         super().__init__()
         self._ending = asyncio.Event()
 
-    async def Watch(
-        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
-    ) -> None:
-        """The library's Watch until :meth:`end_watches`; then the call ends with OK."""
+    async def Watch(self, request: object, context: grpc.aio.ServicerContext) -> None:
+        """The library's Watch of ``request`` (a ``HealthCheckRequest``) until
+        :meth:`end_watches`; then the call ends with OK."""
         watch = asyncio.ensure_future(super().Watch(request, context))
         ending = asyncio.ensure_future(self._ending.wait())
         try:
