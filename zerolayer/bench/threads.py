@@ -29,6 +29,7 @@ from zerolayer.bench.streams import (
     random_prompts,
     run_streams,
 )
+from zerolayer.scheduler.openmp_waiting import SPIN_COUNT_ENV, WAIT_POLICY_ENV
 from zerolayer.stack.launcher import Stack
 
 SMOKE = {
@@ -40,7 +41,7 @@ SMOKE = {
 }
 """Overrides of ``--smoke``."""
 
-OPENMP_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+OPENMP_ENV = (WAIT_POLICY_ENV, SPIN_COUNT_ENV)
 """The OpenMP variables a setting may set; a setting without one runs with it unset (so the
 scheduler's own default applies: see zerolayer.scheduler.openmp_waiting)."""
 
@@ -52,8 +53,8 @@ class ThreadSetting:
     Attributes:
         label: the name in the results.
         num_threads: torch intra-op threads; 0: the scheduler's default.
-        openmp_env: OMP_WAIT_POLICY / GOMP_SPINCOUNT for the stack's processes; empty: the
-            process's own values (the default a user gets).
+        openmp_env: OMP_WAIT_POLICY / GOMP_SPINCOUNT for the stack's processes; empty: neither
+            set (the scheduler's own default, what a user gets).
     """
 
     label: str
@@ -162,8 +163,9 @@ def main(args: argparse.Namespace) -> dict:
     spin_counts = [s for s in args.spin_counts.split(",") if s]
     settings = settings_for(num_cores(), spin_counts)
     if args.only:
+        only = args.only.split(",")
         known = {s.label for s in settings}
-        unknown = [label for label in args.only.split(",") if label not in known]
+        unknown = [label for label in only if label not in known]
         if unknown:
             print(
                 f"zerolayer bench threads: error: --only: unknown setting {', '.join(unknown)} "
@@ -171,7 +173,7 @@ def main(args: argparse.Namespace) -> dict:
                 file=sys.stderr,
             )
             raise SystemExit(2)
-        settings = [s for s in settings if s.label in args.only.split(",")]
+        settings = [s for s in settings if s.label in only]
     results: dict = {"quiet": {}, "busy": {}}
     # NOTE: quiet and busy alternate per setting, so a drift of the machine hits both alike.
     for setting in settings:
