@@ -43,6 +43,12 @@ struct Operands {
   int64_t m, n, k, g;
 };
 
+// Software prefetch of the weight row kPrefetchRows ahead (and its scales) into L2, as
+// skinny_linear.cpp does: the hardware prefetcher alone leaves a core well below its read rate.
+// 8 int8 rows are about as many bytes ahead as skinny_linear's 4 bfloat16 rows.
+constexpr int64_t kPrefetchRows = 8;
+constexpr int kPrefetchLocality = 1;
+
 // Rows [n0, n1) of y with the VNNI instruction DPBUSD on 32-byte chunks (G a multiple of 32).
 #define ZL_INT8_VNNI_ROWS(NAME, TARGET, DPBUSD)                                              \
   __attribute__((target(TARGET))) void NAME(const Operands& o, int64_t n0, int64_t n1) {   \
@@ -50,6 +56,9 @@ struct Operands {
     for (int64_t r = n0; r < n1; ++r) {                                                    \
       const int8_t* wr = o.wq + r * o.k;                                                   \
       const float* wsr = o.ws + r * groups;                                                \
+      for (int64_t j = 0; j < o.k; j += 64)                                                \
+        __builtin_prefetch(wr + kPrefetchRows * o.k + j, 0, kPrefetchLocality);            \
+      __builtin_prefetch(wsr + kPrefetchRows * groups, 0, kPrefetchLocality);              \
       for (int64_t m = 0; m < o.m; ++m) {                                                  \
         const int8_t* xr = o.xq + m * o.k;                                                 \
         const uint8_t* ar = o.xabs + m * o.k;                                              \

@@ -38,6 +38,14 @@ using simd::to_bf16;
 using simd::VecF;
 using simd::widen;
 
+// Software prefetch of the weight row kPrefetchRows ahead, into L2 (locality 1: prefetcht2).
+// The hardware prefetcher alone leaves one core at about two thirds of its read rate: measured
+// here over one token's matrices of the `small` preset (200 MB, 2 threads), 13.7 GB/s without,
+// 22.5 GB/s with this hint and 9.9 GB/s with the non-temporal one (locality 0, prefetchnta, which
+// this kernel used before: it bypasses L2, so each line arrived just in time or late).
+constexpr int64_t kPrefetchRows = 4;
+constexpr int kPrefetchLocality = 1;
+
 // Rows [n0, n1) of w against all M rows of x32 (float32 [M, K]); K a multiple of kLanes.
 template <int M>
 ZL_MULTIVERSION void rows_kernel(
@@ -48,7 +56,7 @@ ZL_MULTIVERSION void rows_kernel(
     VecF acc[M];
     for (int m = 0; m < M; ++m) acc[m] = VecF{};
     for (int64_t j = 0; j < k; j += kLanes) {
-      __builtin_prefetch(wr + j + 8 * k, 0, 0);
+      __builtin_prefetch(wr + j + kPrefetchRows * k, 0, kPrefetchLocality);
       VecF wv = widen(wr + j);
       for (int m = 0; m < M; ++m) {
         VecF xv;
@@ -76,7 +84,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_kernel_bf16_dot
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     int64_t j = 0;
     for (; j + 32 <= k; j += 32) {
-      __builtin_prefetch(wr + j + 8 * k, 0, 0);
+      __builtin_prefetch(wr + j + kPrefetchRows * k, 0, kPrefetchLocality);
       const __m512i wv = _mm512_loadu_si512(wr + j);
       for (int m = 0; m < M; ++m) {
         const __m512i xv = _mm512_loadu_si512(x16 + m * k + j);
