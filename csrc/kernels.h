@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
 #include <vector>
 
 namespace zerolayer {
@@ -34,5 +35,16 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& wq, const at::Tens
 // The instruction set int8_linear uses on this CPU for group size G ("avx512vnni", "avxvnni",
 // "portable").
 const char* int8_linear_isa(int64_t group_size);
+
+// The elementwise steps of a layer (csrc/elementwise.cpp), rows independent of each other.
+// RMSNorm of x [..., H] (bfloat16, contiguous) with weight [H] -> x's shape and dtype.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// (s, rms_norm(s)) with s = h + d rounded to h's dtype: a residual add and the next norm.
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& h, const at::Tensor& d,
+                                                const at::Tensor& weight, double eps);
+
+// RoPE (rotate-half) of bfloat16 x [T, heads, D] by cos, sin [T, 1, D] bfloat16 -> [T, heads, D].
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace zerolayer

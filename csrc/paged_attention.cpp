@@ -715,6 +715,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       pybind11::arg("x"),
       pybind11::arg("ws"),
       pybind11::call_guard<pybind11::gil_scoped_release>());
+  // The elementwise steps keep the GIL: each takes microseconds, less than handing the GIL to
+  // another thread and waiting to get it back.
+  m.def("rms_norm", &zerolayer::rms_norm,
+        "RMSNorm of bfloat16 x [..., H] by weight [H], normalized in float32 -> "
+        "x's shape and dtype",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("eps"));
+  m.def("add_rms_norm", &zerolayer::add_rms_norm,
+        "(h + d, rms_norm(h + d, weight, eps)), the sum rounded to h's dtype",
+        pybind11::arg("h"), pybind11::arg("d"), pybind11::arg("weight"), pybind11::arg("eps"));
+  m.def("rotary", &zerolayer::rotary,
+        "RoPE (rotate-half) of bfloat16 x [T, heads, D] by cos, sin [T, 1, D] -> [T, heads, D]",
+        pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"));
   m.attr("max_skinny_rows") = zerolayer::kMaxSkinnyRows;
   m.attr("has_bf16_dot") = zerolayer::has_bf16_dot();
 }

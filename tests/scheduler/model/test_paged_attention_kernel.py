@@ -178,15 +178,6 @@ def dense_attention(step: Step) -> torch.Tensor:
     return torch.cat(outputs)
 
 
-@pytest.fixture(scope="module")
-def native() -> KernelLoader:
-    """The built kernel, in the per-user build cache (built once per machine and torch)."""
-    loader = KernelLoader()
-    if not loader.native_available():
-        pytest.fail(f"native attention kernel did not build: {loader.unavailable_reason}")
-    return loader
-
-
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), HEADS)
 @pytest.mark.parametrize("step_name", list(STEPS))

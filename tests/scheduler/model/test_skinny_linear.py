@@ -13,14 +13,6 @@ from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.llama import biased_linear, grouped_linear
 
 
-@pytest.fixture(scope="module")
-def native() -> KernelLoader:
-    loader = KernelLoader()
-    if not loader.native_available():
-        pytest.fail(f"native kernels did not build: {loader.unavailable_reason}")
-    return loader
-
-
 def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x.double(), w.double())
 

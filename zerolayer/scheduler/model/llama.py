@@ -23,7 +23,8 @@ from zerolayer.scheduler.model.attention import AttentionMetadata, paged_attenti
 from zerolayer.scheduler.model.gemma import gemma_rms_norm, scale_embeddings, soft_cap
 from zerolayer.scheduler.model.int8_linear import Int8Weight, torch_linear
 from zerolayer.scheduler.model.kernels import KernelLoader
-from zerolayer.scheduler.model.rope import RotaryEmbedding, apply_rotary
+from zerolayer.scheduler.model.layer_ops import LayerOps, rms_norm
+from zerolayer.scheduler.model.rope import RotaryEmbedding
 
 Matrix = torch.Tensor | Int8Weight
 """A linear weight [N, K]: in the model dtype, or int8 with scales."""
@@ -71,17 +72,6 @@ class LayerWeights:
                 for item in value if isinstance(value, tuple) else (value,):
                     out.extend(item.tensors() if isinstance(item, Int8Weight) else [item])
         return out
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of ``x`` [..., H]: normalized in float32, cast back, scaled by ``weight`` [H].
-
-    ``weight`` may be stored in another dtype than ``x`` (float32 norms in a bfloat16
-    checkpoint); it is cast to ``x``'s dtype, as transformers casts it at load.
-    """
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight.to(x.dtype) * x32.to(x.dtype)
 
 
 def biased_linear(linear: Callable, fuse_bias: bool) -> Callable:
@@ -247,24 +237,29 @@ class LlamaModel:
             fuse_bias=kernels is None or not kernels.batch_invariant,
         )
         linears = grouped_linear(linear, kernels)
+        ops = LayerOps(self.norm_fn, kernels.load() if kernels is not None else None)
+        eps = cfg.rms_norm_eps
         h = F.embedding(input_ids, self.embed_tokens)
         if cfg.scale_embeddings:
             h = scale_embeddings(h, cfg.hidden_size)
         cos, sin = self.rotary.tables(positions, self.dtype)
         num_tokens = input_ids.shape[0]
+        # NOTE: a layer's MLP output is added to the residual stream by the next norm
+        # (ops.add_norm: one native call for the add and the norm), so ``pending`` carries it.
+        pending: torch.Tensor | None = None
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            x = self.norm_fn(h, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = self._qkv(x, layer, linears)
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
+            h, x = ops.add_norm(h, pending, layer.input_norm, eps)
+            q, k, v = self._qkv(x, layer, linears, ops)
+            q = ops.rotary(q, cos, sin)
+            k = ops.rotary(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
             window = cfg.sliding_window if i in cfg.window_layers else None
             attn = paged_attention(
                 q, k_cache, v_cache, meta, self.scale, kernels, cfg.attn_logit_softcapping, window
             )
             out = linear(attn.reshape(num_tokens, -1), layer.o_proj, layer.o_bias)
-            h = self._residual_mlp(h, out, layer, linear, linears)
-        return self.norm_fn(h, self.norm, cfg.rms_norm_eps)
+            h, pending = self._residual_mlp(h, out, layer, linear, linears, ops)
+        return ops.add_norm(h, pending, self.norm, eps)[1]
 
     def _residual_mlp(
         self,
@@ -273,19 +268,26 @@ class LlamaModel:
         layer: LayerWeights,
         linear: Callable,
         linears: Callable,
-    ) -> torch.Tensor:
-        """The rest of a layer after attention: residual adds around the attention output and
-        the MLP, with Gemma 2's sandwich norms (post-attention, pre- and post-feed-forward)."""
-        eps, norm = self.config.rms_norm_eps, self.norm_fn
+        ops: LayerOps,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The rest of a layer after attention: the residual add of the attention output and
+        the MLP, with Gemma 2's sandwich norms (post-attention, pre- and post-feed-forward).
+
+        Returns:
+            (h, pending): the residual stream and the MLP output still to be added to it (None
+            when it was added here).
+        """
+        eps = self.config.rms_norm_eps
         if layer.pre_feedforward_norm is None or layer.post_feedforward_norm is None:
-            h = h + attn_out
-            return h + self._mlp(norm(h, layer.post_attention_norm, eps), layer, linear, linears)
+            h, x = ops.add_norm(h, attn_out, layer.post_attention_norm, eps)
+            return h, self._mlp(x, layer, linear, linears)
+        norm = ops.model_norm
         h = h + norm(attn_out, layer.post_attention_norm, eps)
         mlp_out = self._mlp(norm(h, layer.pre_feedforward_norm, eps), layer, linear, linears)
-        return h + norm(mlp_out, layer.post_feedforward_norm, eps)
+        return h + norm(mlp_out, layer.post_feedforward_norm, eps), None
 
     def _qkv(
-        self, x: torch.Tensor, layer: LayerWeights, linears: Callable
+        self, x: torch.Tensor, layer: LayerWeights, linears: Callable, ops: LayerOps
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, H, D], k and v [T, Hkv, D]: projections (fused ones split after the matmul),
         biases, and Qwen3's per-head RMSNorm of q and k (before RoPE, as transformers)."""
@@ -299,8 +301,8 @@ class LlamaModel:
         k = outs[1].view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
         v = outs[2].view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:
-            q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
-            k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+            q = ops.rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+            k = ops.rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         return q, k, v
 
     def _mlp(
