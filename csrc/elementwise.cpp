@@ -69,18 +69,27 @@ ZL_MULTIVERSION float sum_squares(const uint16_t* x, int64_t n) {
   return s;
 }
 
-// y = w * bf16(x * rsqrt(mean(x^2) + eps)) for one row of n values; w holds bfloat16 values.
-ZL_MULTIVERSION void norm_row(const uint16_t* x, const float* w, uint16_t* y, int64_t n,
-                              float eps) {
+// The norm weight's j-th value in bfloat16 precision: a float32 weight of a bfloat16 model is
+// rounded first, as weight.to(x.dtype) does.
+inline float weight_at(const uint16_t* w, int64_t j) { return widen(w[j]); }
+inline float weight_at(const float* w, int64_t j) { return round_bf16(w[j]); }
+
+// y = w * bf16(x * rsqrt(mean(x^2) + eps)) for one row of n values.
+template <typename W>
+ZL_MULTIVERSION void norm_row(const uint16_t* x, const W* w, uint16_t* y, int64_t n, float eps) {
   const float mean = sum_squares(x, n) / static_cast<float>(n);
   const float r = 1.f / std::sqrt(mean + eps);
-  for (int64_t j = 0; j < n; ++j) y[j] = to_bf16(w[j] * round_bf16(widen(x[j]) * r));
+  for (int64_t j = 0; j < n; ++j) y[j] = to_bf16(weight_at(w, j) * round_bf16(widen(x[j]) * r));
 }
 
-// The weight as float32 copies of bfloat16 values (a float32 norm of a bfloat16 model rounded
-// first, as weight.to(x.dtype) does).
-at::Tensor weight_values(const at::Tensor& weight) {
-  return weight.to(at::kBFloat16).to(at::kFloat).contiguous();
+// Runs f(w) with the weight's data as const uint16_t* (bfloat16) or const float* (float32).
+template <typename F>
+void with_weight(const at::Tensor& weight, F&& f) {
+  if (weight.scalar_type() == at::kFloat) {
+    f(weight.data_ptr<float>());
+  } else {
+    f(reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()));
+  }
 }
 
 void check_norm(const at::Tensor& x, const at::Tensor& weight, const char* who) {
@@ -88,6 +97,9 @@ void check_norm(const at::Tensor& x, const at::Tensor& weight, const char* who) 
   TORCH_CHECK(x.dim() >= 1 && x.is_contiguous(), who, ": contiguous x [..., H] expected");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), who, ": weight [",
               x.size(-1), "] expected, got ", weight.sizes());
+  TORCH_CHECK(weight.is_contiguous() && (weight.scalar_type() == at::kBFloat16 ||
+                                         weight.scalar_type() == at::kFloat),
+              who, ": contiguous bfloat16 or float32 weight expected");
 }
 
 const uint16_t* bits(const at::Tensor& t) {
@@ -102,13 +114,14 @@ int64_t rows_of(const at::Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / 
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_norm(x, weight, "rms_norm");
-  const at::Tensor w = weight_values(weight);
   at::Tensor y = at::empty_like(x);
   const int64_t n = x.size(-1);
   const uint16_t* xp = bits(x);
   uint16_t* yp = bits(y);
-  at::parallel_for(0, rows_of(x), kGrainRows, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) norm_row(xp + r * n, w.data_ptr<float>(), yp + r * n, n, eps);
+  with_weight(weight, [&](const auto* w) {
+    at::parallel_for(0, rows_of(x), kGrainRows, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) norm_row(xp + r * n, w, yp + r * n, n, eps);
+    });
   });
   return y;
 }
@@ -118,7 +131,6 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& h, const at::T
   check_norm(h, weight, "add_rms_norm");
   TORCH_CHECK(d.sizes() == h.sizes() && d.scalar_type() == h.scalar_type() && d.is_contiguous(),
               "add_rms_norm: d must be a contiguous tensor of h's shape and dtype");
-  const at::Tensor w = weight_values(weight);
   at::Tensor s = at::empty_like(h);
   at::Tensor y = at::empty_like(h);
   const int64_t n = h.size(-1);
@@ -126,9 +138,11 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& h, const at::T
   const uint16_t* dp = bits(d);
   uint16_t* sp = bits(s);
   uint16_t* yp = bits(y);
-  at::parallel_for(0, rows_of(h), kGrainRows, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0 * n; i < r1 * n; ++i) sp[i] = to_bf16(widen(hp[i]) + widen(dp[i]));
-    for (int64_t r = r0; r < r1; ++r) norm_row(sp + r * n, w.data_ptr<float>(), yp + r * n, n, eps);
+  with_weight(weight, [&](const auto* w) {
+    at::parallel_for(0, rows_of(h), kGrainRows, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * n; i < r1 * n; ++i) sp[i] = to_bf16(widen(hp[i]) + widen(dp[i]));
+      for (int64_t r = r0; r < r1; ++r) norm_row(sp + r * n, w, yp + r * n, n, eps);
+    });
   });
   return {s, y};
 }

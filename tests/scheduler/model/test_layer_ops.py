@@ -79,6 +79,8 @@ def test_kernels_refuse_what_they_do_not_compute(native: KernelLoader) -> None:
     with pytest.raises(RuntimeError, match="shape and dtype"):
         h = torch.zeros(2, 16, dtype=torch.bfloat16)
         module.add_rms_norm(h, torch.zeros(3, 16, dtype=torch.bfloat16), torch.ones(16), 1e-5)
+    with pytest.raises(RuntimeError, match="bfloat16 or float32 weight"):
+        module.rms_norm(torch.zeros(2, 16, dtype=torch.bfloat16), torch.ones(16).half(), 1e-5)
     with pytest.raises(RuntimeError, match="even head dim"):
         x = torch.zeros(1, 1, 15, dtype=torch.bfloat16)
         module.rotary(x, x, x)

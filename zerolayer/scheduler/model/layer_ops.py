@@ -30,10 +30,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight.to(x.dtype) * x32.to(x.dtype)
 
 
-def _on_cpu(*tensors: torch.Tensor) -> bool:
-    return all(t.device.type == "cpu" for t in tensors)
-
-
 @dataclass(frozen=True)
 class LayerOps:
     """A layer's elementwise steps for one model; ``norm`` is the model's RMSNorm
@@ -72,7 +68,7 @@ class LayerOps:
             and d.dtype == h.dtype
             and d.shape == h.shape
             and d.is_contiguous()
-            and _on_cpu(d)
+            and d.is_cpu
         ):
             s, y = self.native.add_rms_norm(h, d, weight, eps)  # type: ignore[union-attr]
             return s, y
@@ -87,7 +83,9 @@ class LayerOps:
             and x.dtype == cos.dtype == sin.dtype == torch.bfloat16
             and x.dim() == 3
             and x.is_contiguous()
-            and _on_cpu(x, cos, sin)
+            and x.is_cpu
+            and cos.is_cpu
+            and sin.is_cpu
         ):
             return self.native.rotary(x, cos, sin)
         return apply_rotary(x, cos, sin)
@@ -98,5 +96,8 @@ class LayerOps:
             and x.dtype == torch.bfloat16
             and x.is_contiguous()
             and weight.dim() == 1
-            and _on_cpu(x, weight)
+            and weight.dtype in (torch.bfloat16, torch.float32)
+            and weight.is_contiguous()
+            and x.is_cpu
+            and weight.is_cpu
         )
