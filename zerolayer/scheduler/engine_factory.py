@@ -92,7 +92,7 @@ def assemble_engine(
     parts: EngineParts, config: EngineConfig, registry: CollectorRegistry | None = None
 ) -> Engine:
     """Builds the engine over ``parts`` (not started). Blocking: the first use of the native
-    kernel on a machine builds it (about 30 s).
+    kernel on a machine builds it (about a minute on 2 cores).
 
     Args:
         registry: where the engine's metrics go (:class:`SchedulerMetrics`); None: no metrics.

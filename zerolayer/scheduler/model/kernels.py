@@ -74,7 +74,7 @@ def default_build_dir() -> Path:
     ``<torch>-<python>-<build_key>`` (read when called, not at import).
 
     Not under ``$XDG_CACHE_HOME``: tests and benchmarks give each stack its own model cache, and
-    should not rebuild the kernel (about 30 s) for each. The torch and Python versions are part
+    should not rebuild the kernel (about a minute) for each. The torch and Python versions are part
     of the path since the library links against both; :func:`build_key` since the build's
     command line names the checkout and the venv.
     """
@@ -335,7 +335,9 @@ class KernelLoader:
                 with contextlib.suppress(ImportError), _build_lock(build_dir):
                     return import_library(build_dir), None
         else:
-            log.info("building the native kernels in %s (about 30 s, once)", build_dir)
+            log.info(
+                "building the native kernels in %s (about a minute on 2 cores, once)", build_dir
+            )
         try:
             from torch.utils import cpp_extension
 
