@@ -32,6 +32,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "elementwise.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -44,14 +45,8 @@ using simd::to_bf16;
 // parallel region costs more than the work); prefill's hundreds of rows are split.
 constexpr int64_t kGrainRows = 64;
 
-inline float widen(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-inline float round_bf16(float f) { return widen(to_bf16(f)); }
+using simd::round_bf16;
+inline float widen(uint16_t h) { return simd::from_bf16(h); }
 
 // The float32 sum of squares of n bfloat16 values, in kLanes partial sums added left to right.
 ZL_MULTIVERSION float sum_squares(const uint16_t* x, int64_t n) {
@@ -112,6 +107,24 @@ int64_t rows_of(const at::Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / 
 
 }  // namespace
 
+void rms_norm_row(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t n, float eps) {
+  norm_row(x, w, y, n, eps);
+}
+
+void rotary_rows(const uint16_t* x, const uint16_t* cos, const uint16_t* sin, uint16_t* y,
+                 int64_t heads, int64_t dim) {
+  const int64_t half = dim / 2;
+  float row[1024];
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < dim; ++j) row[j] = widen(x[h * dim + j]);
+    for (int64_t j = 0; j < dim; ++j) {
+      // rotate_half(x) = cat(-x[half:], x[:half]); each product and the sum rounded.
+      const float rotated = j < half ? -row[j + half] : row[j - half];
+      y[h * dim + j] = to_bf16(round_bf16(row[j] * widen(cos[j])) + round_bf16(rotated * widen(sin[j])));
+    }
+  }
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_norm(x, weight, "rms_norm");
   at::Tensor y = at::empty_like(x);
@@ -152,8 +165,8 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
                   sin.scalar_type() == at::kBFloat16,
               "rotary: bfloat16 x, cos and sin expected");
   TORCH_CHECK(x.dim() == 3 && x.is_contiguous(), "rotary: contiguous x [T, heads, D] expected");
-  const int64_t t = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
-  TORCH_CHECK(dim % 2 == 0, "rotary: even head dim expected, got ", dim);
+  const int64_t t = x.size(0), heads = x.size(1), dim = x.size(2);
+  TORCH_CHECK(dim % 2 == 0 && dim <= 1024, "rotary: even head dim up to 1024 expected, got ", dim);
   TORCH_CHECK(cos.numel() == t * dim && sin.numel() == t * dim,
               "rotary: cos and sin [T, 1, D] expected, got ", cos.sizes(), " and ", sin.sizes());
   const at::Tensor c = cos.reshape({t, dim}).contiguous(), s = sin.reshape({t, dim}).contiguous();
@@ -164,19 +177,8 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   uint16_t* yp = bits(y);
   at::parallel_for(0, t, kGrainRows, [&](int64_t t0, int64_t t1) {
     for (int64_t ti = t0; ti < t1; ++ti) {
-      const uint16_t* cr = cp + ti * dim;
-      const uint16_t* sr = sp + ti * dim;
-      for (int64_t hi = 0; hi < heads; ++hi) {
-        const uint16_t* xr = xp + (ti * heads + hi) * dim;
-        uint16_t* yr = yp + (ti * heads + hi) * dim;
-        for (int64_t j = 0; j < dim; ++j) {
-          // rotate_half(x) = cat(-x[half:], x[:half]); each product and the sum rounded.
-          const float rotated = j < half ? -widen(xr[j + half]) : widen(xr[j - half]);
-          const float a = round_bf16(widen(xr[j]) * widen(cr[j]));
-          const float b = round_bf16(rotated * widen(sr[j]));
-          yr[j] = to_bf16(a + b);
-        }
-      }
+      rotary_rows(xp + ti * heads * dim, cp + ti * dim, sp + ti * dim, yp + ti * heads * dim, heads,
+                  dim);
     }
   });
   return y;

@@ -24,6 +24,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "decode_forward.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -727,6 +728,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary", &zerolayer::rotary,
         "RoPE (rotate-half) of bfloat16 x [T, heads, D] by cos, sin [T, 1, D] -> [T, heads, D]",
         pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"));
+  pybind11::class_<zerolayer::DecodeForward>(
+      m, "DecodeForward", "A whole decode step of a standard Llama layer stack in one call")
+      .def(pybind11::init<const std::vector<std::vector<at::Tensor>>&, const at::Tensor&, int64_t,
+                          int64_t, int64_t, double, double>(),
+           pybind11::arg("layers"), pybind11::arg("final_norm"), pybind11::arg("num_heads"),
+           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"),
+           pybind11::arg("scale"))
+      .def("forward", &zerolayer::DecodeForward::forward,
+           "(h [M, H], k_caches, v_caches, slot_mapping [M], block_tables [M, N], seq_lens [M], "
+           "cos, sin [M, 1, D]) -> final-norm hidden states [M, H]",
+           pybind11::arg("h"), pybind11::arg("k_caches"), pybind11::arg("v_caches"),
+           pybind11::arg("slot_mapping"), pybind11::arg("block_tables"), pybind11::arg("seq_lens"),
+           pybind11::arg("cos"), pybind11::arg("sin"),
+           pybind11::call_guard<pybind11::gil_scoped_release>());
   m.attr("max_skinny_rows") = zerolayer::kMaxSkinnyRows;
   m.attr("has_bf16_dot") = zerolayer::has_bf16_dot();
 }

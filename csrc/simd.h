@@ -59,5 +59,16 @@ inline __attribute__((always_inline)) uint16_t to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// One bfloat16 value as float32 (exact).
+inline float from_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// f rounded to bfloat16 precision (to nearest even), as a float32.
+inline float round_bf16(float f) { return from_bf16(to_bf16(f)); }
+
 }  // namespace simd
 }  // namespace zerolayer

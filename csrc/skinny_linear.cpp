@@ -26,6 +26,7 @@
 #include <immintrin.h>
 #endif
 
+#include "gemv.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -107,13 +108,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_kernel_bf16_dot
 }
 #endif
 
-using RowsFn = void (*)(const void*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t, int64_t);
-
-// The kernel for M rows of x, and whether it takes x in bfloat16 (else float32).
-struct Rows {
-  RowsFn fn;
-  bool bf16_x;
-};
+using Rows = GemvRows;
 
 bool has_bf16_dot_cpu() {
 #ifdef ZL_HAVE_BF16_DOT
@@ -185,6 +180,8 @@ at::Tensor linear_with(const at::Tensor& x, const at::Tensor& w, bool bf16_dot) 
 }
 
 }  // namespace
+
+GemvRows gemv_rows(int64_t m) { return rows_for(m, has_bf16_dot()); }
 
 bool has_bf16_dot() {
   static const bool supported = has_bf16_dot_cpu();

@@ -34,12 +34,14 @@ SKINNY_LINEAR_SOURCE = CSRC_DIR / "skinny_linear.cpp"
 INVARIANT_LINEAR_SOURCE = CSRC_DIR / "invariant_linear.cpp"
 INT8_LINEAR_SOURCE = CSRC_DIR / "int8_linear.cpp"
 ELEMENTWISE_SOURCE = CSRC_DIR / "elementwise.cpp"
+DECODE_FORWARD_SOURCE = CSRC_DIR / "decode_forward.cpp"
 SOURCES = (
     PAGED_ATTENTION_SOURCE,
     SKINNY_LINEAR_SOURCE,
     INVARIANT_LINEAR_SOURCE,
     INT8_LINEAR_SOURCE,
     ELEMENTWISE_SOURCE,
+    DECODE_FORWARD_SOURCE,
 )
 EXTENSION_NAME = "zerolayer_paged_attention"
 # NOTE: no -march: the source multiversions its hot functions (target_clones), so a cached build

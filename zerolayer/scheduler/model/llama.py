@@ -10,6 +10,7 @@ Gemma's scaled embedding and (1 + w) RMSNorm, Gemma 2's extra norms and soft-cap
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -20,11 +21,14 @@ import torch.nn.functional as F
 from zerolayer.checkpoints.int8_format import scale_name
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.scheduler.model.attention import AttentionMetadata, paged_attention, write_kv
+from zerolayer.scheduler.model.decode_forward import FusedDecode, unsupported_reason
 from zerolayer.scheduler.model.gemma import gemma_rms_norm, scale_embeddings, soft_cap
 from zerolayer.scheduler.model.int8_linear import Int8Weight, torch_linear
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.layer_ops import LayerOps, rms_norm
 from zerolayer.scheduler.model.rope import RotaryEmbedding
+
+log = logging.getLogger(__name__)
 
 Matrix = torch.Tensor | Int8Weight
 """A linear weight [N, K]: in the model dtype, or int8 with scales."""
@@ -163,6 +167,8 @@ class LlamaModel:
         )
         self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
         self.norm_fn = gemma_rms_norm if config.gemma_norms else rms_norm
+        self._fused_decode: FusedDecode | None = None
+        self._fused_decode_checked = False
         if config.sandwich_norms and any(x.post_feedforward_norm is None for x in self.layers):
             raise KeyError("pre/post_feedforward_layernorm.weight (Gemma 2's extra norms)")
         expected = (config.vocab_size, config.hidden_size)
@@ -244,6 +250,9 @@ class LlamaModel:
             h = scale_embeddings(h, cfg.hidden_size)
         cos, sin = self.rotary.tables(positions, self.dtype)
         num_tokens = input_ids.shape[0]
+        fused = self._fused_decode_for(kernels)
+        if fused is not None and fused.applies(num_tokens, meta, kv_caches):
+            return fused(h, kv_caches, meta, cos, sin)
         # NOTE: a layer's MLP output is added to the residual stream by the next norm
         # (ops.add_norm: one native call for the add and the norm), so ``pending`` carries it.
         pending: torch.Tensor | None = None
@@ -260,6 +269,30 @@ class LlamaModel:
             out = linear(attn.reshape(num_tokens, -1), layer.o_proj, layer.o_bias)
             h, pending = self._residual_mlp(h, out, layer, linear, linears, ops)
         return ops.add_norm(h, pending, self.norm, eps)[1]
+
+    def _fused_decode_for(self, kernels: KernelLoader | None) -> FusedDecode | None:
+        """The native whole-step decode (:mod:`~zerolayer.scheduler.model.decode_forward`) for
+        this model, built on the first call with loaded kernels; None where it does not apply
+        (the reason is logged once)."""
+        if self._fused_decode_checked or kernels is None or not kernels.loaded:
+            return self._fused_decode
+        self._fused_decode_checked = True
+        reason = (
+            "--batch-invariant"
+            if kernels.batch_invariant
+            else unsupported_reason(
+                self.config, self.layers, self.dtype, self.device, self.act, self.norm_fn
+            )
+        )
+        module = kernels.load()
+        if reason is None and module is not None and hasattr(module, "DecodeForward"):
+            self._fused_decode = FusedDecode(
+                module, self.config, self.layers, self.norm, self.scale
+            )
+            log.info("decode steps of up to %d sequences run fused", self._fused_decode.max_rows)
+        else:
+            log.info("decode steps run layer by layer (%s)", reason)
+        return self._fused_decode
 
     def _residual_mlp(
         self,

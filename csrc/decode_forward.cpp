@@ -1,0 +1,417 @@
+// A whole decode step of a standard Llama layer stack (bfloat16, up to kMaxSkinnyRows sequences,
+// one new token each) in one native call and one parallel region.
+//
+// The Python forward makes about twenty calls per layer, and each decode GEMV opens its own
+// OpenMP parallel region. The scheduler keeps libgomp's spin short (GOMP_SPINCOUNT=100, so that a
+// busy neighbour process does not stall it), so the other threads sleep between regions and every
+// region starts with a futex wake-up: measured here, a decode step of the `small` preset took
+// 3 ms longer with the short spin than with a 10000-iteration one, out of 20 ms. This kernel opens
+// one region per step; inside it the threads meet at a barrier that spins with `pause` for a
+// bounded time and then sleeps on a futex, so both threads stay awake between the phases of a
+// step (microseconds apart) without spinning through the idle time between steps.
+//
+// Per layer, with the roundings of the Python forward (zerolayer/scheduler/model/llama.py): every
+// intermediate is rounded to bfloat16 where torch would round it.
+//   x = rms_norm(h)             (the previous layer's MLP output added to h first)
+//   q, k, v = x Wq^T, x Wk^T, x Wv^T      (the decode GEMV of skinny_linear.cpp, rows split)
+//   q, k = RoPE(q), RoPE(k); k, v written to their cache slots
+//   a = softmax(q K^T * scale) V over the sequence's blocks (float32; the scores, their
+//       maximum, then the weights; GQA: kv head g serves q heads g * G .. g * G + G - 1)
+//   h = h + a Wo^T; x = rms_norm(h)
+//   m = silu(x Wg^T) * (x Wu^T); d = m Wd^T
+// and after the last layer rms_norm(h + d) with the final norm. Float32 sums run in other orders
+// than torch's (the GEMVs, as skinny_linear; the norms, as elementwise.cpp; attention, as
+// paged_attention.cpp) and expf is not torch's, so values can differ by a bfloat16 rounding.
+//
+// Models with biases, q/k norms, another activation or norm, sliding windows, logit soft-capping,
+// fused projections or int8 weights take the Python forward (zerolayer/scheduler/model/
+// decode_forward.py decides).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <linux/futex.h>
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "decode_forward.h"
+#include "elementwise.h"
+#include "gemv.h"
+#include "kernels.h"
+#include "simd.h"
+
+namespace zerolayer {
+namespace {
+
+using simd::to_bf16;
+
+using simd::round_bf16;
+inline float widen(uint16_t h) { return simd::from_bf16(h); }
+
+inline void cpu_pause() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// A barrier for the threads of one parallel region: a waiting thread spins with pause for about
+// kSpins rounds (the phases of a decode step are microseconds apart), then sleeps on a futex
+// until the last thread arrives, so that a thread descheduled by a busy neighbour does not keep
+// the other spinning for its whole time slice.
+class SpinBarrier {
+ public:
+  // Every thread calls this with the team size before its first wait (all the same value).
+  void set_size(int n) { size_.store(n, std::memory_order_relaxed); }
+
+  void wait() {
+    const int generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) == size_.load(std::memory_order_relaxed) - 1) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_seq_cst);
+      if (sleepers_.load(std::memory_order_seq_cst) > 0) futex(FUTEX_WAKE_PRIVATE, INT32_MAX);
+      return;
+    }
+    for (int spins = 0; spins < kSpins; ++spins) {
+      if (generation_.load(std::memory_order_acquire) != generation) return;
+      cpu_pause();
+    }
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    while (generation_.load(std::memory_order_seq_cst) == generation) {
+      futex(FUTEX_WAIT_PRIVATE, generation);  // returns at once if the generation moved on
+    }
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+ private:
+  void futex(int op, int value) {
+    static_assert(sizeof(std::atomic<int>) == sizeof(int), "futex word");
+    syscall(SYS_futex, reinterpret_cast<int*>(&generation_), op, value, nullptr, nullptr, 0);
+  }
+
+  // About 50-100 us of pause on current x86 cores: longer than most phases of a decode step.
+  static constexpr int kSpins = 2000;
+  std::atomic<int> size_{1};
+  std::atomic<int> arrived_{0};
+  std::atomic<int> generation_{0};
+  std::atomic<int> sleepers_{0};
+};
+
+// Rows [lo, hi) of thread tid of nt for total rows.
+inline void share(int64_t total, int tid, int nt, int64_t* lo, int64_t* hi) {
+  *lo = total * tid / nt;
+  *hi = total * (tid + 1) / nt;
+}
+
+const uint16_t* bits(const at::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
+}
+
+uint16_t* bits(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+// q . k in simd::kLanes partial sums (so that the compiler vectorizes it).
+ZL_MULTIVERSION float dot(const float* q, const uint16_t* k, int64_t d) {
+  float lanes[simd::kLanes] = {};
+  int64_t j = 0;
+  for (; j + simd::kLanes <= d; j += simd::kLanes) {
+    for (int64_t l = 0; l < simd::kLanes; ++l) lanes[l] += q[j + l] * widen(k[j + l]);
+  }
+  for (; j < d; ++j) lanes[0] += q[j] * widen(k[j]);
+  float s = 0.f;
+  for (float v : lanes) s += v;
+  return s;
+}
+
+ZL_MULTIVERSION void add_scaled(float* acc, float w, const uint16_t* v, int64_t d) {
+  for (int64_t j = 0; j < d; ++j) acc[j] += w * widen(v[j]);
+}
+
+}  // namespace
+
+DecodeForward::DecodeForward(const std::vector<std::vector<at::Tensor>>& layers,
+                             const at::Tensor& final_norm, int64_t num_heads,
+                             int64_t num_kv_heads, int64_t head_dim, double eps, double scale)
+    : num_heads_(num_heads),
+      num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim),
+      eps_(static_cast<float>(eps)),
+      scale_(static_cast<float>(scale)) {
+  TORCH_CHECK(!layers.empty(), "DecodeForward: no layers");
+  TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+              "DecodeForward: num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 1024,
+              "DecodeForward: even head_dim up to 1024 expected");
+  const int64_t q_dim = num_heads * head_dim, kv_dim = num_kv_heads * head_dim;
+  auto vector = [](const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); };
+  auto matrix = [](const at::Tensor& t, int64_t rows, int64_t cols, const char* name) {
+    TORCH_CHECK(t.scalar_type() == at::kBFloat16 && t.dim() == 2 && t.is_contiguous() &&
+                    t.size(0) == rows && t.size(1) == cols && cols % simd::kLanes == 0,
+                "DecodeForward: ", name, " must be a contiguous bfloat16 [", rows, ", ", cols,
+                "] matrix (columns a multiple of 16), got ", t.sizes());
+    return t;
+  };
+  hidden_ = layers[0].at(0).size(0);
+  intermediate_ = layers[0].at(6).size(0);
+  for (const auto& l : layers) {
+    TORCH_CHECK(l.size() == 9,
+                "DecodeForward: a layer is [input_norm, q, k, v, o, post_norm, gate, up, down]");
+    TORCH_CHECK(l[0].dim() == 1 && l[0].size(0) == hidden_ && l[5].dim() == 1 &&
+                    l[5].size(0) == hidden_,
+                "DecodeForward: norms of [", hidden_, "] expected");
+    layers_.push_back({vector(l[0]), matrix(l[1], q_dim, hidden_, "q"),
+                       matrix(l[2], kv_dim, hidden_, "k"), matrix(l[3], kv_dim, hidden_, "v"),
+                       matrix(l[4], hidden_, q_dim, "o"), vector(l[5]),
+                       matrix(l[6], intermediate_, hidden_, "gate"),
+                       matrix(l[7], intermediate_, hidden_, "up"),
+                       matrix(l[8], hidden_, intermediate_, "down")});
+  }
+  TORCH_CHECK(final_norm.dim() == 1 && final_norm.size(0) == hidden_,
+              "DecodeForward: final norm of [", hidden_, "] expected");
+  final_norm_ = vector(final_norm);
+}
+
+at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Tensor>& k_caches,
+                                  const std::vector<at::Tensor>& v_caches,
+                                  const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                                  const at::Tensor& seq_lens, const at::Tensor& cos,
+                                  const at::Tensor& sin) const {
+  const int64_t m = h.dim() == 2 ? h.size(0) : 0;
+  const int64_t hidden = hidden_, inter = intermediate_, dim = head_dim_;
+  const int64_t heads = num_heads_, kv_heads = num_kv_heads_, group = heads / kv_heads;
+  const int64_t q_dim = heads * dim, kv_dim = kv_heads * dim;
+  const int64_t num_layers = static_cast<int64_t>(layers_.size());
+  TORCH_CHECK(m >= 1 && m <= kMaxSkinnyRows && h.scalar_type() == at::kBFloat16 &&
+                  h.size(1) == hidden && h.is_contiguous(),
+              "decode_forward: h must be a contiguous bfloat16 [M, ", hidden, "] with 1 <= M <= ",
+              kMaxSkinnyRows);
+  TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == num_layers &&
+                  static_cast<int64_t>(v_caches.size()) == num_layers,
+              "decode_forward: one K and one V cache per layer expected");
+  const int64_t num_blocks = k_caches[0].size(0), block_size = k_caches[0].size(1);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    for (const at::Tensor* c : {&k_caches[l], &v_caches[l]}) {
+      TORCH_CHECK(c->scalar_type() == at::kBFloat16 && c->dim() == 4 && c->is_contiguous() &&
+                      c->size(0) == num_blocks && c->size(1) == block_size &&
+                      c->size(2) == kv_heads && c->size(3) == dim,
+                  "decode_forward: caches must be contiguous bfloat16 [num_blocks, block_size, ",
+                  kv_heads, ", ", dim, "]");
+    }
+  }
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == m &&
+                  seq_lens.scalar_type() == at::kLong && seq_lens.numel() == m &&
+                  block_tables.scalar_type() == at::kLong && block_tables.dim() == 2 &&
+                  block_tables.size(0) == m,
+              "decode_forward: int64 slot_mapping [M], seq_lens [M], block_tables [M, N]");
+  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 &&
+                  cos.numel() == m * dim && sin.numel() == m * dim,
+              "decode_forward: bfloat16 cos and sin of [M, 1, ", dim, "] expected");
+  const at::Tensor slots = slot_mapping.contiguous(), lens = seq_lens.contiguous();
+  const at::Tensor tables = block_tables.contiguous();
+  const at::Tensor cs = cos.contiguous(), sn = sin.contiguous();
+  const int64_t* slot_p = slots.data_ptr<int64_t>();
+  const int64_t* len_p = lens.data_ptr<int64_t>();
+  const int64_t* table_p = tables.data_ptr<int64_t>();
+  const int64_t table_width = tables.size(1);
+  // NOTE: every index is checked before the region: nothing inside it may throw.
+  for (int64_t s = 0; s < m; ++s) {
+    TORCH_CHECK(slot_p[s] >= 0 && slot_p[s] < num_blocks * block_size,
+                "decode_forward: slot out of range");
+    TORCH_CHECK(len_p[s] >= 1 && len_p[s] <= table_width * block_size,
+                "decode_forward: a sequence is longer than its block table");
+    for (int64_t b = 0; b < (len_p[s] + block_size - 1) / block_size; ++b) {
+      const int64_t id = table_p[s * table_width + b];
+      TORCH_CHECK(id >= 0 && id < num_blocks, "decode_forward: block id out of range");
+    }
+    TORCH_CHECK(table_p[s * table_width + (len_p[s] - 1) / block_size] * block_size +
+                        (len_p[s] - 1) % block_size == slot_p[s],
+                "decode_forward: the new token's slot is not the sequence's last position");
+  }
+
+  const GemvRows rows = gemv_rows(m);
+  TORCH_CHECK(rows.fn != nullptr, "decode_forward: no GEMV for ", m, " rows");
+  auto bf16 = h.options();
+  at::Tensor resid = h.clone(), x = at::empty({m, hidden}, bf16), out = at::empty({m, hidden}, bf16);
+  at::Tensor q = at::empty({m, q_dim}, bf16), k = at::empty({m, kv_dim}, bf16);
+  at::Tensor v = at::empty({m, kv_dim}, bf16), attn = at::empty({m, q_dim}, bf16);
+  at::Tensor o = at::empty({m, hidden}, bf16), gate = at::empty({m, inter}, bf16);
+  at::Tensor up = at::empty({m, inter}, bf16), act = at::empty({m, inter}, bf16);
+  at::Tensor down = at::empty({m, hidden}, bf16);
+  const int64_t widest = std::max({hidden, q_dim, inter});
+  at::Tensor x32 = at::empty({m, widest}, h.options().dtype(at::kFloat));
+  uint16_t *rp = bits(resid), *xp = bits(x), *op = bits(out), *qp = bits(q), *kp = bits(k);
+  uint16_t *vp = bits(v), *ap = bits(attn), *orow = bits(o), *gp = bits(gate), *up_p = bits(up);
+  uint16_t *actp = bits(act), *dp = bits(down);
+  float* x32p = x32.data_ptr<float>();
+  const uint16_t* cos_p = bits(cs);
+  const uint16_t* sin_p = bits(sn);
+  const float eps = eps_, scale = scale_;
+
+  // The GEMV's x: bfloat16 as it is, or float32 [M, cols] for the widening kernel.
+  auto gemv_x = [&](const uint16_t* src, int64_t cols, int64_t s0, int64_t s1) -> const void* {
+    if (!rows.bf16_x) {
+      for (int64_t s = s0; s < s1; ++s) {
+        for (int64_t j = 0; j < cols; ++j) x32p[s * cols + j] = widen(src[s * cols + j]);
+      }
+    }
+    return rows.bf16_x ? static_cast<const void*>(src) : static_cast<const void*>(x32p);
+  };
+
+  int num_threads = at::get_num_threads();
+  if (at::in_parallel_region()) num_threads = 1;
+  SpinBarrier barrier;
+#pragma omp parallel num_threads(num_threads)
+  {
+    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    barrier.set_size(nt);
+    std::vector<float> qf(group * dim), acc(group * dim), best(group), total(group), scores;
+    int64_t lo, hi;
+    for (int64_t l = 0; l < num_layers; ++l) {
+      const Layer& w = layers_[l];
+      // 1. the residual add of the previous MLP and the input norm (thread 0)
+      if (tid == 0) {
+        for (int64_t s = 0; s < m; ++s) {
+          uint16_t* hr = rp + s * hidden;
+          if (l > 0) {
+            for (int64_t j = 0; j < hidden; ++j) hr[j] = to_bf16(widen(hr[j]) + widen(dp[s * hidden + j]));
+          }
+          rms_norm_row(hr, bits(w.input_norm), xp + s * hidden, hidden, eps);
+        }
+        gemv_x(xp, hidden, 0, m);
+      }
+      barrier.wait();
+      // 2. q, k, v
+      {
+        const void* xin = rows.bf16_x ? static_cast<const void*>(xp) : x32p;
+        share(q_dim + 2 * kv_dim, tid, nt, &lo, &hi);
+        const int64_t starts[4] = {0, q_dim, q_dim + kv_dim, q_dim + 2 * kv_dim};
+        const uint16_t* ws[3] = {bits(w.q), bits(w.k), bits(w.v)};
+        uint16_t* ys[3] = {qp, kp, vp};
+        for (int i = 0; i < 3; ++i) {
+          const int64_t a = std::max(lo, starts[i]), b = std::min(hi, starts[i + 1]);
+          if (a < b) {
+            const int64_t n = starts[i + 1] - starts[i];
+            rows.fn(xin, ws[i], ys[i], hidden, n, a - starts[i], b - starts[i]);
+          }
+        }
+      }
+      barrier.wait();
+      // 3. RoPE of q and k, k and v into their cache slots (thread 0)
+      if (tid == 0) {
+        uint16_t* kc = const_cast<uint16_t*>(bits(k_caches[l]));
+        uint16_t* vc = const_cast<uint16_t*>(bits(v_caches[l]));
+        for (int64_t s = 0; s < m; ++s) {
+          rotary_rows(qp + s * q_dim, cos_p + s * dim, sin_p + s * dim, qp + s * q_dim, heads, dim);
+          rotary_rows(kp + s * kv_dim, cos_p + s * dim, sin_p + s * dim, kp + s * kv_dim, kv_heads,
+                      dim);
+          std::memcpy(kc + slot_p[s] * kv_dim, kp + s * kv_dim, kv_dim * sizeof(uint16_t));
+          std::memcpy(vc + slot_p[s] * kv_dim, vp + s * kv_dim, kv_dim * sizeof(uint16_t));
+        }
+      }
+      barrier.wait();
+      // 4. attention: (sequence, kv head) items shared out
+      {
+        const uint16_t* kc = bits(k_caches[l]);
+        const uint16_t* vc = bits(v_caches[l]);
+        share(m * kv_heads, tid, nt, &lo, &hi);
+        for (int64_t item = lo; item < hi; ++item) {
+          const int64_t s = item / kv_heads, g = item % kv_heads, len = len_p[s];
+          for (int64_t i = 0; i < group; ++i) {
+            const uint16_t* qr = qp + s * q_dim + (g * group + i) * dim;
+            for (int64_t j = 0; j < dim; ++j) qf[i * dim + j] = widen(qr[j]);
+            best[i] = -std::numeric_limits<float>::infinity();
+            total[i] = 0.f;
+          }
+          std::fill(acc.begin(), acc.end(), 0.f);
+          // two passes: the scores and their maximum, then the softmax weights and sum of V
+          scores.resize(group * len);
+          for (int64_t p = 0; p < len; ++p) {
+            const int64_t slot = table_p[s * table_width + p / block_size] * block_size + p % block_size;
+            const uint16_t* kr = kc + (slot * kv_heads + g) * dim;
+            for (int64_t i = 0; i < group; ++i) {
+              const float score = dot(&qf[i * dim], kr, dim) * scale;
+              scores[i * len + p] = score;
+              best[i] = std::max(best[i], score);
+            }
+          }
+          for (int64_t p = 0; p < len; ++p) {
+            const int64_t slot = table_p[s * table_width + p / block_size] * block_size + p % block_size;
+            const uint16_t* vr = vc + (slot * kv_heads + g) * dim;
+            for (int64_t i = 0; i < group; ++i) {
+              const float e = std::exp(scores[i * len + p] - best[i]);
+              total[i] += e;
+              add_scaled(&acc[i * dim], e, vr, dim);
+            }
+          }
+          for (int64_t i = 0; i < group; ++i) {
+            uint16_t* ar = ap + s * q_dim + (g * group + i) * dim;
+            const float inv = 1.f / total[i];
+            for (int64_t j = 0; j < dim; ++j) ar[j] = to_bf16(acc[i * dim + j] * inv);
+          }
+        }
+      }
+      barrier.wait();
+      if (!rows.bf16_x && tid == 0) gemv_x(ap, q_dim, 0, m);
+      if (!rows.bf16_x) barrier.wait();
+      // 5. the output projection
+      share(hidden, tid, nt, &lo, &hi);
+      if (lo < hi) {
+        rows.fn(rows.bf16_x ? static_cast<const void*>(ap) : x32p, bits(w.o), orow, q_dim, hidden,
+                lo, hi);
+      }
+      barrier.wait();
+      // 6. the residual add and the post-attention norm (thread 0)
+      if (tid == 0) {
+        for (int64_t s = 0; s < m; ++s) {
+          uint16_t* hr = rp + s * hidden;
+          for (int64_t j = 0; j < hidden; ++j) hr[j] = to_bf16(widen(hr[j]) + widen(orow[s * hidden + j]));
+          rms_norm_row(hr, bits(w.post_norm), xp + s * hidden, hidden, eps);
+        }
+        gemv_x(xp, hidden, 0, m);
+      }
+      barrier.wait();
+      // 7. gate and up
+      {
+        const void* xin = rows.bf16_x ? static_cast<const void*>(xp) : x32p;
+        share(2 * inter, tid, nt, &lo, &hi);
+        if (lo < std::min(hi, inter)) rows.fn(xin, bits(w.gate), gp, hidden, inter, lo, std::min(hi, inter));
+        if (std::max(lo, inter) < hi) {
+          rows.fn(xin, bits(w.up), up_p, hidden, inter, std::max(lo, inter) - inter, hi - inter);
+        }
+      }
+      barrier.wait();
+      // 8. silu(gate) * up, each rounded (elements shared out)
+      share(m * inter, tid, nt, &lo, &hi);
+      for (int64_t i = lo; i < hi; ++i) {
+        const float g = widen(gp[i]);
+        actp[i] = to_bf16(round_bf16(g / (1.f + std::exp(-g))) * widen(up_p[i]));
+        if (!rows.bf16_x) x32p[i] = widen(actp[i]);
+      }
+      barrier.wait();
+      // 9. the down projection
+      share(hidden, tid, nt, &lo, &hi);
+      if (lo < hi) {
+        rows.fn(rows.bf16_x ? static_cast<const void*>(actp) : x32p, bits(w.down), dp, inter,
+                hidden, lo, hi);
+      }
+      barrier.wait();
+    }
+    if (tid == 0) {
+      for (int64_t s = 0; s < m; ++s) {
+        uint16_t* hr = rp + s * hidden;
+        for (int64_t j = 0; j < hidden; ++j) hr[j] = to_bf16(widen(hr[j]) + widen(dp[s * hidden + j]));
+        rms_norm_row(hr, bits(final_norm_), op + s * hidden, hidden, eps);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace zerolayer

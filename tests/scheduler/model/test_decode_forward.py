@@ -1,0 +1,165 @@
+"""The fused native decode step (csrc/decode_forward.cpp) against the layer-by-layer forward it
+replaces, on a small bfloat16 model: several sequences at once, shuffled block tables."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from zerolayer.bench.inprocess import LocalModel
+from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
+from zerolayer.scheduler.model.attention import AttentionMetadata, PrefillSpan
+from zerolayer.scheduler.model.decode_forward import unsupported_reason
+from zerolayer.scheduler.model.kernels import KernelLoader
+from zerolayer.scheduler.model.layer_ops import rms_norm
+from zerolayer.scheduler.model.llama import LlamaModel
+
+PRESET = DummyPreset(128, 256, 2, 4, 2, 259, dtype="bfloat16")
+BLOCK_SIZE = 4
+NUM_BLOCKS = 64
+
+
+def metadata(lengths: list[int], tables: list[list[int]], fed: list[int]) -> AttentionMetadata:
+    """Sequence s feeds ``fed[s]`` tokens ending at position ``lengths[s] - 1``, its K/V in the
+    blocks ``tables[s]`` (in order)."""
+    width = max(len(t) for t in tables)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    slots, spans, starts = [], [], [0]
+    for s, (length, n) in enumerate(zip(lengths, fed, strict=True)):
+        for p in range(length - n, length):
+            slots.append(tables[s][p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE)
+        used = torch.tensor(tables[s][: -(-length // BLOCK_SIZE)])
+        spans.append(PrefillSpan(starts[-1], n, length, used))
+        starts.append(starts[-1] + n)
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        decode_rows=torch.zeros(0, dtype=torch.int64),
+        decode_block_tables=torch.zeros(0, 1, dtype=torch.int64),
+        decode_mask=torch.zeros(0, 1, 1, BLOCK_SIZE, dtype=torch.bool),
+        prefills=tuple(spans),
+        query_start_loc=torch.tensor(starts),
+        seq_lens=torch.tensor(lengths),
+        block_tables=padded,
+    )
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> LocalModel:
+    return LocalModel.load(write_dummy_model(tmp_path_factory.mktemp("bf16"), PRESET, seed=7))
+
+
+def empty_caches(model: LlamaModel) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    cfg = model.config
+    shape = (NUM_BLOCKS, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim)
+    return [
+        (torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16))
+        for _ in model.layers
+    ]
+
+
+def prefilled(model: LlamaModel, native: KernelLoader, prompts: list[list[int]], tables):
+    """Caches holding each prompt's K/V, written layer by layer (prompts longer than 4)."""
+    caches = empty_caches(model)
+    for prompt, table in zip(prompts, tables, strict=True):
+        meta = metadata([len(prompt)], [table], [len(prompt)])
+        model.forward(torch.tensor(prompt), torch.arange(len(prompt)), caches, meta, native)
+    return caches
+
+
+def layer_by_layer(local: LocalModel) -> LlamaModel:
+    model = LlamaModel(local.config, local.weights)
+    model._fused_decode_checked = True  # never builds the fused step
+    return model
+
+
+@pytest.mark.parametrize("num_seqs", [1, 2, 3, 4])
+def test_fused_decode_steps_match_the_layer_by_layer_forward(
+    native: KernelLoader, local: LocalModel, num_seqs: int
+) -> None:
+    fused_model, plain_model = LlamaModel(local.config, local.weights), layer_by_layer(local)
+    gen = torch.Generator().manual_seed(num_seqs)
+    order = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
+    lengths = [5 + 7 * s for s in range(num_seqs)]
+    tables = [order[16 * s : 16 * (s + 1)] for s in range(num_seqs)]
+    prompts = [torch.randint(3, 259, (n,), generator=gen).tolist() for n in lengths]
+    fused_caches = prefilled(fused_model, native, prompts, tables)
+    plain_caches = [(k.clone(), v.clone()) for k, v in fused_caches]
+    tokens = [p[-1] for p in prompts]
+    agree = 0
+    with torch.inference_mode():
+        for step in range(6):
+            positions = [n + step for n in lengths]
+            meta = metadata([p + 1 for p in positions], tables, [1] * num_seqs)
+            ids, pos = torch.tensor(tokens), torch.tensor(positions)
+            fused = fused_model.forward(ids, pos, fused_caches, meta, native)
+            plain = plain_model.forward(ids, pos, plain_caches, meta, native)
+            # the first layer's K/V come from the same GEMV and norm: equal bit for bit
+            assert torch.equal(fused_caches[0][0], plain_caches[0][0])
+            assert torch.equal(fused_caches[0][1], plain_caches[0][1])
+            # after that, attention's float32 sums run in another order: bfloat16 roundings
+            torch.testing.assert_close(fused, plain, atol=0.1, rtol=0.05)
+            logits = fused_model.compute_logits(fused, native)
+            reference = plain_model.compute_logits(plain, native)
+            agree += int((logits.argmax(-1) == reference.argmax(-1)).sum())
+            tokens = reference.argmax(-1).tolist()
+    assert fused_model._fused_decode is not None
+    assert agree >= 0.9 * 6 * num_seqs
+
+
+def test_fused_decode_refuses_bad_slots_before_writing(
+    native: KernelLoader, local: LocalModel
+) -> None:
+    model = LlamaModel(local.config, local.weights)
+    caches = prefilled(model, native, [[1, 2, 3, 4, 5]], [[3, 9]])
+    fused = model._fused_decode_for(native)
+    assert fused is not None
+    before = [(k.clone(), v.clone()) for k, v in caches]
+    meta = metadata([6], [[3, 9]], [1])
+    h = torch.zeros(1, PRESET.hidden_size, dtype=torch.bfloat16)
+    cos, sin = model.rotary.tables(torch.tensor([5]), torch.bfloat16)
+    bad_slot = dataclasses.replace(meta, slot_mapping=torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="not the sequence's last position"):
+        fused(h, caches, bad_slot, cos, sin)
+    bad_block = dataclasses.replace(meta, block_tables=torch.tensor([[3, NUM_BLOCKS]]))
+    with pytest.raises(RuntimeError, match="out of range"):
+        fused(h, caches, bad_block, cos, sin)
+    assert all(
+        torch.equal(a, b)
+        for pair in zip(caches, before, strict=True)
+        for a, b in zip(*pair, strict=True)
+    )
+
+
+def test_only_the_standard_bfloat16_llama_on_the_cpu_is_fused(local: LocalModel) -> None:
+    model = LlamaModel(local.config, local.weights)
+    cfg, layers = model.config, model.layers
+
+    def reason(**changes) -> str | None:
+        args = {"dtype": torch.bfloat16, "device": torch.device("cpu"), "act": F.silu}
+        args.update(changes)
+        return unsupported_reason(
+            cfg, args.pop("layers", layers), norm=args.pop("norm", rms_norm), **args
+        )
+
+    assert reason() is None
+    assert reason(dtype=torch.float32) is not None
+    assert reason(act=F.gelu) is not None
+    assert reason(norm=lambda x, w, eps: x) is not None
+    biased = [dataclasses.replace(layers[0], o_bias=torch.zeros(PRESET.hidden_size))]
+    assert reason(layers=biased) == "biases or extra norms"
+    fused_qkv = [dataclasses.replace(layers[0], qkv=(layers[0].qkv[0],))]
+    assert reason(layers=fused_qkv) == "fused projections"
+    windowed = dataclasses.replace(cfg, window_layers=(0,))
+    assert unsupported_reason(
+        windowed, layers, torch.bfloat16, torch.device("cpu"), F.silu, rms_norm
+    )
+
+
+def test_batch_invariant_kernels_keep_the_layer_by_layer_forward(local: LocalModel) -> None:
+    model = LlamaModel(local.config, local.weights)
+    invariant = KernelLoader(batch_invariant=True)
+    assert invariant.native_available()
+    assert model._fused_decode_for(invariant) is None
