@@ -41,21 +41,31 @@
 namespace zerolayer {
 namespace {
 
-// One weight's operands: x quantized (xq int8 [M, K], |xq| as uint8, xneg: per row of x and
-// 64-byte chunk of K a bit mask of the negative entries, xs [M, K / G] and xs_halves: per row and
-// chunk 16 floats, lanes 0-7 the scale of the chunk's first 32 bytes, 8-15 of its second) and the
-// weights (wq int8 [N, K], ws [N, K / G]); y float32 [M, N].
+// One weight's operands: x quantized (xq int8 [M, K], |xq| as uint8, xs [M, K / G] and xs_halves:
+// per row of x and 64-byte chunk of K 16 floats, lanes 0-7 the scale of the chunk's first 32
+// bytes, 8-15 of its second) and the
+// weights (wq int8 [N, K], ws [N, K / G]); y [M, N] in float32, or in bfloat16 (y16) when y16 is
+// set (the kernels store through put).
 struct Operands {
   const int8_t* xq;
   const uint8_t* xabs;
-  const uint64_t* xneg;
   const float* xs;
   const float* xs_halves;
   const int8_t* wq;
   const float* ws;
   float* y;
+  uint16_t* y16;
   int64_t m, n, k, g;
 };
+
+// y[i] = v, rounded to bfloat16 (to nearest even, as torch) where the output is bfloat16.
+inline __attribute__((always_inline)) void put(const Operands& o, int64_t i, float v) {
+  if (o.y16 != nullptr) {
+    o.y16[i] = simd::to_bf16(v);
+  } else {
+    o.y[i] = v;
+  }
+}
 
 // Software prefetch of the weight row kPrefetchRows ahead (and its scales) into L2, as
 // skinny_linear.cpp does: the hardware prefetcher alone leaves a core well below its read rate.
@@ -93,7 +103,7 @@ constexpr int kPrefetchLocality = 1;
         _mm256_store_ps(lanes, acc);                                                       \
         float s = 0.f;                                                                     \
         for (float v : lanes) s += v;                                                      \
-        o.y[m * o.n + r] = s;                                                              \
+        put(o, m * o.n + r, s);                                                            \
       }                                                                                    \
     }                                                                                      \
   }
@@ -121,10 +131,11 @@ __attribute__((target(ZL_AVX512_TARGET), always_inline)) inline __m512 w_halves(
 }
 
 // One 64-byte chunk (K offset j, chunk c) of R weight rows from r0 against the M rows of x:
-// |x| times w with x's sign (vpsubb under x's negative mask; w and x lie in [-127, 127], so no
-// -128 appears), int32 sums of 4 products per lane (vpdpbusd; lanes 0-7 are the first group of
-// 32, 8-15 the second), then converted and scaled by x's and w's scales of each half. kTail: the
-// last chunk when K is an odd multiple of 32 (its second half is masked off and reads nothing).
+// |x| times w with x's sign (vpsubb under x's negative mask, vpmovb2m of xq; w and x lie in
+// [-127, 127], so no -128 appears), int32 sums of 4 products per lane (vpdpbusd; lanes 0-7 are
+// the first group of 32, 8-15 the second), then converted and scaled by x's and w's scales of
+// each half. kTail: the last chunk when K is an odd multiple of 32 (its second half is masked
+// off and reads nothing).
 template <int M, int R, bool G32, bool kTail>
 __attribute__((target(ZL_AVX512_TARGET), always_inline)) inline void chunk_avx512(
     const Operands& o, int64_t r0, int64_t c, int64_t chunks, __m512 (&acc)[R][M]) {
@@ -138,8 +149,7 @@ __attribute__((target(ZL_AVX512_TARGET), always_inline)) inline void chunk_avx51
   __m512 xsv[M];
   for (int m = 0; m < M; ++m) {
     xa[m] = _mm512_maskz_loadu_epi8(valid, o.xabs + m * o.k + j);
-    neg[m] = _load_mask64(const_cast<__mmask64*>(
-        reinterpret_cast<const __mmask64*>(o.xneg + m * chunks + c)));
+    neg[m] = _mm512_movepi8_mask(_mm512_maskz_loadu_epi8(valid, o.xq + m * o.k + j));
     xsv[m] = _mm512_loadu_ps(o.xs_halves + (m * chunks + c) * 16);
   }
   for (int r = 0; r < R; ++r) {
@@ -168,7 +178,7 @@ __attribute__((target(ZL_AVX512_TARGET), always_inline)) inline void block_avx51
   for (int64_t c = 0; c < full; ++c) chunk_avx512<M, R, G32, false>(o, r0, c, chunks, acc);
   if (full < chunks) chunk_avx512<M, R, G32, true>(o, r0, full, chunks, acc);
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) o.y[m * o.n + r0 + r] = _mm512_reduce_add_ps(acc[r][m]);
+    for (int m = 0; m < M; ++m) put(o, m * o.n + r0 + r, _mm512_reduce_add_ps(acc[r][m]));
 }
 
 // Rows [n0, n1) of y with 512-bit vpdpbusd (AVX512-VNNI), two groups of 32 per instruction.
@@ -215,7 +225,7 @@ ZL_MULTIVERSION void rows_portable(const Operands& o, int64_t n0, int64_t n1) {
         }
         acc += static_cast<float>(isum) * (o.xs[m * groups + gi] * o.ws[r * groups + gi]);
       }
-      o.y[m * o.n + r] = acc;
+      put(o, m * o.n + r, acc);
     }
   }
 }
@@ -256,57 +266,81 @@ const Isa& isa_for(int64_t g, const char* isa) {
   TORCH_CHECK(false, "int8_linear: unknown ISA ", isa);
 }
 
-// x [M, K] quantized per group of g (Q8_0): what Operands points into.
+// Q8_0 quantization of count groups of g values of x (float32, or bfloat16 where bf16), each
+// widened into buf [g] first: scales s[i] = max|x| / 127 and q = round(x * (1 / s[i])), clamped
+// to [-127, 127] (nearbyint: half to even in the default rounding mode, as torch.round), and |q|.
+// Multiversioned so that nearbyint is an instruction (roundps), not a libm call per value.
+ZL_MULTIVERSION void quantize_groups(const void* x, bool bf16, int64_t count, int64_t g,
+                                     float* buf, int8_t* q, uint8_t* abs, float* s) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (bf16) {
+      const uint16_t* src = static_cast<const uint16_t*>(x) + i * g;
+      for (int64_t j = 0; j < g; ++j) {
+        const uint32_t u = static_cast<uint32_t>(src[j]) << 16;
+        std::memcpy(buf + j, &u, sizeof(u));
+      }
+    } else {
+      std::memcpy(buf, static_cast<const float*>(x) + i * g, g * sizeof(float));
+    }
+    // max|x| in 16 lanes (the compiler vectorizes these; one chain of maxss is 4 cycles a value).
+    float lanes[16] = {};
+    int64_t j0 = 0;
+    for (; j0 + 16 <= g; j0 += 16) {
+      for (int l = 0; l < 16; ++l) lanes[l] = std::max(lanes[l], std::fabs(buf[j0 + l]));
+    }
+    for (; j0 < g; ++j0) lanes[0] = std::max(lanes[0], std::fabs(buf[j0]));
+    float amax = 0.f;
+    for (float lane : lanes) amax = std::max(amax, lane);
+    const float d = amax / 127.f;
+    const float inverse = d > 0.f ? 1.f / d : 0.f;
+    s[i] = d;
+    for (int64_t j = 0; j < g; ++j) {
+      const float v = std::min(127.f, std::max(-127.f, std::nearbyint(buf[j] * inverse)));
+      q[i * g + j] = static_cast<int8_t>(v);
+      abs[i * g + j] = static_cast<uint8_t>(std::fabs(v));
+    }
+  }
+}
+
+// x [M, K] quantized per group of g (Q8_0): what Operands points into. Also, for the 512-bit
+// kernel, per row and 64-byte chunk the scales of its two halves.
 struct QuantizedX {
   std::vector<int8_t> q;
   std::vector<uint8_t> abs;
-  std::vector<uint64_t> neg;
   std::vector<float> s;
   std::vector<float> s_halves;
   int64_t m, k, g;
 
+  // x: [M, K] contiguous, float32 or bfloat16.
+  QuantizedX(const at::Tensor& x, int64_t g)
+      : q(x.numel()), abs(x.numel()), m(x.size(0)), k(x.size(1)), g(g) {
+    const int64_t groups = k / g, chunks = (k + 63) / 64;
+    s.resize(m * groups);
+    s_halves.resize(m * chunks * 16);
+    std::vector<float> buf(g);
+    quantize_groups(x.data_ptr(), x.scalar_type() == at::kBFloat16, m * groups, g, buf.data(),
+                    q.data(), abs.data(), s.data());
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t j = c * 64;
+        const float a = s[r * groups + j / g];
+        const float b = j + 32 < k ? s[r * groups + (j + 32) / g] : a;
+        float* halves = s_halves.data() + (r * chunks + c) * 16;
+        for (int lane = 0; lane < 16; ++lane) halves[lane] = lane < 8 ? a : b;
+      }
+    }
+  }
+
+  // y: [M, N] float32 or bfloat16.
   Operands operands(const at::Tensor& wq, const at::Tensor& ws, at::Tensor& y) const {
-    return Operands{q.data(), abs.data(), neg.data(), s.data(), s_halves.data(),
-                    wq.data_ptr<int8_t>(), ws.data_ptr<float>(), y.data_ptr<float>(),
+    const bool bf16 = y.scalar_type() == at::kBFloat16;
+    return Operands{q.data(), abs.data(), s.data(), s_halves.data(),
+                    wq.data_ptr<int8_t>(), ws.data_ptr<float>(),
+                    bf16 ? nullptr : y.data_ptr<float>(),
+                    bf16 ? reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) : nullptr,
                     m, wq.size(0), k, g};
   }
 };
-
-// Q8_0 quantization of x32 [M, K] per group of g: xq, |xq| and the scales d = max|x| / 127, and
-// for the 512-bit kernel the negative masks and the scales per half chunk.
-QuantizedX quantize_rows(const float* x, int64_t m, int64_t k, int64_t g) {
-  const int64_t groups = k / g, chunks = (k + 63) / 64;
-  QuantizedX out{std::vector<int8_t>(m * k), std::vector<uint8_t>(m * k),
-                 std::vector<uint64_t>(m * chunks, 0), std::vector<float>(m * groups),
-                 std::vector<float>(m * chunks * 16), m, k, g};
-  for (int64_t i = 0; i < m * groups; ++i) {
-    const float* xg = x + i * g;
-    float amax = 0.f;
-    for (int64_t j = 0; j < g; ++j) amax = std::max(amax, std::fabs(xg[j]));
-    const float d = amax / 127.f;
-    const float inverse = d > 0.f ? 1.f / d : 0.f;
-    out.s[i] = d;
-    for (int64_t j = 0; j < g; ++j) {
-      // nearbyint: round half to even in the default rounding mode, as torch.round.
-      const float q = std::min(127.f, std::max(-127.f, std::nearbyint(xg[j] * inverse)));
-      out.q[i * g + j] = static_cast<int8_t>(q);
-      out.abs[i * g + j] = static_cast<uint8_t>(std::fabs(q));
-    }
-  }
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t j = 0; j < k; ++j) {
-      if (out.q[r * k + j] < 0) out.neg[r * chunks + j / 64] |= uint64_t{1} << (j % 64);
-    }
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t j = c * 64;
-      const float a = out.s[r * groups + j / g];
-      const float b = j + 32 < k ? out.s[r * groups + (j + 32) / g] : a;
-      float* halves = out.s_halves.data() + (r * chunks + c) * 16;
-      for (int lane = 0; lane < 16; ++lane) halves[lane] = lane < 8 ? a : b;
-    }
-  }
-  return out;
-}
 
 // Checks x against one weight (wq, ws); returns G.
 int64_t check(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& ws, const char* name) {
@@ -338,14 +372,14 @@ std::vector<at::Tensor> run(const at::Tensor& x,
     TORCH_CHECK(check(x, w.first, w.second, name) == g, name, ": one group size for all weights");
   }
   const int64_t m = x.size(0), k = x.size(1);
-  const at::Tensor x32 = x.to(at::kFloat).contiguous();
-  const QuantizedX xq = quantize_rows(x32.data_ptr<float>(), m, k, g);
+  const at::Tensor xc = x.contiguous();
+  const QuantizedX xq(xc, g);
   const RowsFn fn = isa_for(g, isa).fn;
   std::vector<at::Tensor> ys;
   std::vector<Operands> ops;
   std::vector<int64_t> starts{0};  // weight i: rows [starts[i], starts[i + 1]) of the concatenation
   for (const auto& w : ws) {
-    ys.push_back(at::empty({m, w.first.size(0)}, x32.options()));
+    ys.push_back(at::empty({m, w.first.size(0)}, xc.options()));
     ops.push_back(xq.operands(w.first, w.second, ys.back()));
     starts.push_back(starts.back() + w.first.size(0));
   }
@@ -357,7 +391,6 @@ std::vector<at::Tensor> run(const at::Tensor& x,
       if (lo < hi) fn(ops[i], lo - starts[i], hi - starts[i]);
     }
   });
-  for (at::Tensor& y : ys) y = y.to(x.scalar_type());
   return ys;
 }
 

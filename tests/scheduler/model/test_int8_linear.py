@@ -146,6 +146,15 @@ def test_batch_invariant_rows_do_not_depend_on_the_batch() -> None:
 ISAS = ("avx512vnni", "avx512vnni256", "avxvnni", "portable")
 
 
+def with_isa(native: KernelLoader, x: torch.Tensor, weight: Int8Weight, isa: str) -> torch.Tensor:
+    """The kernel isa's result, or the test skipped where this CPU does not run it."""
+    try:
+        return native.load().int8_linear_with_isa(x, *weight.tensors(), isa)
+    except RuntimeError as error:
+        assert "does not run on this CPU" in str(error)
+        pytest.skip(f"{isa}: not on this CPU")
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 @pytest.mark.parametrize(
@@ -158,11 +167,7 @@ def test_every_kernel_this_cpu_runs_matches_the_reference(
     # groups of 32 per chunk; 70 rows: blocks of several rows and a remainder.
     _, weight = make_weight(n, k, g, seed=n * k + g)
     x = make_x(m, k, torch.float32, seed=m + k)
-    try:
-        y = native.load().int8_linear_with_isa(x, weight.qweight, weight.scales, isa)
-    except RuntimeError as error:
-        assert "does not run on this CPU" in str(error)
-        pytest.skip(f"{isa}: not on this CPU")
+    y = with_isa(native, x, weight, isa)
     assert torch.allclose(y, int8_linear_reference(x, weight), rtol=1e-5, atol=1e-5)
 
 
@@ -257,3 +262,17 @@ def test_kernel_loader_linears_sends_int8_decode_to_one_multi_call(
     for y, weight in zip(invariant.linears(decode, weights), weights, strict=True):
         assert torch.equal(y, invariant.linear(decode, weight))
     assert invariant_spy.calls == 0
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_bfloat16_x_is_its_float32_value_and_the_result_is_rounded_once(
+    native: KernelLoader, isa: str
+) -> None:
+    # The kernel widens bfloat16 x itself and stores bfloat16 y itself (round to nearest even):
+    # the same as quantizing x.float() and rounding the float32 result with torch.
+    _, weight = make_weight(300, 768, 32, seed=14)
+    x = make_x(2, 768, torch.bfloat16, seed=15)
+    y = with_isa(native, x, weight, isa)
+    y32 = with_isa(native, x.float(), weight, isa)
+    assert y.dtype == torch.bfloat16 and y32.dtype == torch.float32
+    assert torch.equal(y, y32.to(torch.bfloat16))
