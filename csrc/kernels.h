@@ -3,7 +3,9 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace zerolayer {
@@ -35,6 +37,16 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& wq, const at::Tens
 // The instruction set int8_linear uses on this CPU for group size G ("avx512vnni", "avxvnni",
 // "portable").
 const char* int8_linear_isa(int64_t group_size);
+
+// int8_linear with the kernel named isa (one of int8_linear_isa's answers, or "avx512vnni256":
+// AVX512-VNNI on 32-byte vectors); raises if this CPU or G does not run it (for comparisons).
+at::Tensor int8_linear_with_isa(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& ws,
+                                const std::string& isa);
+
+// int8_linear of one x with each (wq, ws) of ws (same K and G) in one parallel region, x
+// quantized once: [int8_linear(x, wq, ws) for (wq, ws) in ws], the same values.
+std::vector<at::Tensor> int8_linear_multi(
+    const at::Tensor& x, const std::vector<std::pair<at::Tensor, at::Tensor>>& ws);
 
 // The elementwise steps of a layer (csrc/elementwise.cpp), rows independent of each other.
 // RMSNorm of x [..., H] (bfloat16, contiguous) with weight [H] -> x's shape and dtype.

@@ -709,6 +709,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear_isa", &zerolayer::int8_linear_isa, "int8_linear's ISA for a group size",
         pybind11::arg("group_size"));
   m.def(
+      "int8_linear_with_isa",
+      &zerolayer::int8_linear_with_isa,
+      "int8_linear with the kernel isa (\"avx512vnni\", \"avx512vnni256\", \"avxvnni\" or "
+      "\"portable\"); raises if this CPU or the group size does not run it (for comparisons)",
+      pybind11::arg("x"),
+      pybind11::arg("w"),
+      pybind11::arg("scales"),
+      pybind11::arg("isa"),
+      pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def(
+      "int8_linear_multi",
+      &zerolayer::int8_linear_multi,
+      "[int8_linear(x, w, scales) for (w, scales) in weights] (same K and G) with x quantized "
+      "once and one parallel region over all their rows -> list of [M, N_i]",
+      pybind11::arg("x"),
+      pybind11::arg("weights"),
+      pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def(
       "skinny_linear_multi",
       &zerolayer::skinny_linear_multi,
       "[x @ w^T for w in ws]: skinny_linear of one x [M, K] with several w [N_i, K] in one "

@@ -141,3 +141,138 @@ def test_batch_invariant_rows_do_not_depend_on_the_batch() -> None:
         assert torch.equal(invariant.linear(x[:m], weight), whole[:m])
     want = F.linear(x.float(), dequantize_weight(weight.qweight, weight.scales)).to(x.dtype)
     assert relative_error(whole, want) < 0.01
+
+
+ISAS = ("avx512vnni", "avx512vnni256", "avxvnni", "portable")
+
+
+def with_isa(native: KernelLoader, x: torch.Tensor, weight: Int8Weight, isa: str) -> torch.Tensor:
+    """The kernel isa's result, or the test skipped where this CPU does not run it."""
+    try:
+        return native.load().int8_linear_with_isa(x, *weight.tensors(), isa)
+    except RuntimeError as error:
+        assert "does not run on this CPU" in str(error)
+        pytest.skip(f"{isa}: not on this CPU")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    ("n", "k", "g"), [(1, 32, 32), (9, 96, 32), (70, 2048, 32), (33, 128, 64), (13, 192, 96)]
+)
+def test_every_kernel_this_cpu_runs_matches_the_reference(
+    native: KernelLoader, isa: str, m: int, n: int, k: int, g: int
+) -> None:
+    # K = 96: the 512-bit kernel's last 64-byte chunk is half empty; G = 64 and 96: no pairs of
+    # groups of 32 per chunk; 70 rows: blocks of several rows and a remainder.
+    _, weight = make_weight(n, k, g, seed=n * k + g)
+    x = make_x(m, k, torch.float32, seed=m + k)
+    y = with_isa(native, x, weight, isa)
+    assert torch.allclose(y, int8_linear_reference(x, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_the_best_kernel_is_the_one_int8_linear_isa_names(native: KernelLoader) -> None:
+    module = native.load()
+    _, weight = make_weight(40, 256, 32, seed=12)
+    x = make_x(3, 256, torch.bfloat16, seed=13)
+    isa = module.int8_linear_isa(32)
+    assert torch.equal(
+        module.int8_linear(x, *weight.tensors()),
+        module.int8_linear_with_isa(x, *weight.tensors(), isa),
+    )
+    with pytest.raises(RuntimeError, match="unknown ISA"):
+        module.int8_linear_with_isa(x, *weight.tensors(), "sse9")
+    with pytest.raises(RuntimeError, match="group size 16"):
+        module.int8_linear_with_isa(x[:, :64], *make_weight(4, 64, 16, 1)[1].tensors(), isa)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("k", "g", "ns"),
+    [
+        (768, 32, (768, 256, 256)),  # q, k, v of the small preset: k and v under one grain
+        (768, 32, (2048, 2048)),  # gate, up
+        (96, 32, (7, 1, 33)),  # odd N, K an odd multiple of 32
+        (128, 64, (5, 3)),
+    ],
+)
+def test_multi_equals_one_call_per_weight(
+    native: KernelLoader, m: int, dtype: torch.dtype, k: int, g: int, ns: tuple[int, ...]
+) -> None:
+    module = native.load()
+    weights = [make_weight(n, k, g, seed=n + i)[1] for i, n in enumerate(ns)]
+    x = make_x(m, k, dtype, seed=m)
+    ys = module.int8_linear_multi(x, [(w.qweight, w.scales) for w in weights])
+    assert len(ys) == len(weights)
+    for y, weight in zip(ys, weights, strict=True):
+        assert y.dtype == dtype and y.shape == (m, weight.qweight.shape[0])
+        assert torch.equal(y, module.int8_linear(x, weight.qweight, weight.scales))
+
+
+def test_multi_rejects_what_it_does_not_handle(native: KernelLoader) -> None:
+    module = native.load()
+    x = make_x(1, 64, torch.float32, 9)
+    with pytest.raises(RuntimeError, match="at least one weight"):
+        module.int8_linear_multi(x, [])
+    with pytest.raises(RuntimeError, match="one group size"):
+        module.int8_linear_multi(
+            x, [make_weight(8, 64, 32, 1)[1].tensors(), make_weight(8, 64, 64, 2)[1].tensors()]
+        )
+    with pytest.raises(RuntimeError, match="columns"):
+        module.int8_linear_multi(
+            x, [make_weight(8, 64, 32, 1)[1].tensors(), make_weight(8, 32, 32, 2)[1].tensors()]
+        )
+
+
+class MultiCalls:
+    """Counts the calls of a module's int8_linear_multi, then runs it."""
+
+    def __init__(self, multi: object) -> None:
+        self.multi = multi
+        self.calls = 0
+
+    def __call__(self, *args: object) -> list[torch.Tensor]:
+        self.calls += 1
+        return self.multi(*args)  # type: ignore[operator]
+
+
+def test_kernel_loader_linears_sends_int8_decode_to_one_multi_call(
+    native: KernelLoader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = native.load()
+    spy = MultiCalls(module.int8_linear_multi)
+    monkeypatch.setattr(module, "int8_linear_multi", spy)
+    weights = [make_weight(n, 128, 32, seed=n)[1] for n in (64, 16, 16)]
+    decode, prefill = make_x(4, 128, torch.bfloat16, 6), make_x(5, 128, torch.bfloat16, 7)
+    ys = native.linears(decode, weights)
+    assert spy.calls == 1
+    for y, weight in zip(ys, weights, strict=True):
+        assert torch.equal(y, native.linear(decode, weight))
+    # Prefill, a mix with a bfloat16 weight and mixed group sizes go one by one.
+    native.linears(prefill, weights)
+    native.linears(decode, [weights[0], torch.randn(8, 128, dtype=torch.bfloat16)])
+    native.linears(decode, [weights[0], make_weight(8, 128, 64, seed=1)[1]])
+    assert spy.calls == 1
+    # --batch-invariant keeps every int8 call on the chunked path.
+    invariant = KernelLoader(batch_invariant=True)
+    invariant_module = invariant.load()
+    invariant_spy = MultiCalls(invariant_module.int8_linear_multi)
+    monkeypatch.setattr(invariant_module, "int8_linear_multi", invariant_spy)
+    for y, weight in zip(invariant.linears(decode, weights), weights, strict=True):
+        assert torch.equal(y, invariant.linear(decode, weight))
+    assert invariant_spy.calls == 0
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_bfloat16_x_is_its_float32_value_and_the_result_is_rounded_once(
+    native: KernelLoader, isa: str
+) -> None:
+    # The kernel widens bfloat16 x itself and stores bfloat16 y itself (round to nearest even):
+    # the same as quantizing x.float() and rounding the float32 result with torch.
+    _, weight = make_weight(300, 768, 32, seed=14)
+    x = make_x(2, 768, torch.bfloat16, seed=15)
+    y = with_isa(native, x, weight, isa)
+    y32 = with_isa(native, x.float(), weight, isa)
+    assert y.dtype == torch.bfloat16 and y32.dtype == torch.float32
+    assert torch.equal(y, y32.to(torch.bfloat16))

@@ -245,13 +245,28 @@ class KernelLoader:
         """``[F.linear(x, w) for w in weights]``, as :meth:`linear` computes each, in one native
         call when the bfloat16 GEMV applies to every weight (q, k and v, or gate and up, of a
         decode step): one parallel region over their rows instead of one each, and the weights
-        read in place (no concatenated copy). Int8 weights go one by one to :meth:`linear`.
+        read in place (no concatenated copy). Likewise int8 weights where :meth:`int8_linear`
+        takes the native kernel for each (``int8_linear_multi``, which also quantizes x once);
+        other mixes go one by one to :meth:`linear`.
 
         Returns:
             One [M, N_i] tensor per weight, in the dtype of ``x``; the same values as
             :meth:`linear` gives for each weight.
         """
         module = self._module if self._loaded else self.load()
+        int8 = [w for w in weights if isinstance(w, Int8Weight)]
+        if (
+            len(weights) > 1
+            and len(int8) == len(weights)
+            and module is not None
+            and not self.batch_invariant
+            and not x.is_cuda
+            and x.dim() == 2
+            and x.dtype in NATIVE_DTYPES
+            and x.shape[0] <= module.max_skinny_rows
+            and all(w.device.type != "cuda" and w.group_size == int8[0].group_size for w in int8)
+        ):
+            return module.int8_linear_multi(x, [(w.qweight, w.scales) for w in int8])
         if (
             len(weights) > 1
             and module is not None
