@@ -46,6 +46,7 @@
 #include "decode_forward.h"
 #include "elementwise.h"
 #include "gemv.h"
+#include "int8_gemv.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -140,6 +141,7 @@ ZL_MULTIVERSION void add_scaled(float* acc, float w, const uint16_t* v, int64_t 
 }  // namespace
 
 DecodeForward::DecodeForward(const std::vector<std::vector<at::Tensor>>& layers,
+                             const std::vector<std::vector<at::Tensor>>& scales,
                              const at::Tensor& final_norm, int64_t num_heads,
                              int64_t num_kv_heads, int64_t head_dim, double eps, double scale)
     : num_heads_(num_heads),
@@ -154,16 +156,21 @@ DecodeForward::DecodeForward(const std::vector<std::vector<at::Tensor>>& layers,
               "DecodeForward: even head_dim up to 1024 expected");
   const int64_t q_dim = num_heads * head_dim, kv_dim = num_kv_heads * head_dim;
   auto vector = [](const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); };
-  auto matrix = [](const at::Tensor& t, int64_t rows, int64_t cols, const char* name) {
-    TORCH_CHECK(t.scalar_type() == at::kBFloat16 && t.dim() == 2 && t.is_contiguous() &&
+  TORCH_CHECK(scales.empty() || scales.size() == layers.size(),
+              "DecodeForward: int8 scales for every layer or none");
+  const bool int8 = !scales.empty();
+  const at::ScalarType weight_type = int8 ? at::kChar : at::kBFloat16;
+  auto matrix = [&](const at::Tensor& t, int64_t rows, int64_t cols, const char* name) {
+    TORCH_CHECK(t.scalar_type() == weight_type && t.dim() == 2 && t.is_contiguous() &&
                     t.size(0) == rows && t.size(1) == cols && cols % simd::kLanes == 0,
-                "DecodeForward: ", name, " must be a contiguous bfloat16 [", rows, ", ", cols,
-                "] matrix (columns a multiple of 16), got ", t.sizes());
+                "DecodeForward: ", name, " must be a contiguous ", int8 ? "int8" : "bfloat16",
+                " [", rows, ", ", cols, "] matrix (columns a multiple of 16), got ", t.sizes());
     return t;
   };
   hidden_ = layers[0].at(0).size(0);
   intermediate_ = layers[0].at(6).size(0);
-  for (const auto& l : layers) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto& l = layers[i];
     TORCH_CHECK(l.size() == 9,
                 "DecodeForward: a layer is [input_norm, q, k, v, o, post_norm, gate, up, down]");
     TORCH_CHECK(l[0].dim() == 1 && l[0].size(0) == hidden_ && l[5].dim() == 1 &&
@@ -174,8 +181,25 @@ DecodeForward::DecodeForward(const std::vector<std::vector<at::Tensor>>& layers,
                        matrix(l[4], hidden_, q_dim, "o"), vector(l[5]),
                        matrix(l[6], intermediate_, hidden_, "gate"),
                        matrix(l[7], intermediate_, hidden_, "up"),
-                       matrix(l[8], hidden_, intermediate_, "down")});
+                       matrix(l[8], hidden_, intermediate_, "down"), {}});
+    if (int8) {
+      // scales [N, K / G] float32 of q, k, v, o, gate, up, down, one group size G for all
+      const int64_t matrices[7] = {1, 2, 3, 4, 6, 7, 8};
+      TORCH_CHECK(scales[i].size() == 7, "DecodeForward: 7 scale tensors per layer expected");
+      for (int j = 0; j < 7; ++j) {
+        const at::Tensor& w = l[matrices[j]];
+        const at::Tensor& ws = scales[i][j];
+        TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.dim() == 2 && ws.is_contiguous() &&
+                        ws.size(0) == w.size(0) && ws.size(1) >= 1 && w.size(1) % ws.size(1) == 0,
+                    "DecodeForward: float32 scales [N, K / G] expected, got ", ws.sizes());
+        const int64_t g = w.size(1) / ws.size(1);
+        TORCH_CHECK(group_size_ == 0 || group_size_ == g, "DecodeForward: one group size expected");
+        group_size_ = g;
+        layers_.back().scales[j] = ws;
+      }
+    }
   }
+  if (int8) Int8Gemv check(group_size_);  // refuses a group size no kernel takes, here
   TORCH_CHECK(final_norm.dim() == 1 && final_norm.size(0) == hidden_,
               "DecodeForward: final norm of [", hidden_, "] expected");
   final_norm_ = vector(final_norm);
@@ -267,6 +291,31 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
     return rows.bf16_x ? static_cast<const void*>(src) : static_cast<const void*>(x32p);
   };
 
+  // Projections: bfloat16 (the GEMV row kernel, x as it is or widened) or int8 (x quantized
+  // once per phase by thread 0). prepare runs on thread 0 between barriers.
+  std::unique_ptr<Int8Gemv> int8;
+  if (group_size_ > 0) int8.reset(new Int8Gemv(group_size_));
+  const bool prepares = int8 != nullptr || !rows.bf16_x;
+  auto prepare = [&](const uint16_t* src, int64_t cols) {
+    if (int8 != nullptr) {
+      int8->quantize(src, m, cols);
+    } else if (!rows.bf16_x) {
+      gemv_x(src, cols, 0, m);
+    }
+  };
+  // rows [lo, hi) of y [M, n] = x [M, k] @ w^T (scales ws for int8)
+  auto project = [&](const uint16_t* x16, const at::Tensor& w, const at::Tensor& ws, uint16_t* y,
+                     int64_t n, int64_t k, int64_t lo, int64_t hi) {
+    if (lo >= hi) return;
+    if (int8 != nullptr) {
+      int8->rows(static_cast<const int8_t*>(w.data_ptr()), static_cast<const float*>(ws.data_ptr()),
+                 y, n, lo, hi);
+    } else {
+      rows.fn(rows.bf16_x ? static_cast<const void*>(x16) : x32p,
+              static_cast<const uint16_t*>(w.data_ptr()), y, k, n, lo, hi);
+    }
+  };
+
   int num_threads = at::get_num_threads();
   if (at::in_parallel_region()) num_threads = 1;
   SpinBarrier barrier;
@@ -287,22 +336,19 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
           }
           rms_norm_row(hr, bits(w.input_norm), xp + s * hidden, hidden, eps);
         }
-        gemv_x(xp, hidden, 0, m);
+        prepare(xp, hidden);
       }
       barrier.wait();
       // 2. q, k, v
       {
-        const void* xin = rows.bf16_x ? static_cast<const void*>(xp) : x32p;
         share(q_dim + 2 * kv_dim, tid, nt, &lo, &hi);
         const int64_t starts[4] = {0, q_dim, q_dim + kv_dim, q_dim + 2 * kv_dim};
-        const uint16_t* ws[3] = {bits(w.q), bits(w.k), bits(w.v)};
+        const at::Tensor* ws[3] = {&w.q, &w.k, &w.v};
         uint16_t* ys[3] = {qp, kp, vp};
         for (int i = 0; i < 3; ++i) {
           const int64_t a = std::max(lo, starts[i]), b = std::min(hi, starts[i + 1]);
-          if (a < b) {
-            const int64_t n = starts[i + 1] - starts[i];
-            rows.fn(xin, ws[i], ys[i], hidden, n, a - starts[i], b - starts[i]);
-          }
+          project(xp, *ws[i], w.scales[i], ys[i], starts[i + 1] - starts[i], hidden,
+                  a - starts[i], b - starts[i]);
         }
       }
       barrier.wait();
@@ -361,14 +407,13 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
         }
       }
       barrier.wait();
-      if (!rows.bf16_x && tid == 0) gemv_x(ap, q_dim, 0, m);
-      if (!rows.bf16_x) barrier.wait();
+      if (prepares) {
+        if (tid == 0) prepare(ap, q_dim);
+        barrier.wait();
+      }
       // 5. the output projection
       share(hidden, tid, nt, &lo, &hi);
-      if (lo < hi) {
-        rows.fn(rows.bf16_x ? static_cast<const void*>(ap) : x32p, bits(w.o), orow, q_dim, hidden,
-                lo, hi);
-      }
+      project(ap, w.o, w.scales[3], orow, hidden, q_dim, lo, hi);
       barrier.wait();
       // 6. the residual add and the post-attention norm (thread 0)
       if (tid == 0) {
@@ -377,33 +422,28 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
           for (int64_t j = 0; j < hidden; ++j) hr[j] = to_bf16(widen(hr[j]) + widen(orow[s * hidden + j]));
           rms_norm_row(hr, bits(w.post_norm), xp + s * hidden, hidden, eps);
         }
-        gemv_x(xp, hidden, 0, m);
+        prepare(xp, hidden);
       }
       barrier.wait();
       // 7. gate and up
-      {
-        const void* xin = rows.bf16_x ? static_cast<const void*>(xp) : x32p;
-        share(2 * inter, tid, nt, &lo, &hi);
-        if (lo < std::min(hi, inter)) rows.fn(xin, bits(w.gate), gp, hidden, inter, lo, std::min(hi, inter));
-        if (std::max(lo, inter) < hi) {
-          rows.fn(xin, bits(w.up), up_p, hidden, inter, std::max(lo, inter) - inter, hi - inter);
-        }
-      }
+      share(2 * inter, tid, nt, &lo, &hi);
+      project(xp, w.gate, w.scales[4], gp, inter, hidden, lo, std::min(hi, inter));
+      project(xp, w.up, w.scales[5], up_p, inter, hidden, std::max(lo, inter) - inter, hi - inter);
       barrier.wait();
       // 8. silu(gate) * up, each rounded (elements shared out)
       share(m * inter, tid, nt, &lo, &hi);
       for (int64_t i = lo; i < hi; ++i) {
         const float g = widen(gp[i]);
         actp[i] = to_bf16(round_bf16(g / (1.f + std::exp(-g))) * widen(up_p[i]));
-        if (!rows.bf16_x) x32p[i] = widen(actp[i]);
       }
       barrier.wait();
+      if (prepares) {
+        if (tid == 0) prepare(actp, inter);
+        barrier.wait();
+      }
       // 9. the down projection
       share(hidden, tid, nt, &lo, &hi);
-      if (lo < hi) {
-        rows.fn(rows.bf16_x ? static_cast<const void*>(actp) : x32p, bits(w.down), dp, inter,
-                hidden, lo, hi);
-      }
+      project(actp, w.down, w.scales[6], dp, hidden, inter, lo, hi);
       barrier.wait();
     }
     if (tid == 0) {

@@ -12,8 +12,11 @@ class DecodeForward {
  public:
   // layers: per layer [input_norm [H], q [Hq*D, H], k [Hkv*D, H], v [Hkv*D, H], o [H, Hq*D],
   // post_attention_norm [H], gate [I, H], up [I, H], down [H, I]], matrices contiguous bfloat16
-  // (held, not copied), norms bfloat16 or float32 (rounded to bfloat16 copies).
-  DecodeForward(const std::vector<std::vector<at::Tensor>>& layers, const at::Tensor& final_norm,
+  // or int8 (held, not copied), norms bfloat16 or float32 (rounded to bfloat16 copies).
+  // scales: empty for bfloat16 matrices; for int8 ones (zerolayer quantize), per layer the
+  // float32 [N, K / G] scales of q, k, v, o, gate, up, down (one group size G).
+  DecodeForward(const std::vector<std::vector<at::Tensor>>& layers,
+                const std::vector<std::vector<at::Tensor>>& scales, const at::Tensor& final_norm,
                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
                 double scale);
 
@@ -29,10 +32,12 @@ class DecodeForward {
  private:
   struct Layer {
     at::Tensor input_norm, q, k, v, o, post_norm, gate, up, down;
+    at::Tensor scales[7];  // int8: of q, k, v, o, gate, up, down
   };
   std::vector<Layer> layers_;
   at::Tensor final_norm_;
   int64_t hidden_ = 0, intermediate_ = 0;
+  int64_t group_size_ = 0;  // int8 group size; 0 for bfloat16 matrices
   int64_t num_heads_, num_kv_heads_, head_dim_;
   float eps_, scale_;
 };

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "int8_gemv.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -309,17 +310,26 @@ struct QuantizedX {
   std::vector<uint8_t> abs;
   std::vector<float> s;
   std::vector<float> s_halves;
-  int64_t m, k, g;
+  std::vector<float> buf;
+  int64_t m = 0, k = 0, g = 1;
+
+  QuantizedX() = default;
 
   // x: [M, K] contiguous, float32 or bfloat16.
-  QuantizedX(const at::Tensor& x, int64_t g)
-      : q(x.numel()), abs(x.numel()), m(x.size(0)), k(x.size(1)), g(g) {
+  QuantizedX(const at::Tensor& x, int64_t g) {
+    quantize(x.data_ptr(), x.scalar_type() == at::kBFloat16, x.size(0), x.size(1), g);
+  }
+
+  // x: [m_, k_] contiguous, float32 or bfloat16 (bf16); the buffers are reused between calls.
+  void quantize(const void* x, bool bf16, int64_t m_, int64_t k_, int64_t g_) {
+    m = m_, k = k_, g = g_;
     const int64_t groups = k / g, chunks = (k + 63) / 64;
+    q.resize(m * k);
+    abs.resize(m * k);
     s.resize(m * groups);
     s_halves.resize(m * chunks * 16);
-    std::vector<float> buf(g);
-    quantize_groups(x.data_ptr(), x.scalar_type() == at::kBFloat16, m * groups, g, buf.data(),
-                    q.data(), abs.data(), s.data());
+    buf.resize(g);
+    quantize_groups(x, bf16, m * groups, g, buf.data(), q.data(), abs.data(), s.data());
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t j = c * 64;
@@ -339,6 +349,12 @@ struct QuantizedX {
                     bf16 ? nullptr : y.data_ptr<float>(),
                     bf16 ? reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) : nullptr,
                     m, wq.size(0), k, g};
+  }
+
+  // Weights wq [n, k] with scales ws [n, k / g]; y16 [M, n] bfloat16.
+  Operands operands(const int8_t* wq, const float* ws, uint16_t* y16, int64_t n) const {
+    return Operands{q.data(), abs.data(), s.data(), s_halves.data(), wq, ws, nullptr, y16,
+                    m, n, k, g};
   }
 };
 
@@ -395,6 +411,26 @@ std::vector<at::Tensor> run(const at::Tensor& x,
 }
 
 }  // namespace
+
+struct Int8Gemv::State {
+  QuantizedX x;
+  RowsFn fn;
+  int64_t g;
+};
+
+Int8Gemv::Int8Gemv(int64_t group_size)
+    : state_(new State{QuantizedX(), isa_for(group_size, nullptr).fn, group_size}) {}
+
+Int8Gemv::~Int8Gemv() = default;
+
+void Int8Gemv::quantize(const uint16_t* x, int64_t m, int64_t k) {
+  state_->x.quantize(x, true, m, k, state_->g);
+}
+
+void Int8Gemv::rows(const int8_t* wq, const float* ws, uint16_t* y, int64_t n, int64_t n0,
+                    int64_t n1) const {
+  state_->fn(state_->x.operands(wq, ws, y, n), n0, n1);
+}
 
 const char* int8_linear_isa(int64_t group_size) { return isa_for(group_size, nullptr).name; }
 

@@ -748,9 +748,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"));
   pybind11::class_<zerolayer::DecodeForward>(
       m, "DecodeForward", "A whole decode step of a standard Llama layer stack in one call")
-      .def(pybind11::init<const std::vector<std::vector<at::Tensor>>&, const at::Tensor&, int64_t,
+      .def(pybind11::init<const std::vector<std::vector<at::Tensor>>&,
+                          const std::vector<std::vector<at::Tensor>>&, const at::Tensor&, int64_t,
                           int64_t, int64_t, double, double>(),
-           pybind11::arg("layers"), pybind11::arg("final_norm"), pybind11::arg("num_heads"),
+           pybind11::arg("layers"), pybind11::arg("scales"), pybind11::arg("final_norm"), pybind11::arg("num_heads"),
            pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"),
            pybind11::arg("scale"))
       .def("forward", &zerolayer::DecodeForward::forward,

@@ -4,6 +4,7 @@ replaces, on a small bfloat16 model: several sequences at once, shuffled block t
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +12,10 @@ import torch.nn.functional as F
 
 from zerolayer.bench.inprocess import LocalModel
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
+from zerolayer.checkpoints.quantize import quantize_checkpoint
 from zerolayer.scheduler.model.attention import AttentionMetadata, PrefillSpan
 from zerolayer.scheduler.model.decode_forward import unsupported_reason
+from zerolayer.scheduler.model.int8_linear import Int8Weight
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.layer_ops import rms_norm
 from zerolayer.scheduler.model.llama import LlamaModel
@@ -47,8 +50,17 @@ def metadata(lengths: list[int], tables: list[list[int]], fed: list[int]) -> Att
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> LocalModel:
-    return LocalModel.load(write_dummy_model(tmp_path_factory.mktemp("bf16"), PRESET, seed=7))
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The bfloat16 model and its int8 copy (zerolayer quantize, groups of 32)."""
+    bf16 = write_dummy_model(tmp_path_factory.mktemp("bf16"), PRESET, seed=7)
+    int8 = tmp_path_factory.mktemp("int8") / "model"
+    quantize_checkpoint(bf16, int8)
+    return {"bf16": bf16, "int8": int8}
+
+
+@pytest.fixture(scope="module")
+def local(model_dirs: dict[str, Path]) -> LocalModel:
+    return LocalModel.load(model_dirs["bf16"])
 
 
 def empty_caches(model: LlamaModel) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -75,10 +87,12 @@ def layer_by_layer(local: LocalModel) -> LlamaModel:
     return model
 
 
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
 @pytest.mark.parametrize("num_seqs", [1, 2, 3, 4])
 def test_fused_decode_steps_match_the_layer_by_layer_forward(
-    native: KernelLoader, local: LocalModel, num_seqs: int
+    native: KernelLoader, model_dirs: dict[str, Path], num_seqs: int, weights: str
 ) -> None:
+    local = LocalModel.load(model_dirs[weights])
     fused_model, plain_model = LlamaModel(local.config, local.weights), layer_by_layer(local)
     gen = torch.Generator().manual_seed(num_seqs)
     order = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
@@ -96,7 +110,8 @@ def test_fused_decode_steps_match_the_layer_by_layer_forward(
             ids, pos = torch.tensor(tokens), torch.tensor(positions)
             fused = fused_model.forward(ids, pos, fused_caches, meta, native)
             plain = plain_model.forward(ids, pos, plain_caches, meta, native)
-            # the first layer's K/V come from the same GEMV and norm: equal bit for bit
+            # the first layer's K/V come from the same GEMV (int8: the same quantized x) and
+            # norm: equal bit for bit
             assert torch.equal(fused_caches[0][0], plain_caches[0][0])
             assert torch.equal(fused_caches[0][1], plain_caches[0][1])
             # after that, attention's float32 sums run in another order: bfloat16 roundings
@@ -148,6 +163,13 @@ def test_only_the_standard_bfloat16_llama_on_the_cpu_is_fused(local: LocalModel)
     assert reason(dtype=torch.float32) is not None
     assert reason(act=F.gelu) is not None
     assert reason(norm=lambda x, w, eps: x) is not None
+    mixed = [
+        dataclasses.replace(
+            layers[0],
+            o_proj=Int8Weight(layers[0].o_proj.to(torch.int8), torch.ones(PRESET.hidden_size, 4)),
+        )
+    ]
+    assert reason(layers=mixed) == "weights neither all bfloat16 nor all int8"
     biased = [dataclasses.replace(layers[0], o_bias=torch.zeros(PRESET.hidden_size))]
     assert reason(layers=biased) == "biases or extra norms"
     fused_qkv = [dataclasses.replace(layers[0], qkv=(layers[0].qkv[0],))]

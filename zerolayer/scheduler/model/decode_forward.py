@@ -5,9 +5,10 @@ adds about twenty calls per layer and a parallel region (with a thread wake-up, 
 scheduler keeps libgomp's spin short) per GEMV. ``DecodeForward`` runs all layers in one region
 with a spinning barrier between phases. It covers the standard Llama layer in bfloat16 on the CPU
 (no biases, no q/k norms, SiLU, RMSNorm, no sliding window or soft-capping, separate q/k/v and
-gate/up projections, bfloat16 weights); :func:`unsupported_reason` says why another model keeps
-the Python forward, and :meth:`FusedDecode.applies` which steps take it (decode only: one new
-token per sequence, at most ``max_skinny_rows`` sequences).
+gate/up projections; bfloat16 weights, or the int8 ones of ``zerolayer quantize``):
+:func:`unsupported_reason` says why another model keeps the Python forward, and
+:meth:`FusedDecode.applies` which steps take it (decode only: one new token per sequence, at most
+``max_skinny_rows`` sequences).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.scheduler.model.attention import AttentionMetadata
+from zerolayer.scheduler.model.int8_linear import Int8Weight
 from zerolayer.scheduler.model.layer_ops import rms_norm
 
 
@@ -65,12 +67,18 @@ def unsupported_reason(
         ):
             return "biases or extra norms"
         matrices = (*layer.qkv, layer.o_proj, *layer.gate_up, layer.down_proj)
-        if not all(
-            isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 and w.is_contiguous()
-            for w in matrices
-        ):
-            return "int8 or non-contiguous weights"
-        if any(w.shape[1] % 16 for w in matrices):
+        if all(isinstance(w, Int8Weight) for w in matrices):
+            if len({w.group_size for w in matrices}) != 1:
+                return "int8 weights of several group sizes"
+            weights = [w.qweight for w in matrices]
+            tensors = [t for w in matrices for t in w.tensors()]
+        elif all(isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 for w in matrices):
+            weights = tensors = list(matrices)
+        else:
+            return "weights neither all bfloat16 nor all int8"
+        if not all(t.is_contiguous() for t in tensors):
+            return "non-contiguous weights"
+        if any(w.shape[1] % 16 for w in weights):
             return "a projection's input size is not a multiple of 16"
     return None
 
@@ -96,18 +104,20 @@ class FusedDecode:
             RuntimeError: a weight of an unexpected shape or dtype (the kernel's check).
         """
         self.max_rows = native.max_skinny_rows
+        matrices = [(*x.qkv, x.o_proj, *x.gate_up, x.down_proj) for x in layers]
+        int8 = isinstance(matrices[0][0], Int8Weight)
         self._step = native.DecodeForward(
             [
                 [
                     layer.input_norm,
-                    *layer.qkv,
-                    layer.o_proj,
+                    *[w.qweight if int8 else w for w in ms[:3]],
+                    ms[3].qweight if int8 else ms[3],
                     layer.post_attention_norm,
-                    *layer.gate_up,
-                    layer.down_proj,
+                    *[w.qweight if int8 else w for w in ms[4:]],
                 ]
-                for layer in layers
+                for layer, ms in zip(layers, matrices, strict=True)
             ],
+            [[w.scales for w in ms] for ms in matrices] if int8 else [],
             final_norm,
             config.num_attention_heads,
             config.num_key_value_heads,
