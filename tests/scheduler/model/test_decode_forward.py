@@ -185,3 +185,15 @@ def test_batch_invariant_kernels_keep_the_layer_by_layer_forward(local: LocalMod
     invariant = KernelLoader(batch_invariant=True)
     assert invariant.native_available()
     assert model._fused_decode_for(invariant) is None
+
+
+def test_the_log_says_why_a_model_runs_layer_by_layer(
+    local: LocalModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--attention-backend reference disables the kernels: said once, at INFO, not as a fault."""
+    model = LlamaModel(local.config, local.weights)
+    with caplog.at_level("INFO"):
+        assert model._fused_decode_for(KernelLoader(enabled=False)) is None
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert ("INFO", "decode steps run layer by layer (no native kernels: disabled)") in messages
+    assert not [m for level, m in messages if level == "WARNING"]

@@ -150,8 +150,11 @@ class KernelLoader:
                 self._module, self.unavailable_reason = self._build()
                 self._loaded = True
                 if self._module is None:
-                    log.warning(
-                        "native attention kernel unavailable (%s); using the pure-torch path",
+                    # NOTE: disabled is what the user asked for (--attention-backend
+                    # reference), not a fault worth a warning.
+                    log.log(
+                        logging.INFO if not self._enabled else logging.WARNING,
+                        "native kernels unavailable (%s); using the pure-torch path",
                         self.unavailable_reason,
                     )
         return self._module

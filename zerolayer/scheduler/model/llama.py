@@ -274,18 +274,19 @@ class LlamaModel:
         """The native whole-step decode (:mod:`~zerolayer.scheduler.model.decode_forward`) for
         this model, built on the first call with loaded kernels; None where it does not apply
         (the reason is logged once)."""
-        if self._fused_decode_checked or kernels is None or not kernels.loaded:
+        if self._fused_decode_checked or kernels is None:
             return self._fused_decode
         self._fused_decode_checked = True
-        reason = (
-            "--batch-invariant"
-            if kernels.batch_invariant
-            else unsupported_reason(
+        module = kernels.load()
+        if module is None:
+            reason = f"no native kernels: {kernels.unavailable_reason}"
+        elif kernels.batch_invariant:
+            reason = "--batch-invariant"
+        else:
+            reason = unsupported_reason(
                 self.config, self.layers, self.dtype, self.device, self.act, self.norm_fn
             )
-        )
-        module = kernels.load()
-        if reason is None and module is not None and hasattr(module, "DecodeForward"):
+        if reason is None and module is not None:
             self._fused_decode = FusedDecode(
                 module, self.config, self.layers, self.norm, self.scale
             )
