@@ -209,7 +209,7 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
                                   const std::vector<at::Tensor>& v_caches,
                                   const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, const at::Tensor& cos,
-                                  const at::Tensor& sin) const {
+                                  const at::Tensor& sin, int64_t num_threads) const {
   const int64_t m = h.dim() == 2 ? h.size(0) : 0;
   const int64_t hidden = hidden_, inter = intermediate_, dim = head_dim_;
   const int64_t heads = num_heads_, kv_heads = num_kv_heads_, group = heads / kv_heads;
@@ -316,10 +316,13 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
     }
   };
 
-  int num_threads = at::get_num_threads();
-  if (at::in_parallel_region()) num_threads = 1;
+  TORCH_CHECK(num_threads >= 0, "decode_forward: num_threads must be >= 0");
+  const int threads = at::in_parallel_region() ? 1
+                      : num_threads == 0
+                          ? at::get_num_threads()
+                          : static_cast<int>(std::min<int64_t>(num_threads, at::get_num_threads()));
   SpinBarrier barrier;
-#pragma omp parallel num_threads(num_threads)
+#pragma omp parallel num_threads(threads)
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
     barrier.set_size(nt);

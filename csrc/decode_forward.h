@@ -23,11 +23,12 @@ class DecodeForward {
   // One decode step of M <= kMaxSkinnyRows sequences, one token each: h [M, H] the token
   // embeddings, the per-layer caches [num_blocks, block_size, Hkv, D] (written at the slots),
   // slot_mapping [M], block_tables [M, N], seq_lens [M] (int64; after this step), cos and sin
-  // [M, 1, D] bfloat16. Returns the final-norm hidden states [M, H] in bfloat16.
+  // [M, 1, D] bfloat16; num_threads: threads of the step's region, at most torch's count (0: all).
+  // Returns the final-norm hidden states [M, H] in bfloat16.
   at::Tensor forward(const at::Tensor& h, const std::vector<at::Tensor>& k_caches,
                      const std::vector<at::Tensor>& v_caches, const at::Tensor& slot_mapping,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                     const at::Tensor& cos, const at::Tensor& sin) const;
+                     const at::Tensor& cos, const at::Tensor& sin, int64_t num_threads) const;
 
  private:
   struct Layer {

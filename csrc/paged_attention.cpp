@@ -756,10 +756,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("scale"))
       .def("forward", &zerolayer::DecodeForward::forward,
            "(h [M, H], k_caches, v_caches, slot_mapping [M], block_tables [M, N], seq_lens [M], "
-           "cos, sin [M, 1, D]) -> final-norm hidden states [M, H]",
+           "cos, sin [M, 1, D], num_threads (0: torch's)) -> final-norm hidden states [M, H]",
            pybind11::arg("h"), pybind11::arg("k_caches"), pybind11::arg("v_caches"),
            pybind11::arg("slot_mapping"), pybind11::arg("block_tables"), pybind11::arg("seq_lens"),
-           pybind11::arg("cos"), pybind11::arg("sin"),
+           pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("num_threads") = 0,
            pybind11::call_guard<pybind11::gil_scoped_release>());
   m.attr("max_skinny_rows") = zerolayer::kMaxSkinnyRows;
   m.attr("has_bf16_dot") = zerolayer::has_bf16_dot();

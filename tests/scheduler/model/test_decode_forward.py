@@ -14,7 +14,7 @@ from zerolayer.bench.inprocess import LocalModel
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
 from zerolayer.checkpoints.quantize import quantize_checkpoint
 from zerolayer.scheduler.model.attention import AttentionMetadata, PrefillSpan
-from zerolayer.scheduler.model.decode_forward import unsupported_reason
+from zerolayer.scheduler.model.decode_forward import ThreadChoice, unsupported_reason
 from zerolayer.scheduler.model.int8_linear import Int8Weight
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.layer_ops import rms_norm
@@ -197,3 +197,42 @@ def test_the_log_says_why_a_model_runs_layer_by_layer(
     messages = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert ("INFO", "decode steps run layer by layer (no native kernels: disabled)") in messages
     assert not [m for level, m in messages if level == "WARNING"]
+
+
+def test_the_thread_choice_follows_the_faster_count_and_keeps_trying_the_other() -> None:
+    choice = ThreadChoice(all_threads=2, explore_every=4)
+    assert choice.next() == 2
+    choice.record(2, 0.010)
+    assert choice.next() == 1
+    choice.record(1, 0.020)
+    # quiet: two threads are faster; one is tried every 4th step
+    picks = []
+    for _ in range(8):
+        count = choice.next()
+        picks.append(count)
+        choice.record(count, 0.010 if count == 2 else 0.020)
+    assert picks == [2, 2, 2, 1, 2, 2, 2, 1]
+    # a busy neighbour: two threads slow down to 30 ms, one stays at 20 ms; the choice moves
+    for _ in range(40):
+        count = choice.next()
+        choice.record(count, 0.030 if count == 2 else 0.020)
+    assert choice.next() == 1 and choice.mean_s[2] > choice.mean_s[1]
+    assert ThreadChoice(all_threads=1).next() == 1
+
+
+def test_a_fused_step_with_one_thread_equals_one_with_all(
+    native: KernelLoader, local: LocalModel
+) -> None:
+    model = LlamaModel(local.config, local.weights)
+    caches = prefilled(model, native, [[1, 2, 3, 4, 5, 6]], [[7, 2]])
+    fused = model._fused_decode_for(native)
+    assert fused is not None
+    meta = metadata([7], [[7, 2]], [1])
+    h = torch.randn(1, PRESET.hidden_size).to(torch.bfloat16)
+    cos, sin = model.rotary.tables(torch.tensor([6]), torch.bfloat16)
+    step = fused._step
+    lists = ([k for k, _ in caches], [v for _, v in caches])
+    args = (*lists, meta.slot_mapping, meta.block_tables, meta.seq_lens, cos, sin)
+    assert torch.equal(step.forward(h, *args, 1), step.forward(h, *args, 0))
+    with pytest.raises(RuntimeError, match="num_threads"):
+        step.forward(h, *args, -1)
