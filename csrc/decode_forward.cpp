@@ -281,14 +281,17 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
   const uint16_t* sin_p = bits(sn);
   const float eps = eps_, scale = scale_;
 
-  // The GEMV's x: bfloat16 as it is, or float32 [M, cols] for the widening kernel.
-  auto gemv_x = [&](const uint16_t* src, int64_t cols, int64_t s0, int64_t s1) -> const void* {
-    if (!rows.bf16_x) {
-      for (int64_t s = s0; s < s1; ++s) {
-        for (int64_t j = 0; j < cols; ++j) x32p[s * cols + j] = widen(src[s * cols + j]);
+  // The residual stream h += delta (rounded; none when delta is null), then out = rms_norm(h).
+  auto add_norm = [&](const uint16_t* delta, const at::Tensor& weight, uint16_t* norm_out) {
+    for (int64_t s = 0; s < m; ++s) {
+      uint16_t* hr = rp + s * hidden;
+      if (delta != nullptr) {
+        for (int64_t j = 0; j < hidden; ++j) {
+          hr[j] = to_bf16(widen(hr[j]) + widen(delta[s * hidden + j]));
+        }
       }
+      rms_norm_row(hr, bits(weight), norm_out + s * hidden, hidden, eps);
     }
-    return rows.bf16_x ? static_cast<const void*>(src) : static_cast<const void*>(x32p);
   };
 
   // Projections: bfloat16 (the GEMV row kernel, x as it is or widened) or int8 (x quantized
@@ -299,8 +302,8 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
   auto prepare = [&](const uint16_t* src, int64_t cols) {
     if (int8 != nullptr) {
       int8->quantize(src, m, cols);
-    } else if (!rows.bf16_x) {
-      gemv_x(src, cols, 0, m);
+    } else if (!rows.bf16_x) {  // float32 [M, cols] for the widening kernel
+      for (int64_t i = 0; i < m * cols; ++i) x32p[i] = widen(src[i]);
     }
   };
   // rows [lo, hi) of y [M, n] = x [M, k] @ w^T (scales ws for int8)
@@ -332,13 +335,7 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
       const Layer& w = layers_[l];
       // 1. the residual add of the previous MLP and the input norm (thread 0)
       if (tid == 0) {
-        for (int64_t s = 0; s < m; ++s) {
-          uint16_t* hr = rp + s * hidden;
-          if (l > 0) {
-            for (int64_t j = 0; j < hidden; ++j) hr[j] = to_bf16(widen(hr[j]) + widen(dp[s * hidden + j]));
-          }
-          rms_norm_row(hr, bits(w.input_norm), xp + s * hidden, hidden, eps);
-        }
+        add_norm(l > 0 ? dp : nullptr, w.input_norm, xp);
         prepare(xp, hidden);
       }
       barrier.wait();
@@ -420,11 +417,7 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
       barrier.wait();
       // 6. the residual add and the post-attention norm (thread 0)
       if (tid == 0) {
-        for (int64_t s = 0; s < m; ++s) {
-          uint16_t* hr = rp + s * hidden;
-          for (int64_t j = 0; j < hidden; ++j) hr[j] = to_bf16(widen(hr[j]) + widen(orow[s * hidden + j]));
-          rms_norm_row(hr, bits(w.post_norm), xp + s * hidden, hidden, eps);
-        }
+        add_norm(orow, w.post_norm, xp);
         prepare(xp, hidden);
       }
       barrier.wait();
@@ -449,13 +442,7 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
       project(actp, w.down, w.scales[6], dp, hidden, inter, lo, hi);
       barrier.wait();
     }
-    if (tid == 0) {
-      for (int64_t s = 0; s < m; ++s) {
-        uint16_t* hr = rp + s * hidden;
-        for (int64_t j = 0; j < hidden; ++j) hr[j] = to_bf16(widen(hr[j]) + widen(dp[s * hidden + j]));
-        rms_norm_row(hr, bits(final_norm_), op + s * hidden, hidden, eps);
-      }
-    }
+    if (tid == 0) add_norm(dp, final_norm_, op);
   }
   return out;
 }
