@@ -115,6 +115,58 @@ inline void share(int64_t total, int tid, int nt, int64_t* lo, int64_t* hi) {
   *hi = total * (tid + 1) / nt;
 }
 
+// The rows of one projection phase, shared out with work stealing. Each thread first takes its
+// own share (as share() splits them) chunk by chunk from its cursor, then takes chunks from the
+// other threads' cursors. A thread that loses its core for a while (another process of the stack
+// wakes up on it: on two cores, the scheduler's gRPC loop, the frontend and the client take about
+// 1.5 ms of CPU per generated token) then delays the phase by the chunk it holds, not by the rest
+// of its share. Cursors are advanced with fetch_add, so a chunk goes to exactly one thread.
+class RowQueue {
+ public:
+  explicit RowQueue(int num_threads) : cursors_(static_cast<size_t>(num_threads)) {}
+
+  // Thread tid's share of rows [0, total) for the next phase. Each thread calls this for itself
+  // after the barrier that ends the previous projection phase and before the barrier that starts
+  // this one (which publishes it to the others).
+  void arm(int tid, int nt, int64_t total) {
+    int64_t lo, hi;
+    share(total, tid, nt, &lo, &hi);
+    cursors_[tid].next.store(lo, std::memory_order_relaxed);
+    cursors_[tid].end = hi;
+  }
+
+  // The next chunk [*lo, *hi) of at most `chunk` rows for thread tid: its own first, then any
+  // other thread's. False when no row is left.
+  bool claim(int tid, int nt, int64_t chunk, int64_t* lo, int64_t* hi) {
+    for (int i = 0; i < nt; ++i) {
+      Cursor& c = cursors_[(tid + i) % nt];
+      if (c.next.load(std::memory_order_relaxed) >= c.end) continue;
+      const int64_t start = c.next.fetch_add(chunk, std::memory_order_relaxed);
+      if (start < c.end) {
+        *lo = start;
+        *hi = std::min(start + chunk, c.end);
+        return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  struct alignas(64) Cursor {
+    std::atomic<int64_t> next{0};
+    int64_t end = 0;
+  };
+  std::vector<Cursor> cursors_;
+};
+
+// Rows per work-stealing chunk for weight rows of row_bytes: about kChunkBytes of weights, a
+// multiple of 4 rows (the int8 kernel's row block).
+inline int64_t chunk_rows(int64_t row_bytes) {
+  constexpr int64_t kChunkBytes = 32 * 1024;
+  const int64_t rows = std::max<int64_t>(4, kChunkBytes / std::max<int64_t>(row_bytes, 1));
+  return (rows + 3) / 4 * 4;
+}
+
 const uint16_t* bits(const at::Tensor& t) {
   return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
 }
@@ -325,6 +377,13 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
                           ? at::get_num_threads()
                           : static_cast<int>(std::min<int64_t>(num_threads, at::get_num_threads()));
   SpinBarrier barrier;
+  RowQueue queue(threads);
+  // bytes of one weight row with k columns (int8: and its float32 scales)
+  auto chunk_for = [&](int64_t k) {
+    return chunk_rows(group_size_ > 0 ? k + k / group_size_ * 4 : k * 2);
+  };
+  const int64_t hidden_chunk = chunk_for(hidden), q_chunk = chunk_for(q_dim);
+  const int64_t inter_chunk = chunk_for(inter);
 #pragma omp parallel num_threads(threads)
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -334,21 +393,25 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
     for (int64_t l = 0; l < num_layers; ++l) {
       const Layer& w = layers_[l];
       // 1. the residual add of the previous MLP and the input norm (thread 0)
+      // NOTE: each projection phase's queue is armed after the barrier that ended the previous
+      // one (see RowQueue::arm).
       if (tid == 0) {
         add_norm(l > 0 ? dp : nullptr, w.input_norm, xp);
         prepare(xp, hidden);
       }
+      queue.arm(tid, nt, q_dim + 2 * kv_dim);
       barrier.wait();
       // 2. q, k, v
       {
-        share(q_dim + 2 * kv_dim, tid, nt, &lo, &hi);
         const int64_t starts[4] = {0, q_dim, q_dim + kv_dim, q_dim + 2 * kv_dim};
         const at::Tensor* ws[3] = {&w.q, &w.k, &w.v};
         uint16_t* ys[3] = {qp, kp, vp};
-        for (int i = 0; i < 3; ++i) {
-          const int64_t a = std::max(lo, starts[i]), b = std::min(hi, starts[i + 1]);
-          project(xp, *ws[i], w.scales[i], ys[i], starts[i + 1] - starts[i], hidden,
-                  a - starts[i], b - starts[i]);
+        while (queue.claim(tid, nt, hidden_chunk, &lo, &hi)) {
+          for (int i = 0; i < 3; ++i) {
+            const int64_t a = std::max(lo, starts[i]), b = std::min(hi, starts[i + 1]);
+            project(xp, *ws[i], w.scales[i], ys[i], starts[i + 1] - starts[i], hidden,
+                    a - starts[i], b - starts[i]);
+          }
         }
       }
       barrier.wait();
@@ -406,25 +469,30 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
           }
         }
       }
+      queue.arm(tid, nt, hidden);
       barrier.wait();
       if (prepares) {
         if (tid == 0) prepare(ap, q_dim);
         barrier.wait();
       }
       // 5. the output projection
-      share(hidden, tid, nt, &lo, &hi);
-      project(ap, w.o, w.scales[3], orow, hidden, q_dim, lo, hi);
+      while (queue.claim(tid, nt, q_chunk, &lo, &hi)) {
+        project(ap, w.o, w.scales[3], orow, hidden, q_dim, lo, hi);
+      }
       barrier.wait();
       // 6. the residual add and the post-attention norm (thread 0)
       if (tid == 0) {
         add_norm(orow, w.post_norm, xp);
         prepare(xp, hidden);
       }
+      queue.arm(tid, nt, 2 * inter);
       barrier.wait();
       // 7. gate and up
-      share(2 * inter, tid, nt, &lo, &hi);
-      project(xp, w.gate, w.scales[4], gp, inter, hidden, lo, std::min(hi, inter));
-      project(xp, w.up, w.scales[5], up_p, inter, hidden, std::max(lo, inter) - inter, hi - inter);
+      while (queue.claim(tid, nt, hidden_chunk, &lo, &hi)) {
+        project(xp, w.gate, w.scales[4], gp, inter, hidden, lo, std::min(hi, inter));
+        project(xp, w.up, w.scales[5], up_p, inter, hidden, std::max(lo, inter) - inter,
+                hi - inter);
+      }
       barrier.wait();
       // 8. silu(gate) * up, each rounded (elements shared out)
       share(m * inter, tid, nt, &lo, &hi);
@@ -432,14 +500,16 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
         const float g = widen(gp[i]);
         actp[i] = to_bf16(round_bf16(g / (1.f + std::exp(-g))) * widen(up_p[i]));
       }
+      queue.arm(tid, nt, hidden);
       barrier.wait();
       if (prepares) {
         if (tid == 0) prepare(actp, inter);
         barrier.wait();
       }
       // 9. the down projection
-      share(hidden, tid, nt, &lo, &hi);
-      project(actp, w.down, w.scales[6], dp, hidden, inter, lo, hi);
+      while (queue.claim(tid, nt, inter_chunk, &lo, &hi)) {
+        project(actp, w.down, w.scales[6], dp, hidden, inter, lo, hi);
+      }
       barrier.wait();
     }
     if (tid == 0) add_norm(dp, final_norm_, op);

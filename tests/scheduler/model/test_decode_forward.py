@@ -4,6 +4,7 @@ replaces, on a small bfloat16 model: several sequences at once, shuffled block t
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,32 @@ def test_a_fused_step_with_one_thread_equals_one_with_all(
     assert torch.equal(step.forward(h, *args, 1), step.forward(h, *args, 0))
     with pytest.raises(RuntimeError, match="num_threads"):
         step.forward(h, *args, -1)
+
+
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_rows_taken_by_other_threads_give_the_same_step(
+    native: KernelLoader, model_dirs: dict[str, Path], weights: str
+) -> None:
+    # More threads than this machine's cores: threads that have not started yet have their rows
+    # taken by those that run (the projection phases' work stealing), in a different way each
+    # time. Every row must be computed once and the step equal the one-thread step bit for bit.
+    local = LocalModel.load(model_dirs[weights])
+    model = LlamaModel(local.config, local.weights)
+    caches = prefilled(model, native, [[1, 2, 3, 4, 5, 6], [9, 8, 7, 6, 5]], [[7, 2], [3, 11]])
+    fused = model._fused_decode_for(native)
+    assert fused is not None
+    meta = metadata([7, 6], [[7, 2], [3, 11]], [1, 1])
+    # NOTE: a new input each time, so that a row no thread computed cannot hold the right value
+    # left in a reused buffer by the previous call.
+    inputs = [torch.randn(2, PRESET.hidden_size).to(torch.bfloat16) for _ in range(30)]
+    cos, sin = model.rotary.tables(torch.tensor([6, 5]), torch.bfloat16)
+    lists = ([k for k, _ in caches], [v for _, v in caches])
+    args = (*lists, meta.slot_mapping, meta.block_tables, meta.seq_lens, cos, sin)
+    expected = [fused._step.forward(h, *args, 1) for h in inputs]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3 * (os.cpu_count() or 1))
+    try:
+        for h, want in zip(inputs, expected, strict=True):
+            assert torch.equal(fused._step.forward(h, *args, 0), want)
+    finally:
+        torch.set_num_threads(threads)
