@@ -1,5 +1,12 @@
-"""Prometheus metrics of the frontend: requests by method and status, and the latencies a client
-sees (TTFT, inter-token latency, end to end) measured at the public endpoint."""
+"""Prometheus metrics of the frontend: requests by method and status, requests in flight, whether
+the frontend serves, and the latencies a client sees (TTFT, inter-token latency, end to end)
+measured at the public endpoint.
+
+The latencies are what the client sees (see zerolayer.frontend.telemetry): a streamed call
+(GenerateStream, ``stream: true`` over HTTP, a KServe stream request with ``stream`` set) has its
+first token at its first token-carrying response and an inter-token gap between each two of them;
+a unary call (Generate, ModelInfer, non-streamed HTTP) gets every token in its one response, so its
+TTFT is its end-to-end latency and it has no inter-token gaps."""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from zerolayer.common.interceptors import Wrapping, WrappingInterceptor
 from zerolayer.common.metrics import LATENCY_BUCKETS_S
@@ -26,21 +33,35 @@ class FrontendMetrics:
             ["method", "code"],
             registry=registry,
         )
+        self.in_flight = Gauge(
+            p + "requests_in_flight",
+            "Public calls started and not yet ended, by method (gRPC method or HTTP route)",
+            ["method"],
+            registry=registry,
+        )
+        self.serving = Gauge(
+            p + "serving",
+            "1 while the frontend's public gRPC health says SERVING (it serves and some "
+            "scheduler takes requests), 0 otherwise",
+            registry=registry,
+        )
         self.ttft = Histogram(
             p + "ttft_seconds",
-            "Request received to first token sent",
+            "Generation request received to its first token sent, seconds: a streamed call's "
+            "first token-carrying response, a unary call's one response",
             buckets=LATENCY_BUCKETS_S,
             registry=registry,
         )
         self.itl = Histogram(
             p + "itl_seconds",
-            "Gap between token-carrying responses",
+            "Gap between two token-carrying responses of a streamed generation, seconds "
+            "(unary calls have none)",
             buckets=LATENCY_BUCKETS_S,
             registry=registry,
         )
         self.e2e = Histogram(
             p + "e2e_seconds",
-            "Request received to last response",
+            "Generation request received to its last response sent, seconds",
             buckets=LATENCY_BUCKETS_S,
             registry=registry,
         )
