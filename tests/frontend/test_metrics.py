@@ -13,7 +13,11 @@ from grpc._cython import cygrpc
 from prometheus_client import CollectorRegistry
 
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
+from zerolayer.frontend.metrics import (
+    TIMEOUT_ROUNDING,
+    FrontendMetrics,
+    RequestCountingInterceptor,
+)
 
 METHOD = "/zerolayer.v1.TextGeneration/GenerateStream"
 
@@ -28,8 +32,15 @@ class FakeContext:
         time_remaining: float | None,
         code: grpc.StatusCode | None = None,
         num_sendable: int | None = None,
+        started_with: float | None = None,
     ) -> None:
+        """
+        Args:
+            started_with: what the first time_remaining() answers (the handler's start);
+                None: ``time_remaining`` throughout.
+        """
         self._time_remaining = time_remaining
+        self._started_with = started_with
         self._code = code
         self._num_sendable = num_sendable
         self.written: list[Any] = []
@@ -41,6 +52,9 @@ class FakeContext:
         await asyncio.sleep(0)
 
     def time_remaining(self) -> float | None:
+        if self._started_with is not None:
+            started_with, self._started_with = self._started_with, None
+            return started_with
         return self._time_remaining
 
     def code(self) -> grpc.StatusCode | None:
@@ -125,6 +139,72 @@ def test_a_cancelled_handler_is_counted_by_what_cancelled_it(kind, time_remainin
 
     asyncio.run(cancel_it())
     assert counts(registry) == {code: 1}
+
+
+@pytest.mark.parametrize(
+    ("started_with", "time_remaining", "code"),
+    [
+        # A 30 s timeout's header is rounded up by up to 100 ms: with the transit time, the
+        # client's own deadline can cancel the call with more than 0.1 s left at the server.
+        (30.0, 0.15, "DEADLINE_EXCEEDED"),
+        (30.0, 0.5, "CANCELLED"),
+        # Above 100 s, the header is rounded up to whole seconds.
+        (300.0, 2.0, "DEADLINE_EXCEEDED"),
+        (300.0, 5.0, "CANCELLED"),
+        (0.3, 0.05, "DEADLINE_EXCEEDED"),
+        (0.3, 0.15, "CANCELLED"),
+    ],
+)
+def test_the_slack_before_the_deadline_grows_with_the_timeout_the_call_started_with(
+    started_with, time_remaining, code
+) -> None:
+    handler, registry = make_counted(grpc.unary_unary_rpc_method_handler(endless_call))
+
+    async def cancel_it() -> None:
+        context = FakeContext(time_remaining, started_with=started_with)
+        task = asyncio.create_task(handler.unary_unary(object(), context))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())
+    assert counts(registry) == {code: 1}
+
+
+@pytest.mark.parametrize(("timeout_s", "header_s"), [(10.05, 10.1), (100.5, 101.0)])
+def test_the_server_deadline_is_the_client_timeout_rounded_up_by_under_1_percent(
+    timeout_s, header_s
+) -> None:
+    """What the slack above covers, measured with real gRPC: a Python client's grpc-timeout
+    header is rounded up (to 3 significant digits), so the server's deadline is later than the
+    client's by up to TIMEOUT_ROUNDING of the timeout."""
+
+    async def remaining(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return repr(context.time_remaining()).encode()
+
+    async def measure() -> float:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    "t.T", {"Remaining": grpc.unary_unary_rpc_method_handler(remaining)}
+                )
+            ]
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                await channel.channel_ready()
+                call = channel.unary_unary("/t.T/Remaining")
+                return float(await call(b"", timeout=timeout_s))
+        finally:
+            await server.stop(None)
+
+    server_remaining = asyncio.run(measure())
+    assert timeout_s < server_remaining <= header_s
+    assert server_remaining - timeout_s <= TIMEOUT_ROUNDING * timeout_s
 
 
 def test_an_aborted_call_is_counted_with_the_code_it_aborted_with() -> None:
