@@ -636,3 +636,24 @@ def test_latencies_are_those_the_client_sees(stack, kind, streamed) -> None:
     else:
         assert added.get("itl_count", 0) == 0
         assert added["ttft_sum"] == pytest.approx(added["e2e_sum"], rel=1e-6)
+
+
+def test_the_frontend_says_it_serves_and_how_many_calls_are_in_flight(stack) -> None:
+    """What a router or autoscaler reads: the serving gauge, and the calls in flight by method
+    (gRPC and HTTP) while they run and after they end."""
+    frontend = scrape(stack, "frontend")
+    assert frontend["zerolayer_frontend_serving"] == 1
+    stream_key = 'zerolayer_frontend_requests_in_flight{method="GenerateStream"}'
+    http_key = 'zerolayer_frontend_requests_in_flight{method="/v1/completions"}'
+    slow = pb.GenerateRequest(prompt="in flight", max_new_tokens=1500, ignore_eos=True)
+    streams = [text_stub(stack).GenerateStream(slow, timeout=60) for _ in range(2)]
+    for stream in streams:
+        next(stream)
+    assert scrape(stack, "frontend")[stream_key] == 2
+    for stream in streams:
+        stream.cancel()
+    http_completion(stack, stream=True)
+    deadline = time.monotonic() + 10
+    while (now := scrape(stack, "frontend"))[stream_key] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (now[stream_key], now[http_key]) == (0, 0)

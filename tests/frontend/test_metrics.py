@@ -261,3 +261,41 @@ def test_every_kind_of_call_is_counted_once_with_its_final_code(kind, text, code
         with pytest.raises(InvalidArgument):
             asyncio.run(call())
     assert counts(registry) == {code: 1}
+
+
+def in_flight(registry: CollectorRegistry) -> float | None:
+    """The METHOD calls in flight."""
+    return registry.get_sample_value(
+        "zerolayer_frontend_requests_in_flight", {"method": METHOD.rsplit("/", 1)[-1]}
+    )
+
+
+@pytest.mark.parametrize("ending", ["OK", "INVALID_ARGUMENT", "CANCELLED"])
+def test_a_call_is_in_flight_while_its_handler_runs(ending) -> None:
+    release = asyncio.Event()
+
+    async def waiting(request: Any, context: Any) -> AsyncIterator[str]:
+        await release.wait()
+        if ending == "INVALID_ARGUMENT":
+            raise InvalidArgument("text_input", "bad")
+        yield "piece"
+
+    handler, registry = make_counted(grpc.unary_stream_rpc_method_handler(waiting))
+
+    async def run() -> list[float | None]:
+        seen = [in_flight(registry)]
+        tasks = [
+            asyncio.create_task(handler.unary_stream(object(), FakeContext(None))) for _ in range(3)
+        ]
+        await asyncio.sleep(0.01)
+        seen.append(in_flight(registry))
+        if ending == "CANCELLED":
+            for task in tasks:
+                task.cancel()
+        release.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        seen.append(in_flight(registry))
+        return seen
+
+    assert asyncio.run(run()) == [0, 3, 0]
+    assert counts(registry) == {ending: 3}

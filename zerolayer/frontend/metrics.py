@@ -116,7 +116,8 @@ def _code(exc: BaseException, context: grpc.aio.ServicerContext, timeout_s: floa
 
 class RequestCountingInterceptor(WrappingInterceptor):
     """Counts every public call (any kind of method) by method and final status code (placed
-    inside error mapping, so it sees the domain error that decides the code)."""
+    inside error mapping, so it sees the domain error that decides the code), and the calls in
+    flight by method."""
 
     def __init__(self, metrics: FrontendMetrics, prefixes: tuple[str, ...]) -> None:
         super().__init__(prefixes)
@@ -125,18 +126,23 @@ class RequestCountingInterceptor(WrappingInterceptor):
     def wrapping(
         self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails
     ) -> Wrapping:
-        """A count of each call once it ends."""
+        """A count of each call once it ends; in flight while its handler runs."""
         counter = self._metrics.requests
         method = details.method.rsplit("/", 1)[-1]
+        in_flight = self._metrics.in_flight.labels(method)
 
         @asynccontextmanager
         async def counted(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
             timeout_s = context.time_remaining()
+            in_flight.inc()
             try:
                 yield
             except BaseException as exc:
                 counter.labels(method, _code(exc, context, timeout_s)).inc()
                 raise
-            counter.labels(method, "OK").inc()
+            else:
+                counter.labels(method, "OK").inc()
+            finally:
+                in_flight.dec()
 
         return Wrapping(around=counted)
