@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import threading
 import time
 import urllib.request
@@ -542,3 +543,117 @@ def test_an_http_completion_joins_the_trace_of_its_traceparent_header(stack, rec
     assert attrs(root)["http.response.status_code"] == 200
     assert attrs(root)["gen_ai.usage.output_tokens"] == 2
     assert scrape(stack, "frontend")[counted] - before == 1
+
+
+def latency_counts(stack) -> dict[str, float]:
+    """The frontend's TTFT, ITL and e2e histograms' counts and sums, e.g. ``ttft_count``."""
+    return {
+        f"{name}_{part}": value
+        for name in ("ttft", "itl", "e2e")
+        for part in ("count", "sum")
+        if (value := scrape(stack, "frontend").get(f"zerolayer_frontend_{name}_seconds_{part}"))
+        is not None
+    }
+
+
+def http_completion(stack, stream: bool) -> None:
+    body = {"prompt": "latency", "max_tokens": 5, "ignore_eos": True, "stream": stream}
+    request = urllib.request.Request(
+        f"http://{stack.config.http_listen}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+        response.read()
+
+
+def kserve_request(stack, stream: bool) -> kserve_pb2.ModelInferRequest:
+    model = text_stub(stack).GetModelInfo(pb.GetModelInfoRequest()).model
+    tensor = kserve_pb2.ModelInferRequest.InferInputTensor
+    return kserve_pb2.ModelInferRequest(
+        model_name=model,
+        inputs=[
+            tensor(
+                name="text_input",
+                datatype="BYTES",
+                shape=[1],
+                contents=kserve_pb2.InferTensorContents(bytes_contents=[b"latency"]),
+            ),
+            tensor(
+                name="max_tokens",
+                datatype="INT32",
+                shape=[1],
+                contents=kserve_pb2.InferTensorContents(int_contents=[5]),
+            ),
+            tensor(
+                name="stream",
+                datatype="BOOL",
+                shape=[1],
+                contents=kserve_pb2.InferTensorContents(bool_contents=[stream]),
+            ),
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "streamed"),
+    [
+        ("Generate", False),
+        ("GenerateStream", True),
+        ("/v1/completions", False),
+        ("/v1/completions stream", True),
+        ("ModelInfer", False),
+        ("ModelStreamInfer", True),
+    ],
+)
+def test_latencies_are_those_the_client_sees(stack, kind, streamed) -> None:
+    """A streamed call of 5 tokens records its first token and gaps between its responses; a
+    unary one its one response, as both first token and end (a unary call used to record a TTFT
+    and gaps per internal chunk)."""
+    request = pb.GenerateRequest(prompt="latency", max_new_tokens=5, ignore_eos=True)
+    before = latency_counts(stack)
+    if kind == "Generate":
+        text_stub(stack).Generate(request, timeout=30)
+    elif kind == "GenerateStream":
+        list(text_stub(stack).GenerateStream(request, timeout=30))
+    elif kind.startswith("/v1/"):
+        http_completion(stack, streamed)
+    else:
+        with grpc.insecure_channel(stack.config.listen) as channel:
+            kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+            if kind == "ModelInfer":
+                kserve.ModelInfer(kserve_request(stack, streamed), timeout=30)
+            else:
+                answers = kserve.ModelStreamInfer(iter([kserve_request(stack, streamed)]))
+                assert not any(a.error_message for a in answers)
+    after = latency_counts(stack)
+    added = {key: after[key] - before.get(key, 0) for key in after}
+    assert (added["ttft_count"], added["e2e_count"]) == (1, 1)
+    if streamed:
+        assert 1 <= added["itl_count"] <= 4
+        assert added["ttft_sum"] < added["e2e_sum"]
+    else:
+        assert added.get("itl_count", 0) == 0
+        assert added["ttft_sum"] == pytest.approx(added["e2e_sum"], rel=1e-6)
+
+
+def test_the_frontend_says_it_serves_and_how_many_calls_are_in_flight(stack) -> None:
+    """What a router or autoscaler reads: the serving gauge, and the calls in flight by method
+    (gRPC and HTTP) while they run and after they end."""
+    frontend = scrape(stack, "frontend")
+    assert frontend["zerolayer_frontend_serving"] == 1
+    stream_key = 'zerolayer_frontend_requests_in_flight{method="GenerateStream"}'
+    http_key = 'zerolayer_frontend_requests_in_flight{method="/v1/completions"}'
+    slow = pb.GenerateRequest(prompt="in flight", max_new_tokens=1500, ignore_eos=True)
+    streams = [text_stub(stack).GenerateStream(slow, timeout=60) for _ in range(2)]
+    for stream in streams:
+        next(stream)
+    assert scrape(stack, "frontend")[stream_key] == 2
+    for stream in streams:
+        stream.cancel()
+    http_completion(stack, stream=True)
+    deadline = time.monotonic() + 10
+    while (now := scrape(stack, "frontend"))[stream_key] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (now[stream_key], now[http_key]) == (0, 0)

@@ -13,7 +13,11 @@ from grpc._cython import cygrpc
 from prometheus_client import CollectorRegistry
 
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
+from zerolayer.frontend.metrics import (
+    TIMEOUT_ROUNDING,
+    FrontendMetrics,
+    RequestCountingInterceptor,
+)
 
 METHOD = "/zerolayer.v1.TextGeneration/GenerateStream"
 
@@ -28,8 +32,15 @@ class FakeContext:
         time_remaining: float | None,
         code: grpc.StatusCode | None = None,
         num_sendable: int | None = None,
+        started_with: float | None = None,
     ) -> None:
+        """
+        Args:
+            started_with: what the first time_remaining() answers (the handler's start);
+                None: ``time_remaining`` throughout.
+        """
         self._time_remaining = time_remaining
+        self._started_with = started_with
         self._code = code
         self._num_sendable = num_sendable
         self.written: list[Any] = []
@@ -41,6 +52,9 @@ class FakeContext:
         await asyncio.sleep(0)
 
     def time_remaining(self) -> float | None:
+        if self._started_with is not None:
+            started_with, self._started_with = self._started_with, None
+            return started_with
         return self._time_remaining
 
     def code(self) -> grpc.StatusCode | None:
@@ -127,6 +141,72 @@ def test_a_cancelled_handler_is_counted_by_what_cancelled_it(kind, time_remainin
     assert counts(registry) == {code: 1}
 
 
+@pytest.mark.parametrize(
+    ("started_with", "time_remaining", "code"),
+    [
+        # A 30 s timeout's header is rounded up by up to 100 ms: with the transit time, the
+        # client's own deadline can cancel the call with more than 0.1 s left at the server.
+        (30.0, 0.15, "DEADLINE_EXCEEDED"),
+        (30.0, 0.5, "CANCELLED"),
+        # Above 100 s, the header is rounded up to whole seconds.
+        (300.0, 2.0, "DEADLINE_EXCEEDED"),
+        (300.0, 5.0, "CANCELLED"),
+        (0.3, 0.05, "DEADLINE_EXCEEDED"),
+        (0.3, 0.15, "CANCELLED"),
+    ],
+)
+def test_the_slack_before_the_deadline_grows_with_the_timeout_the_call_started_with(
+    started_with, time_remaining, code
+) -> None:
+    handler, registry = make_counted(grpc.unary_unary_rpc_method_handler(endless_call))
+
+    async def cancel_it() -> None:
+        context = FakeContext(time_remaining, started_with=started_with)
+        task = asyncio.create_task(handler.unary_unary(object(), context))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())
+    assert counts(registry) == {code: 1}
+
+
+@pytest.mark.parametrize(("timeout_s", "header_s"), [(10.05, 10.1), (100.5, 101.0)])
+def test_the_server_deadline_is_the_client_timeout_rounded_up_by_under_1_percent(
+    timeout_s, header_s
+) -> None:
+    """What the slack above covers, measured with real gRPC: a Python client's grpc-timeout
+    header is rounded up (to 3 significant digits), so the server's deadline is later than the
+    client's by up to TIMEOUT_ROUNDING of the timeout."""
+
+    async def remaining(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return repr(context.time_remaining()).encode()
+
+    async def measure() -> float:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    "t.T", {"Remaining": grpc.unary_unary_rpc_method_handler(remaining)}
+                )
+            ]
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                await channel.channel_ready()
+                call = channel.unary_unary("/t.T/Remaining")
+                return float(await call(b"", timeout=timeout_s))
+        finally:
+            await server.stop(None)
+
+    server_remaining = asyncio.run(measure())
+    assert timeout_s < server_remaining <= header_s
+    assert server_remaining - timeout_s <= TIMEOUT_ROUNDING * timeout_s
+
+
 def test_an_aborted_call_is_counted_with_the_code_it_aborted_with() -> None:
     async def aborting(request: Any, context: Any) -> None:
         raise grpc.aio.AbortError("Locally aborted.")
@@ -181,3 +261,41 @@ def test_every_kind_of_call_is_counted_once_with_its_final_code(kind, text, code
         with pytest.raises(InvalidArgument):
             asyncio.run(call())
     assert counts(registry) == {code: 1}
+
+
+def in_flight(registry: CollectorRegistry) -> float | None:
+    """The METHOD calls in flight."""
+    return registry.get_sample_value(
+        "zerolayer_frontend_requests_in_flight", {"method": METHOD.rsplit("/", 1)[-1]}
+    )
+
+
+@pytest.mark.parametrize("ending", ["OK", "INVALID_ARGUMENT", "CANCELLED"])
+def test_a_call_is_in_flight_while_its_handler_runs(ending) -> None:
+    release = asyncio.Event()
+
+    async def waiting(request: Any, context: Any) -> AsyncIterator[str]:
+        await release.wait()
+        if ending == "INVALID_ARGUMENT":
+            raise InvalidArgument("text_input", "bad")
+        yield "piece"
+
+    handler, registry = make_counted(grpc.unary_stream_rpc_method_handler(waiting))
+
+    async def run() -> list[float | None]:
+        seen = [in_flight(registry)]
+        tasks = [
+            asyncio.create_task(handler.unary_stream(object(), FakeContext(None))) for _ in range(3)
+        ]
+        await asyncio.sleep(0.01)
+        seen.append(in_flight(registry))
+        if ending == "CANCELLED":
+            for task in tasks:
+                task.cancel()
+        release.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        seen.append(in_flight(registry))
+        return seen
+
+    assert asyncio.run(run()) == [0, 3, 0]
+    assert counts(registry) == {ending: 3}

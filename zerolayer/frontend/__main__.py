@@ -115,6 +115,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         private_address=config.private_address,
         credentials=tls.credentials() if tls is not None else None,
         ready=lambda: pool.router.available,
+        on_public_health=metrics.serving.set,
     )
 
     # NOTE: bearer tokens alone: the HTTP server sees no client certificates (see http_server)

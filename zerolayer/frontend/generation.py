@@ -129,7 +129,9 @@ class TextGenerator:
         invisible here: the stream continues on another (see ``SchedulerPool``).
 
         Args:
-            stream: recorded in the trace (``gen_ai.request.stream``).
+            stream: whether the caller sends each chunk in a response of its own (recorded
+                in the trace as ``gen_ai.request.stream``); else the latency metrics count
+                the one response sent after the last chunk (zerolayer.frontend.telemetry).
             tenant: the caller's tenant, said by the server (zerolayer.frontend.tenants); the
                 prompt's cached prefixes are then that tenant's alone, ``cache_salt`` narrowing
                 them; "": none, ``cache_salt`` as sent.

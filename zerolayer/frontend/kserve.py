@@ -169,7 +169,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             text_request = self._read(request)
             prefix, chunks = text_request.output_prefix, []
-            generation = self._generator.generate(text_request.params, timeout_s, tenant=tenant)
+            generation = self._generator.generate(
+                text_request.params, timeout_s, text_request.stream, tenant
+            )
             async for chunk in generation:
                 final = chunk.finish_reason != FinishReason.UNSPECIFIED
                 if not text_request.stream:

@@ -1,7 +1,8 @@
 """What one call of the OpenAI-compatible API leaves behind: its SERVER span and its count in
 the frontend's request metrics (``zerolayer_frontend_requests_total{method,code}``, the method
 the route, e.g. ``/v1/completions``, the code the name of the gRPC status code the same outcome
-has on the gRPC port, so that both ports' calls add up)."""
+has on the gRPC port, so that both ports' calls add up; in
+``zerolayer_frontend_requests_in_flight{method}`` until it ends)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,18 @@ from zerolayer.frontend.openai_errors import HttpError
 
 @dataclass(frozen=True)
 class CallRecord:
-    """The span and count of one call; :meth:`ended` exactly once."""
+    """The span and count of one call, in flight from its creation; :meth:`ended` exactly
+    once."""
 
     span: trace.Span
     """Not current: :meth:`current` makes it so around the work it covers."""
     method: str
     """The route, the ``method`` label."""
     metrics: FrontendMetrics | None
+
+    def __post_init__(self) -> None:
+        if self.metrics is not None:
+            self.metrics.in_flight.labels(self.method).inc()
 
     def current(self) -> trace.Span:
         """A context manager that makes the span current (and does not end it)."""
@@ -42,6 +48,7 @@ class CallRecord:
         self.span.end()
         if self.metrics is not None:
             self.metrics.requests.labels(self.method, code).inc()
+            self.metrics.in_flight.labels(self.method).dec()
 
     def answered(self, error: HttpError | None, response: Response | None = None) -> Response:
         """:meth:`ended` with ``error``'s answer, or with the (200) ``response``; the answer."""

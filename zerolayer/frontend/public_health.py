@@ -23,15 +23,24 @@ from zerolayer.common.server import LayerServer, instance_health_name
 class FrontendServer(LayerServer):
     """A :class:`LayerServer` whose public health also needs a scheduler that takes requests."""
 
-    def __init__(self, *args: Any, ready: Callable[[], bool], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        ready: Callable[[], bool],
+        on_public_health: Callable[[bool], None] = lambda serving: None,
+        **kwargs: Any,
+    ) -> None:
         """
         Args:
             args, kwargs: those of :class:`LayerServer`.
             ready: True while some scheduler can take requests; call :meth:`health_changed`
                 when it may have changed.
+            on_public_health: called with whether the public names say SERVING each time they
+                are set (e.g. the ``zerolayer_frontend_serving`` gauge's ``set``).
         """
         super().__init__(*args, **kwargs)
         self._ready = ready
+        self._on_public_health = on_public_health
         self._up = False
         self._health_lock = asyncio.Lock()
         self._refreshes: set[asyncio.Task[None]] = set()
@@ -52,9 +61,11 @@ class FrontendServer(LayerServer):
         """Sets every health name from the current state (latest state wins, in order)."""
         async with self._health_lock:
             up = self._up and not self.not_serving_reason
-            public = serving_status_to_pb(up and self._ready())
+            serving = up and self._ready()
+            public = serving_status_to_pb(serving)
             for name in ["", *(b.service_name for b in self._bindings)]:
                 await self.health.set(name, public)
+            self._on_public_health(serving)
             if self.instance_id:
                 instance = instance_health_name(self.instance_id)
                 await self.health.set(instance, serving_status_to_pb(up))

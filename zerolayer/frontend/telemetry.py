@@ -81,18 +81,27 @@ class GenerationTelemetry:
         self._detok_busy_s += busy_s
 
     def sent(self, chunk: GenerationChunk) -> None:
-        """A response carrying ``chunk`` is about to be sent."""
+        """``chunk`` is about to be sent: in a response of its own if the call streams, else
+        joined with the others into the one response sent after the last chunk.
+
+        The latencies are those the client sees: a streamed call's TTFT at its first
+        token-carrying response and an inter-token gap between each two of them; a unary call's
+        TTFT at its one response (its end-to-end latency) and no gaps.
+        """
         now = time.perf_counter()
-        if self._metrics is not None and chunk.token_ids:
+        last = chunk.finish_reason != FinishReason.UNSPECIFIED and chunk.usage is not None
+        if self._metrics is not None and chunk.token_ids and self._stream:
             if self._last_token is None:
                 self._metrics.ttft.observe(now - self._received)
             else:
                 self._metrics.itl.observe(now - self._last_token)
         if chunk.token_ids:
             self._last_token = now
-        if chunk.finish_reason == FinishReason.UNSPECIFIED or chunk.usage is None:
+        if not last:
             return
         if self._metrics is not None:
+            if not self._stream and self._last_token is not None:
+                self._metrics.ttft.observe(now - self._received)
             self._metrics.e2e.observe(now - self._received)
         self._span.set_attributes(
             {
