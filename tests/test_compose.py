@@ -29,12 +29,13 @@ HISTOGRAMS = {
     "zerolayer_scheduler_itl_seconds",
     "zerolayer_scheduler_e2e_seconds",
     "zerolayer_scheduler_queue_seconds",
-    "zerolayer_scheduler_step_gap_microseconds",
+    "zerolayer_scheduler_step_gap_seconds",
     "zerolayer_frontend_ttft_seconds",
 }
 COUNTERS = {
     "zerolayer_scheduler_generated_tokens_total",
     "zerolayer_scheduler_preemptions_total",
+    "zerolayer_scheduler_page_faults_total",
     "zerolayer_frontend_requests_total",
     "zerolayer_kv_evictions_total",
     "zerolayer_kv_prefix_hit_tokens_total",
@@ -43,7 +44,6 @@ GAUGES = {
     "zerolayer_scheduler_requests_running",
     "zerolayer_scheduler_requests_waiting",
     "zerolayer_scheduler_kv_blocks_held",
-    "zerolayer_scheduler_page_faults_per_token",
     "zerolayer_gpu_sm_utilization_stability",
     "zerolayer_kv_blocks",
     "zerolayer_kv_prefix_hit_ratio",

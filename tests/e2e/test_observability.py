@@ -247,9 +247,8 @@ def test_metrics_endpoints_answer_and_move(stack) -> None:
         scheduler["zerolayer_scheduler_itl_seconds_count"]
         - before["scheduler"].get("zerolayer_scheduler_itl_seconds_count", 0)
     ) == 4
-    assert scheduler["zerolayer_scheduler_step_gap_microseconds_count"] >= 4
+    assert scheduler["zerolayer_scheduler_step_gap_seconds_count"] >= 4
     assert scheduler['zerolayer_scheduler_page_faults_total{kind="minor"}'] > 0
-    assert "zerolayer_scheduler_page_faults_per_token" in scheduler
     assert scheduler["zerolayer_scheduler_requests_running"] == 0
     assert scheduler["zerolayer_scheduler_kv_blocks_held"] == 0
     ok = 'zerolayer_frontend_requests_total{code="OK",method="Generate"}'

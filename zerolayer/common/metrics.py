@@ -25,8 +25,13 @@ LATENCY_BUCKETS_S = (
     10.0,
     30.0,
     60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
 )
-"""Histogram buckets (seconds) of the latency metrics every layer uses (TTFT, ITL, e2e, queue)."""
+"""Histogram buckets (seconds) of the latency metrics every layer uses (TTFT, ITL, e2e, queue);
+up to 30 minutes, as long requests run."""
 
 
 def serve_metrics(

@@ -283,6 +283,11 @@ class LayerServer:
         for name in names:
             await self.health.set(name, self._status(name))
 
+    def is_serving(self, name: str = "") -> bool:
+        """Whether the health of ``name`` ("" is the server's) reports SERVING now; for the
+        layers' serving gauges (read from any thread)."""
+        return self._status(name) == health_pb2.HealthCheckResponse.SERVING
+
     def _status(self, name: str) -> int:
         serving = (
             self._serving

@@ -31,6 +31,7 @@ from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
 from zerolayer.scheduler.gpu_health.watch import watch_gpu
 from zerolayer.scheduler.kv_client import KVStoreClient
 from zerolayer.scheduler.kv_health import KVStoreReadiness
+from zerolayer.scheduler.metrics import register_serving
 from zerolayer.scheduler.role import RoleSwitch
 from zerolayer.scheduler.server import SchedulerServicer
 from zerolayer.scheduler.startup import ManifestRefused, build_serving_engine
@@ -63,6 +64,7 @@ async def serve(config: SchedulerConfig, tracing: Tracing) -> None:
         tracing=tracing,
         held_services=(name,) if config.standby else (),
     )
+    register_serving(registry, lambda: server.is_serving(name))
 
     async def on_start() -> None:
         # The build runs on a thread that exits and the warm-up on the engine thread, so the

@@ -22,7 +22,7 @@ from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.scheduler.core.engine import Engine
 from zerolayer.scheduler.core.kv_cache_manager import BlockAllocator, KVCacheManager
 from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
-from zerolayer.scheduler.metrics import SchedulerMetrics
+from zerolayer.scheduler.metrics import SchedulerGauges, SchedulerMetrics
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.llama import LlamaModel
 from zerolayer.scheduler.model.model_runner import ModelRunner
@@ -111,7 +111,7 @@ def assemble_engine(
         )
     runner = _model_runner(model, parts, config)
     scheduler = _scheduler(parts, config)
-    metrics = None if registry is None else _metrics(registry, scheduler)
+    metrics = None if registry is None else _metrics(registry, scheduler, config)
     # NOTE: each weight tensor keeps its file mapping alive (torch.frombuffer holds the mmap).
     grammar = None
     if parts.tokenizer_json:
@@ -178,12 +178,17 @@ def _scheduler(parts: EngineParts, config: EngineConfig) -> Scheduler:
     return Scheduler(policy, kv, parts.model_config.eos_token_ids)
 
 
-def _metrics(registry: CollectorRegistry, scheduler: Scheduler) -> SchedulerMetrics:
-    def gauges() -> dict[str, float]:
-        return {
-            "requests_running": scheduler.num_running,
-            "requests_waiting": scheduler.num_waiting,
-            "kv_blocks_held": scheduler.kv.num_blocks_held,
-        }
-
+def _metrics(
+    registry: CollectorRegistry, scheduler: Scheduler, config: EngineConfig
+) -> SchedulerMetrics:
+    kv = scheduler.kv
+    gauges = SchedulerGauges(
+        num_running=lambda: scheduler.num_running,
+        num_waiting=lambda: scheduler.num_waiting,
+        num_blocks_held=lambda: kv.num_blocks_held,
+        num_blocks_in_use=lambda: kv.num_blocks_in_use,
+        num_blocks_total=lambda: kv.num_blocks_total,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+    )
     return SchedulerMetrics(registry, gauges)

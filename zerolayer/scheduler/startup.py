@@ -21,9 +21,11 @@ from zerolayer.common.tracing import GEN_AI_REQUEST_MODEL, Tracing
 from zerolayer.scheduler.core.engine import Engine
 from zerolayer.scheduler.engine_factory import EngineConfig, EngineParts, assemble_engine
 from zerolayer.scheduler.kv_client import KVStoreClient
+from zerolayer.scheduler.metrics import register_model_info
 from zerolayer.scheduler.model.device_import import DeviceWeightsView, wait_for_layers
 from zerolayer.scheduler.model.weights import MappedWeights
 from zerolayer.sharing.handle_kinds import importer_kinds
+from zerolayer.sharing.manifest import WeightManifest
 
 
 class ManifestRefused(FailedPrecondition):
@@ -47,7 +49,8 @@ def build_serving_engine(
     if device.is_cuda:
         torch.cuda.set_device(device.index)
     with tracing.tracer.start_as_current_span("start-up"):
-        model_config, weights, tokenizer_json = load_weights(config.loader_address, device, tracing)
+        model_config, weights, manifest = load_weights(config.loader_address, device, tracing)
+        register_model_info(registry, manifest.model, manifest.fingerprint)
         with tracing.tracer.start_as_current_span("map kv arena"):
             kv_client = KVStoreClient(
                 config.kvstore_address, tracing=tracing, device=device, owner_id=config.kv_owner_id
@@ -58,17 +61,24 @@ def build_serving_engine(
             kv_client.reconcile([])
             arena = kv_client.map()
             parts = EngineParts(
-                model_config, weights, kv_client, arena, kv_client.layout, device, tokenizer_json
+                model_config,
+                weights,
+                kv_client,
+                arena,
+                kv_client.layout,
+                device,
+                manifest.tokenizer_json,
             )
             return assemble_engine(parts, EngineConfig.of(config), registry), kv_client
 
 
 def load_weights(
     loader_address: str, device: Device, tracing: Tracing
-) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
+) -> tuple[ModelConfig, dict[str, torch.Tensor], WeightManifest]:
     """The loader's model: its config, its weight tensors on ``device`` (views of the files
     the loader mapped, or of the device memory it exports; never a copy unless the loader offers
-    only files to a GPU) and its tokenizer.json text, in a "load weights" span.
+    only files to a GPU) and its manifest (served name, fingerprint, tokenizer.json text), in a
+    "load weights" span.
 
     Raises:
         grpc.RpcError: the loader did not answer.
@@ -100,4 +110,4 @@ def load_weights(
         span.set_attribute("zerolayer.weight_bytes", sum(manifest.file_sizes))
         span.set_attribute("zerolayer.num_tensors", len(manifest.tensors))
     # NOTE: each tensor keeps its file mapping (or its device allocation) alive.
-    return model_config, weights.tensors, manifest.tokenizer_json
+    return model_config, weights.tensors, manifest

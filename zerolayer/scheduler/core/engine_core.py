@@ -81,6 +81,9 @@ class EngineCore:
         self.runner = runner
         self.sampler = sampler
         self.metrics = metrics
+        """Where the steps and the sequences that end are recorded; None: nowhere (also while
+        :meth:`warm_up` runs, which is not traffic)."""
+        scheduler.on_finished = self._on_finished
         self.num_steps = 0
         self._last_step_end: float | None = None
         self._sinks: dict[str, Sink] = {}
@@ -185,11 +188,16 @@ class EngineCore:
             if sink is not None:
                 self._deliver(sink, error)
 
+    def _on_finished(self, request: Request) -> None:
+        if self.metrics is not None:
+            self.metrics.on_finished(request)
+
     def warm_up(self, num_prompt_tokens: int = WARM_UP_PROMPT_TOKENS) -> float:
         """Runs one short request through prefill and decode before serving (first-call costs:
         kernel selection, allocator growth, page faults on the weights). Call before
         :meth:`Engine.start`. Its blocks are freed (its content cached under a private salt,
-        which no client request can match).
+        which no client request can match). It is not traffic: :attr:`metrics` records none of
+        it.
 
         Returns:
             Seconds taken.
@@ -210,8 +218,15 @@ class EngineCore:
                 cache_salt="\x00zerolayer-warm-up",
             )
         )
-        while self.scheduler.has_unfinished_requests:
-            self.step()
+        metrics, self.metrics = self.metrics, None
+        try:
+            while self.scheduler.has_unfinished_requests:
+                self.step()
+        finally:
+            self.metrics = metrics
+            self._last_step_end = None
+            if metrics is not None:
+                metrics.skip_preemptions(self.scheduler.num_preemptions)
         return time.perf_counter() - started
 
     def capture_graphs(self) -> float:
@@ -277,7 +292,7 @@ class EngineCore:
     def _step(self) -> None:
         start = time.perf_counter()
         if self.metrics is not None and self._last_step_end is not None:
-            self.metrics.step_gap.observe((start - self._last_step_end) * 1e6)
+            self.metrics.step_gap.observe(start - self._last_step_end)
         output = self.scheduler.schedule()
         for request_id, error in output.failed.items():
             sink = self._sinks.pop(request_id, None)

@@ -3,6 +3,7 @@ with prefix reuse (lookup on admission, commit of blocks as they fill)."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -96,6 +97,9 @@ class KVCacheManager:
         self.allocator = allocator
         self.block_size = block_size
         self.num_blocks_held = 0
+        """Block references the requests hold: a block shared by k requests counts k times."""
+        self._holders: collections.Counter[int] = collections.Counter()
+        """Requests holding each held block (a block leaves when its last holder lets go)."""
         self.needs_reconcile = False
         self._lease_lost = False
         self.unusable_since: float | None = None
@@ -108,6 +112,23 @@ class KVCacheManager:
     def num_blocks_total(self) -> int:
         """Blocks of the whole arena (the allocator's pool)."""
         return self.allocator.num_blocks_total
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        """Distinct blocks the requests hold (each shared block once); at most
+        :attr:`num_blocks_total`. Other schedulers' blocks and cached blocks nobody holds are
+        not counted."""
+        return len(self._holders)
+
+    def _hold(self, block_ids: Iterable[int]) -> None:
+        self._holders.update(block_ids)
+
+    def _let_go(self, block_ids: Iterable[int]) -> None:
+        for block_id in block_ids:
+            if self._holders[block_id] <= 1:
+                del self._holders[block_id]
+            else:
+                self._holders[block_id] -= 1
 
     def num_blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
@@ -162,6 +183,7 @@ class KVCacheManager:
         request.num_committed_blocks = len(block_ids)
         request.num_computed_tokens = len(block_ids) * self.block_size
         self.num_blocks_held += len(block_ids)
+        self._hold(block_ids)
         return request.num_computed_tokens
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
@@ -189,6 +211,7 @@ class KVCacheManager:
             return False
         request.block_ids.extend(block_ids)
         self.num_blocks_held += len(block_ids)
+        self._hold(block_ids)
         return True
 
     def free(self, request: Request) -> None:
@@ -202,6 +225,7 @@ class KVCacheManager:
         block_ids, request.block_ids = request.block_ids, []
         request.num_committed_blocks = 0
         self.num_blocks_held -= len(block_ids)
+        self._let_go(block_ids)
         if self.needs_reconcile:
             return  # the next reconcile declares the blocks no longer held
         started = self.clock()
@@ -216,6 +240,7 @@ class KVCacheManager:
         the kvstore may be part of); the next :meth:`reconcile`, which runs before any other
         kvstore call, releases them there. Never raises."""
         self.num_blocks_held -= len(request.block_ids)
+        self._let_go(request.block_ids)
         request.block_ids = []
         request.num_committed_blocks = 0
         self.needs_reconcile = True

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -55,6 +55,10 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self._arrivals = 0
+        self.on_finished: Callable[[Request], None] | None = None
+        """Called with each sequence (each sample of n > 1) as it ends, whatever ended it (its
+        last token, an abort, a failure), after its ``finish_reason`` is set; None: nobody
+        listens. The engine's metrics listen (:meth:`SchedulerMetrics.on_finished`)."""
 
     def add_request(
         self, engine_request: EngineRequest, trace: RequestTraceHooks | None = None
@@ -396,6 +400,8 @@ class Scheduler:
         self.kv.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        if self.on_finished is not None:
+            self.on_finished(request)
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
