@@ -259,6 +259,34 @@ def test_metrics_endpoints_answer_and_move(stack) -> None:
     assert scrape(stack, "kvstore")["zerolayer_kv_blocks_total"] > 0
 
 
+def test_a_request_a_stop_string_ended_is_timed_and_counted_at_the_scheduler(stack) -> None:
+    stub = text_stub(stack)
+    fields = {"prompt": "stop at the scheduler", "ignore_eos": True}
+    text = stub.Generate(pb.GenerateRequest(**fields, max_new_tokens=16)).text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    aborted = 'zerolayer_scheduler_finished_requests_total{finish_reason="ABORT"}'
+    before = scrape(stack, "scheduler")
+    # The frontend matches the stop string and cancels the call: the scheduler sees an abort.
+    response = stub.Generate(pb.GenerateRequest(**fields, max_new_tokens=1500, stop=[stop]))
+    assert response.finish_reason == pb.FINISH_REASON_STOP
+    deadline = time.monotonic() + 10
+    while True:
+        after = scrape(stack, "scheduler")
+        moved = {name: after[name] - before[name] for name in before if name in after}
+        if moved[aborted] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert moved[aborted] == 1
+    assert moved["zerolayer_scheduler_ttft_seconds_count"] == 1
+    assert moved["zerolayer_scheduler_e2e_seconds_count"] == 1
+    assert moved["zerolayer_scheduler_generation_length_tokens_count"] == 1
+    assert after["zerolayer_scheduler_serving"] == 1
+    assert after["zerolayer_scheduler_kv_cache_utilization"] == 0
+    assert after["zerolayer_scheduler_max_num_seqs"] > 0
+    assert after["zerolayer_scheduler_max_num_batched_tokens"] > 0
+    assert any(name.startswith("zerolayer_scheduler_model_info{") for name in after)
+
+
 def listening_hosts(port: int) -> set[str]:
     """The local addresses on which some socket listens on TCP ``port`` (/proc/net/tcp, tcp6)."""
     hosts = set()
