@@ -7,11 +7,13 @@ The tests run in file order: the last ones kill processes.
 from __future__ import annotations
 
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
-from e2e.stack import running_stack, text_stub
+from e2e.stack import free_port, running_stack, text_stub
+from prometheus_client.parser import text_string_to_metric_families
 from sharing.test_mapped_file import smaps_entry
 
 from zerolayer.checkpoints.dummy import ensure_dummy_model
@@ -39,6 +41,7 @@ def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         schedulers=2,
         standby_schedulers=1,
         frontends=2,
+        metrics_port_base=free_port(),
     ) as stack:
         yield stack
 
@@ -91,6 +94,22 @@ def test_active_schedulers_serve_and_the_standby_waits(stack) -> None:
     assert is_serving(standby, "")  # warmed
     assert not is_serving(standby, SERVICE)
     assert role(stack, "scheduler-2") is SchedulerRole.STANDBY
+
+
+def scheduler_gauge(stack, name: str, metric: str) -> float:
+    """The value of the unlabelled gauge ``metric`` on the /metrics endpoint of ``name``."""
+    url = f"http://127.0.0.1:{stack.config.metrics_port(name)}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == metric]
+    return family.samples[0].value
+
+
+def test_the_serving_gauge_is_the_scheduler_services_health(stack) -> None:
+    serving = {
+        name: scheduler_gauge(stack, name, "zerolayer_scheduler_serving")
+        for name in ("scheduler", "scheduler-1", "scheduler-2")
+    }
+    assert serving == {"scheduler": 1, "scheduler-1": 1, "scheduler-2": 0}
 
 
 def test_generate_answers_on_the_shared_port(stack) -> None:
@@ -148,6 +167,8 @@ def test_a_killed_active_scheduler_is_replaced_by_the_standby(stack) -> None:
     stack.wait_healthy("scheduler", time.monotonic() + 120)
     assert not is_serving(stack.address("scheduler"), SERVICE)
     assert role(stack, "scheduler") is SchedulerRole.STANDBY
+    assert scheduler_gauge(stack, "scheduler", "zerolayer_scheduler_serving") == 0
+    assert scheduler_gauge(stack, "scheduler-2", "zerolayer_scheduler_serving") == 1
     assert len(generate(stack.config.listen).token_ids) == 8
 
 
