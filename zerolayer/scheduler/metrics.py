@@ -242,7 +242,9 @@ class _ScrapeTimeCollector(Collector):
             (
                 "kv_cache_utilization",
                 "Fraction (0..1) of the KV pool's blocks this scheduler's sequences hold, each "
-                "distinct block once; cached blocks nobody holds count as free",
+                "distinct block once; cached blocks nobody holds count as free. Schedulers "
+                "sharing one kvstore each report their own share (a block two of them hold "
+                "counts in both)",
                 in_use / total if total else 0.0,
             ),
             ("max_num_seqs", "Most sequences in one batch (--max-num-seqs)", g.max_num_seqs),
