@@ -144,7 +144,7 @@ def test_fail_all_drops_a_request_whose_abort_fails_and_reconciles_its_blocks() 
     assert (sinks["a"], b) == ([ERROR], [ERROR])
     assert not engine.scheduler.has_unfinished_requests and engine.num_streams == 0
     kv = engine.scheduler.kv
-    assert (kv.num_blocks_held, kv.needs_reconcile) == (0, True)
+    assert (kv.num_blocks_held, kv.num_blocks_in_use, kv.needs_reconcile) == (0, 0, True)
     assert allocator.pool.num_free_blocks == NUM_BLOCKS - 2  # "b"'s 2 blocks: not freed yet
     engine.scheduler.schedule()  # reconciles (nothing held) before anything else
     assert not kv.needs_reconcile

@@ -96,7 +96,7 @@ def assert_all_free(scheduler: Scheduler, allocator: LocalBlockAllocator) -> Non
     pool = allocator.pool
     assert pool.num_free_blocks == pool.num_blocks
     assert pool.ref_cnt == [0] * pool.num_blocks
-    assert scheduler.kv.num_blocks_held == 0
+    assert scheduler.kv.num_blocks_held == scheduler.kv.num_blocks_in_use == 0
     assert not scheduler.running and not scheduler.waiting and not scheduler.requests
 
 
@@ -403,6 +403,28 @@ def test_abort_frees_blocks_at_once() -> None:
     assert scheduler.abort_request("a") is False
     assert scheduler.abort_request("unknown") is False
     assert scheduler.schedule().scheduled == []
+    assert_all_free(scheduler, allocator)
+
+
+def test_every_sequence_that_ends_is_reported_once_with_its_reason() -> None:
+    scheduler, allocator = make_scheduler()
+    ended: list[tuple[str, FinishReason, int]] = []
+    scheduler.on_finished = lambda r: ended.append(
+        (r.request_id, r.finish_reason, len(r.output_token_ids))
+    )
+    scheduler.add_request(make_request("length", 4, max_new_tokens=2))
+    scheduler.add_request(make_request("aborted", 9, max_new_tokens=8))
+    step(scheduler, token_counter())
+    scheduler.add_request(make_request("waiting", 4))
+    assert scheduler.kv.num_blocks_in_use == scheduler.kv.num_blocks_held == 1 + 3
+    scheduler.abort_request("aborted")
+    scheduler.abort_request("waiting")
+    run_to_completion(scheduler, token_counter())
+    assert ended == [
+        ("aborted", FinishReason.ABORT, 1),
+        ("waiting", FinishReason.ABORT, 0),
+        ("length", FinishReason.LENGTH, 2),
+    ]
     assert_all_free(scheduler, allocator)
 
 
