@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.registry import Collector
 
 from zerolayer.common.settings import METRICS_HOST
@@ -39,6 +44,11 @@ def serve_metrics(
 ) -> CollectorRegistry:
     """Registers ``collectors`` in a new registry and serves it on ``http://host:port/metrics``.
 
+    Every layer's registry also holds prometheus-client's process collector
+    (``process_cpu_seconds_total``, ``process_resident_memory_bytes``,
+    ``process_start_time_seconds``, ``process_open_fds``, ...; read from ``/proc``, so Linux only)
+    and platform collector (``python_info``): a layer's restart shows as a new start time.
+
     Args:
         port: TCP port; 0 means no endpoint (the registry is still returned, e.g. for tests).
 
@@ -46,6 +56,8 @@ def serve_metrics(
         OSError: the port cannot be bound.
     """
     registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
     for collector in collectors:
         registry.register(collector)
     if port:
