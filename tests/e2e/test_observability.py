@@ -256,7 +256,7 @@ def test_metrics_endpoints_answer_and_move(stack) -> None:
     assert frontend["zerolayer_frontend_ttft_seconds_count"] >= 1
     loader = scrape(stack, "loader")
     assert 0 < loader["zerolayer_loader_resident_bytes"] <= loader["zerolayer_loader_weight_bytes"]
-    assert scrape(stack, "kvstore")["zerolayer_kv_blocks_total"] > 0
+    assert scrape(stack, "kvstore")["zerolayer_kv_blocks_capacity"] > 0
 
 
 def test_a_request_a_stop_string_ended_is_timed_and_counted_at_the_scheduler(stack) -> None:

@@ -103,8 +103,12 @@ def test_stats_and_metrics_count_queries_and_hits(stack, stub) -> None:
     }
     assert values["zerolayer_kv_prefix_queries_total"] == after.num_prefix_queries
     assert values["zerolayer_kv_prefix_hit_tokens_total"] == after.num_prefix_hit_tokens
-    assert values['zerolayer_kv_blocks{state="cached"}'] == after.num_blocks_cached
-    assert 0 < values["zerolayer_kv_prefix_hit_ratio"] < 1
+    states = [values[f'zerolayer_kv_blocks{{state="{s}"}}'] for s in ("used", "cached", "free")]
+    evictable = after.num_blocks_evictable
+    assert states == [after.num_blocks_used, evictable, after.num_blocks_free - evictable]
+    assert 0 < evictable <= after.num_blocks_cached
+    assert sum(states) == values["zerolayer_kv_blocks_capacity"] == after.num_blocks_total
+    assert "zerolayer_kv_prefix_hit_ratio" not in values
 
 
 def run_streams(stub, prompts: list[list[int]], on_progress=None) -> dict[int, list[int]]:

@@ -27,3 +27,7 @@ class KVStats:
     """Every owner known since the kvstore started, by id."""
     recovering: bool = False
     """The kvstore recovers from a restart: no block is handed out yet."""
+    num_blocks_evictable: int = 0
+    """Free blocks still findable by content (a subset of ``num_blocks_free`` and of
+    ``num_blocks_cached``): used, evictable and ``num_blocks_free - num_blocks_evictable``
+    partition the pool."""

@@ -191,6 +191,7 @@ class KVStore:
             num_owners=sum(not o.lease_expired for o in owners),
             owners=tuple(owners),
             recovering=self.blocks.recovering,
+            num_blocks_evictable=self.cache.num_evictable_blocks,
         )
 
     def close(self, remove_arena: bool) -> None:

@@ -1,5 +1,11 @@
-"""Prometheus metrics of the kvstore, read from the store at scrape time."""
+"""Prometheus metrics of the kvstore, read from the store at scrape time.
 
+``zerolayer_kv_blocks{state}`` partitions the pool: its three series sum to
+``zerolayer_kv_blocks_capacity``. No hit ratio "since start" is exported (after a long uptime it
+barely moves); the ratio over a window is, in PromQL,
+``rate(zerolayer_kv_prefix_hit_tokens_total[5m])
+/ rate(zerolayer_kv_prefix_query_tokens_total[5m])``.
+"""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -19,13 +25,18 @@ class KVStoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self._store.stats()
-        blocks = GaugeMetricFamily("zerolayer_kv_blocks", "KV blocks by state", labels=["state"])
+        blocks = GaugeMetricFamily(
+            "zerolayer_kv_blocks",
+            "KV blocks by state, a partition of the pool: used (referenced by a request), cached "
+            "(unreferenced, findable by content, evicted when needed), free (unreferenced, empty)",
+            labels=["state"],
+        )
         blocks.add_metric(["used"], s.num_blocks_used)
-        blocks.add_metric(["free"], s.num_blocks_free)
-        blocks.add_metric(["cached"], s.num_blocks_cached)
+        blocks.add_metric(["cached"], s.num_blocks_evictable)
+        blocks.add_metric(["free"], s.num_blocks_free - s.num_blocks_evictable)
         yield blocks
         yield GaugeMetricFamily(
-            "zerolayer_kv_blocks_total", "KV blocks in the arena", value=s.num_blocks_total
+            "zerolayer_kv_blocks_capacity", "KV blocks in the arena", value=s.num_blocks_total
         )
         yield CounterMetricFamily(
             "zerolayer_kv_prefix_queries", "Prefix-cache lookups", value=s.num_prefix_queries
@@ -39,11 +50,6 @@ class KVStoreCollector(Collector):
             "zerolayer_kv_prefix_hit_tokens",
             "Tokens found in the prefix cache",
             value=s.num_prefix_hit_tokens,
-        )
-        yield GaugeMetricFamily(
-            "zerolayer_kv_prefix_hit_ratio",
-            "Prefix-cache hit tokens / query tokens since start",
-            value=s.prefix_hit_ratio,
         )
         yield CounterMetricFamily(
             "zerolayer_kv_evictions", "Cached blocks evicted for reuse", value=s.num_evictions

@@ -112,6 +112,13 @@ class PrefixCache:
         """Blocks findable by content (free or in use)."""
         return len(self.cached_block_hash)
 
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Free blocks (ref_cnt 0) still findable by content: a lookup reuses them, an allocation
+        evicts them (least recently freed first). O(cached blocks)."""
+        ref_cnt = self.pool.ref_cnt
+        return sum(1 for block_id in self.cached_block_hash.values() if ref_cnt[block_id] == 0)
+
     def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
         """Finds the longest cached prefix and takes a reference on each of its blocks.
 

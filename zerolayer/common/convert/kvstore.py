@@ -215,4 +215,5 @@ def kv_stats_to_pb(s: KVStats) -> kvstore_pb2.KVStats:
         num_owners=s.num_owners,
         owners=[owner_stats_to_pb(o) for o in s.owners],
         recovering=s.recovering,
+        num_blocks_evictable=s.num_blocks_evictable,
     )

@@ -1,0 +1,89 @@
+"""The kvstore's Prometheus metrics: block states that partition the pool, the capacity, and
+names Prometheus' conventions accept (base units, ``_total`` only on counters)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvstore.store_samples import NUM_BLOCKS, PROMPT, Clock, make_store
+from prometheus_client import CollectorRegistry, generate_latest
+
+from zerolayer.kv.commit import CommitEntry
+from zerolayer.kvstore.kv_store import KVStore
+from zerolayer.kvstore.metrics import KVStoreCollector
+
+
+def make_registry(store: KVStore) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(KVStoreCollector(store))
+    return registry
+
+
+def blocks_by_state(registry: CollectorRegistry) -> dict[str, float | None]:
+    return {
+        state: registry.get_sample_value("zerolayer_kv_blocks", {"state": state})
+        for state in ("used", "cached", "free")
+    }
+
+
+def commit_prompt(store: KVStore, block_ids: list[int]) -> None:
+    store.commit(
+        [
+            CommitEntry(b, block_ids[i - 1] if i else None, tuple(PROMPT[i * 4 : i * 4 + 4]))
+            for i, b in enumerate(block_ids)
+        ]
+    )
+
+
+def test_block_states_partition_the_pool(tmp_path: Path) -> None:
+    store = make_store(tmp_path, Clock())
+    store.reconcile([])
+    registry = make_registry(store)
+    assert blocks_by_state(registry) == {"used": 0, "cached": 0, "free": NUM_BLOCKS}
+    assert store.allocate(4) == [0, 1, 2, 3]
+    commit_prompt(store, [0, 1, 2])
+    assert blocks_by_state(registry) == {"used": 4, "cached": 0, "free": 4}
+    store.free([3, 2, 1, 0])  # 0, 1, 2 stay findable; 3 is not (never committed)
+    assert blocks_by_state(registry) == {"used": 0, "cached": 3, "free": 5}
+    assert store.allocate(1) == [4]
+    assert store.lookup(PROMPT[:9], "") == [0, 1]  # two cached blocks in use again
+    # used: 4, 0, 1; cached (unreferenced, findable): 2; free: 3, 5, 6, 7
+    assert blocks_by_state(registry) == {"used": 3, "cached": 1, "free": 4}
+    assert sum(blocks_by_state(registry).values()) == NUM_BLOCKS
+    assert registry.get_sample_value("zerolayer_kv_blocks_capacity") == NUM_BLOCKS
+    assert store.stats().num_blocks_cached == 3  # GetStats keeps "findable, in use or free"
+
+
+def test_an_evicted_block_leaves_the_cached_state(tmp_path: Path) -> None:
+    store = make_store(tmp_path, Clock())
+    store.reconcile([])
+    registry = make_registry(store)
+    assert store.allocate(4) == [0, 1, 2, 3]
+    commit_prompt(store, [0, 1, 2])
+    store.free([3, 2, 1, 0])
+    assert store.allocate(6) == [4, 5, 6, 7, 3, 2]  # the last one evicts block 2
+    assert blocks_by_state(registry) == {"used": 6, "cached": 2, "free": 0}
+    assert registry.get_sample_value("zerolayer_kv_evictions_total") == 1
+
+
+def test_names_follow_prometheus_conventions(tmp_path: Path) -> None:
+    """Counters are exposed with ``_total``; no gauge ends in ``_total`` (promtool's warning);
+    no ratio since start is exported (a ratio over a window is rate() / rate() in PromQL)."""
+    store = make_store(tmp_path, Clock())
+    registry = make_registry(store)
+    types = {metric.name: metric.type for metric in registry.collect()}
+    assert types == {
+        "zerolayer_kv_blocks": "gauge",
+        "zerolayer_kv_blocks_capacity": "gauge",
+        "zerolayer_kv_prefix_queries": "counter",
+        "zerolayer_kv_prefix_query_tokens": "counter",
+        "zerolayer_kv_prefix_hit_tokens": "counter",
+        "zerolayer_kv_evictions": "counter",
+        "zerolayer_kv_owners": "gauge",
+        "zerolayer_kv_owner_blocks_held": "gauge",
+        "zerolayer_kv_recovering": "gauge",
+    }
+    text = generate_latest(registry).decode()
+    for name, kind in types.items():
+        assert not name.endswith("_total"), name
+        assert (f"\n{name}_total " in text) == (kind == "counter"), name
