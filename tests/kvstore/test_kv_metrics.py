@@ -1,14 +1,18 @@
-"""The kvstore's Prometheus metrics: block states that partition the pool, the capacity, and
-names Prometheus' conventions accept (base units, ``_total`` only on counters)."""
+"""The kvstore's Prometheus metrics: block states that partition the pool, the capacity,
+prefix-cache counters that count once per admitted request, and names Prometheus' conventions
+accept (base units, ``_total`` only on counters)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from kvstore.store_samples import NUM_BLOCKS, PROMPT, Clock, make_store
 from prometheus_client import CollectorRegistry, generate_latest
 
+from zerolayer.common.errors import InvalidArgument, ResourceExhausted
 from zerolayer.kv.commit import CommitEntry
+from zerolayer.kv.stats import PrefixLookup
 from zerolayer.kvstore.kv_store import KVStore
 from zerolayer.kvstore.metrics import KVStoreCollector
 
@@ -35,6 +39,17 @@ def commit_prompt(store: KVStore, block_ids: list[int]) -> None:
     )
 
 
+def store_with_cached_prompt(tmp_path: Path) -> tuple[KVStore, CollectorRegistry]:
+    """A store whose blocks 0, 1, 2 hold PROMPT's first three blocks, unreferenced (free queue
+    4, 5, 6, 7, 3, 2, 1, 0), and its registry."""
+    store = make_store(tmp_path, Clock())
+    store.reconcile([])
+    assert store.allocate(4) == [0, 1, 2, 3]
+    commit_prompt(store, [0, 1, 2])
+    store.free([3, 2, 1, 0])
+    return store, make_registry(store)
+
+
 def test_block_states_partition_the_pool(tmp_path: Path) -> None:
     store = make_store(tmp_path, Clock())
     store.reconcile([])
@@ -55,12 +70,7 @@ def test_block_states_partition_the_pool(tmp_path: Path) -> None:
 
 
 def test_an_evicted_block_leaves_the_cached_state(tmp_path: Path) -> None:
-    store = make_store(tmp_path, Clock())
-    store.reconcile([])
-    registry = make_registry(store)
-    assert store.allocate(4) == [0, 1, 2, 3]
-    commit_prompt(store, [0, 1, 2])
-    store.free([3, 2, 1, 0])
+    store, registry = store_with_cached_prompt(tmp_path)
     assert store.allocate(6) == [4, 5, 6, 7, 3, 2]  # the last one evicts block 2
     assert blocks_by_state(registry) == {"used": 6, "cached": 2, "free": 0}
     assert registry.get_sample_value("zerolayer_kv_evictions_total") == 1
@@ -87,3 +97,25 @@ def test_names_follow_prometheus_conventions(tmp_path: Path) -> None:
     for name, kind in types.items():
         assert not name.endswith("_total"), name
         assert (f"\n{name}_total " in text) == (kind == "counter"), name
+
+
+def test_prefix_counters_count_the_admitting_allocation_not_each_lookup(tmp_path: Path) -> None:
+    store, registry = store_with_cached_prompt(tmp_path)
+    for _ in range(3):  # a request waiting for blocks: looked up at every step, not admitted
+        assert store.lookup(PROMPT, "", counted=False) == [0, 1, 2]
+        with pytest.raises(ResourceExhausted):
+            store.allocate(6, admitted_lookup=PrefixLookup(len(PROMPT), 12))
+        store.free([2, 1, 0])
+    with pytest.raises(InvalidArgument, match="admitted_lookup"):
+        store.allocate(1, admitted_lookup=PrefixLookup(4, 8))
+    assert store.stats().num_blocks_free == NUM_BLOCKS  # nothing was taken
+    assert store.lookup(PROMPT, "", counted=False) == [0, 1, 2]
+    assert store.allocate(1, admitted_lookup=PrefixLookup(len(PROMPT), 12)) == [4]
+    values = {
+        name: registry.get_sample_value(f"zerolayer_kv_prefix_{name}_total")
+        for name in ("queries", "query_tokens", "hit_tokens")
+    }
+    assert values == {"queries": 1, "query_tokens": 13, "hit_tokens": 12}
+    assert store.lookup(PROMPT[:5], "") == [0]  # a caller that does not defer: counted now
+    assert store.stats().num_prefix_queries == 2
+    assert store.stats().num_prefix_query_tokens == 18

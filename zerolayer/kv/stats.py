@@ -8,6 +8,17 @@ from zerolayer.kv.owner import OwnerStats
 
 
 @dataclass(frozen=True)
+class PrefixLookup:
+    """A request's prefix lookup, as the prefix-cache counters count it (once per admitted
+    request)."""
+
+    num_query_tokens: int
+    """Tokens looked up (the request's prompt)."""
+    num_hit_tokens: int
+    """Of those, tokens found cached (whole blocks)."""
+
+
+@dataclass(frozen=True)
 class KVStats:
     """Block counts and prefix-cache counters."""
 
@@ -17,6 +28,7 @@ class KVStats:
     num_blocks_cached: int
     prefix_caching_enabled: bool
     num_prefix_queries: int
+    """Prefix lookups counted: one per admitted request, see :class:`PrefixLookup`."""
     num_prefix_query_tokens: int
     num_prefix_hit_tokens: int
     prefix_hit_ratio: float

@@ -15,6 +15,7 @@ import torch
 from zerolayer.common.errors import ResourceExhausted
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.kv.commit import CommitEntry
+from zerolayer.kv.stats import PrefixLookup
 from zerolayer.kvstore.block_pool import BlockPool
 from zerolayer.kvstore.prefix_cache import HashFn, PrefixCache, xxh3_128
 
@@ -34,20 +35,25 @@ class LocalBlockAllocator:
         self.cache = PrefixCache(self.pool, block_size, fingerprint, enable_prefix_caching, hash_fn)
         self.num_blocks_total = num_blocks
 
-    def allocate(self, num_blocks: int) -> list[int] | None:
-        """Takes blocks; None when too few are free."""
+    def allocate(
+        self, num_blocks: int, admitted_lookup: PrefixLookup | None = None
+    ) -> list[int] | None:
+        """Takes blocks; None when too few are free. Counts ``admitted_lookup`` when taken."""
         try:
-            return self.cache.allocate(num_blocks)
+            block_ids = self.cache.allocate(num_blocks)
         except ResourceExhausted:
             return None
+        if admitted_lookup is not None:
+            self.cache.stats.count(admitted_lookup)
+        return block_ids
 
     def free(self, block_ids: list[int]) -> None:
         """Drops one reference from each block."""
         self.cache.free(block_ids)
 
     def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
-        """The cached prefix's blocks, referenced."""
-        return self.cache.lookup(token_ids, cache_salt)
+        """The cached prefix's blocks, referenced; counted by the admitting :meth:`allocate`."""
+        return self.cache.lookup(token_ids, cache_salt, counted=False)
 
     def commit(self, entries: Sequence[CommitEntry]) -> None:
         """Registers full blocks."""

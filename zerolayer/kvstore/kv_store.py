@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 
 from zerolayer.common.config import KVStoreConfig
 from zerolayer.common.device import fd_socket_path, resolve_device
+from zerolayer.common.errors import InvalidArgument
 from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.owner import DEFAULT_OWNER, OwnerRef, ReconcileResult, Registration
-from zerolayer.kv.stats import KVStats
+from zerolayer.kv.stats import KVStats, PrefixLookup
 from zerolayer.kvstore.arena import Arena
 from zerolayer.kvstore.block_pool import BlockPool
 from zerolayer.kvstore.owner_blocks import OwnerBlocks
@@ -139,19 +140,48 @@ class KVStore:
         """See :meth:`OwnerBlocks.unregister`."""
         return self.blocks.unregister(owner)
 
-    def allocate(self, num_blocks: int, owner: OwnerRef = DEFAULT_OWNER) -> list[int]:
-        """See :meth:`OwnerBlocks.allocate`."""
-        return self.blocks.allocate(owner, num_blocks)
+    def allocate(
+        self,
+        num_blocks: int,
+        owner: OwnerRef = DEFAULT_OWNER,
+        admitted_lookup: PrefixLookup | None = None,
+    ) -> list[int]:
+        """See :meth:`OwnerBlocks.allocate`.
+
+        Args:
+            admitted_lookup: set when these blocks admit a request for the first time: its prefix
+                lookup (made with ``counted=False``) is counted once the blocks are taken.
+
+        Raises:
+            InvalidArgument: ``admitted_lookup`` has more hit than query tokens (nothing taken).
+        """
+        if admitted_lookup is not None and (
+            admitted_lookup.num_hit_tokens > admitted_lookup.num_query_tokens
+        ):
+            raise InvalidArgument(
+                "admitted_lookup",
+                f"{admitted_lookup.num_hit_tokens} hit tokens of "
+                f"{admitted_lookup.num_query_tokens} looked up",
+            )
+        block_ids = self.blocks.allocate(owner, num_blocks)
+        if admitted_lookup is not None:
+            self.cache.stats.count(admitted_lookup)
+        return block_ids
 
     def free(self, block_ids: list[int], owner: OwnerRef = DEFAULT_OWNER) -> None:
         """See :meth:`OwnerBlocks.free`."""
         self.blocks.free(owner, block_ids)
 
     def lookup(
-        self, token_ids: Sequence[int], cache_salt: str, owner: OwnerRef = DEFAULT_OWNER
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str,
+        owner: OwnerRef = DEFAULT_OWNER,
+        counted: bool = True,
     ) -> list[int]:
-        """See :meth:`OwnerBlocks.lookup`."""
-        return self.blocks.lookup(owner, token_ids, cache_salt)
+        """See :meth:`OwnerBlocks.lookup`; ``counted=False``: the lookup is counted by the
+        :meth:`allocate` that admits its request (``admitted_lookup``)."""
+        return self.blocks.lookup(owner, token_ids, cache_salt, counted)
 
     def commit(self, entries: Sequence[CommitEntry], owner: OwnerRef = DEFAULT_OWNER) -> int:
         """See :meth:`OwnerBlocks.commit`."""

@@ -1,11 +1,15 @@
 """Prometheus metrics of the kvstore, read from the store at scrape time.
 
 ``zerolayer_kv_blocks{state}`` partitions the pool: its three series sum to
-``zerolayer_kv_blocks_capacity``. No hit ratio "since start" is exported (after a long uptime it
-barely moves); the ratio over a window is, in PromQL,
+``zerolayer_kv_blocks_capacity``. The prefix-cache counters count one lookup per admitted request
+(when the allocation that admits it succeeds), not one per LookupPrefix call: a request waiting
+for free blocks is looked up again at every engine step, and a preempted one when it is
+recomputed; those repeats are not counted. No hit ratio "since start" is exported (after a long
+uptime it barely moves); the ratio over a window is, in PromQL,
 ``rate(zerolayer_kv_prefix_hit_tokens_total[5m])
 / rate(zerolayer_kv_prefix_query_tokens_total[5m])``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -39,16 +43,18 @@ class KVStoreCollector(Collector):
             "zerolayer_kv_blocks_capacity", "KV blocks in the arena", value=s.num_blocks_total
         )
         yield CounterMetricFamily(
-            "zerolayer_kv_prefix_queries", "Prefix-cache lookups", value=s.num_prefix_queries
+            "zerolayer_kv_prefix_queries",
+            "Prefix-cache lookups, one per admitted request (retries and recomputes not counted)",
+            value=s.num_prefix_queries,
         )
         yield CounterMetricFamily(
             "zerolayer_kv_prefix_query_tokens",
-            "Tokens asked about in prefix-cache lookups",
+            "Prompt tokens looked up in the prefix cache, once per admitted request",
             value=s.num_prefix_query_tokens,
         )
         yield CounterMetricFamily(
             "zerolayer_kv_prefix_hit_tokens",
-            "Tokens found in the prefix cache",
+            "Of those, tokens found in the prefix cache (not computed again)",
             value=s.num_prefix_hit_tokens,
         )
         yield CounterMetricFamily(

@@ -156,13 +156,15 @@ class OwnerBlocks:
         """
         self.refs.free(self._acting(ref).owner_id, block_ids)
 
-    def lookup(self, ref: OwnerRef, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+    def lookup(
+        self, ref: OwnerRef, token_ids: Sequence[int], cache_salt: str, counted: bool = True
+    ) -> list[int]:
         """The cached prefix's blocks, referenced for the caller (see :meth:`OwnerRefs.lookup`).
 
         Raises:
             EpochStale, LeaseExpired, NotRegistered, NotReconciled: the caller may not act.
         """
-        return self.refs.lookup(self._acting(ref).owner_id, token_ids, cache_salt)
+        return self.refs.lookup(self._acting(ref).owner_id, token_ids, cache_salt, counted)
 
     def commit(self, ref: OwnerRef, entries: Sequence[CommitEntry]) -> int:
         """Registers full blocks the caller holds (see :meth:`OwnerRefs.commit`).

@@ -54,10 +54,12 @@ class OwnerRefs:
         self._add(owner_id, block_ids)
         return block_ids
 
-    def lookup(self, owner_id: str, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+    def lookup(
+        self, owner_id: str, token_ids: Sequence[int], cache_salt: str, counted: bool = True
+    ) -> list[int]:
         """The cached prefix's blocks, one reference each for the owner (see
         :meth:`PrefixCache.lookup`); hits may be blocks another owner committed or holds."""
-        block_ids = self.cache.lookup(token_ids, cache_salt)
+        block_ids = self.cache.lookup(token_ids, cache_salt, counted)
         self._add(owner_id, block_ids)
         return block_ids
 

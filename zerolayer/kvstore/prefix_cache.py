@@ -26,6 +26,7 @@ import xxhash
 
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.kv.commit import CommitEntry
+from zerolayer.kv.stats import PrefixLookup
 from zerolayer.kvstore.block_pool import BlockPool
 
 HashFn = Callable[[bytes], bytes]
@@ -51,12 +52,20 @@ class BlockKey:
 
 @dataclass
 class PrefixCacheStats:
-    """Counters since start."""
+    """Counters since start. A lookup counts once per admitted request (:meth:`count`, called by
+    the allocation that admits it), not once per call: a request waiting for free blocks is
+    looked up again at every engine step, and a preempted one when it is recomputed."""
 
     num_queries: int = 0
     num_query_tokens: int = 0
     num_hit_tokens: int = 0
     num_evictions: int = 0
+
+    def count(self, lookup: PrefixLookup) -> None:
+        """Adds one lookup of ``lookup.num_query_tokens`` tokens, ``num_hit_tokens`` found."""
+        self.num_queries += 1
+        self.num_query_tokens += lookup.num_query_tokens
+        self.num_hit_tokens += lookup.num_hit_tokens
 
     @property
     def hit_ratio(self) -> float:
@@ -119,17 +128,26 @@ class PrefixCache:
         ref_cnt = self.pool.ref_cnt
         return sum(1 for block_id in self.cached_block_hash.values() if ref_cnt[block_id] == 0)
 
-    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool = True) -> list[int]:
         """Finds the longest cached prefix and takes a reference on each of its blocks.
 
         At most the full blocks within the first ``len(token_ids) - 1`` tokens are returned, so the
         caller always computes at least the last token (it needs its logits).
 
+        Args:
+            counted: add the lookup to :attr:`stats` now; False when the caller counts it once
+                its request is admitted (:meth:`PrefixCacheStats.count`).
+
         Returns:
             Block ids of the cached prefix, in order (``len * block_size`` tokens are cached).
         """
-        self.stats.num_queries += 1
-        self.stats.num_query_tokens += len(token_ids)
+        hits = self._find(token_ids, cache_salt)
+        self.pool.incref(hits)
+        if counted:
+            self.stats.count(PrefixLookup(len(token_ids), len(hits) * self.block_size))
+        return hits
+
+    def _find(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
         if not self.enabled:
             return []
         num_full = max(len(token_ids) - 1, 0) // self.block_size
@@ -147,8 +165,6 @@ class PrefixCache:
                 break  # a miss, or a hash collision with different content
             hits.append(block_id)
             parent = block_hash
-        self.pool.incref(hits)
-        self.stats.num_hit_tokens += len(hits) * self.block_size
         return hits
 
     def commit(self, entries: Sequence[CommitEntry]) -> int:

@@ -58,7 +58,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     async def Allocate(
         self, request: kvstore_pb2.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.AllocateResponse:
-        block_ids = self._store.allocate(allocate_request_from_pb(request), owner_from_pb(request))
+        num_blocks, admitted_lookup = allocate_request_from_pb(request)
+        block_ids = self._store.allocate(num_blocks, owner_from_pb(request), admitted_lookup)
         return allocate_response_to_pb(block_ids)
 
     async def Free(
@@ -70,8 +71,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     async def LookupPrefix(
         self, request: kvstore_pb2.LookupPrefixRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.LookupPrefixResponse:
-        token_ids, cache_salt = lookup_prefix_request_from_pb(request)
-        block_ids = self._store.lookup(token_ids, cache_salt, owner_from_pb(request))
+        token_ids, cache_salt, counted = lookup_prefix_request_from_pb(request)
+        block_ids = self._store.lookup(token_ids, cache_salt, owner_from_pb(request), counted)
         return lookup_prefix_response_to_pb(block_ids, self._store.cache.block_size)
 
     async def CommitBlocks(

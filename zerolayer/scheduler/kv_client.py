@@ -34,6 +34,7 @@ from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.owner import DEFAULT_OWNER, OwnerRef
+from zerolayer.kv.stats import PrefixLookup
 from zerolayer.scheduler.core.kv_cache_manager import ArenaChanged, KVLeaseLost, KVStoreUnavailable
 from zerolayer.scheduler.kv_owner_client import KVOwner
 from zerolayer.sharing.handle_kinds import importer_kinds
@@ -197,8 +198,11 @@ class KVStoreClient:
         hold are no longer its own. Always False for the default owner."""
         return self._owner is not None and self._owner.lost()
 
-    def allocate(self, num_blocks: int) -> list[int] | None:
-        """Takes blocks; None when the pool has too few free.
+    def allocate(
+        self, num_blocks: int, admitted_lookup: PrefixLookup | None = None
+    ) -> list[int] | None:
+        """Takes blocks; None when the pool has too few free. When they are taken, the kvstore
+        counts ``admitted_lookup`` (the prefix lookup of the request they admit).
 
         Raises:
             KVStoreUnavailable: the kvstore is down, restarting or not reconciled.
@@ -208,7 +212,7 @@ class KVStoreClient:
         try:
             with self._traced("Allocate") as metadata:
                 response = self._stub.Allocate(
-                    allocate_request_to_pb(num_blocks, owner),
+                    allocate_request_to_pb(num_blocks, owner, admitted_lookup),
                     timeout=self._timeout_s,
                     metadata=metadata,
                 )
@@ -224,10 +228,12 @@ class KVStoreClient:
         self._call("Free", free_request_to_pb(block_ids, owner), owner)
 
     def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
-        """Blocks of the longest cached prefix, referenced. Raises KVStoreUnavailable,
-        KVLeaseLost."""
+        """Blocks of the longest cached prefix, referenced; counted by the :meth:`allocate` that
+        admits the request. Raises KVStoreUnavailable, KVLeaseLost."""
         owner = self._owner_ref()
-        request = lookup_prefix_request_to_pb(token_ids, cache_salt, owner)
+        request = lookup_prefix_request_to_pb(
+            token_ids, cache_salt, owner, count_with_allocate=True
+        )
         return lookup_prefix_response_from_pb(self._call("LookupPrefix", request, owner))
 
     def commit(self, entries: Sequence[CommitEntry]) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from zerolayer.common.errors import Unavailable
 from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.kv.commit import CommitEntry
+from zerolayer.kv.stats import PrefixLookup
 from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.kv_cache_manager import (
     KVCacheManager,
@@ -53,12 +54,14 @@ class DownableAllocator:
                 self.clock.now += self.hang_s
             raise KVStoreUnavailable("UNAVAILABLE: failed to connect to all addresses")
 
-    def allocate(self, num_blocks: int) -> list[int] | None:
+    def allocate(
+        self, num_blocks: int, admitted_lookup: PrefixLookup | None = None
+    ) -> list[int] | None:
         self._check()
         if self.lose_at_allocate:
             self.lost, self.lose_at_allocate = True, False
             raise KVLeaseLost("FAILED_PRECONDITION: owner-lease-expired")
-        return self.local.allocate(num_blocks)
+        return self.local.allocate(num_blocks, admitted_lookup)
 
     def free(self, block_ids: list[int]) -> None:
         self._check()

@@ -13,7 +13,7 @@ from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.owner import OwnerRef
-from zerolayer.kv.stats import KVStats
+from zerolayer.kv.stats import KVStats, PrefixLookup
 from zerolayer.sharing.manifest import HandleKind
 from zerolayer.v1 import kvstore_pb2
 
@@ -75,15 +75,25 @@ def arena_info_from_pb(pb: kvstore_pb2.ArenaInfo) -> ArenaInfo:
 
 
 def allocate_request_to_pb(
-    num_blocks: int, owner: OwnerRef | None = None
+    num_blocks: int, owner: OwnerRef | None = None, admitted_lookup: PrefixLookup | None = None
 ) -> kvstore_pb2.AllocateRequest:
-    """An Allocate request for ``num_blocks`` blocks for ``owner`` (None: the default owner)."""
-    return kvstore_pb2.AllocateRequest(num_blocks=num_blocks, owner=owner_to_pb(owner))
+    """An Allocate request for ``num_blocks`` blocks for ``owner`` (None: the default owner),
+    counting ``admitted_lookup`` (the prefix lookup of the request it admits) if given."""
+    pb = kvstore_pb2.AllocateRequest(num_blocks=num_blocks, owner=owner_to_pb(owner))
+    if admitted_lookup is not None:
+        pb.admitted_lookup.num_query_tokens = admitted_lookup.num_query_tokens
+        pb.admitted_lookup.num_hit_tokens = admitted_lookup.num_hit_tokens
+    return pb
 
 
-def allocate_request_from_pb(pb: kvstore_pb2.AllocateRequest) -> int:
-    """The number of blocks an Allocate request asks for."""
-    return pb.num_blocks
+def allocate_request_from_pb(pb: kvstore_pb2.AllocateRequest) -> tuple[int, PrefixLookup | None]:
+    """(the number of blocks an Allocate request asks for, the admitted lookup to count or
+    None)."""
+    admitted = None
+    if pb.HasField("admitted_lookup"):
+        lookup = pb.admitted_lookup
+        admitted = PrefixLookup(lookup.num_query_tokens, lookup.num_hit_tokens)
+    return pb.num_blocks, admitted
 
 
 def allocate_response_to_pb(block_ids: Sequence[int]) -> kvstore_pb2.AllocateResponse:
@@ -114,18 +124,27 @@ def free_response_to_pb() -> kvstore_pb2.FreeResponse:
 
 
 def lookup_prefix_request_to_pb(
-    token_ids: Sequence[int], cache_salt: str, owner: OwnerRef | None = None
+    token_ids: Sequence[int],
+    cache_salt: str,
+    owner: OwnerRef | None = None,
+    count_with_allocate: bool = False,
 ) -> kvstore_pb2.LookupPrefixRequest:
     """A LookupPrefix request for a prompt's token ids in the ``cache_salt`` namespace, the hits
-    referenced for ``owner``."""
+    referenced for ``owner``; ``count_with_allocate``: counted by the Allocate that admits the
+    request, not now."""
     return kvstore_pb2.LookupPrefixRequest(
-        token_ids=token_ids, cache_salt=cache_salt, owner=owner_to_pb(owner)
+        token_ids=token_ids,
+        cache_salt=cache_salt,
+        owner=owner_to_pb(owner),
+        count_with_allocate=count_with_allocate,
     )
 
 
-def lookup_prefix_request_from_pb(pb: kvstore_pb2.LookupPrefixRequest) -> tuple[list[int], str]:
-    """(token ids, cache salt) of a LookupPrefix request."""
-    return list(pb.token_ids), pb.cache_salt
+def lookup_prefix_request_from_pb(
+    pb: kvstore_pb2.LookupPrefixRequest,
+) -> tuple[list[int], str, bool]:
+    """(token ids, cache salt, count it now) of a LookupPrefix request."""
+    return list(pb.token_ids), pb.cache_salt, not pb.count_with_allocate
 
 
 def lookup_prefix_response_to_pb(

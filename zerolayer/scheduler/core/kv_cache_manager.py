@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from zerolayer.kv.commit import CommitEntry
+from zerolayer.kv.stats import PrefixLookup
 from zerolayer.scheduler.core.request import Request
 
 log = logging.getLogger(__name__)
@@ -43,14 +44,19 @@ class BlockAllocator(Protocol):
 
     num_blocks_total: int
 
-    def allocate(self, num_blocks: int) -> list[int] | None:
-        """Takes blocks with ref_cnt 1; None (nothing taken) when too few are free."""
+    def allocate(
+        self, num_blocks: int, admitted_lookup: PrefixLookup | None = None
+    ) -> list[int] | None:
+        """Takes blocks with ref_cnt 1; None (nothing taken) when too few are free. When the
+        blocks are taken, ``admitted_lookup`` (the prefix lookup of the request they admit) is
+        added to the kvstore's prefix-cache counters."""
 
     def free(self, block_ids: list[int]) -> None:
         """Drops one reference from each block."""
 
     def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
-        """Blocks of the longest cached prefix (never covering the last token), referenced."""
+        """Blocks of the longest cached prefix (never covering the last token), referenced. Not
+        counted: the allocation that admits the request counts it (``admitted_lookup``)."""
 
     def commit(self, entries: Sequence[CommitEntry]) -> None:
         """Registers full blocks (each with its sequence's cache salt)."""
@@ -186,8 +192,17 @@ class KVCacheManager:
         self._hold(block_ids)
         return request.num_computed_tokens
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, count_lookup: bool = False
+    ) -> bool:
         """Makes room for the request's next ``num_new_tokens`` tokens.
+
+        Args:
+            count_lookup: this allocation admits the request for the first time, right after
+                :meth:`get_computed_blocks`: if it succeeds, that lookup (the request's tokens,
+                its ``num_computed_tokens`` as hits) goes into the kvstore's prefix-cache
+                counters. So each request counts once, not once per admission attempt while it
+                waits for free blocks, nor again when recomputed after a preemption.
 
         Returns:
             False if the pool has too few free blocks; the request is then unchanged.
@@ -200,10 +215,13 @@ class KVCacheManager:
         if missing <= 0:
             return True
         self._check_usable()
+        admitted = None
+        if count_lookup and not request.needs_prompt_logprobs:  # no lookup was made otherwise
+            admitted = PrefixLookup(request.num_tokens, request.num_computed_tokens)
         started = self.clock()
         try:
             with _in_trace_of(request):
-                block_ids = self.allocator.allocate(missing)
+                block_ids = self.allocator.allocate(missing, admitted)
         except KVStoreUnavailable as exc:
             self._failed("allocate", exc, started)
             raise

@@ -273,8 +273,9 @@ class Scheduler:
                 # preemption, even one before the first output token, may hit its own blocks).
                 request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            first = request.status == RequestStatus.WAITING
             try:
-                admitted = self.kv.allocate_slots(request, num_new)
+                admitted = self.kv.allocate_slots(request, num_new, count_lookup=first)
             except KVStoreUnavailable:
                 self._release(request)
                 raise
