@@ -365,6 +365,8 @@ def test_start_runs_the_warm_up_on_the_engine_thread(model: LocalModel) -> None:
     finally:
         engine.stop()
     assert_all_free(engine, allocator)
+    assert allocator.cache.num_cached_blocks > 0  # it ran, and is not traffic:
+    assert allocator.cache.stats.num_queries == 0
 
 
 def test_start_raises_what_the_warm_up_raised(model: LocalModel) -> None:

@@ -197,7 +197,7 @@ class EngineCore:
         kernel selection, allocator growth, page faults on the weights). Call before
         :meth:`Engine.start`. Its blocks are freed (its content cached under a private salt,
         which no client request can match). It is not traffic: :attr:`metrics` records none of
-        it.
+        it, nor do the kvstore's prefix-cache counters.
 
         Returns:
             Seconds taken.
@@ -219,10 +219,12 @@ class EngineCore:
             )
         )
         metrics, self.metrics = self.metrics, None
+        self.scheduler.kv.count_lookups = False  # nor do the kvstore's prefix-cache counters
         try:
             while self.scheduler.has_unfinished_requests:
                 self.step()
         finally:
+            self.scheduler.kv.count_lookups = True
             self.metrics = metrics
             self._last_step_end = None
             if metrics is not None:

@@ -113,6 +113,9 @@ class KVCacheManager:
         None while it is usable."""
         self.last_error = ""
         """The latest failure, for messages (e.g. "UNAVAILABLE: failed to connect")."""
+        self.count_lookups = True
+        """Report admissions' prefix lookups to the kvstore's counters (``allocate_slots``'s
+        ``count_lookup``); False while the engine warms up, which is not traffic."""
 
     @property
     def num_blocks_total(self) -> int:
@@ -216,7 +219,8 @@ class KVCacheManager:
             return True
         self._check_usable()
         admitted = None
-        if count_lookup and not request.needs_prompt_logprobs:  # no lookup was made otherwise
+        # NOTE: a request that needs prompt logprobs made no lookup (get_computed_blocks).
+        if count_lookup and self.count_lookups and not request.needs_prompt_logprobs:
             admitted = PrefixLookup(request.num_tokens, request.num_computed_tokens)
         started = self.clock()
         try:
