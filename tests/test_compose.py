@@ -30,23 +30,34 @@ HISTOGRAMS = {
     "zerolayer_scheduler_e2e_seconds",
     "zerolayer_scheduler_queue_seconds",
     "zerolayer_scheduler_step_gap_seconds",
+    "zerolayer_scheduler_prompt_length_tokens",
+    "zerolayer_scheduler_generation_length_tokens",
     "zerolayer_frontend_ttft_seconds",
 }
 COUNTERS = {
     "zerolayer_scheduler_generated_tokens_total",
     "zerolayer_scheduler_preemptions_total",
     "zerolayer_scheduler_page_faults_total",
+    "zerolayer_scheduler_prompt_tokens_total",
+    "zerolayer_scheduler_cached_prompt_tokens_total",
+    "zerolayer_scheduler_finished_requests_total",
     "zerolayer_frontend_requests_total",
     "zerolayer_kv_evictions_total",
     "zerolayer_kv_prefix_hit_tokens_total",
+    "zerolayer_kv_prefix_query_tokens_total",
 }
 GAUGES = {
     "zerolayer_scheduler_requests_running",
     "zerolayer_scheduler_requests_waiting",
     "zerolayer_scheduler_kv_blocks_held",
+    "zerolayer_scheduler_kv_cache_utilization",
+    "zerolayer_scheduler_max_num_seqs",
+    "zerolayer_scheduler_serving",
+    "zerolayer_scheduler_model_info",
+    "zerolayer_frontend_requests_in_flight",
+    "zerolayer_frontend_serving",
     "zerolayer_gpu_sm_utilization_stability",
     "zerolayer_kv_blocks",
-    "zerolayer_kv_prefix_hit_ratio",
     "zerolayer_loader_resident_bytes",
     "zerolayer_loader_weight_bytes",
 }
@@ -320,13 +331,13 @@ def test_dashboard_queries_only_exported_metrics_and_all_of_them() -> None:
             assert "_bucket" in expr, expr
 
 
-def test_dashboard_reads_a_chosen_prometheus_in_two_rows() -> None:
+def test_dashboard_reads_a_chosen_prometheus_in_its_rows() -> None:
     dashboard = json.loads((ROOT / "deploy" / "grafana" / "zerolayer-dashboard.json").read_text())
     assert dashboard["schemaVersion"] >= 39
     [variable] = [v for v in dashboard["templating"]["list"] if v["type"] == "datasource"]
     assert variable["query"] == "prometheus"
     rows = [panel["title"] for panel in dashboard["panels"] if panel["type"] == "row"]
-    assert rows == ["Load", "Inference"]
+    assert rows == ["Load", "Inference", "Routing and capacity", "Processes"]
     for panel in dashboard["panels"]:
         assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
         if panel["type"] != "row":
