@@ -56,7 +56,7 @@ def render(directory: Path) -> list[dict[str, Any]]:
 
 
 def _matches(obj: Mapping[str, Any], target: Mapping[str, str]) -> bool:
-    if set(target) - TARGET_FIELDS or set(target) != TARGET_FIELDS:
+    if set(target) != TARGET_FIELDS:
         raise RenderError(f"give every field of a patch target: {sorted(TARGET_FIELDS)}")
     group, _, version = obj["apiVersion"].rpartition("/")
     return (group, version, obj["kind"], obj["metadata"]["name"]) == (

@@ -13,7 +13,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
