@@ -155,7 +155,8 @@ from zerolayer.cli.main import main
 nowhere = ["--address", "127.0.0.1:1"]
 quantize = ["quantize", "/nowhere/in", "/nowhere/out"]  # refused before any tensor is read
 for argv in (
-    ["generate", "hi", "--timeout", "0.5", *nowhere], ["info", *nowhere], ["--help"], quantize
+    ["generate", "hi", "--timeout", "0.5", *nowhere], ["info", *nowhere], ["--help"], quantize,
+    ["health", "--timeout", "0.5", *nowhere],
 ):
     try:
         main(argv)

@@ -686,3 +686,22 @@ def test_the_frontend_says_it_serves_and_how_many_calls_are_in_flight(stack) -> 
     while (now := scrape(stack, "frontend"))[stream_key] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (now[stream_key], now[http_key]) == (0, 0)
+
+
+def test_zerolayer_health_probes_each_layer_as_kubernetes_would(stack, capsys) -> None:
+    # The exec probes of deploy/kubernetes/: each internal layer on its own unix socket, the
+    # frontend on its public port; a socket nobody serves fails with one line.
+    from zerolayer.cli.main import main as zerolayer_main
+
+    for layer in ("loader", "kvstore", "scheduler"):
+        command = stack.command(layer)
+        address = command[command.index("--address") + 1]
+        assert address.startswith("unix:"), address
+        assert zerolayer_main(["health", "--address", address]) == 0, layer
+    listen = stack.config.listen
+    assert zerolayer_main(["health", "--address", listen]) == 0
+    assert zerolayer_main(["health", "--address", listen, "--alive"]) == 0
+    assert capsys.readouterr().err == ""
+    nowhere = f"unix:{stack.run_dir}/nobody.sock"
+    assert zerolayer_main(["health", "--address", nowhere, "--timeout", "1"]) == 1
+    assert capsys.readouterr().err.startswith(f"zerolayer health: {nowhere}: UNAVAILABLE")

@@ -14,7 +14,7 @@ from importlib.metadata import entry_points, version
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from zerolayer.cli import model_calls, tools
+from zerolayer.cli import health, model_calls, tools
 from zerolayer.cli.command_parser import CommandParser
 from zerolayer.cli.generate_request import add_generate_arguments
 from zerolayer.common.setting import add_arguments, config_from_args
@@ -112,6 +112,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_up(sub)
     _add_generate(sub)
     model_calls.add_parsers(sub)
+    health.add_parser(sub)
     tools.add_parsers(sub)
     for name, plugin in _command_plugins().items():
         if command is None or command == name or not hasattr(plugin, "HELP"):
@@ -278,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return model_calls.run_tokenize(args)
     if args.command == "info":
         return model_calls.run_info(args)
+    if args.command == "health":
+        return health.run_health(args)
     plugins = _command_plugins()
     if args.command in plugins:
         return plugins[args.command].run(args)
