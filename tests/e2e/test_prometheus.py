@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import threading
@@ -280,3 +281,18 @@ def test_every_request_that_ended_is_timed_once_with_its_finish_reason(scraped) 
         for s in prometheus.query("zerolayer_scheduler_finished_requests_total > 0")
     }
     assert {"LENGTH", "ABORT"} <= reasons
+
+
+def test_the_readme_names_every_metric_the_layers_export(scraped) -> None:
+    stack, _, _ = scraped
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("**Metrics.**") : readme.index("Latency histograms have buckets")]
+    shorthands = set(re.findall(r"`(_\w+)`", table))
+    missing = []
+    for layer in LAYERS:
+        for name in re.findall(r"^# TYPE (zerolayer_\w+) ", metrics_text(stack, layer), re.M):
+            if name.endswith("_created"):
+                continue  # prometheus-client's creation time of a counter or histogram
+            if name not in table and not any(name.endswith(s) for s in shorthands):
+                missing.append(name)
+    assert not missing, missing
