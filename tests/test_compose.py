@@ -56,6 +56,8 @@ GAUGES = {
     "zerolayer_scheduler_model_info",
     "zerolayer_frontend_requests_in_flight",
     "zerolayer_frontend_serving",
+    "zerolayer_loader_serving",
+    "zerolayer_kv_serving",
     "zerolayer_gpu_sm_utilization_stability",
     "zerolayer_kv_blocks",
     "zerolayer_loader_resident_bytes",

@@ -8,7 +8,7 @@ import time
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from zerolayer.common.metrics import serve_metrics
+from zerolayer.common.metrics import ServingCollector, serve_metrics
 
 
 class OneGauge(Collector):
@@ -34,3 +34,13 @@ def test_each_registry_is_its_own() -> None:
     first, second = serve_metrics(0, [OneGauge()]), serve_metrics(0, [OneGauge()])
     start = first.get_sample_value("process_start_time_seconds")
     assert start is not None and second.get_sample_value("process_start_time_seconds") == start
+
+
+def test_the_serving_gauge_follows_the_layer_health_at_each_scrape() -> None:
+    state = {"serving": False}
+    registry = serve_metrics(
+        0, [ServingCollector("zerolayer_test_", "serving?", lambda: state["serving"])]
+    )
+    assert registry.get_sample_value("zerolayer_test_serving") == 0
+    state["serving"] = True
+    assert registry.get_sample_value("zerolayer_test_serving") == 1

@@ -257,8 +257,15 @@ def test_metrics_endpoints_answer_and_move(stack) -> None:
     loader = scrape(stack, "loader")
     assert 0 < loader["zerolayer_loader_resident_bytes"] <= loader["zerolayer_loader_weight_bytes"]
     assert scrape(stack, "kvstore")["zerolayer_kv_blocks_capacity"] > 0
-    for layer in ("loader", "kvstore", "scheduler", "frontend"):  # a restart shows as a new start
+    prefixes = {
+        "loader": "loader",
+        "kvstore": "kv",
+        "scheduler": "scheduler",
+        "frontend": "frontend",
+    }
+    for layer, prefix in prefixes.items():  # a restart shows as a new start
         assert scrape(stack, layer)["process_start_time_seconds"] > 0, layer
+        assert scrape(stack, layer)[f"zerolayer_{prefix}_serving"] == 1, layer
 
 
 def test_a_request_a_stop_string_ended_is_timed_and_counted_at_the_scheduler(stack) -> None:

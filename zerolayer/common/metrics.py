@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -10,6 +10,7 @@ from prometheus_client import (
     ProcessCollector,
     start_http_server,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from zerolayer.common.settings import METRICS_HOST
@@ -63,3 +64,23 @@ def serve_metrics(
     if port:
         start_http_server(port, addr=host, registry=registry)
     return registry
+
+
+class ServingCollector(Collector):
+    """``<prefix>serving``: 1 while ``serving()`` (a layer's gRPC health for its service says
+    SERVING, e.g. :meth:`zerolayer.common.server.LayerServer.is_serving`), else 0; read at scrape
+    time. Routers and dashboards read it as the layer's serving state."""
+
+    def __init__(self, prefix: str, help_text: str, serving: Callable[[], bool]) -> None:
+        """
+        Args:
+            prefix: the layer's metric prefix, e.g. ``"zerolayer_kv_"``.
+            help_text: the gauge's HELP line (what SERVING means for this layer).
+            serving: called at every scrape, from the metrics server's thread.
+        """
+        self._name = prefix + "serving"
+        self._help = help_text
+        self._serving = serving
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self._name, self._help, value=1.0 if self._serving() else 0.0)

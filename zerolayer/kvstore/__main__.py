@@ -10,7 +10,7 @@ import sys
 from zerolayer.common.clients import fetch_manifest
 from zerolayer.common.config import KVStoreConfig
 from zerolayer.common.layer_main import LayerProgram, main
-from zerolayer.common.metrics import serve_metrics
+from zerolayer.common.metrics import ServingCollector, serve_metrics
 from zerolayer.common.server import FINAL_STOP, LayerServer, ServiceBinding, run_layer
 from zerolayer.common.settings import KV_CACHE_BYTES, SHM_PATH
 from zerolayer.common.tracing import Tracing
@@ -28,9 +28,6 @@ async def serve(config: KVStoreConfig, tracing: Tracing) -> None:
     """Creates or reopens the arena for the loader's model, then serves until SIGTERM."""
     manifest = await asyncio.to_thread(fetch_manifest, config.loader_address)
     store = KVStore(config, manifest)
-    serve_metrics(
-        config.metrics_port, host=config.metrics_host, collectors=[KVStoreCollector(store)]
-    )
     name = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
     server = LayerServer(
         config.address,
@@ -40,6 +37,16 @@ async def serve(config: KVStoreConfig, tracing: Tracing) -> None:
             )
         ],
         tracing=tracing,
+    )
+    serving = ServingCollector(
+        "zerolayer_kv_",
+        "1 while the kvstore's gRPC health is SERVING (its arena is open), else 0",
+        lambda: server.is_serving(name),
+    )
+    serve_metrics(
+        config.metrics_port,
+        host=config.metrics_host,
+        collectors=[KVStoreCollector(store), serving],
     )
     received = None
     sweeper = asyncio.create_task(sweep_leases(store))

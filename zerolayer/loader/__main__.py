@@ -9,7 +9,7 @@ from pathlib import Path
 from zerolayer.common.config import LoaderConfig
 from zerolayer.common.device import fd_socket_path, resolve_device
 from zerolayer.common.layer_main import LayerProgram, main
-from zerolayer.common.metrics import serve_metrics
+from zerolayer.common.metrics import ServingCollector, serve_metrics
 from zerolayer.common.server import LayerServer, ServiceBinding, run_layer
 from zerolayer.common.tracing import Tracing
 from zerolayer.loader.metrics import LoaderCollector
@@ -47,8 +47,15 @@ async def serve(config: LoaderConfig, tracing: Tracing) -> None:
         [ServiceBinding(loader_pb2_grpc.add_LoaderServicer_to_server, servicer, name)],
         tracing=tracing,
     )
+    serving = ServingCollector(
+        "zerolayer_loader_",
+        "1 while the loader's gRPC health is SERVING (its weights are open), else 0",
+        lambda: server.is_serving(name),
+    )
     serve_metrics(
-        config.metrics_port, host=config.metrics_host, collectors=[LoaderCollector(store)]
+        config.metrics_port,
+        host=config.metrics_host,
+        collectors=[LoaderCollector(store), serving],
     )
 
     async def on_start() -> None:

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from zerolayer.common.generation import FinishReason
-from zerolayer.common.metrics import LATENCY_BUCKETS_S
+from zerolayer.common.metrics import LATENCY_BUCKETS_S, ServingCollector
 from zerolayer.scheduler.core.request import Request
 
 GAP_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
@@ -206,19 +206,9 @@ def register_serving(registry: CollectorRegistry, serving: Callable[[], bool]) -
     """Exports ``zerolayer_scheduler_serving``: 1 while ``serving()`` (the scheduler service's
     gRPC health is SERVING), else 0 (starting or warming up, a standby, the kvstore down past
     its grace, a failed GPU, draining)."""
-    registry.register(_ServingCollector(serving))
-
-
-class _ServingCollector(Collector):
-    def __init__(self, serving: Callable[[], bool]) -> None:
-        self._serving = serving
-
-    def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(
-            PREFIX + "serving",
-            "1 while the scheduler's gRPC health is SERVING, else 0",
-            value=1.0 if self._serving() else 0.0,
-        )
+    registry.register(
+        ServingCollector(PREFIX, "1 while the scheduler's gRPC health is SERVING, else 0", serving)
+    )
 
 
 class _ScrapeTimeCollector(Collector):
