@@ -34,11 +34,12 @@ OUTSIDE_CLIENTS = (
     "cli/generate_request.py",
     "cli/generate_output.py",
     "cli/model_calls.py",
+    "cli/health.py",
     "bench/*.py",
 )
 """Callers of the public API or of health and stats from outside the layers, the way any client
 would: the stack's health probing, the ``zerolayer generate``, ``tokenize`` and ``info`` clients,
-the benchmarks."""
+``zerolayer health`` (a probe command), the benchmarks."""
 ALLOWED = (*CONVERSION, *KSERVE_CODEC, *SERVICERS, *CLIENTS, *ENTRY_POINTS, *OUTSIDE_CLIENTS)
 
 
