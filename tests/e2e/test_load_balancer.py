@@ -4,9 +4,11 @@ each, own run directory and public port) behind HAProxy running the shipped
 
 Checks: calls spread over both nodes (per call by the balancer's ``x-zerolayer-node`` header, per
 node by each frontend's ``zerolayer_frontend_requests_total``); the check is a real gRPC health
-check (a port that answers NOT_SERVING is taken out); ``kill -9`` of one whole node (its
-supervisor and its layers) fails only the streams that node carried, and the balancer takes the
-node out within ``inter * fall`` of its check.
+check (a port that answers NOT_SERVING is taken out); a scheduler killed in a node with two is
+not seen by the balancer (node1), while a node whose only scheduler is killed (node0) is taken
+out within ``inter + (fall - 1) * fastinter`` and back once restarted, its streams unharmed;
+``kill -9`` of one whole node (its supervisor and its layers) fails only the streams that node
+carried, and the balancer takes the node out within the same bound.
 
 Skipped, with the reason, where the ``haproxy`` binary is missing (Debian: ``apt-get install
 haproxy``; ``.ci/run`` installs it)."""
@@ -128,7 +130,7 @@ class Node:
         self.process.wait(10)
 
 
-def start_node(name: str, model_dir: Path, work_dir: Path) -> Node:
+def start_node(name: str, model_dir: Path, work_dir: Path, *extra: str) -> Node:
     run_dir = work_dir / f"{name}-run"
     run_dir.mkdir(mode=0o700)
     listen = f"127.0.0.1:{free_port()}"
@@ -148,7 +150,8 @@ def start_node(name: str, model_dir: Path, work_dir: Path) -> Node:
             "16M",
             "--metrics-port-base",
             str(base),
-        ],  # fmt: skip
+            *extra,
+        ],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -270,7 +273,10 @@ class HAProxy:
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Node]]:
     model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
     work_dir = tmp_path_factory.mktemp("nodes")
-    started = {name: start_node(name, model_dir, work_dir) for name in NODES}  # in parallel
+    started = {  # in parallel; node1 with two schedulers, for the failover inside a node
+        "node0": start_node("node0", model_dir, work_dir),
+        "node1": start_node("node1", model_dir, work_dir, "--schedulers", "2"),
+    }
     try:
         for node in started.values():
             wait_serving(node)
@@ -379,62 +385,186 @@ class Stream:
     details: str = ""
 
 
-def test_kill_9_of_one_node_fails_only_its_streams_and_the_balancer_drops_it_in_time(
-    nodes: dict[str, Node], balancer: HAProxy, stub: generation_pb2_grpc.TextGenerationStub
-) -> None:
-    inter_s, fastinter_s, fall = check_timing()
-    out_within_s = inter_s + (fall - 1) * fastinter_s
-    streams = [Stream() for _ in range(8)]
-    all_started = threading.Barrier(len(streams) + 1)
+STREAM_TOKENS = 300
+"""About 2 s of tokens per stream here: still running when the test kills something."""
 
-    def run(i: int) -> None:
-        call = stub.GenerateStream(request(1500, prompt=10 + i), timeout=120)
-        stream = streams[i]
-        stream.node = dict(call.initial_metadata())[NODE_HEADER]
+
+class Streams:
+    """``count`` GenerateStream calls through the balancer, each in a thread; the constructor
+    returns once every one has produced tokens."""
+
+    def __init__(self, stub: generation_pb2_grpc.TextGenerationStub, count: int) -> None:
+        self.streams = [Stream() for _ in range(count)]
+        self._started = threading.Barrier(count + 1)
+        self._threads = [threading.Thread(target=self._run, args=(stub, i)) for i in range(count)]
+        for thread in self._threads:
+            thread.start()
+        self._started.wait(60)
+
+    def _run(self, stub: generation_pb2_grpc.TextGenerationStub, i: int) -> None:
+        call = stub.GenerateStream(request(STREAM_TOKENS, prompt=10 + i), timeout=120)
+        stream = self.streams[i]
+        stream.node = dict(call.initial_metadata()).get(NODE_HEADER)
         waited = False
         try:
             for part in call:
                 stream.tokens += len(part.token_ids)
                 if stream.tokens >= 8 and not waited:
                     waited = True
-                    all_started.wait(60)
+                    self._started.wait(60)
             stream.code = grpc.StatusCode.OK
         except grpc.RpcError as exc:
             stream.code, stream.details = exc.code(), exc.details()
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(streams))]
-    for thread in threads:
-        thread.start()
-    all_started.wait(60)  # every stream is producing tokens
-    carried = {name: sum(s.node == name for s in streams) for name in NODES}
+    def carried(self) -> dict[str, list[Stream]]:
+        return {name: [s for s in self.streams if s.node == name] for name in NODES}
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join(120)
+            assert not thread.is_alive()
+
+
+def scheduler_pid(node: Node) -> int:
+    """The pid of the node's first scheduler (``scheduler.sock``)."""
+    for pid in descendants(node.process.pid):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"zerolayer.scheduler" in args and any(a.endswith(b"/scheduler.sock") for a in args):
+            return pid
+    raise LookupError(f"no scheduler under {node.name}")
+
+
+class StatusTimeline:
+    """Polls the balancer's server statuses every 20 ms from a thread: each change, timed from
+    the start."""
+
+    def __init__(self, proxy: HAProxy) -> None:
+        self.start = time.monotonic()
+        self.changes: list[tuple[float, str, str]] = []
+        """(seconds, server, new status), in order."""
+        self._proxy = proxy
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last: dict[str, str] = {}
+        while True:
+            done = self._done.is_set()  # one more poll after stop(): what the caller saw
+            now = time.monotonic() - self.start
+            for name, status in self._proxy.server_status().items():
+                if last.get(name) != status:
+                    self.changes.append((now, name, status))
+                    last[name] = status
+            if done:
+                return
+            time.sleep(0.02)
+
+    def first(self, name: str, status: str, after: float = 0.0) -> float | None:
+        """When ``name`` first had ``status``, from ``after`` on (None: not yet)."""
+        found = (t for t, n, s in self.changes if n == name and s == status and t >= after)
+        return next(found, None)
+
+    def statuses(self, name: str) -> set[str]:
+        return {s for _, n, s in self.changes if n == name}
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+
+
+def out_within_s() -> float:
+    """The most seconds the balancer takes to mark a failed node DOWN: the next check
+    (``inter``), then ``fall - 1`` more at ``fastinter``."""
+    inter_s, fastinter_s, fall = check_timing()
+    return inter_s + (fall - 1) * fastinter_s
+
+
+def kill_a_scheduler_under_streams(
+    stub: generation_pb2_grpc.TextGenerationStub, balancer: HAProxy, node: Node
+) -> tuple[Streams, StatusTimeline]:
+    """Runs 8 streams through the balancer, SIGKILLs ``node``'s first scheduler while they run
+    (with at least 2 of them on ``node``), and waits for the streams to end; the balancer's
+    statuses are watched from just before the kill (the caller stops the timeline)."""
+    streams = Streams(stub, 8)
+    assert len(streams.carried()[node.name]) >= 2, streams.carried()
+    timeline = StatusTimeline(balancer)
+    os.kill(scheduler_pid(node), signal.SIGKILL)
+    streams.join()
+    assert all(
+        s.code == grpc.StatusCode.OK and s.tokens == STREAM_TOKENS for s in streams.streams
+    ), streams.streams
+    return streams, timeline
+
+
+def test_a_scheduler_dying_inside_a_node_is_not_the_balancers_business(
+    nodes: dict[str, Node], balancer: HAProxy, stub: generation_pb2_grpc.TextGenerationStub
+) -> None:
+    # node1 runs two schedulers: its frontend moves the streams of the one killed to the other,
+    # and its public health stays SERVING, so the balancer keeps it in and no client sees it.
+    _, timeline = kill_a_scheduler_under_streams(stub, balancer, nodes["node1"])
+    time.sleep(out_within_s())  # and the checks after the streams ended
+    timeline.stop()
+    assert timeline.statuses("node1") == {"UP"}, timeline.changes
+    # Its supervisor restarted the scheduler: node1 is whole again for the next tests.
+    wait_serving(nodes["node1"])
+
+
+def test_a_node_whose_only_scheduler_dies_is_out_until_the_scheduler_is_back(
+    nodes: dict[str, Node], balancer: HAProxy, stub: generation_pb2_grpc.TextGenerationStub
+) -> None:
+    # node0 runs one scheduler: while its supervisor restarts it the node is NOT_SERVING, and the
+    # balancer takes it out, and back in once it serves again. Its streams wait on its frontend
+    # for the restarted scheduler (--failover-wait-s) and go on.
+    streams, timeline = kill_a_scheduler_under_streams(stub, balancer, nodes["node0"])
+    balancer.wait_status({"node0": "UP"}, timeout_s=30)
+    timeline.stop()
+    down_s = timeline.first("node0", "DOWN")
+    assert down_s is not None and down_s < out_within_s() + 0.5, timeline.changes
+    up_s = timeline.first("node0", "UP", after=down_s)
+    assert up_s is not None, timeline.changes
+    assert timeline.statuses("node1") == {"UP"}, timeline.changes
+    print(
+        f"\nkill -9 of node0's only scheduler: DOWN {down_s:.2f} s after, UP again at "
+        f"{up_s:.2f} s; all {len(streams.streams)} streams OK"
+    )
+
+
+def test_kill_9_of_one_node_fails_only_its_streams_and_the_balancer_drops_it_in_time(
+    nodes: dict[str, Node], balancer: HAProxy, stub: generation_pb2_grpc.TextGenerationStub
+) -> None:
+    inter_s, fastinter_s, fall = check_timing()
+    # NOTE: last in this module: node0 stays dead.
+    streams = Streams(stub, 8)
+    carried = {name: len(on) for name, on in streams.carried().items()}
     assert min(carried.values()) >= 2, carried
 
-    killed_at = time.monotonic()
+    timeline = StatusTimeline(balancer)
+    killed_at = timeline.start
     nodes["node0"].kill_9()
-    down_after: list[float] = []
-    watcher = threading.Thread(target=watch_down, args=(balancer, "node0", killed_at, down_after))
-    watcher.start()
 
     # New calls from the moment of the kill: which fail, until when.
     new_calls: list[tuple[float, str | grpc.StatusCode]] = []
-    while time.monotonic() < killed_at + out_within_s + 2:
+    while time.monotonic() < killed_at + out_within_s() + 2:
         sent = time.monotonic() - killed_at
         try:
             new_calls.append((sent, generate(stub, 99)))
         except grpc.RpcError as exc:
             new_calls.append((sent, exc.code()))
-    watcher.join(15)
-    for thread in threads:
-        thread.join(120)
+    streams.join()
+    timeline.stop()
 
-    by_node = {name: [s for s in streams if s.node == name] for name in NODES}
-    assert all(s.code == grpc.StatusCode.OK and s.tokens == 1500 for s in by_node["node1"])
-    assert all(s.code in FAILED_STREAM_CODES and s.tokens < 1500 for s in by_node["node0"]), (
-        by_node["node0"]
-    )
+    by_node = streams.carried()
+    assert all(s.code == grpc.StatusCode.OK and s.tokens == STREAM_TOKENS for s in by_node["node1"])
+    assert all(
+        s.code in FAILED_STREAM_CODES and s.tokens < STREAM_TOKENS for s in by_node["node0"]
+    ), by_node["node0"]
     # The balancer's check takes the node out in time (0.5 s: the checks' own time, scheduling).
-    [down_s] = down_after
-    assert down_s < out_within_s + 0.5
+    down_s = timeline.first("node0", "DOWN")
+    assert down_s is not None and down_s < out_within_s() + 0.5, timeline.changes
     failed = [(t, result) for t, result in new_calls if not isinstance(result, str)]
     last_failure_s = max((t for t, _ in failed), default=0.0)
     # Once it is out, every new call succeeds, on node1. Before, `retries` and `option
@@ -444,18 +574,9 @@ def test_kill_9_of_one_node_fails_only_its_streams_and_the_balancer_drops_it_in_
     assert all(result == "node1" for t, result in new_calls if t > down_s)
     assert len(failed) <= 1, failed
     print(
-        f"\nkill -9 of node0: its {carried['node0']} of {len(streams)} streams failed "
+        f"\nkill -9 of node0: its {carried['node0']} of {len(streams.streams)} streams failed "
         f"({sorted({s.code.name for s in by_node['node0']})}); HAProxy marked it DOWN "
-        f"{down_s:.2f} s after the kill (at most {out_within_s} s: inter {inter_s} s, "
+        f"{down_s:.2f} s after the kill (at most {out_within_s()} s: inter {inter_s} s, "
         f"fastinter {fastinter_s} s, fall {fall}); {len(failed)} of {len(new_calls)} new calls "
         f"failed" + (f", the last sent {last_failure_s:.2f} s after the kill" if failed else "")
     )
-
-
-def watch_down(proxy: HAProxy, name: str, since: float, found: list[float]) -> None:
-    """Appends to ``found`` the seconds from ``since`` until ``proxy`` marks ``name`` DOWN."""
-    while time.monotonic() < since + 15:
-        if proxy.server_status().get(name) == "DOWN":
-            found.append(time.monotonic() - since)
-            return
-        time.sleep(0.02)
