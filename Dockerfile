@@ -3,27 +3,44 @@
 # compose.yaml runs the four layers from it.
 #
 # NOTE: Docker cannot run where this file is written, so it has never been built here;
-# tests/test_compose.py checks its structure only. Keep it simple.
+# tests/test_compose.py checks it against the repository (what it copies exists and passes
+# .dockerignore, the native kernels' sources are where the package looks for them, a compiler is
+# installed and the kernels are built into the image). Keep it simple.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    ZEROLAYER_KERNEL_CACHE=/opt/zerolayer/kernels
 
-# torch first, from the CPU-only index: `pip install .` then finds the requirement satisfied and
+# The native CPU kernels (csrc/) are C++: g++ builds them below, and the scheduler still looks for
+# a compiler (and ninja, a dependency) before it loads the built library.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
+
+# torch first, from the CPU-only index: `pip install` then finds the requirement satisfied and
 # does not pull the CUDA wheels (gigabytes). A CUDA image (`--device cuda`) is future work.
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 
-# Only what the package build needs: setup.py generates the gRPC code from protos/ (grpcio-tools
-# in the isolated build environment) into the one installed package, zerolayer/.
-WORKDIR /src
+# What the package build needs (setup.py generates the gRPC code from protos/ into zerolayer/)
+# and the kernels' sources. Editable, as CI installs it: the scheduler finds csrc/ beside the
+# zerolayer/ package (zerolayer/scheduler/model/kernels.py), not inside site-packages.
+WORKDIR /opt/zerolayer
 COPY pyproject.toml setup.py README.md ./
 COPY protos/ protos/
+COPY csrc/ csrc/
 COPY zerolayer/ zerolayer/
-RUN pip install . && rm -rf /src
+RUN pip install -e .
 
 RUN useradd --create-home --uid 10001 zerolayer
+
+# The kernels, built once into the image (about a minute) instead of at every scheduler start
+# (the containers' caches are not kept). The runtime user owns the cache: loading takes a lock
+# file there.
+RUN python -m zerolayer.scheduler.model.kernels && chown -R zerolayer "$ZEROLAYER_KERNEL_CACHE"
+
 USER zerolayer
 WORKDIR /home/zerolayer
 

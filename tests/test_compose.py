@@ -9,15 +9,19 @@ import contextlib
 import io
 import json
 import re
+import subprocess
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
+import zerolayer
 from zerolayer.cli.main import build_parser
 from zerolayer.common.setting import Setting
 from zerolayer.common.settings import layer_settings
+from zerolayer.scheduler.model import kernels
 from zerolayer.stack.launcher import LAYERS, Stack, StackConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,7 +310,7 @@ def test_dockerfile_installs_cpu_torch_and_enters_zerolayer() -> None:
     assert json.loads(entrypoint.removeprefix("ENTRYPOINT ")) == ["zerolayer"]
     ci_torch = re.search(r"torch==[\w.]+", (ROOT / ".ci" / "run").read_text()).group()
     assert f"--index-url https://download.pytorch.org/whl/cpu {ci_torch}" in dockerfile
-    assert "pip install ." in dockerfile
+    assert "pip install -e ." in dockerfile
 
 
 def dashboard_queries(dashboard: dict) -> list[str]:
@@ -344,3 +348,123 @@ def test_dashboard_reads_a_chosen_prometheus_in_its_rows() -> None:
         assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${" + variable["name"] + "}", panel["title"]
+
+
+def dockerfile_instructions() -> list[str]:
+    """The Dockerfile's instructions, one string each (continuation lines joined)."""
+    text = (ROOT / "Dockerfile").read_text()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return [
+        " ".join(part.split())
+        for part in "\n".join(lines).replace("\\\n", " ").splitlines()
+        if part.strip()
+    ]
+
+
+def dockerignore_rules() -> list[tuple[bool, re.Pattern[str]]]:
+    """``.dockerignore`` as (excludes, pattern) rules, in order: Docker's syntax (Go's
+    filepath.Match plus ``**`` for any number of directories, ``!`` re-includes; the last
+    matching rule wins; a rule that matches a directory matches everything in it).
+    https://docs.docker.com/build/concepts/context/#dockerignore-files"""
+    rules = []
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        excludes = not line.startswith("!")
+        pattern = line.removeprefix("!").strip("/")
+        regex = ""
+        for part in re.split(r"(\*\*/|\*\*|\*|\?)", pattern):
+            regex += {"**/": "(.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}.get(
+                part, re.escape(part)
+            )
+        rules.append((excludes, re.compile(regex + "(/.*)?")))
+    return rules
+
+
+def in_build_context(path: str) -> bool:
+    """Whether ``.dockerignore`` lets ``path`` (relative to the repository) into the context."""
+    included = True
+    for excludes, pattern in dockerignore_rules():
+        if pattern.fullmatch(path):
+            included = not excludes
+    return included
+
+
+def test_dockerignore_matches_as_docker_does() -> None:
+    # The matcher above, on paths whose fate the file's rules decide one way or the other.
+    assert in_build_context("csrc/paged_attention.cpp")
+    assert in_build_context("zerolayer/scheduler/model/kernels.py")
+    assert not in_build_context("zerolayer/scheduler/__pycache__/engine.cpython-311.pyc")
+    assert not in_build_context("zerolayer/v1/generation_pb2.py")
+    assert not in_build_context("Dockerfile")
+
+
+def test_build_context_holds_what_the_image_copies_and_nothing_else() -> None:
+    copies = [line.split()[1:] for line in dockerfile_instructions() if line.startswith("COPY ")]
+    sources = [source.rstrip("/") for *sources, _ in copies for source in sources]
+    assert {"pyproject.toml", "setup.py", "README.md", "protos", "csrc", "zerolayer"} <= set(
+        sources
+    )
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    for source in sources:
+        assert (ROOT / source).exists(), source
+        under = [path for path in tracked if path == source or path.startswith(source + "/")]
+        assert under, source
+        assert [path for path in under if not in_build_context(path)] == [], source
+    copied = tuple(source + "/" for source in sources)
+    for path in tracked:  # every other file stays out: tests, docs, deploy, scripts, ...
+        assert in_build_context(path) == (path in sources or path.startswith(copied)), path
+    for path in (
+        ".git/HEAD",
+        ".venv/bin/python",
+        ".pytest_cache/README.md",
+        ".ruff_cache/CACHEDIR.TAG",
+        "bench-results/run.json",
+        "tests/conftest.py",
+        "zerolayer.egg-info/PKG-INFO",
+        "zerolayer/v1/generation_pb2.py",  # generated again by setup.py in the image
+        "zerolayer/frontend/__pycache__/server.cpython-311.pyc",
+        "csrc/build/zerolayer_paged_attention.so",
+    ):
+        assert not in_build_context(path), path
+
+
+def test_image_has_the_native_kernels_built_where_the_scheduler_looks() -> None:
+    instructions = dockerfile_instructions()
+    [workdir] = [line.split()[1] for line in instructions if line.startswith("WORKDIR /opt/")]
+    copied = {
+        line.split()[1].rstrip("/"): line.split()[2].rstrip("/")
+        for line in instructions
+        if line.startswith("COPY ")
+    }
+    # The scheduler looks for csrc/ beside the zerolayer/ package: an editable install (as CI's)
+    # keeps the package in the WORKDIR the sources were copied to.
+    assert kernels.CSRC_DIR == Path(zerolayer.__file__).resolve().parents[1] / "csrc"
+    assert copied["csrc"] == "csrc" and copied["zerolayer"] == "zerolayer"
+    installs = [
+        line for line in instructions if re.search(r"\bpip install (-e|--editable) \.", line)
+    ]
+    assert installs, "the package is not installed editable from the WORKDIR"
+    assert instructions.index(installs[0]) > max(
+        i for i, line in enumerate(instructions) if line.startswith("COPY ")
+    )
+    # A C++ compiler (kernels.py also wants one on PATH before it loads a built library) ...
+    [apt] = [line for line in instructions if "apt-get install" in line]
+    assert re.search(r"\bg\+\+(\s|$)", apt), apt
+    assert "ninja" in " ".join(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    )
+    # ... and the kernels built into a cache the image keeps, which the runtime user owns (loading
+    # takes a lock file in it).
+    [env] = [line for line in instructions if "ZEROLAYER_KERNEL_CACHE=" in line]
+    cache = re.search(r"ZEROLAYER_KERNEL_CACHE=(\S+)", env)[1]
+    assert cache.startswith(workdir + "/")
+    [build] = [line for line in instructions if f"-m {kernels.__name__}" in line]
+    assert instructions.index(build) > instructions.index(installs[0])
+    assert 'chown -R zerolayer "$ZEROLAYER_KERNEL_CACHE"' in build
+    user = [line for line in instructions if line.startswith("USER ")]
+    assert user == ["USER zerolayer"] and instructions.index(user[0]) > instructions.index(build)
+    assert any(line.startswith("RUN useradd") and "--uid 10001" in line for line in instructions)
