@@ -63,7 +63,9 @@ def test_a_named_service_is_checked_and_an_unknown_one_fails(served, capsys) -> 
     assert zerolayer_main([*argv, "zerolayer.v1.Scheduler"]) == 1
     assert capsys.readouterr().err == f"zerolayer health: {address}: NOT_SERVING\n"
     assert zerolayer_main([*argv, "zerolayer.v1.Nothing"]) == 1
-    assert capsys.readouterr().err.startswith(f"zerolayer health: {address}: NOT_FOUND")
+    assert capsys.readouterr().err.startswith(
+        f"zerolayer health: {address}: NOT_FOUND: no such service"
+    )
 
 
 def test_the_address_is_required(capsys) -> None:

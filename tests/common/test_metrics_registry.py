@@ -3,8 +3,11 @@ CPU, memory and start time."""
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.request
 
+import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -44,3 +47,18 @@ def test_the_serving_gauge_follows_the_layer_health_at_each_scrape() -> None:
     assert registry.get_sample_value("zerolayer_test_serving") == 0
     state["serving"] = True
     assert registry.get_sample_value("zerolayer_test_serving") == 1
+
+
+def test_an_ipv6_host_in_brackets_is_served() -> None:
+    # --metrics-host '[::1]', written as --listen writes IPv6 addresses
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    with socket.socket(socket.AF_INET6) as s:
+        try:
+            s.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback on this machine")
+        port = s.getsockname()[1]
+    serve_metrics(port, [OneGauge()], host="[::1]")
+    with urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=5) as response:
+        assert b"zerolayer_test_value 7.0" in response.read()

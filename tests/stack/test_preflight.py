@@ -89,6 +89,15 @@ def test_metrics_ports_overlapping_the_listen_port_are_refused(model_dir: Path) 
     )
 
 
+def test_metrics_ports_overlapping_the_http_listen_port_are_refused(model_dir: Path) -> None:
+    # free now, but the frontend's HTTP server and the scheduler's metrics would take it both
+    port = free_port()
+    config = make_config(model_dir, http_listen=f"127.0.0.1:{port}", metrics_port_base=port - 2)
+    assert refusal(config) == (
+        f"--metrics-port-base: port {port} (the scheduler's metrics) is the --http-listen port"
+    )
+
+
 def test_the_metrics_ports_of_extra_schedulers_and_frontends_are_checked(
     model_dir: Path, taken_port: int
 ) -> None:

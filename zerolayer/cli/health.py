@@ -65,10 +65,8 @@ def run_health(args: argparse.Namespace) -> int:
     try:
         status = check(args.address, args.service, args.timeout)
     except grpc.RpcError as exc:
-        print(
-            f"zerolayer health: {args.address}: {exc.code().name}: {exc.details()}",
-            file=sys.stderr,
-        )
+        details = exc.details() or {"NOT_FOUND": "no such service"}.get(exc.code().name, "")
+        print(f"zerolayer health: {args.address}: {exc.code().name}: {details}", file=sys.stderr)
         return 1
     if status == SERVING or args.alive:
         return 0

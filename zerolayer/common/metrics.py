@@ -62,7 +62,8 @@ def serve_metrics(
     for collector in collectors:
         registry.register(collector)
     if port:
-        start_http_server(port, addr=host, registry=registry)
+        # NOTE: "[::1]" as --listen writes IPv6; the HTTP server takes the bare address.
+        start_http_server(port, addr=host.removeprefix("[").removesuffix("]"), registry=registry)
     return registry
 
 

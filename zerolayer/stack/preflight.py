@@ -156,12 +156,16 @@ def _check_ports(config: StackConfig) -> None:
             raise PreflightError("--http-listen", f"{config.http_listen}: {reason}")
     if not config.metrics_port_base:
         return
+    # NOTE: each port below is free now, but the stack's own listeners would collide with it.
+    taken = {listen_port: "--listen"}
+    if config.http_listen:
+        taken.setdefault(int(config.http_listen.rpartition(":")[2]), "--http-listen")
     for slot in config.slots:
         port = config.metrics_port(slot.name)
-        if port == listen_port:
+        if port in taken:
             raise PreflightError(
                 "--metrics-port-base",
-                f"port {port} (the {slot.name}'s metrics) is the --listen port",
+                f"port {port} (the {slot.name}'s metrics) is the {taken[port]} port",
             )
         reason = bind_error(config.metrics_host, port)
         if reason:
