@@ -384,6 +384,22 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
   };
   const int64_t hidden_chunk = chunk_for(hidden), q_chunk = chunk_for(q_dim);
   const int64_t inter_chunk = chunk_for(inter);
+  // A phase that ends with y [M, hidden] = src [M, k] @ w^T, called by every thread after its
+  // share of the previous phase: arms the queue (before the barrier that ends that phase),
+  // quantizes or widens src on thread 0 where the kernel needs it, then shares the rows out.
+  auto project_to_hidden = [&](int tid, int nt, const uint16_t* src, int64_t k,
+                               const at::Tensor& w, const at::Tensor& ws, uint16_t* y,
+                               int64_t chunk) {
+    queue.arm(tid, nt, hidden);
+    barrier.wait();
+    if (prepares) {
+      if (tid == 0) prepare(src, k);
+      barrier.wait();
+    }
+    int64_t lo, hi;
+    while (queue.claim(tid, nt, chunk, &lo, &hi)) project(src, w, ws, y, hidden, k, lo, hi);
+    barrier.wait();
+  };
 #pragma omp parallel num_threads(threads)
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -469,17 +485,8 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
           }
         }
       }
-      queue.arm(tid, nt, hidden);
-      barrier.wait();
-      if (prepares) {
-        if (tid == 0) prepare(ap, q_dim);
-        barrier.wait();
-      }
       // 5. the output projection
-      while (queue.claim(tid, nt, q_chunk, &lo, &hi)) {
-        project(ap, w.o, w.scales[3], orow, hidden, q_dim, lo, hi);
-      }
-      barrier.wait();
+      project_to_hidden(tid, nt, ap, q_dim, w.o, w.scales[3], orow, q_chunk);
       // 6. the residual add and the post-attention norm (thread 0)
       if (tid == 0) {
         add_norm(orow, w.post_norm, xp);
@@ -500,17 +507,8 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
         const float g = widen(gp[i]);
         actp[i] = to_bf16(round_bf16(g / (1.f + std::exp(-g))) * widen(up_p[i]));
       }
-      queue.arm(tid, nt, hidden);
-      barrier.wait();
-      if (prepares) {
-        if (tid == 0) prepare(actp, inter);
-        barrier.wait();
-      }
       // 9. the down projection
-      while (queue.claim(tid, nt, inter_chunk, &lo, &hi)) {
-        project(actp, w.down, w.scales[6], dp, hidden, inter, lo, hi);
-      }
-      barrier.wait();
+      project_to_hidden(tid, nt, actp, inter, w.down, w.scales[6], dp, inter_chunk);
     }
     if (tid == 0) add_norm(dp, final_norm_, op);
   }
