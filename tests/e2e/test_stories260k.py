@@ -285,7 +285,8 @@ def test_a_lark_grammar_and_json_object_constrain_greedy_output(stub) -> None:
         )
     )
     # Greedy stories260K writes one long string value: an unbounded schema ends at
-    # max_new_tokens with a prefix of a valid object (what README promises for LENGTH).
+    # max_new_tokens with a prefix of a valid object (what docs/structured-output.md promises
+    # for LENGTH).
     assert response.finish_reason == pb.FINISH_REASON_LENGTH
     assert response.text.startswith('{" a little girl named Lily.')
 
