@@ -69,16 +69,20 @@ def test_the_link_check_fails_on_a_missing_heading(tmp_path: Path) -> None:
 
 
 def shell_commands(text: str) -> list[list[str]]:
-    """The simple commands of every fenced code block, as argument lists: continuation lines
-    joined, comments dropped, split at pipes and ``&&``, leading ``VAR=value`` removed."""
+    """The simple commands of every fenced code block, as argument lists: continuation lines and
+    quotes over several lines joined, comments dropped, split at pipes and ``&&``, leading
+    ``VAR=value`` removed."""
     commands = []
     for block in FENCE.findall(text):
         body = block.split("\n", 1)[1].rsplit("```", 1)[0].replace("\\\n", " ")
+        pending = ""
         for line in body.splitlines():
             try:
-                words = shlex.split(line, comments=True)
-            except ValueError:
-                continue  # not shell (a trace tree, Python)
+                words = shlex.split(pending + line, comments=True)
+            except ValueError:  # a quote open until a later line (or no shell at all)
+                pending += line + "\n"
+                continue
+            pending = ""
             command: list[str] = []
             for word in [*words, "|"]:
                 if word in ("|", "||", "&&", ";", "&"):
