@@ -88,15 +88,15 @@ def test_up_without_flags_is_the_default_stack_on_the_default_model(
     assert Path(config.model_dir) == tmp_path / "cache/zerolayer/models/stories260K-v1"
 
 
-def readme_up_flags() -> str:
-    """The README's "Flags of `up`" paragraph, with line breaks undone."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def documented_up_flags() -> str:
+    """docs/serving.md's "Flags of `up`" paragraph, with line breaks undone."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
     start = text.index("Flags of `up`:")
     return " ".join(text[start : text.index("\n\n", start)].split())
 
 
-def test_the_readme_names_every_up_flag_and_quotes_its_declared_default() -> None:
-    paragraph = readme_up_flags()
+def test_the_docs_name_every_up_flag_and_quote_its_declared_default() -> None:
+    paragraph = documented_up_flags()
     for setting in up_settings():
         start = paragraph.index(f"`{setting.flag}")
         end = paragraph.find("`--", start + 1)
@@ -110,8 +110,8 @@ def test_the_readme_names_every_up_flag_and_quotes_its_declared_default() -> Non
         assert word in declared, (setting.flag, word)
 
 
-def test_the_readme_states_the_bound_of_each_bounded_up_flag() -> None:
-    paragraph = readme_up_flags()
+def test_the_docs_state_the_bound_of_each_bounded_up_flag() -> None:
+    paragraph = documented_up_flags()
     bounded = [setting for setting in up_settings() if isinstance(setting.check, AtMost)]
     assert {"--schedulers", "--standby-schedulers", "--frontends", "--owner-lease-s"} <= {
         setting.flag for setting in bounded

@@ -285,9 +285,30 @@ def test_a_lark_grammar_and_json_object_constrain_greedy_output(stub) -> None:
         )
     )
     # Greedy stories260K writes one long string value: an unbounded schema ends at
-    # max_new_tokens with a prefix of a valid object (what README promises for LENGTH).
+    # max_new_tokens with a prefix of a valid object (what docs/structured-output.md promises
+    # for LENGTH).
     assert response.finish_reason == pb.FINISH_REASON_LENGTH
     assert response.text.startswith('{" a little girl named Lily.')
+
+
+def test_the_docs_json_schema_example_gives_the_answer_they_show(stub) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "structured-output.md").read_text()
+    schema = re.search(r"--json-schema '([^']+)'", doc).group(1)
+    body = json.loads(re.search(r"grpcurl -plaintext -d '([^']+)'", doc).group(1))
+    assert body["structured_output"]["json_schema"] == schema  # grpcurl and the CLI send one
+    answer = re.search(r"^```\n(\{.*\})\n```$", doc, re.M).group(1)
+    assert json.loads(schema)["additionalProperties"] is False
+    response = stub.Generate(
+        pb.GenerateRequest(
+            prompt=body["prompt"],
+            max_new_tokens=body["max_new_tokens"],
+            structured_output=pb.StructuredOutput(json_schema=schema),
+        )
+    )
+    assert response.text == answer
+    assert response.finish_reason == pb.FINISH_REASON_EOS
+    assert response.usage.completion_tokens == 16
+    jsonschema.validate(json.loads(response.text), json.loads(schema))
 
 
 def test_an_invalid_schema_is_invalid_argument_and_the_server_keeps_serving(stub) -> None:

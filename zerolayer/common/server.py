@@ -58,7 +58,7 @@ SERVER_KEEPALIVE_OPTIONS = (
     ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
     ("grpc.http2.max_ping_strikes", 2),
 )
-"""The keepalive policy every layer's server enforces on its clients (README: "Keepalive")."""
+"""The keepalive policy every layer's server enforces on its clients (docs/api.md, "Keepalive")."""
 
 
 @dataclass(frozen=True)
