@@ -18,7 +18,7 @@ from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, generate
 
 from zerolayer.bench.inprocess import local_engine_for_stack
 from zerolayer.checkpoints.dummy import ensure_dummy_model
-from zerolayer.frontend.tokenizer import TextTokenizer
+from zerolayer.frontend.text.tokenizer import TextTokenizer
 from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb2
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb

@@ -19,14 +19,14 @@ from zerolayer.common.setting import SettingError
 from zerolayer.common.settings import HTTP_LISTEN, TLS_CLIENT_CA
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.generation import TextGenerator
-from zerolayer.frontend.kserve import kserve_binding
+from zerolayer.frontend.kserve.server import kserve_binding
 from zerolayer.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
 from zerolayer.frontend.public_health import FrontendServer
-from zerolayer.frontend.router import Router
-from zerolayer.frontend.scheduler_client import SchedulerClient
-from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
-from zerolayer.frontend.server import TextGenerationServicer
+from zerolayer.frontend.routing.router import Router
+from zerolayer.frontend.routing.scheduler_client import SchedulerClient
+from zerolayer.frontend.routing.scheduler_pool import SchedulerPool, Waits
 from zerolayer.frontend.tenants import TenantPolicy
+from zerolayer.frontend.text_generation.server import TextGenerationServicer
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
-"""Largest public request accepted; prompts are far smaller (see validation.check_text_length)."""
+"""Largest public request accepted; prompts are far smaller (see
+text.validation.check_text_length)."""
 STARTUP_SCHEDULER_WAIT_S = 30.0
 """How long a starting frontend waits to see a scheduler serve before it reports SERVING (on its
 instance name; its public names say SERVING only while a scheduler does), seconds."""
@@ -52,7 +53,7 @@ def http_server(config: FrontendConfig) -> HttpServer | None:
         return None
     if config.tls_client_ca:
         raise SettingError(HTTP_LISTEN, f"cannot be combined with {TLS_CLIENT_CA.flag}")
-    # NOTE: imported here, as is FastAPI (openai_http): they take about a second of CPU at
+    # NOTE: imported here, as is FastAPI (openai.app): they take about a second of CPU at
     # start-up, which a frontend without --http-listen does not spend (issue 18, cold start).
     from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
 
@@ -123,7 +124,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
 
     async def on_start() -> None:
         if http is not None:
-            from zerolayer.frontend.openai_http import create_app
+            from zerolayer.frontend.openai.app import create_app
 
             await http.start(create_app(generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES))
         for client in pool.clients.values():

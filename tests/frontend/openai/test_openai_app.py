@@ -1,0 +1,116 @@
+"""The OpenAI-compatible app (zerolayer.frontend.openai.app) over a stand-in generator, served
+by the frontend's HTTP server: readiness, the exact SSE framing of a stream, an error before the
+first chunk as a status and one after it as an event. The real generator:
+tests/e2e/test_openai_http.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+
+from zerolayer.common.errors import Unavailable
+from zerolayer.common.generation import FinishReason, GenerateParams, GenerationChunk, Usage
+from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
+from zerolayer.frontend.openai.app import create_app
+from zerolayer.frontend.text.validation import ServedModel
+
+
+class StandInGenerator:
+    """What the app uses of a TextGenerator: readiness, the served model, generate()."""
+
+    def __init__(self, chunks: list[GenerationChunk | Exception], ready: bool = True) -> None:
+        self.ready = ready
+        self.served = ServedModel("tiny", 259, 64)
+        self.metrics = None
+        self.chunks = chunks
+        self.params: list[GenerateParams] = []
+
+    async def generate(self, params: GenerateParams, *args: object) -> AsyncIterator:
+        self.params.append(params)
+        for chunk in self.chunks:
+            if isinstance(chunk, Exception):
+                raise chunk
+            yield chunk
+
+
+def call(generator: StandInGenerator, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    """Serves the app over ``generator`` and sends one request: its status and body."""
+
+    def send(port: int) -> tuple[int, bytes]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    async def scenario() -> tuple[int, bytes]:
+        server = HttpServer(HttpServerConfig("127.0.0.1:0"))
+        await server.start(create_app(generator))  # type: ignore[arg-type]
+        try:
+            return await asyncio.to_thread(send, server.port)
+        finally:
+            await server.stop()
+
+    return asyncio.run(scenario())
+
+
+def test_ready_follows_the_generator_and_health_does_not() -> None:
+    assert call(StandInGenerator([], ready=True), "/ready") == (200, b'{"status":"ready"}')
+    status, body = call(StandInGenerator([], ready=False), "/ready")
+    assert (status, json.loads(body)["error"]["type"]) == (503, "server_error")
+    assert call(StandInGenerator([], ready=False), "/health") == (200, b'{"status":"ok"}')
+
+
+def test_a_stream_is_sse_events_with_usage_then_done() -> None:
+    generator = StandInGenerator(
+        [
+            GenerationChunk("r", "Hel", (1, 2)),
+            GenerationChunk("r", "lo", (3,), FinishReason.EOS, Usage(2, 3, 0)),
+        ]
+    )
+    body = {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}
+    status, data = call(generator, "/v1/completions", body)
+    events = data.decode().split("\n\n")
+    assert status == 200 and events[-2:] == ["data: [DONE]", ""]
+    bodies = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert [b["choices"] for b in bodies] == [
+        [{"index": 0, "text": "Hel", "logprobs": None, "finish_reason": None}],
+        [{"index": 0, "text": "lo", "logprobs": None, "finish_reason": "stop"}],
+        [],
+    ]
+    assert bodies[-1]["usage"]["total_tokens"] == 5
+    assert len({b["id"] for b in bodies}) == 1 and bodies[0]["id"].startswith("cmpl-")
+    assert bodies[0]["id"] == f"cmpl-{generator.params[0].request_id}"
+
+
+def test_an_error_before_the_first_chunk_is_its_status() -> None:
+    status, data = call(
+        StandInGenerator([Unavailable("scheduler: down")]),
+        "/v1/completions",
+        {
+            "prompt": "x",
+            "stream": True,
+        },
+    )
+    assert (status, json.loads(data)["error"]["message"]) == (503, "scheduler: down")
+
+
+def test_an_error_mid_stream_is_an_event_before_done() -> None:
+    chunks = [GenerationChunk("r", "a", (1,)), Unavailable("scheduler: lost twice")]
+    status, data = call(
+        StandInGenerator(chunks),
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+        },
+    )
+    events = data.decode().split("\n\n")
+    assert status == 200 and events[-2:] == ["data: [DONE]", ""]
+    error = json.loads(events[1].removeprefix("data: "))["error"]
+    assert (error["message"], error["type"]) == ("scheduler: lost twice", "server_error")
