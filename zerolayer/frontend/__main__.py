@@ -14,7 +14,7 @@ from zerolayer.common.clients import fetch_manifest
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
-from zerolayer.common.server import ServiceBinding, run_layer
+from zerolayer.common.server import run_layer
 from zerolayer.common.setting import SettingError
 from zerolayer.common.settings import HTTP_LISTEN, TLS_CLIENT_CA
 from zerolayer.common.tracing import Tracing
@@ -26,8 +26,7 @@ from zerolayer.frontend.routing.router import Router
 from zerolayer.frontend.routing.scheduler_client import SchedulerClient
 from zerolayer.frontend.routing.scheduler_pool import SchedulerPool, Waits
 from zerolayer.frontend.tenants import TenantPolicy
-from zerolayer.frontend.text_generation.server import TextGenerationServicer
-from zerolayer.v1 import generation_pb2, generation_pb2_grpc
+from zerolayer.frontend.text_generation.server import text_generation_binding
 
 if TYPE_CHECKING:
     from zerolayer.frontend.http_server import HttpServer
@@ -96,17 +95,9 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         serve_metrics(config.metrics_port, host=config.metrics_host, collectors=[])
     )
     generator = TextGenerator(config, manifest, pool, tracing.tracer, metrics)
-    name = generation_pb2.DESCRIPTOR.services_by_name["TextGeneration"].full_name
     server = FrontendServer(
         config.listen,
-        [
-            ServiceBinding(
-                generation_pb2_grpc.add_TextGenerationServicer_to_server,
-                TextGenerationServicer(generator, tenants),
-                name,
-            ),
-            kserve_binding(generator, tenants),
-        ],
+        [text_generation_binding(generator, tenants), kserve_binding(generator, tenants)],
         max_receive_bytes=PUBLIC_MAX_RECEIVE_BYTES,
         tracing=tracing,
         starts_traces=True,

@@ -16,9 +16,23 @@ from zerolayer.common.convert import (
     tokenize_result_to_pb,
 )
 from zerolayer.common.generation import join_chunks, join_samples
+from zerolayer.common.server import ServiceBinding
 from zerolayer.frontend.generation import TextGenerator
 from zerolayer.frontend.tenants import TenantPolicy, call_tenant
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
+
+
+def text_generation_binding(
+    generator: TextGenerator, tenants: TenantPolicy | None = None
+) -> ServiceBinding:
+    """The binding that serves ``zerolayer.v1.TextGeneration`` over ``generator``; ``tenants``:
+    who callers are (see :class:`TextGenerationServicer`)."""
+    name = generation_pb2.DESCRIPTOR.services_by_name["TextGeneration"].full_name
+    return ServiceBinding(
+        generation_pb2_grpc.add_TextGenerationServicer_to_server,
+        TextGenerationServicer(generator, tenants),
+        name,
+    )
 
 
 class TextGenerationServicer(generation_pb2_grpc.TextGenerationServicer):
