@@ -36,6 +36,7 @@ from zerolayer.frontend.text.tokenizer import TextTokenizer
 from zerolayer.frontend.text.validation import (
     ServedModel,
     check_fits_context,
+    check_model,
     check_text_length,
     validate,
 )
@@ -83,12 +84,7 @@ class TextGenerator:
             NotFound: ``params.model`` names another model.
             InvalidArgument: the text is too long for the context (``text``).
         """
-        validate(
-            GenerateParams(prompt_token_ids=(0,), model=params.model),
-            self.served,
-            self.tokenizer,
-            self.config,
-        )
+        check_model(params.model, self.served)
         check_text_length("text", params.text, self.served)
         token_ids = self.tokenizer.encode(params.text, add_special_tokens=params.add_special_tokens)
         return TokenizeResult(tuple(token_ids), tuple(self.tokenizer.pieces(token_ids)))

@@ -1,6 +1,8 @@
 """The OpenAI-compatible app (zerolayer.frontend.openai.app) over a stand-in generator, served
 by the frontend's HTTP server: readiness, the exact SSE framing of a stream, an error before the
-first chunk as a status and one after it as an event. The real generator:
+first chunk as a status and one after it as an event, an unknown model as OpenAI's
+``model_not_found`` (through the official client, against OpenAI's published spec). The real
+generator:
 tests/e2e/test_openai_http.py."""
 
 from __future__ import annotations
@@ -9,13 +11,18 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
-from zerolayer.common.errors import Unavailable
+import openai
+
+from zerolayer.common.errors import NotFound, Unavailable
 from zerolayer.common.generation import FinishReason, GenerateParams, GenerationChunk, Usage
 from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
 from zerolayer.frontend.openai.app import create_app
-from zerolayer.frontend.text.validation import ServedModel
+from zerolayer.frontend.text.validation import ServedModel, check_model
+
+T = TypeVar("T")
 
 
 class StandInGenerator:
@@ -36,6 +43,21 @@ class StandInGenerator:
             yield chunk
 
 
+def served(generator: StandInGenerator, use: Callable[[int], T]) -> T:
+    """Serves the app over ``generator`` on a free port and returns ``use(port)`` (run in a
+    thread, so it may block)."""
+
+    async def scenario() -> T:
+        server = HttpServer(HttpServerConfig("127.0.0.1:0"))
+        await server.start(create_app(generator))  # type: ignore[arg-type]
+        try:
+            return await asyncio.to_thread(use, server.port)
+        finally:
+            await server.stop()
+
+    return asyncio.run(scenario())
+
+
 def call(generator: StandInGenerator, path: str, body: dict | None = None) -> tuple[int, bytes]:
     """Serves the app over ``generator`` and sends one request: its status and body."""
 
@@ -48,15 +70,21 @@ def call(generator: StandInGenerator, path: str, body: dict | None = None) -> tu
         except urllib.error.HTTPError as error:
             return error.code, error.read()
 
-    async def scenario() -> tuple[int, bytes]:
-        server = HttpServer(HttpServerConfig("127.0.0.1:0"))
-        await server.start(create_app(generator))  # type: ignore[arg-type]
-        try:
-            return await asyncio.to_thread(send, server.port)
-        finally:
-            await server.stop()
+    return served(generator, send)
 
-    return asyncio.run(scenario())
+
+def client_error(generator: StandInGenerator, request: Callable[[openai.OpenAI], object]) -> Any:
+    """The error the official client raises for ``request`` to the app over ``generator``."""
+
+    def send(port: int) -> Exception:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+        try:
+            request(client)
+        except openai.APIError as exc:
+            return exc
+        raise AssertionError("the request succeeded")
+
+    return served(generator, send)
 
 
 def test_ready_follows_the_generator_and_health_does_not() -> None:
@@ -114,3 +142,35 @@ def test_an_error_mid_stream_is_an_event_before_done() -> None:
     assert status == 200 and events[-2:] == ["data: [DONE]", ""]
     error = json.loads(events[1].removeprefix("data: "))["error"]
     assert (error["message"], error["type"]) == ("scheduler: lost twice", "server_error")
+
+
+def test_retrieving_a_model_that_is_not_served_is_openais_model_not_found(openai_spec) -> None:
+    error = client_error(StandInGenerator([]), lambda client: client.models.retrieve("gpt-x"))
+    assert isinstance(error, openai.NotFoundError)
+    assert (error.code, error.param, error.type) == (
+        "model_not_found",
+        "model",
+        "invalid_request_error",
+    )
+    assert "gpt-x" in error.message and "tiny" in error.message
+    openai_spec("ErrorResponse", error.response.json())
+
+
+def test_generating_with_a_model_that_is_not_served_answers_the_same(openai_spec) -> None:
+    try:
+        check_model("gpt-x", ServedModel("tiny", 259, 64))
+    except NotFound as exc:
+        refusal = exc
+    error = client_error(
+        StandInGenerator([refusal]),
+        lambda client: client.completions.create(model="gpt-x", prompt="x"),
+    )
+    assert isinstance(error, openai.NotFoundError)
+    retrieved = client_error(StandInGenerator([]), lambda client: client.models.retrieve("gpt-x"))
+    assert error.response.json() == retrieved.response.json()
+    openai_spec("ErrorResponse", error.response.json())
+
+
+def test_the_served_model_is_retrieved() -> None:
+    status, body = call(StandInGenerator([]), "/v1/models/tiny")
+    assert (status, json.loads(body)["id"]) == (200, "tiny")

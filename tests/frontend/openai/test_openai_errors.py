@@ -15,12 +15,24 @@ from zerolayer.common.errors import (
 )
 from zerolayer.frontend.openai.errors import error_of, validation_error
 from zerolayer.frontend.openai.schema import ChatCompletionRequest, CompletionRequest
+from zerolayer.frontend.text.validation import ServedModel, check_model
+
+
+def model_not_found() -> NotFound:
+    """The domain's refusal of a model that is not served (text.validation.check_model)."""
+    try:
+        check_model("x", ServedModel("tiny", 259, 64))
+    except NotFound as exc:
+        return exc
+    raise AssertionError("check_model accepted a model that is not served")
 
 
 @pytest.mark.parametrize(
     ("exc", "status", "kind", "code"),
     [
-        (NotFound("model: 'x' is not served"), 404, "invalid_request_error", "model_not_found"),
+        (model_not_found(), 404, "invalid_request_error", "model_not_found"),
+        # Another thing not found is no model: no code, no param.
+        (NotFound("model_version: '2' is not served"), 404, "invalid_request_error", None),
         (
             Unauthenticated("authorization: unknown bearer token"),
             401,

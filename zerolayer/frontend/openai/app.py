@@ -4,12 +4,13 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream``: server-sent events,
 https://html.spec.whatwg.org/multipage/server-sent-events.html, ending ``data: [DONE]``),
 ``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health`` (200 while the process runs) and
-``GET /ready`` (200 while a scheduler can take requests, else 503). Generation calls need a
-tenant like gRPC's Generate (``Authorization: Bearer <token>`` with ``--tenants``; 401
-otherwise); the rest stay open, like GetModelInfo and health. Each generation is a SERVER span
-that joins the caller's trace (W3C ``traceparent`` header). A client that disconnects ends its
-request, streamed or not: closing the generation aborts it in the scheduler, which frees its
-blocks.
+``GET /ready`` (200 while a scheduler can take requests, else 503). A model other than the served
+one is OpenAI's 404 ``model_not_found`` (``param`` ``model``), on ``GET /v1/models/{model}`` as on
+a generation. Generation calls need a tenant like gRPC's Generate (``Authorization: Bearer
+<token>`` with ``--tenants``; 401 otherwise); the rest stay open, like GetModelInfo and health.
+Each generation is a SERVER span that joins the caller's trace (W3C ``traceparent`` header). A
+client that disconnects ends its request, streamed or not: closing the generation aborts it in the
+scheduler, which frees its blocks.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from zerolayer.common.errors import Unauthenticated, ZerolayerError
+from zerolayer.common.errors import NotFound, Unauthenticated, ZerolayerError
 from zerolayer.common.generation import GenerateParams, GenerationChunk
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.generation import TextGenerator
@@ -38,6 +39,7 @@ from zerolayer.frontend.openai.response import ResponseHead, StreamEncoder, whol
 from zerolayer.frontend.openai.schema import ChatCompletionRequest, CompletionRequest
 from zerolayer.frontend.openai.stream import ClosingStreamingResponse, events
 from zerolayer.frontend.tenants import TenantPolicy
+from zerolayer.frontend.text.validation import check_model
 
 OWNED_BY = "zerolayer"
 """``owned_by`` of the served model in ``/v1/models``."""
@@ -114,9 +116,10 @@ class OpenAIRoutes:
         return {"object": "list", "data": [self._model_card()]}
 
     async def model(self, model: str) -> Response:
-        if model != self._generator.served.name:
-            error = http_error(404, f"model: {model!r} is not served", "model")
-            return error_response(error)
+        try:
+            check_model(model, self._generator.served)
+        except NotFound as exc:
+            return error_response(error_of(exc, chat=False))
         return JSONResponse(self._model_card())
 
     def _model_card(self) -> dict:

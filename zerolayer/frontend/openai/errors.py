@@ -37,8 +37,8 @@ ERROR_TYPES = {
 """OpenAI's ``error.type`` by HTTP status; any other: ``invalid_request_error`` below 500,
 ``server_error`` from 500 on."""
 ERROR_CODES = {401: "invalid_api_key"}
-"""OpenAI's ``error.code`` by HTTP status; others: None, ``model_not_found`` for a model that is
-not served, or the domain error's ``reason`` (``context_length_exceeded``)."""
+"""OpenAI's ``error.code`` by HTTP status; others: the domain error's ``reason``
+(``context_length_exceeded``; ``model_not_found``, whose ``param`` is ``model``), or None."""
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 """Names pydantic gives the members of a union in an error's location."""
 
@@ -83,8 +83,8 @@ def error_of(exc: Exception, chat: bool) -> HttpError:
     status = answer_status(exc)
     http_status = HTTP_STATUS.get(status.code, 500)
     reason = exc.reason.replace("-", "_") if isinstance(exc, ZerolayerError) else ""
-    if status.code == grpc.StatusCode.NOT_FOUND and status.details.startswith("model: "):
-        return http_error(http_status, status.details, "model", "model_not_found", status.code)
+    if reason == "model_not_found":
+        return http_error(http_status, status.details, "model", reason, status.code)
     if not isinstance(exc, InvalidArgument):
         return http_error(http_status, status.details, None, reason or None, status.code)
     param = openai_param(exc.field, chat)

@@ -67,8 +67,7 @@ def validate(
         NotFound: ``model`` names another model.
         InvalidArgument: any field out of range; the message names the field.
     """
-    if params.model and params.model != model.name:
-        raise NotFound(f"model: {params.model!r} is not served (serving {model.name!r})")
+    check_model(params.model, model)
     prompt_token_ids = _prompt_token_ids(params, model, tokenizer, chat_template)
     if len(prompt_token_ids) >= model.max_model_len:
         raise InvalidArgument(
@@ -144,6 +143,19 @@ def _chat_token_ids(
     if not token_ids:
         raise InvalidArgument("messages", "the chat template renders no tokens")
     return token_ids
+
+
+def check_model(name: str, model: ServedModel) -> None:
+    """Refuses a model name other than the served one ("": the served one).
+
+    Raises:
+        NotFound: naming ``model``, the name asked for and the one served; its ``reason`` is
+            ``model-not-found`` (OpenAI's ``model_not_found``).
+    """
+    if name and name != model.name:
+        error = NotFound(f"model: {name!r} is not served (serving {model.name!r})")
+        error.reason = "model-not-found"
+        raise error
 
 
 def check_fits_context(params: GenerateParams, request: EngineRequest, model: ServedModel) -> None:
