@@ -9,7 +9,7 @@ or cuda-bindings does not import, no NVML) is a failure, not a pass.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,26 @@ def stories_dir() -> Path:
     if not path.exists():
         pytest.skip(f"shared test model missing: {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def openai_spec() -> Callable[[str, object], None]:
+    """``openai_spec(name, value)`` checks ``value`` against the schema ``name`` of OpenAI's
+    published API (../shared/specs/openai/openapi-subset.yaml, pinned; e.g. "ErrorResponse"),
+    raising jsonschema's ValidationError that says what differs (skips when the file is absent)."""
+    import jsonschema
+    import yaml
+
+    path = SHARED / "specs" / "openai" / "openapi-subset.yaml"
+    if not path.exists():
+        pytest.skip(f"shared API specification missing: {path}")
+    components = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)["components"]
+
+    def check(name: str, value: object) -> None:
+        schema = {"$ref": f"#/components/schemas/{name}", "components": components}
+        jsonschema.Draft202012Validator(schema).validate(value)
+
+    return check
 
 
 def _cuda_device_count() -> int:

@@ -1,5 +1,6 @@
 """The import picture of the house (docs/architecture.md): the four layers side by side, above the
-shared rooms, with no arrow from one layer into another, and no product module importing the
+shared rooms, with no arrow from one layer into another, the frontend's rooms (its public APIs,
+none importing another, above the text and routing rooms), and no product module importing the
 benchmarks. Checked on the source's import statements, so a new arrow fails here."""
 
 from __future__ import annotations
@@ -14,6 +15,19 @@ LAYERS = ("loader", "kvstore", "scheduler", "frontend")
 ROOMS = ("common", "kv", "sharing", "checkpoints")
 """Shared rooms: used by the layers, never using them."""
 GENERATED = ("v1", "kserve")
+FRONTEND_APIS = ("text_generation", "openai", "kserve")
+"""The frontend's public APIs, a room each: none imports another."""
+FRONTEND_ROOMS: dict[str, frozenset[str]] = {
+    "text": frozenset(),
+    "routing": frozenset(),
+    "": frozenset({"text", "routing"}),
+    **{api: frozenset({"", "text"}) for api in FRONTEND_APIS},
+}
+"""The frontend's rooms and the other rooms each may import: the text side of a request and the
+routing to schedulers import no other room; the layer's top modules ("": the domain object
+``generation.TextGenerator``, tenants, metrics, the gRPC and HTTP edges) use both; a public API
+uses the top modules and the text room, never routing or another API. Only the program
+(``__main__``) wires them all."""
 
 
 def room_of(module: str) -> str:
@@ -23,7 +37,8 @@ def room_of(module: str) -> str:
 
 
 def imports() -> list[tuple[str, str]]:
-    """(importing module, imported module) for every ``zerolayer.*`` import in the package."""
+    """(importing module, imported module or name) for every ``zerolayer.*`` import in the
+    package (``from m import n`` gives ``m`` and ``m.n``)."""
     found = []
     for path in PACKAGE.rglob("*.py"):
         relative = path.relative_to(PACKAGE.parent).with_suffix("")
@@ -37,11 +52,36 @@ def imports() -> list[tuple[str, str]]:
                 names = [a.name for a in node.names]
             else:
                 continue
-            found += [(module, name) for name in names[:1] if name.startswith("zerolayer.")]
+            # NOTE: every name, not only the first: ``from zerolayer.frontend import openai``
+            # is an arrow into openai, and ``import a, b`` two arrows.
+            found += [(module, name) for name in names if name.startswith("zerolayer.")]
     return found
 
 
 IMPORTS = imports()
+
+
+def frontend_room(module: str) -> str | None:
+    """The frontend room of a ``zerolayer.*`` module name: its subpackage, "" for the layer's top
+    modules, "__main__" for the program; None outside the frontend."""
+    parts = module.split(".")
+    if parts[:2] != ["zerolayer", "frontend"]:
+        return None
+    if len(parts) > 2 and parts[2] in FRONTEND_ROOMS:
+        return parts[2]
+    return "__main__" if parts[2:3] == ["__main__"] else ""
+
+
+def wrong_frontend_arrows(arrows: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The arrows between the frontend's rooms that :data:`FRONTEND_ROOMS` does not allow."""
+    wrong = set()
+    for src, dst in arrows:
+        source, target = frontend_room(src), frontend_room(dst)
+        if source in (None, "__main__") or target is None or target == source:
+            continue
+        if target not in FRONTEND_ROOMS[source]:
+            wrong.add((src, dst))
+    return wrong
 
 
 def test_the_package_holds_only_known_rooms() -> None:
@@ -82,3 +122,50 @@ def test_every_folder_says_in_one_line_what_lives_there() -> None:
             continue
         docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert docstring, init
+
+
+def test_the_frontend_holds_only_known_rooms() -> None:
+    frontend = PACKAGE / "frontend"
+    rooms = {p.name for p in frontend.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert rooms == set(FRONTEND_ROOMS) - {""}
+
+
+def test_the_frontends_rooms_import_only_what_the_picture_allows() -> None:
+    assert wrong_frontend_arrows(IMPORTS) == set()
+    # Not vacuous: the rooms do import each other along the allowed arrows.
+    assert {
+        ("zerolayer.frontend.openai.app", "zerolayer.frontend.generation"),
+        ("zerolayer.frontend.kserve.request", "zerolayer.frontend.text.validation"),
+        ("zerolayer.frontend.generation", "zerolayer.frontend.routing.scheduler_pool"),
+    } <= set(IMPORTS)
+
+
+@pytest.mark.parametrize(
+    "arrow",
+    [
+        ("zerolayer.frontend.openai.app", "zerolayer.frontend.kserve.request"),
+        ("zerolayer.frontend.kserve.server", "zerolayer.frontend.text_generation.server"),
+        ("zerolayer.frontend.openai.app", "zerolayer.frontend.routing.router"),
+        ("zerolayer.frontend.routing.router", "zerolayer.frontend.openai.errors"),
+        ("zerolayer.frontend.routing.scheduler_pool", "zerolayer.frontend.generation"),
+        ("zerolayer.frontend.text.validation", "zerolayer.frontend.routing.router"),
+        ("zerolayer.frontend.text.tokenizer", "zerolayer.frontend.tenants"),
+        ("zerolayer.frontend.generation", "zerolayer.frontend.openai.app"),
+        ("zerolayer.frontend.metrics", "zerolayer.frontend.kserve"),
+    ],
+)
+def test_a_wrong_arrow_between_the_frontends_rooms_is_found(arrow: tuple[str, str]) -> None:
+    assert wrong_frontend_arrows([arrow]) == {arrow}
+
+
+@pytest.mark.parametrize(
+    "arrow",
+    [
+        ("zerolayer.frontend.__main__", "zerolayer.frontend.openai.app"),
+        ("zerolayer.frontend.openai.app", "zerolayer.frontend.openai.errors"),
+        ("zerolayer.frontend.kserve.server", "zerolayer.frontend.tenants"),
+        ("zerolayer.frontend.routing.scheduler_client", "zerolayer.common.status"),
+    ],
+)
+def test_a_right_arrow_between_the_frontends_rooms_passes(arrow: tuple[str, str]) -> None:
+    assert wrong_frontend_arrows([arrow]) == set()

@@ -15,14 +15,15 @@ GENERATED = ("v1", "kserve")
 CONVERSION = ("common/convert/*.py",)
 """The conversion module: every zerolayer.v1 message to and from its domain form."""
 KSERVE_CODEC = (
-    "frontend/kserve_request.py",
-    "frontend/kserve_response.py",
-    "frontend/kserve_tensors.py",
+    "frontend/kserve/request.py",
+    "frontend/kserve/response.py",
+    "frontend/kserve/tensors.py",
 )
 """KServe's conversion (its requests read into generation terms, results written as responses);
 in the frontend, the only layer that speaks KServe."""
-SERVICERS = ("*/server.py", "frontend/kserve.py")
-"""Thin handlers (common/server.py: the bootstrap, with grpc's health service)."""
+SERVICERS = ("*/server.py",)
+"""Thin handlers, the public APIs' included (``frontend/kserve/server.py``; common/server.py: the
+bootstrap, with grpc's health service)."""
 CLIENTS = ("*_client.py", "common/clients.py")
 """Clients of another layer's service: stubs and the conversion module."""
 ENTRY_POINTS = ("*/__main__.py",)
@@ -110,7 +111,12 @@ def test_servicers_and_clients_build_no_message_themselves() -> None:
         for path in SOURCES
         if matches(path, (*SERVICERS, *CLIENTS)) and path != "common/server.py"
     }
-    assert {"kvstore/server.py", "scheduler/kv_client.py", "frontend/kserve.py"} <= handlers
+    assert {
+        "kvstore/server.py",
+        "scheduler/kv_client.py",
+        "frontend/kserve/server.py",
+        "frontend/text_generation/server.py",
+    } <= handlers
     assert {path: built_messages(SOURCES[path]) for path in handlers} == {
         path: [] for path in handlers
     }

@@ -18,7 +18,8 @@ from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, generate
 
 from zerolayer.bench.inprocess import local_engine_for_stack
 from zerolayer.checkpoints.dummy import ensure_dummy_model
-from zerolayer.frontend.tokenizer import TextTokenizer
+from zerolayer.common.status import reason_of
+from zerolayer.frontend.text.tokenizer import TextTokenizer
 from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb2
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb
@@ -349,7 +350,12 @@ def test_the_served_model_name_is_the_one_requests_and_kserve_use(stub, stack) -
     directory = Path(stack.config.model_dir).name
     with pytest.raises(grpc.RpcError) as info:
         stub.Generate(make_request(prompt="named", model=directory))
-    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as tokenize:
+        stub.Tokenize(pb.TokenizeRequest(text="named", model=directory))
+    for refused in (info.value, tokenize.value):
+        assert refused.code() == grpc.StatusCode.NOT_FOUND
+        assert reason_of(refused) == "model-not-found"
+        assert refused.details() == f"model: {directory!r} is not served (serving {SERVED!r})"
     with grpc.insecure_channel(stack.config.listen) as channel:
         kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
         metadata = kserve.ModelMetadata(kserve_pb2.ModelMetadataRequest(name=SERVED))

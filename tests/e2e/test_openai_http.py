@@ -150,6 +150,9 @@ def test_the_client_raises_openai_errors(client, model) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="no-such-model", prompt="x")
     assert missing.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError) as retrieved:
+        client.models.retrieve("no-such-model")
+    assert retrieved.value.body == missing.value.body
     unidentified = openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         unidentified.completions.create(model=model, prompt="x")
@@ -213,7 +216,8 @@ def test_an_unknown_model_is_a_404(stack) -> None:
         "model_not_found",
         "model",
     )
-    assert get(stack, "/v1/models/gpt-x")[0] == 404
+    assert "'gpt-x'" in answer["error"]["message"]
+    assert get(stack, "/v1/models/gpt-x") == (404, answer)
     # An unknown route is not a missing model.
     status, answer = get(stack, "/v1/nothing")
     assert (status, answer["error"]["code"]) == (404, None)

@@ -4,7 +4,7 @@ without one, with one of another CA, or in plaintext are refused; the launcher s
 frontend healthy (over the frontend's private health address). Each tenant (a certificate's
 common name, or a bearer token's tenant) has its own prefix cache, whatever ``cache_salt`` it
 sends. Plaintext mode: tests/e2e/test_generate.py; TLS without client certificates:
-tests/frontend/test_tls.py."""
+tests/common/test_access.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 from e2e.stack import running_stack
-from frontend.test_kserve import make_infer_request
+from frontend.kserve.test_kserve import make_infer_request
 from tls_certs import CertSet, Pair, make_test_certs
 
 from zerolayer.checkpoints.dummy import ensure_dummy_model

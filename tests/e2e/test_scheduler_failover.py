@@ -18,12 +18,12 @@ import grpc
 import pytest
 from e2e.stack import kv_stats, text_stub
 from e2e.two_schedulers import SCHEDULERS, SERVING, TwoSchedulers, start_two_schedulers
-from frontend.test_kserve import make_infer_request, text_output
+from frontend.kserve.test_kserve import make_infer_request, text_output
 from grpc_health.v1 import health_pb2
 
 from zerolayer.checkpoints.dummy import ensure_dummy_model
-from zerolayer.frontend.failover import INCIDENT_WINDOW_S
-from zerolayer.frontend.scheduler_client import HUNG_AFTER_S
+from zerolayer.frontend.routing.failover import INCIDENT_WINDOW_S
+from zerolayer.frontend.routing.scheduler_client import HUNG_AFTER_S
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb
 

@@ -159,7 +159,7 @@ def test_python_client_matches_native_generate(stack, native, tmp_path: Path) ->
 
 
 def test_the_examples_readme_gives_the_triton_client_s_venv_command() -> None:
-    from frontend.test_kserve import TRITON_CLIENT_REQUIREMENT
+    from frontend.kserve.test_kserve import TRITON_CLIENT_REQUIREMENT
 
     readme = (ROOT / "examples" / "README.md").read_text()
     assert "python3 -m venv .venv-triton && .venv-triton/bin/pip install " in readme

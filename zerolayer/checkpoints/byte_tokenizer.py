@@ -75,7 +75,7 @@ def write_byte_level_tokenizer(out_dir: Path, model_max_length: int) -> None:
     Creates ``out_dir`` if needed and overwrites existing files. ``model_max_length`` is the
     context length in tokens recorded in the config. The pair loads with
     ``transformers.PreTrainedTokenizerFast`` and with
-    :class:`zerolayer.frontend.tokenizer.TextTokenizer`.
+    :class:`zerolayer.frontend.text.tokenizer.TextTokenizer`.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     build_byte_level_tokenizer().save(str(out_dir / "tokenizer.json"))

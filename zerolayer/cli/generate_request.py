@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zerolayer.cli.client import UsageError
-from zerolayer.frontend.sampling_controls import MAX_LOGPROBS, MAX_N
+from zerolayer.frontend.text.sampling_controls import MAX_LOGPROBS, MAX_N
 from zerolayer.v1 import generation_pb2
 
 ROLES = ("system", "user", "assistant", "tool")

@@ -107,7 +107,7 @@ class ApiSettings:
     listen: str = settings.LISTEN.default
     """Public gRPC address, ``HOST:PORT``."""
     http_listen: str = settings.HTTP_LISTEN.default
-    """OpenAI-compatible HTTP address, ``HOST:PORT`` (zerolayer.frontend.openai_http); "": off."""
+    """OpenAI-compatible HTTP address, ``HOST:PORT`` (zerolayer.frontend.openai.app); "": off."""
     default_max_new_tokens: int = settings.DEFAULT_MAX_NEW_TOKENS.default
     """max_new_tokens, in tokens, when a request leaves it 0."""
 
@@ -141,7 +141,7 @@ class RoutingSettings:
     failover_wait_s: float = settings.FAILOVER_WAIT_S.default
     """Seconds a stream whose scheduler died waits for another (or the restarted) one."""
     routing: str = settings.ROUTING.default
-    """"least-work" or "prefix-affine" (zerolayer.frontend.router)."""
+    """"least-work" or "prefix-affine" (zerolayer.frontend.routing.router)."""
 
 
 @dataclass(frozen=True)

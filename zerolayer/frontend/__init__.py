@@ -1,1 +1,2 @@
-"""The frontend layer: the public API (gRPC, KServe v2), tokenization, detokenization, stops."""
+"""The frontend layer: the public APIs (each a room), routing to schedulers and the text side of a
+request, around one domain object (``generation.TextGenerator``) that every API calls."""

@@ -14,20 +14,19 @@ from zerolayer.common.clients import fetch_manifest
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
-from zerolayer.common.server import ServiceBinding, run_layer
+from zerolayer.common.server import run_layer
 from zerolayer.common.setting import SettingError
 from zerolayer.common.settings import HTTP_LISTEN, TLS_CLIENT_CA
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.generation import TextGenerator
-from zerolayer.frontend.kserve import kserve_binding
+from zerolayer.frontend.kserve.server import kserve_binding
 from zerolayer.frontend.metrics import FrontendMetrics, RequestCountingInterceptor
 from zerolayer.frontend.public_health import FrontendServer
-from zerolayer.frontend.router import Router
-from zerolayer.frontend.scheduler_client import SchedulerClient
-from zerolayer.frontend.scheduler_pool import SchedulerPool, Waits
-from zerolayer.frontend.server import TextGenerationServicer
+from zerolayer.frontend.routing.router import Router
+from zerolayer.frontend.routing.scheduler_client import SchedulerClient
+from zerolayer.frontend.routing.scheduler_pool import SchedulerPool, Waits
 from zerolayer.frontend.tenants import TenantPolicy
-from zerolayer.v1 import generation_pb2, generation_pb2_grpc
+from zerolayer.frontend.text_generation.server import text_generation_binding
 
 if TYPE_CHECKING:
     from zerolayer.frontend.http_server import HttpServer
@@ -35,7 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
-"""Largest public request accepted; prompts are far smaller (see validation.check_text_length)."""
+"""Largest public request accepted; prompts are far smaller (see
+text.validation.check_text_length)."""
 STARTUP_SCHEDULER_WAIT_S = 30.0
 """How long a starting frontend waits to see a scheduler serve before it reports SERVING (on its
 instance name; its public names say SERVING only while a scheduler does), seconds."""
@@ -52,7 +52,7 @@ def http_server(config: FrontendConfig) -> HttpServer | None:
         return None
     if config.tls_client_ca:
         raise SettingError(HTTP_LISTEN, f"cannot be combined with {TLS_CLIENT_CA.flag}")
-    # NOTE: imported here, as is FastAPI (openai_http): they take about a second of CPU at
+    # NOTE: imported here, as is FastAPI (openai.app): they take about a second of CPU at
     # start-up, which a frontend without --http-listen does not spend (issue 18, cold start).
     from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
 
@@ -95,17 +95,9 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         serve_metrics(config.metrics_port, host=config.metrics_host, collectors=[])
     )
     generator = TextGenerator(config, manifest, pool, tracing.tracer, metrics)
-    name = generation_pb2.DESCRIPTOR.services_by_name["TextGeneration"].full_name
     server = FrontendServer(
         config.listen,
-        [
-            ServiceBinding(
-                generation_pb2_grpc.add_TextGenerationServicer_to_server,
-                TextGenerationServicer(generator, tenants),
-                name,
-            ),
-            kserve_binding(generator, tenants),
-        ],
+        [text_generation_binding(generator, tenants), kserve_binding(generator, tenants)],
         max_receive_bytes=PUBLIC_MAX_RECEIVE_BYTES,
         tracing=tracing,
         starts_traces=True,
@@ -123,7 +115,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
 
     async def on_start() -> None:
         if http is not None:
-            from zerolayer.frontend.openai_http import create_app
+            from zerolayer.frontend.openai.app import create_app
 
             await http.start(create_app(generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES))
         for client in pool.clients.values():

@@ -24,18 +24,19 @@ from zerolayer.common.generation import (
     TokenizeResult,
     Usage,
 )
-from zerolayer.frontend.chat_template import ChatTemplate
-from zerolayer.frontend.detokenizer import IncrementalDetokenizer
-from zerolayer.frontend.logprob_tokens import with_token_texts
 from zerolayer.frontend.metrics import FrontendMetrics
-from zerolayer.frontend.scheduler_pool import SchedulerPool
-from zerolayer.frontend.stop_strings import StopStringMatcher
+from zerolayer.frontend.routing.scheduler_pool import SchedulerPool
 from zerolayer.frontend.telemetry import GenerationTelemetry
 from zerolayer.frontend.tenants import scoped_cache_salt
-from zerolayer.frontend.tokenizer import TextTokenizer
-from zerolayer.frontend.validation import (
+from zerolayer.frontend.text.chat_template import ChatTemplate
+from zerolayer.frontend.text.detokenizer import IncrementalDetokenizer
+from zerolayer.frontend.text.logprob_tokens import with_token_texts
+from zerolayer.frontend.text.stop_strings import StopStringMatcher
+from zerolayer.frontend.text.tokenizer import TextTokenizer
+from zerolayer.frontend.text.validation import (
     ServedModel,
     check_fits_context,
+    check_model,
     check_text_length,
     validate,
 )
@@ -83,12 +84,7 @@ class TextGenerator:
             NotFound: ``params.model`` names another model.
             InvalidArgument: the text is too long for the context (``text``).
         """
-        validate(
-            GenerateParams(prompt_token_ids=(0,), model=params.model),
-            self.served,
-            self.tokenizer,
-            self.config,
-        )
+        check_model(params.model, self.served)
         check_text_length("text", params.text, self.served)
         token_ids = self.tokenizer.encode(params.text, add_special_tokens=params.add_special_tokens)
         return TokenizeResult(tuple(token_ids), tuple(self.tokenizer.pieces(token_ids)))
@@ -141,7 +137,7 @@ class TextGenerator:
         Raises:
             InvalidArgument, NotFound: from validation.
             Unavailable: no scheduler can take the request, or schedulers died under it in two
-                separate incidents (see ``zerolayer.frontend.failover``).
+                separate incidents (see ``zerolayer.frontend.routing.failover``).
         """
         telemetry = GenerationTelemetry(self.tracer, self.metrics, self.served.name, stream)
         with telemetry.tokenize_span():

@@ -1,0 +1,151 @@
+"""Generation chunks to OpenAI response bodies (zerolayer.frontend.openai.response)."""
+
+from __future__ import annotations
+
+from zerolayer.common.generation import (
+    FinishReason,
+    GenerationChunk,
+    PositionLogprobs,
+    TokenLogprob,
+    Usage,
+)
+from zerolayer.frontend.openai.response import ResponseHead, StreamEncoder, whole_response
+
+COMPLETION = ResponseHead("cmpl-r", 1700000000, "tiny", chat=False)
+CHAT = ResponseHead("chatcmpl-r", 1700000000, "tiny", chat=True)
+USAGE = Usage(prompt_tokens=4, completion_tokens=3, cached_prompt_tokens=2)
+USAGE_BODY = {
+    "prompt_tokens": 4,
+    "completion_tokens": 3,
+    "total_tokens": 7,
+    "prompt_tokens_details": {"cached_tokens": 2},
+}
+
+
+def position(token: str, logprob: float, *top: tuple[str, float]) -> PositionLogprobs:
+    return PositionLogprobs(
+        TokenLogprob(1, logprob, token), 1, tuple(TokenLogprob(2, lp, t) for t, lp in top)
+    )
+
+
+def chunks() -> list[GenerationChunk]:
+    """Two samples interleaved: index 1 ends first, on EOS; index 0 on LENGTH."""
+    return [
+        GenerationChunk("r", "He", (1,), index=0, logprobs=(position("He", -0.5, ("He", -0.5)),)),
+        GenerationChunk("r", "Yo", (2,), FinishReason.EOS, index=1),
+        GenerationChunk(
+            "r", "y", (3,), FinishReason.LENGTH, USAGE, 0, (position("y", -1.0, ("y", -1.0)),)
+        ),
+    ]
+
+
+def test_a_whole_completion_has_a_choice_per_index_and_the_usage() -> None:
+    body = whole_response(COMPLETION, chunks(), logprobs=True)
+    assert body == {
+        "id": "cmpl-r",
+        "object": "text_completion",
+        "created": 1700000000,
+        "model": "tiny",
+        "choices": [
+            {
+                "index": 0,
+                "text": "Hey",
+                "logprobs": {
+                    "tokens": ["He", "y"],
+                    "token_logprobs": [-0.5, -1.0],
+                    "top_logprobs": [{"He": -0.5}, {"y": -1.0}],
+                    "text_offset": [0, 2],
+                },
+                "finish_reason": "length",
+            },
+            {
+                "index": 1,
+                "text": "Yo",
+                "logprobs": {
+                    "tokens": [],
+                    "token_logprobs": [],
+                    "top_logprobs": [],
+                    "text_offset": [],
+                },
+                "finish_reason": "stop",
+            },
+        ],
+        "usage": USAGE_BODY,
+    }
+
+
+def test_a_whole_chat_completion_has_messages_and_chat_logprobs() -> None:
+    body = whole_response(CHAT, chunks()[:1] + chunks()[2:], logprobs=True)
+    assert body["object"] == "chat.completion"
+    (choice,) = body["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "Hey"}
+    assert choice["logprobs"]["content"][0] == {
+        "token": "He",
+        "logprob": -0.5,
+        "bytes": [72, 101],
+        "top_logprobs": [{"token": "He", "logprob": -0.5, "bytes": [72, 101]}],
+    }
+    assert whole_response(CHAT, chunks(), logprobs=False)["choices"][0]["logprobs"] is None
+
+
+def test_a_completion_stream_offsets_logprobs_per_choice_and_ends_with_usage() -> None:
+    encoder = StreamEncoder(COMPLETION, logprobs=True, include_usage=True)
+    events = [encoder.chunk(c) for c in chunks()]
+    assert [e["choices"][0]["text"] for e in events] == ["He", "Yo", "y"]
+    assert [e["choices"][0]["finish_reason"] for e in events] == [None, "stop", "length"]
+    assert events[2]["choices"][0]["logprobs"]["text_offset"] == [2]
+    assert all(e["usage"] is None and e["object"] == "text_completion" for e in events)
+    assert encoder.usage() == {
+        "id": "cmpl-r",
+        "object": "text_completion",
+        "created": 1700000000,
+        "model": "tiny",
+        "choices": [],
+        "usage": USAGE_BODY,
+    }
+
+
+def test_a_chat_stream_sends_the_role_first_and_an_empty_last_delta() -> None:
+    encoder = StreamEncoder(CHAT, logprobs=False)
+    stream = [
+        GenerationChunk("r", "Hi", (1,)),
+        GenerationChunk("r", " there", (2,)),
+        GenerationChunk("r", "", (), FinishReason.STOP, USAGE),
+    ]
+    events = [encoder.chunk(c) for c in stream]
+    assert [e["choices"][0]["delta"] for e in events] == [
+        {"role": "assistant", "content": "Hi"},
+        {"content": " there"},
+        {},
+    ]
+    assert events[0]["object"] == "chat.completion.chunk" and "usage" not in events[0]
+    assert encoder.usage() is None
+
+
+def test_continuous_usage_is_on_every_chunk_once_known() -> None:
+    encoder = StreamEncoder(COMPLETION, logprobs=False, continuous_usage=True)
+    events = [encoder.chunk(c) for c in chunks()]
+    assert [e["usage"] for e in events] == [None, None, USAGE_BODY]
+
+
+def test_prompt_logprobs_are_vllms_after_a_null_first_position() -> None:
+    second = PositionLogprobs(TokenLogprob(7, -2.0, "b"), 3, (TokenLogprob(9, -0.1, "x"),))
+    third = PositionLogprobs(TokenLogprob(8, -0.2, "c"), 1, (TokenLogprob(8, -0.2, "c"),))
+    stream = [
+        GenerationChunk("r", "", (), prompt_logprobs=(second,)),
+        GenerationChunk("r", "y", (3,), FinishReason.LENGTH, USAGE, prompt_logprobs=(third,)),
+    ]
+    expected = [
+        None,
+        {
+            "9": {"logprob": -0.1, "rank": 1, "decoded_token": "x"},
+            "7": {"logprob": -2.0, "rank": 3, "decoded_token": "b"},
+        },
+        {"8": {"logprob": -0.2, "rank": 1, "decoded_token": "c"}},
+    ]
+    (choice,) = whole_response(COMPLETION, stream, logprobs=False)["choices"]
+    assert choice["prompt_logprobs"] == expected
+    encoder = StreamEncoder(COMPLETION, logprobs=False)
+    events = [encoder.chunk(c)["choices"][0]["prompt_logprobs"] for c in stream]
+    assert events == [expected[:2], expected[2:]]
+    assert "prompt_logprobs" not in whole_response(COMPLETION, chunks(), False)["choices"][0]

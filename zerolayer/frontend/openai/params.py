@@ -1,0 +1,186 @@
+"""OpenAI request bodies (``zerolayer.frontend.openai.schema``) to :class:`GenerateParams`.
+
+What the public gRPC API validates (ranges, the model name, the context) is left to
+``zerolayer.frontend.text.validation``; here only what OpenAI's shape adds is checked: one prompt,
+the fields zerolayer does not implement, ``logit_bias`` keys, ``top_logprobs`` without
+``logprobs``, a ``json_schema`` format without a schema.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.common.generation import ChatMessage, GenerateParams, StructuredOutput
+from zerolayer.frontend.openai.schema import (
+    ChatCompletionRequest,
+    ChatMessageIn,
+    CompletionRequest,
+    ResponseFormat,
+    SamplingFields,
+)
+
+OPENAI_DEFAULT_TEMPERATURE = 1.0
+"""Temperature of a request that leaves it unset (OpenAI's default; gRPC's is greedy)."""
+SEED_MODULUS = 2**64
+"""Seeds are uint64 in zerolayer; OpenAI takes any integer: a negative one wraps around."""
+
+PARAM_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "prompt_token_ids": "prompt",
+    "structured_output": "response_format",
+}
+"""GenerateParams field -> the OpenAI field a client sent it as (the rest are the same)."""
+CHAT_PARAM_NAMES = {"logprobs": "top_logprobs", "prompt": "messages"}
+"""The same, where a chat differs."""
+
+
+def completion_params(body: CompletionRequest, request_id: str) -> GenerateParams:
+    """The generation a ``/v1/completions`` body asks for.
+
+    Raises:
+        InvalidArgument: several prompts, ``echo``, ``suffix``, ``best_of`` > 1, or see
+            :func:`_sampling_fields`; the field is OpenAI's name.
+    """
+    if body.echo:
+        raise InvalidArgument("echo", "not supported")
+    if body.suffix:
+        raise InvalidArgument("suffix", "not supported")
+    if body.best_of is not None and body.best_of > 1:
+        raise InvalidArgument("best_of", "not supported (use n)")
+    prompt, prompt_token_ids = _one_prompt(body.prompt)
+    return GenerateParams(
+        prompt=prompt,
+        prompt_token_ids=prompt_token_ids,
+        logprobs=body.logprobs,
+        **_sampling_fields(body, body.max_tokens, request_id),
+    )
+
+
+def chat_params(body: ChatCompletionRequest, request_id: str) -> GenerateParams:
+    """The generation a ``/v1/chat/completions`` body asks for: the messages are rendered with
+    the model's chat template by validation.
+
+    Raises:
+        InvalidArgument: tools or function calls, non-text content, ``top_logprobs`` without
+            ``logprobs``, or see :func:`_sampling_fields`; the field is OpenAI's name.
+    """
+    if body.tools or body.functions or body.function_call is not None:
+        field = "tools" if body.tools else "functions" if body.functions else "function_call"
+        raise InvalidArgument(field, "tool and function calls are not supported")
+    if body.tool_choice not in (None, "none"):
+        raise InvalidArgument("tool_choice", "not supported (only 'none')")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidArgument("top_logprobs", "needs logprobs: true")
+    messages = tuple(_chat_message(i, m) for i, m in enumerate(body.messages))
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    return GenerateParams(
+        messages=messages,
+        add_generation_prompt=body.add_generation_prompt,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        **_sampling_fields(body, max_tokens, request_id),
+    )
+
+
+def _one_prompt(
+    prompt: str | list[int] | list[str] | list[list[int]],
+) -> tuple[str | None, tuple[int, ...] | None]:
+    """(text, None) or (None, token ids) of the one prompt in ``prompt``."""
+    if isinstance(prompt, str):
+        return prompt, None
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return None, tuple(prompt)  # type: ignore[arg-type]
+    if len(prompt) != 1:
+        raise InvalidArgument("prompt", f"{len(prompt)} prompts; one per request is supported")
+    only = prompt[0]
+    return (only, None) if isinstance(only, str) else (None, tuple(only))  # type: ignore[arg-type]
+
+
+def _chat_message(index: int, message: ChatMessageIn) -> ChatMessage:
+    field = f"messages[{index}]"
+    if message.tool_calls:
+        raise InvalidArgument(f"{field}.tool_calls", "tool calls are not supported")
+    content = message.content
+    if isinstance(content, list):
+        kinds = sorted({part.type for part in content} - {"text"})
+        if kinds:
+            raise InvalidArgument(f"{field}.content", f"only text parts are supported, not {kinds}")
+        content = "".join(part.text for part in content)
+    # NOTE: OpenAI's "developer" role is the system prompt of newer models; chat templates
+    # know "system".
+    role = "system" if message.role == "developer" else message.role
+    return ChatMessage(role, content or "", message.name, message.tool_call_id)
+
+
+def _sampling_fields(body: SamplingFields, max_tokens: int | None, request_id: str) -> dict:
+    """The GenerateParams fields both endpoints share, by name.
+
+    Raises:
+        InvalidArgument: a ``logit_bias`` key that is not a token id, or a ``json_schema``
+            response format without a schema.
+    """
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    temperature = OPENAI_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
+    return {
+        "max_new_tokens": max_tokens or 0,
+        "temperature": temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "seed": None if body.seed is None else body.seed % SEED_MODULUS,
+        "stop": stop,
+        "ignore_eos": body.ignore_eos,
+        "cache_salt": body.cache_salt,
+        "request_id": request_id,
+        "model": body.model,
+        "repetition_penalty": body.repetition_penalty,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "min_p": body.min_p,
+        "min_new_tokens": body.min_tokens,
+        "stop_token_ids": tuple(body.stop_token_ids or ()),
+        "logit_bias": _logit_bias(body.logit_bias or {}),
+        "prompt_logprobs": body.prompt_logprobs,
+        "n": body.n,
+        "structured_output": _structured_output(body.response_format),
+    }
+
+
+def _logit_bias(logit_bias: dict[str, float]) -> tuple[tuple[int, float], ...]:
+    """(token id, bias) pairs, ids ascending, of OpenAI's ``{"<id>": bias}``."""
+    pairs = []
+    for key, bias in logit_bias.items():
+        if not (key.isascii() and key.isdigit()):
+            raise InvalidArgument("logit_bias", f"key {key[:32]!r} is not a token id")
+        pairs.append((int(key), bias))
+    return tuple(sorted(pairs))
+
+
+def _structured_output(response_format: ResponseFormat | None) -> StructuredOutput | None:
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return StructuredOutput("json_object")
+    schema = response_format.json_schema.json_schema if response_format.json_schema else None
+    if schema is None:
+        raise InvalidArgument("response_format", "json_schema needs json_schema.schema")
+    return StructuredOutput("json_schema", json.dumps(schema))
+
+
+def new_request_id() -> str:
+    """A fresh request id (32 hex digits), also the response's ``id`` after its prefix."""
+    return uuid.uuid4().hex
+
+
+def openai_param(field: str, chat: bool) -> str:
+    """The OpenAI name of the GenerateParams ``field`` an error names (``stop[2]`` -> ``stop``,
+    ``structured_output.json_schema`` -> ``response_format``; in a chat, ``logprobs`` ->
+    ``top_logprobs`` and ``prompt`` -> ``messages``)."""
+    if field.startswith("stop["):
+        return "stop"
+    if field.startswith("structured_output"):  # structured_output.json_schema and the like
+        return "response_format"
+    if chat and field in CHAT_PARAM_NAMES:
+        return CHAT_PARAM_NAMES[field]
+    return PARAM_NAMES.get(field, field)

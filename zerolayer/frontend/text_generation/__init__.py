@@ -1,0 +1,1 @@
+"""The public gRPC API ``zerolayer.v1.TextGeneration``: its thin handlers."""
