@@ -84,11 +84,15 @@ def test_parts_that_do_not_fit_together_are_refused(model: LocalModel) -> None:
 
 
 def test_engine_config_refuses_what_no_engine_could_run() -> None:
-    with pytest.raises(ValueError, match="attention_backend: 'triton' is not"):
+    with pytest.raises(
+        ValueError, match="^--attention-backend: 'triton' is not one of native, reference$"
+    ):
         EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, attention_backend="triton")
-    with pytest.raises(ValueError, match="max_num_seqs and max_num_batched_tokens"):
+    with pytest.raises(ValueError, match="^--max-num-seqs: must be > 0$"):
         EngineConfig(max_num_seqs=0, max_num_batched_tokens=16)
-    with pytest.raises(ValueError, match="kv_unavailable_timeout_s"):
+    with pytest.raises(ValueError, match="^--max-num-batched-tokens: must be > 0$"):
+        EngineConfig(max_num_seqs=4, max_num_batched_tokens=0)
+    with pytest.raises(ValueError, match="^--kv-unavailable-timeout-s: must be > 0$"):
         EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, kv_unavailable_timeout_s=0.0)
     with pytest.raises(ValueError, match="batch_invariant: needs attention_backend native"):
         EngineConfig(
