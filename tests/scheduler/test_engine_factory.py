@@ -115,6 +115,6 @@ def test_the_local_engines_arena_is_the_one_the_kvstore_would_make(
     assert layout == arena_layout(kvstore, model.manifest)
     assert (layout.num_blocks, layout.dtype) == (48, "F32")
     engine, allocator = build_local_engine(model, CONFIG, layout, enable_prefix_caching=False)
-    assert allocator.num_blocks_total == 48 and not allocator.cache.enabled
+    assert allocator.num_blocks_total == 48 and not allocator.enabled
     assert engine.runner.kv_caches[1][1].shape == (48, BLOCK_SIZE, 2, 16)
     assert engine.runner.kv_caches[1][1].dtype == torch.float32
