@@ -188,6 +188,7 @@ def test_the_frontend_refuses_a_listen_address_grpc_cannot_bind(
         ("default_max_new_tokens", 0, "--default-max-new-tokens: must be > 0"),
         ("metrics_port_base", 65533, "--metrics-port-base: must be in 1..65532 (or 0: off)"),
         ("metrics_port_base", -1, "--metrics-port-base: must be in 1..65532 (or 0: off)"),
+        ("routing", "fastest", "--routing: 'fastest' is not one of least-work, prefix-affine"),
     ],
 )
 def test_stack_config_checks_a_value_by_its_declaration(field, bad, message) -> None:
