@@ -9,7 +9,15 @@ import dataclasses
 import pytest
 from common.setting_samples import SAMPLES, layer_config, pretend_two_gpus, value, words
 
-from zerolayer.common.config import FrontendConfig, KVStoreConfig, LoaderConfig, SchedulerConfig
+from zerolayer.common.config import (
+    SETTING,
+    FrontendConfig,
+    KVStoreConfig,
+    LoaderConfig,
+    SchedulerConfig,
+    documented,
+    setting_field,
+)
 from zerolayer.common.setting import REQUIRED, AtMost, Setting, positive
 from zerolayer.common.settings import (
     LAYERS,
@@ -19,6 +27,7 @@ from zerolayer.common.settings import (
     layer_settings,
     up_settings,
 )
+from zerolayer.scheduler.engine_factory import EngineConfig
 from zerolayer.stack.config import StackConfig
 
 CONFIGS = {
@@ -98,6 +107,30 @@ def test_stack_config_holds_every_up_setting_with_its_default() -> None:
     assert defaults["nvml_script"] == nvml_script.default
 
 
+@pytest.mark.parametrize("config_type", [*CONFIGS.values(), StackConfig, EngineConfig])
+def test_a_config_takes_each_flags_field_its_default_and_its_words_from_the_declaration(
+    config_type: type,
+) -> None:
+    declared = {setting.name: setting for setting in SETTINGS}
+    for field in dataclasses.fields(config_type):
+        if field.name not in declared:
+            continue
+        setting = declared[field.name]
+        assert field.metadata[SETTING] is setting, field.name
+        line = f"    {setting.name} (``{setting.flag}``): {setting.description()}"
+        assert line in config_type.__doc__.splitlines(), field.name
+    assert "Fields from flags:" in config_type.__doc__
+
+
+def test_a_config_field_named_other_than_its_setting_is_refused() -> None:
+    with pytest.raises(TypeError, match="^Wrong.max_seqs: declared by 'max_num_seqs'$"):
+
+        @documented
+        @dataclasses.dataclass(frozen=True)
+        class Wrong:
+            max_seqs: int = setting_field(MAX_NUM_SEQS)
+
+
 def test_the_scheduler_defaults_are_the_declared_ones() -> None:
     config = SchedulerConfig(address="a", loader_address="b", kvstore_address="c")
     assert config.max_num_seqs == MAX_NUM_SEQS.default == 64
@@ -155,6 +188,7 @@ def test_the_frontend_refuses_a_listen_address_grpc_cannot_bind(
         ("default_max_new_tokens", 0, "--default-max-new-tokens: must be > 0"),
         ("metrics_port_base", 65533, "--metrics-port-base: must be in 1..65532 (or 0: off)"),
         ("metrics_port_base", -1, "--metrics-port-base: must be in 1..65532 (or 0: off)"),
+        ("routing", "fastest", "--routing: 'fastest' is not one of least-work, prefix-affine"),
     ],
 )
 def test_stack_config_checks_a_value_by_its_declaration(field, bad, message) -> None:

@@ -41,13 +41,14 @@ def make_manifest() -> WeightManifest:
     )
 
 
-def make_store(tmp_path: Path, clock: Clock) -> KVStore:
-    """A kvstore over an 8-block arena at ``tmp_path/arena.kv`` (reopened if it exists)."""
+def make_store(tmp_path: Path, clock: Clock, num_blocks: int = NUM_BLOCKS) -> KVStore:
+    """A kvstore over a ``num_blocks``-block arena at ``tmp_path/arena.kv`` (reopened if it
+    exists)."""
     config = KVStoreConfig(
         address="unix:/unused",
         loader_address="unix:/unused",
         shm_path=str(tmp_path / "arena.kv"),
-        kv_cache_bytes=NUM_BLOCKS * BLOCK_BYTES,
+        kv_cache_bytes=num_blocks * BLOCK_BYTES,
         block_size=BLOCK_SIZE,
         owner_lease_s=LEASE_S,
     )

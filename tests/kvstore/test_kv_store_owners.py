@@ -13,8 +13,13 @@ from zerolayer.common.errors import InvalidArgument
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.owner import DEFAULT_OWNER, OwnerRef, OwnerStats, ReconcileResult
 from zerolayer.kvstore.kv_store import KVStore
-from zerolayer.kvstore.owners import EpochStale, LeaseExpired, NotReconciled, NotRegistered
-from zerolayer.kvstore.recovery import Recovering
+from zerolayer.kvstore.refusals import (
+    EpochStale,
+    LeaseExpired,
+    NotReconciled,
+    NotRegistered,
+    Recovering,
+)
 
 
 def advance(store: KVStore, clock: Clock, seconds: float) -> None:
@@ -26,7 +31,7 @@ def advance(store: KVStore, clock: Clock, seconds: float) -> None:
 
 def join(store: KVStore, owner_id: str, held: list[int] | None = None) -> OwnerRef:
     """Registers and reconciles ``owner_id``; returns what its calls carry."""
-    owner = OwnerRef(owner_id, store.register(owner_id).epoch)
+    owner = OwnerRef(owner_id, store.owners.register(owner_id).epoch)
     store.reconcile(held or [], owner)
     return owner
 
@@ -39,7 +44,7 @@ def entries(block_ids: list[int]) -> list[CommitEntry]:
 
 
 def used(store: KVStore) -> list[int]:
-    return store.cache.pool.ref_cnt
+    return store.cache.ref_cnt
 
 
 def test_without_an_owner_a_call_is_the_default_owners_as_before(tmp_path: Path) -> None:
@@ -60,7 +65,7 @@ def test_owners_hold_their_own_blocks_and_reconcile_only_their_own(tmp_path: Pat
     with pytest.raises(InvalidArgument, match="block 0 is not held by owner 'sched-b'"):
         store.free([0], b)
     # A new scheduler B (same id, next epoch) declares nothing: only B's blocks are released.
-    b2 = OwnerRef("sched-b", store.register("sched-b").epoch)
+    b2 = OwnerRef("sched-b", store.owners.register("sched-b").epoch)
     assert store.reconcile([], b2) == ReconcileResult(2, False, 0.0)
     assert used(store) == [1, 1, 1, 0, 0, 0, 0, 0]
     assert store.allocate(1, b2) == [5]
@@ -70,7 +75,7 @@ def test_a_zombie_epoch_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     store = make_store(tmp_path, Clock())
     old = join(store, "sched-a")
     assert store.allocate(2, old) == [0, 1]
-    new = OwnerRef("sched-a", store.register("sched-a").epoch)
+    new = OwnerRef("sched-a", store.owners.register("sched-a").epoch)
     before = store.stats()
     calls = [
         lambda: store.allocate(1, old),
@@ -78,7 +83,7 @@ def test_a_zombie_epoch_is_refused_and_changes_nothing(tmp_path: Path) -> None:
         lambda: store.lookup(PROMPT, "", old),
         lambda: store.commit(entries([0]), old),
         lambda: store.reconcile([], old),
-        lambda: store.keep_alive(old),
+        lambda: store.owners.keep_alive(old),
         lambda: store.unregister(old),
     ]
     for call in calls:
@@ -108,13 +113,13 @@ def test_an_expired_lease_releases_the_owners_blocks_which_stay_cached(tmp_path:
     assert store.commit(entries([0, 1, 2]), a) == 3
     assert store.allocate(1, b) == [4]
     advance(store, clock, 2.0)
-    store.keep_alive(b)
+    store.owners.keep_alive(b)
     advance(store, clock, 1.0)  # A sent nothing for 3 s (stopped, hung or dead)
     assert used(store) == [0, 0, 0, 0, 1, 0, 0, 0]
-    assert list(store.cache.pool.free_block_queue) == [5, 6, 7, 0, 1, 2, 3]
+    assert list(store.cache.free_block_queue) == [5, 6, 7, 0, 1, 2, 3]
     assert store.stats().num_blocks_cached == 3
     # A comes back (SIGCONT): told its lease expired, at every call; nothing changes.
-    for call in (lambda: store.allocate(1, a), lambda: store.keep_alive(a)):
+    for call in (lambda: store.allocate(1, a), lambda: store.owners.keep_alive(a)):
         with pytest.raises(LeaseExpired, match="^owner 'sched-a' epoch 1: lease expired;"):
             call()
     # It registers again, declares nothing, and finds its prefix still cached.
@@ -131,7 +136,7 @@ def test_stats_report_every_owner(tmp_path: Path) -> None:
     store.allocate(3, a)
     store.allocate(1, b)
     advance(store, clock, 1.0)
-    store.keep_alive(b)
+    store.owners.keep_alive(b)
     advance(store, clock, 2.0)
     store.reconcile([], DEFAULT_OWNER)
     stats = store.stats()
@@ -170,7 +175,7 @@ def test_a_restarted_kvstore_hands_out_no_block_before_every_owner_reconciled(
     assert store.arena.reopened and store.stats().recovering
     with pytest.raises(NotRegistered):
         store.allocate(1, OwnerRef("sched-a", 1))
-    a = OwnerRef("sched-a", store.register("sched-a").epoch)
+    a = OwnerRef("sched-a", store.owners.register("sched-a").epoch)
     assert a.epoch == 2  # the epochs go on from the sidecar
     assert store.reconcile([1, 0], a) == ReconcileResult(2, True, 3.0)
     with pytest.raises(Recovering) as info:
@@ -180,9 +185,9 @@ def test_a_restarted_kvstore_hands_out_no_block_before_every_owner_reconciled(
         "reconciled (still waiting for: none) and the 3 s recovery window has passed (3.0 s left)"
     )
     advance(store, clock, 1.0)
-    b = OwnerRef("sched-b", store.register("sched-b").epoch)
+    b = OwnerRef("sched-b", store.owners.register("sched-b").epoch)
     advance(store, clock, 1.5)
-    store.keep_alive(a)
+    store.owners.keep_alive(a)
     advance(store, clock, 0.5)  # the window passed, but B, registered, has not reconciled
     with pytest.raises(Recovering, match=r"waiting for: owner 'sched-b'\) .* \(0.0 s left\)"):
         store.allocate(1, a)
@@ -199,9 +204,9 @@ def test_an_owner_that_never_reconciles_holds_up_recovery_for_one_lease_only(
     store = restart(tmp_path, clock)
     a = join(store, "sched-a", [0, 1])
     advance(store, clock, 0.5)
-    store.register("sched-b")  # and then it died
+    store.owners.register("sched-b")  # and then it died
     advance(store, clock, 2.0)
-    store.keep_alive(a)
+    store.owners.keep_alive(a)
     advance(store, clock, 0.5)  # the window passed; B's lease has not
     with pytest.raises(Recovering, match=r"waiting for: owner 'sched-b'\)"):
         store.allocate(1, a)
@@ -217,7 +222,7 @@ def test_a_zombie_from_before_the_restart_is_still_refused(tmp_path: Path) -> No
     store = make_store(tmp_path, clock)
     with pytest.raises(EpochStale, match="current epoch of owner 'sched-a' is 2"):
         store.reconcile([], OwnerRef("sched-a", 1))
-    assert store.register("sched-a").epoch == 3
+    assert store.owners.register("sched-a").epoch == 3
 
 
 def test_an_owner_whose_lease_expired_before_the_restart_is_told_so_after(

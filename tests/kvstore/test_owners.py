@@ -1,4 +1,4 @@
-"""Tests for OwnerTable: epochs per owner id, zombie refusal, leases with an injected clock, the
+"""Tests for Owners: epochs per owner id, zombie refusal, leases with an injected clock, the
 kvstore's own stalls, and the records that outlive a kvstore process."""
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ from zerolayer.kv.owner import (
     LEASE_EXPIRED,
     NOT_REGISTERED,
     OwnerRef,
+    Registration,
 )
-from zerolayer.kvstore.owners import (
-    EpochStale,
-    LeaseExpired,
-    NotRegistered,
-    OwnerRecord,
-    OwnerTable,
-)
+from zerolayer.kvstore.owners import Owner, OwnerRecord, Owners
+from zerolayer.kvstore.refusals import EpochStale, LeaseExpired, NotRegistered
 
 LEASE_S = 3.0
 
@@ -36,12 +32,17 @@ class Clock:
 
 def make_table(
     clock: Clock, records: dict[str, OwnerRecord] | None = None, saved: list | None = None
-) -> OwnerTable:
+) -> Owners:
     on_change = None if saved is None else saved.append
-    return OwnerTable(LEASE_S, clock, records, on_change)
+    return Owners(LEASE_S, clock, records, on_change)
 
 
-def advance(table: OwnerTable, clock: Clock, seconds: float, step: float = 0.5) -> list[str]:
+def registered(table: Owners, owner_id: str) -> Owner:
+    """Registers ``owner_id``; returns its registration as the table keeps it."""
+    return table.check(OwnerRef(owner_id, table.register(owner_id).epoch))
+
+
+def advance(table: Owners, clock: Clock, seconds: float, step: float = 0.5) -> list[str]:
     """Moves the clock by ``seconds`` with a sweep every ``step`` (as the kvstore's loop does);
     returns the ids whose lease expired, in order."""
     expired = []
@@ -53,9 +54,9 @@ def advance(table: OwnerTable, clock: Clock, seconds: float, step: float = 0.5) 
 
 def test_each_registration_of_an_id_gets_the_next_epoch() -> None:
     table = make_table(Clock())
-    assert table.register("a").epoch == 1
+    assert table.register("a") == Registration(1, LEASE_S)
     assert table.register("b").epoch == 1
-    assert table.register("a").epoch == 2
+    assert table.register("a") == Registration(2, LEASE_S)
     assert [(o.owner_id, o.epoch) for o in table.owners] == [("a", 2), ("b", 1)]
 
 
@@ -97,10 +98,10 @@ def test_an_unknown_owner_is_not_registered() -> None:
 def test_a_lease_lapses_one_lease_after_the_last_keep_alive() -> None:
     clock = Clock()
     table = make_table(clock)
-    a = table.register("a").ref
+    a = registered(table, "a").ref
     table.register("b")
     assert advance(table, clock, 2.5) == []
-    table.keep_alive(a)  # at 102.5: a's lease now ends at 105.5, b's at 103.0
+    assert table.keep_alive(a) == LEASE_S  # at 102.5: a's lease now ends at 105.5, b's at 103.0
     assert advance(table, clock, 0.5) == ["b"]
     assert advance(table, clock, 2.0) == []
     assert advance(table, clock, 0.5) == ["a"]
@@ -113,7 +114,7 @@ def test_a_lease_lapses_one_lease_after_the_last_keep_alive() -> None:
 def test_an_owner_back_after_its_lease_expired_is_told_and_registers_again() -> None:
     clock = Clock()
     table = make_table(clock)
-    a = table.register("a").ref
+    a = registered(table, "a").ref
     assert advance(table, clock, 3.0) == ["a"]
     for call in (table.check, table.keep_alive):
         with pytest.raises(LeaseExpired) as info:
@@ -122,7 +123,7 @@ def test_an_owner_back_after_its_lease_expired_is_told_and_registers_again() -> 
             "owner 'a' epoch 1: lease expired; its block references were released, register again"
         )
         assert info.value.reason == LEASE_EXPIRED
-    again = table.register("a")
+    again = registered(table, "a")
     assert (again.epoch, again.lease_expired, again.expires_at) == (2, False, 106.0)
     assert [o.owner_id for o in table.live_owners] == ["a"]
 
@@ -175,7 +176,7 @@ def test_records_carry_epochs_and_releases_to_the_next_kvstore_process() -> None
 def test_release_ends_the_lease_at_once() -> None:
     clock = Clock()
     table = make_table(clock)
-    owner = table.register("a")
+    owner = registered(table, "a")
     clock.now += 1.0
     table.release(owner)
     assert (owner.lease_expired, owner.expires_at) == (True, 101.0)
@@ -187,4 +188,4 @@ def test_release_ends_the_lease_at_once() -> None:
 @pytest.mark.parametrize("lease_s", [0.0, -1.0])
 def test_the_lease_must_be_positive(lease_s: float) -> None:
     with pytest.raises(ValueError, match="^lease_s: must be > 0$"):
-        OwnerTable(lease_s)
+        Owners(lease_s)

@@ -12,7 +12,6 @@ import xxhash
 
 from zerolayer.common.errors import InvalidArgument, ResourceExhausted
 from zerolayer.kv.commit import CommitEntry
-from zerolayer.kvstore.block_pool import BlockPool
 from zerolayer.kvstore.prefix_cache import (
     ROOT_HASH,
     BlockKey,
@@ -35,7 +34,7 @@ def make_cache(
     enabled: bool = True,
     hash_fn: HashFn = xxh3_128,
 ) -> PrefixCache:
-    return PrefixCache(BlockPool(num_blocks), BLOCK_SIZE, fingerprint, enabled, hash_fn)
+    return PrefixCache(num_blocks, BLOCK_SIZE, fingerprint, enabled, hash_fn)
 
 
 def make_entries(
@@ -58,7 +57,7 @@ def commit(cache: PrefixCache, block_ids: Sequence[int], token_ids: Sequence[int
 
 
 def free_queue(cache: PrefixCache) -> list[int]:
-    return list(cache.pool.free_block_queue)
+    return list(cache.free_block_queue)
 
 
 def stats(cache: PrefixCache) -> tuple[int, int, int, int]:
@@ -72,7 +71,7 @@ def test_committed_blocks_are_found_and_referenced() -> None:
     assert commit(cache, [0, 1, 2], A) == 3
     assert cache.num_cached_blocks == 3
     assert cache.lookup(A + [99], "") == [0, 1, 2]
-    assert cache.pool.ref_cnt == [2, 2, 2, 0, 0, 0, 0, 0]
+    assert cache.ref_cnt == [2, 2, 2, 0, 0, 0, 0, 0]
     assert free_queue(cache) == [3, 4, 5, 6, 7]
     assert stats(cache) == (1, 13, 12, 0)
     assert cache.stats.hit_ratio == 12 / 13
@@ -104,7 +103,7 @@ def test_only_full_blocks_below_the_last_token_are_returned() -> None:
     assert cache.lookup(A[:4], "") == []
     assert cache.lookup(A[:5], "") == [0]
     assert cache.lookup([], "") == []
-    assert cache.pool.ref_cnt[:3] == [5, 3, 1]
+    assert cache.ref_cnt[:3] == [5, 3, 1]
     assert stats(cache) == (6, 36, 24, 0)
 
 
@@ -115,7 +114,7 @@ def test_a_different_token_ends_the_hit_at_the_previous_block() -> None:
     assert cache.lookup(A[:5] + [999] + A[6:] + [1], "") == [0]
     assert cache.lookup(A[:9] + [999] + A[10:] + [1], "") == [0, 1]
     assert cache.lookup([999] + A[1:] + [1], "") == []
-    assert cache.pool.ref_cnt[:3] == [3, 2, 1]
+    assert cache.ref_cnt[:3] == [3, 2, 1]
 
 
 def test_the_same_block_after_a_different_prefix_is_different_content() -> None:
@@ -142,11 +141,11 @@ def test_freed_blocks_stay_findable_until_evicted_in_lru_order() -> None:
     cache.free([1, 0])
     cache.free([3, 2])
     assert free_queue(cache) == [1, 0, 3, 2]
-    assert cache.pool.ref_cnt == [0, 0, 0, 0]
+    assert cache.ref_cnt == [0, 0, 0, 0]
     # A hit on a free block takes it out of the free queue.
     assert cache.lookup(A[:9], "") == [0, 1]
     assert free_queue(cache) == [3, 2]
-    assert cache.pool.ref_cnt == [1, 1, 0, 0]
+    assert cache.ref_cnt == [1, 1, 0, 0]
     cache.free([1, 0])
     assert free_queue(cache) == [3, 2, 1, 0]
     # B's second block was freed least recently: evicted first.
@@ -159,7 +158,7 @@ def test_freed_blocks_stay_findable_until_evicted_in_lru_order() -> None:
     assert cache.stats.num_evictions == 3
     assert cache.lookup(A[:9], "") == []
     assert cache.num_cached_blocks == 1
-    assert cache.pool.ref_cnt == [1, 1, 1, 1]
+    assert cache.ref_cnt == [1, 1, 1, 1]
 
 
 def test_allocating_uncached_blocks_evicts_nothing() -> None:
@@ -183,7 +182,7 @@ def test_referenced_cached_blocks_are_never_evicted() -> None:
         cache.allocate(1)
     assert cache.stats.num_evictions == 0
     assert cache.lookup(A[:9], "") == [0, 1]
-    assert cache.pool.ref_cnt == [2, 2, 1, 1]
+    assert cache.ref_cnt == [2, 2, 1, 1]
 
 
 def test_cache_salt_isolates_tenants() -> None:
@@ -208,7 +207,7 @@ def test_empty_salt_is_one_namespace_shared_by_every_empty_salt_request() -> Non
     assert cache.lookup(A[:9], "") == [0, 1]
     assert cache.lookup(A[:8] + [7, 7], "") == [0, 1]
     assert cache.lookup(A[:9], "a") == []
-    assert cache.pool.ref_cnt[:2] == [3, 3]
+    assert cache.ref_cnt[:2] == [3, 3]
 
 
 def test_hash_is_xxh3_128_of_the_documented_layout() -> None:
@@ -259,7 +258,7 @@ def test_colliding_hashes_never_share_blocks() -> None:
     assert commit(cache, [1], B[:4]) == 0
     assert cache.lookup(B[:5], "") == []
     assert cache.lookup(A[:5], "") == [0]
-    assert cache.pool.ref_cnt[:2] == [3, 1]
+    assert cache.ref_cnt[:2] == [3, 1]
     assert cache.num_cached_blocks == 1
 
 
@@ -364,7 +363,7 @@ def test_disabled_cache_counts_queries_and_caches_nothing() -> None:
     assert commit(cache, [0, 1], A[:8]) == 0
     assert cache.lookup(A[:9], "") == []
     assert cache.num_cached_blocks == 0
-    assert cache.pool.ref_cnt[:2] == [1, 1]
+    assert cache.ref_cnt[:2] == [1, 1]
     assert stats(cache) == (1, 9, 0, 0)
     assert cache.stats.hit_ratio == 0.0
 
@@ -374,8 +373,8 @@ def test_reconcile_keeps_cached_content_findable() -> None:
     assert cache.allocate(3) == [0, 1, 2]
     assert commit(cache, [0, 1], A[:8]) == 2
     assert cache.reconcile([0, 0]) == 3
-    assert cache.pool.ref_cnt[:3] == [2, 0, 0]
+    assert cache.ref_cnt[:3] == [2, 0, 0]
     assert free_queue(cache) == [3, 4, 5, 6, 7, 1, 2]
     assert cache.lookup(A[:9], "") == [0, 1]
-    assert cache.pool.ref_cnt[:3] == [3, 1, 0]
+    assert cache.ref_cnt[:3] == [3, 1, 0]
     assert cache.num_cached_blocks == 2

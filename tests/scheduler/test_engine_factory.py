@@ -84,11 +84,15 @@ def test_parts_that_do_not_fit_together_are_refused(model: LocalModel) -> None:
 
 
 def test_engine_config_refuses_what_no_engine_could_run() -> None:
-    with pytest.raises(ValueError, match="attention_backend: 'triton' is not"):
+    with pytest.raises(
+        ValueError, match="^--attention-backend: 'triton' is not one of native, reference$"
+    ):
         EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, attention_backend="triton")
-    with pytest.raises(ValueError, match="max_num_seqs and max_num_batched_tokens"):
+    with pytest.raises(ValueError, match="^--max-num-seqs: must be > 0$"):
         EngineConfig(max_num_seqs=0, max_num_batched_tokens=16)
-    with pytest.raises(ValueError, match="kv_unavailable_timeout_s"):
+    with pytest.raises(ValueError, match="^--max-num-batched-tokens: must be > 0$"):
+        EngineConfig(max_num_seqs=4, max_num_batched_tokens=0)
+    with pytest.raises(ValueError, match="^--kv-unavailable-timeout-s: must be > 0$"):
         EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, kv_unavailable_timeout_s=0.0)
     with pytest.raises(ValueError, match="batch_invariant: needs attention_backend native"):
         EngineConfig(
@@ -111,6 +115,6 @@ def test_the_local_engines_arena_is_the_one_the_kvstore_would_make(
     assert layout == arena_layout(kvstore, model.manifest)
     assert (layout.num_blocks, layout.dtype) == (48, "F32")
     engine, allocator = build_local_engine(model, CONFIG, layout, enable_prefix_caching=False)
-    assert allocator.num_blocks_total == 48 and not allocator.cache.enabled
+    assert allocator.num_blocks_total == 48 and not allocator.enabled
     assert engine.runner.kv_caches[1][1].shape == (48, BLOCK_SIZE, 2, 16)
     assert engine.runner.kv_caches[1][1].dtype == torch.float32

@@ -1,11 +1,25 @@
 """Frozen per-layer configs, built once at the process edge (CLI / ``__main__``) from the flags
-of ``zerolayer.common.settings``, whose declarations hold every default."""
+of ``zerolayer.common.settings``.
+
+A field that is a flag is declared from its :class:`~zerolayer.common.setting.Setting`
+(:func:`setting_field`): the default is the declaration's, and the declaration's help (with unit
+and default) is the field's documentation, rendered into the class docstring by
+:func:`documented` (``help(SchedulerConfig)``) and readable as ``field.metadata["setting"]``.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, TypeVar
 
 from zerolayer.common import settings
+from zerolayer.common.setting import REQUIRED, Setting
+
+ConfigT = TypeVar("ConfigT", bound=type)
+
+SETTING = "setting"
+"""Key of a config field's :class:`Setting` in its ``metadata``."""
 
 WARM_UP_PROMPT_TOKENS = 32
 """Prompt length of the request the scheduler runs before it reports SERVING."""
@@ -21,110 +35,134 @@ def warm_up_num_blocks(block_size: int, max_model_len: int) -> int:
     return -(-num_kv_tokens // block_size)
 
 
+def setting_field(setting: Setting) -> Any:
+    """A config dataclass field declared by ``setting``: its default (none when it is
+    :data:`~zerolayer.common.setting.REQUIRED`) and, in its metadata under :data:`SETTING`,
+    the setting, whose help documents the field."""
+    default = MISSING if setting.default is REQUIRED else setting.default
+    return field(default=default, metadata={SETTING: setting})
+
+
+def documented(cls: ConfigT) -> ConfigT:
+    """Appends to the docstring of the config dataclass ``cls`` one line per field declared by
+    :func:`setting_field` (inherited ones too): its name, flag, help, unit and default.
+
+    Raises:
+        TypeError: a field is named other than its setting (``Setting.name`` is the field).
+    """
+    lines = []
+    for config_field in fields(cls):
+        setting = config_field.metadata.get(SETTING)
+        if setting is None:
+            continue
+        if config_field.name != setting.name:
+            raise TypeError(f"{cls.__name__}.{config_field.name}: declared by {setting.name!r}")
+        lines.append(f"    {setting.name} (``{setting.flag}``): {setting.description()}")
+    if lines:
+        doc = inspect.cleandoc(cls.__doc__ or "")
+        cls.__doc__ = "\n".join([doc, "", "Fields from flags:", *lines])
+    return cls
+
+
+def check_settings(config: object) -> None:
+    """Checks each field of the config dataclass ``config`` that a setting declares, by that
+    setting (:meth:`Setting.validate`): a value given in code meets the flag's checks.
+
+    Raises:
+        ValueError: a value cannot work; the message starts with the flag.
+    """
+    for config_field in fields(config):  # type: ignore[arg-type]
+        setting = config_field.metadata.get(SETTING)
+        if setting is not None:
+            setting.validate(getattr(config, config_field.name))
+
+
 # Groups of settings that several configs hold (``StackConfig`` holds every group ``zerolayer
 # up`` offers). Their fields are keyword-only, so a config's own required fields may follow.
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class MetricsSettings:
     """Where a layer's Prometheus endpoint binds."""
 
-    metrics_host: str = settings.METRICS_HOST.default
-    """Address the /metrics endpoint binds (``--metrics-host``)."""
+    metrics_host: str = setting_field(settings.METRICS_HOST)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class LayerSettings(MetricsSettings):
     """What every layer process has."""
 
-    metrics_port: int = settings.METRICS_PORT.default
-    """TCP port of the Prometheus /metrics endpoint; 0: off."""
+    metrics_port: int = setting_field(settings.METRICS_PORT)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class DeviceSettings:
-    """Where the loader, kvstore and scheduler keep their memory and compute."""
+    """Where the loader, kvstore and scheduler keep their memory and compute (see
+    :mod:`zerolayer.common.device`)."""
 
-    device: str = settings.DEVICE.default
-    """``--device``: "cpu", "cuda", "cuda:N" or "auto" (see zerolayer.common.device)."""
+    device: str = setting_field(settings.DEVICE)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class ModelSettings:
     """The model the loader serves."""
 
-    model_dir: str
-    """Hugging Face model directory (config.json, *.safetensors, tokenizer.json)."""
-    model_name: str = settings.MODEL_NAME.default
-    """Name to serve the model under; empty: the directory's base name."""
-    prefetch: bool = settings.PREFETCH.default
-    """Start kernel read-ahead of the weight files at start-up."""
+    model_dir: str = setting_field(settings.MODEL_DIR)
+    model_name: str = setting_field(settings.MODEL_NAME)
+    prefetch: bool = setting_field(settings.PREFETCH)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class ArenaSettings:
-    """The KV arena the kvstore owns."""
+    """The KV arena the kvstore owns: ``kv_cache_bytes // block_bytes`` blocks of ``block_size``
+    tokens."""
 
-    kv_cache_bytes: int = settings.KV_CACHE_BYTES.default
-    """Arena size in bytes; the number of blocks is kv_cache_bytes // block_bytes."""
-    block_size: int = settings.BLOCK_SIZE.default
-    """Tokens per KV block."""
-    enable_prefix_caching: bool = settings.PREFIX_CACHING.default
-    """Find full blocks again by content and reuse them across requests."""
-    owner_lease_s: float = settings.OWNER_LEASE_S.default
-    """Lease of each registered scheduler (owner), seconds: without a keep-alive for this long its
-    block references are released; also the recovery window after a restart."""
+    kv_cache_bytes: int = setting_field(settings.KV_CACHE_BYTES)
+    block_size: int = setting_field(settings.BLOCK_SIZE)
+    enable_prefix_caching: bool = setting_field(settings.PREFIX_CACHING)
+    owner_lease_s: float = setting_field(settings.OWNER_LEASE_S)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class EngineSettings:
-    """How the scheduler batches and runs requests."""
+    """How the scheduler batches and runs requests (``num_threads`` 0: one per available core,
+    :func:`default_num_threads`)."""
 
-    max_num_seqs: int = settings.MAX_NUM_SEQS.default
-    """Most requests in the running set."""
-    max_num_batched_tokens: int = settings.MAX_NUM_BATCHED_TOKENS.default
-    """Token budget of one step (prefill chunks plus decodes), tokens."""
-    num_threads: int = settings.NUM_THREADS.default
-    """torch intra-op threads; 0: :func:`default_num_threads` (one per available core)."""
-    kv_unavailable_timeout_s: float = settings.KV_UNAVAILABLE_TIMEOUT_S.default
-    """Seconds requests that need KV blocks wait for an unusable kvstore before they end with
-    UNAVAILABLE."""
-    attention_backend: str = settings.ATTENTION_BACKEND.default
-    """"native" (the csrc kernel, built on first start; falls back to "reference" when it cannot
-    be built) or "reference" (pure torch)."""
-    batch_invariant: bool = settings.BATCH_INVARIANT.default
-    """Run every projection and the lm_head through the batch-invariant native kernel (CPU), so a
-    token's logits do not depend on the batch it is computed in."""
-    nvml_script: str = settings.NVML_SCRIPT.default
-    """Test only (hidden ``--nvml-script``): read GPU events and samples from this JSON-lines file
-    (zerolayer.scheduler.gpu_health.script) instead of NVML; empty: NVML where a GPU exists."""
+    max_num_seqs: int = setting_field(settings.MAX_NUM_SEQS)
+    max_num_batched_tokens: int = setting_field(settings.MAX_NUM_BATCHED_TOKENS)
+    num_threads: int = setting_field(settings.NUM_THREADS)
+    kv_unavailable_timeout_s: float = setting_field(settings.KV_UNAVAILABLE_TIMEOUT_S)
+    attention_backend: str = setting_field(settings.ATTENTION_BACKEND)
+    batch_invariant: bool = setting_field(settings.BATCH_INVARIANT)
+    nvml_script: str = setting_field(settings.NVML_SCRIPT)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class ApiSettings:
     """The public API the frontend serves."""
 
-    listen: str = settings.LISTEN.default
-    """Public gRPC address, ``HOST:PORT``."""
-    http_listen: str = settings.HTTP_LISTEN.default
-    """OpenAI-compatible HTTP address, ``HOST:PORT`` (zerolayer.frontend.openai.app); "": off."""
-    default_max_new_tokens: int = settings.DEFAULT_MAX_NEW_TOKENS.default
-    """max_new_tokens, in tokens, when a request leaves it 0."""
+    listen: str = setting_field(settings.LISTEN)
+    http_listen: str = setting_field(settings.HTTP_LISTEN)
+    default_max_new_tokens: int = setting_field(settings.DEFAULT_MAX_NEW_TOKENS)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class AccessSettings:
     """Who may call the public API, and over what (the files: zerolayer.common.access; what the
     frontend does with tenants: zerolayer.frontend.tenants)."""
 
-    tls_cert: str = settings.TLS_CERT.default
-    """PEM certificate chain of the public port; empty: plaintext."""
-    tls_key: str = settings.TLS_KEY.default
-    """PEM private key of ``tls_cert``."""
-    tls_client_ca: str = settings.TLS_CLIENT_CA.default
-    """PEM CA certificates a client certificate must be signed by (mTLS); empty: none asked."""
-    tenants: str = settings.TENANTS.default
-    """JSON file of tenants and their bearer tokens' SHA-256 digests; empty: none."""
+    tls_cert: str = setting_field(settings.TLS_CERT)
+    tls_key: str = setting_field(settings.TLS_KEY)
+    tls_client_ca: str = setting_field(settings.TLS_CLIENT_CA)
+    tenants: str = setting_field(settings.TENANTS)
 
     @property
     def tls(self) -> bool:
@@ -132,62 +170,48 @@ class AccessSettings:
         return bool(self.tls_cert)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class RoutingSettings:
-    """How the frontend spreads requests over the schedulers and carries them across a lost one."""
+    """How the frontend spreads requests over the schedulers and carries them across a lost one
+    (zerolayer.frontend.routing.router)."""
 
-    scheduler_wait_s: float = settings.SCHEDULER_WAIT_S.default
-    """Seconds a new request waits for a scheduler that can take it before UNAVAILABLE."""
-    failover_wait_s: float = settings.FAILOVER_WAIT_S.default
-    """Seconds a stream whose scheduler died waits for another (or the restarted) one."""
-    routing: str = settings.ROUTING.default
-    """"least-work" or "prefix-affine" (zerolayer.frontend.routing.router)."""
+    scheduler_wait_s: float = setting_field(settings.SCHEDULER_WAIT_S)
+    failover_wait_s: float = setting_field(settings.FAILOVER_WAIT_S)
+    routing: str = setting_field(settings.ROUTING)
 
 
+@documented
 @dataclass(frozen=True)
 class LoaderConfig(ModelSettings, DeviceSettings, LayerSettings):
     """Loader process settings."""
 
-    address: str
-    """gRPC address to serve on, e.g. ``unix:/run/zl/loader.sock``."""
-    fd_keeper: str = settings.FD_KEEPER.default
-    """Unix socket of the launcher's descriptor keeper (``--fd-keeper``; set by ``zerolayer up``):
-    on a GPU, device memory deposited there survives this layer's restarts."""
+    address: str = setting_field(settings.ADDRESS)
+    fd_keeper: str = setting_field(settings.FD_KEEPER)
 
 
+@documented
 @dataclass(frozen=True)
 class KVStoreConfig(ArenaSettings, DeviceSettings, LayerSettings):
-    """KV store process settings."""
+    """KV store process settings (the arena's geometry comes from the loader's model config)."""
 
-    address: str
-    """gRPC address to serve on."""
-    loader_address: str
-    """Where the loader serves (the arena's geometry comes from the model config)."""
-    shm_path: str
-    """Shared-memory file of the arena, e.g. ``/dev/shm/zerolayer-<id>.kv``."""
-    remove_arena_on_exit: bool = settings.REMOVE_ARENA_ON_EXIT.default
-    """Delete the arena file on a clean exit (off: the arena outlives the process, so a restarted
-    kvstore reopens it; the launcher removes it when the whole stack stops)."""
-    fd_keeper: str = settings.FD_KEEPER.default
-    """Unix socket of the launcher's descriptor keeper (``--fd-keeper``): on a GPU, the arena's
-    device memory deposited there survives this layer's restarts."""
+    address: str = setting_field(settings.ADDRESS)
+    loader_address: str = setting_field(settings.LOADER_ADDRESS)
+    shm_path: str = setting_field(settings.SHM_PATH)
+    remove_arena_on_exit: bool = setting_field(settings.REMOVE_ARENA_ON_EXIT)
+    fd_keeper: str = setting_field(settings.FD_KEEPER)
 
 
+@documented
 @dataclass(frozen=True)
 class SchedulerConfig(EngineSettings, DeviceSettings, LayerSettings):
     """Scheduler (engine) process settings."""
 
-    address: str
-    """gRPC address to serve on."""
-    loader_address: str
-    """Where the loader serves."""
-    kvstore_address: str
-    """Where the kvstore serves."""
-    standby: bool = settings.STANDBY.default
-    """Start as a warmed standby (``--standby``): NOT_SERVING on ``zerolayer.v1.Scheduler``
-    until ``Activate``, SERVING on "" once warmed; calls it gets are served."""
-    owner_id: str = settings.OWNER_ID.default
-    """Who this scheduler is to the kvstore (the same across its restarts); empty: ``address``."""
+    address: str = setting_field(settings.ADDRESS)
+    loader_address: str = setting_field(settings.LOADER_ADDRESS)
+    kvstore_address: str = setting_field(settings.KVSTORE_ADDRESS)
+    standby: bool = setting_field(settings.STANDBY)
+    owner_id: str = setting_field(settings.OWNER_ID)
 
     @property
     def kv_owner_id(self) -> str:
@@ -196,23 +220,16 @@ class SchedulerConfig(EngineSettings, DeviceSettings, LayerSettings):
         return self.owner_id or self.address
 
 
+@documented
 @dataclass(frozen=True)
 class FrontendConfig(ApiSettings, AccessSettings, RoutingSettings, LayerSettings):
     """Frontend process settings."""
 
-    loader_address: str
-    """Where the loader serves (tokenizer, model info)."""
-    scheduler_address: tuple[str, ...]
-    """Where the schedulers serve, one address each (a lone string is taken as one address)."""
-    instance_id: str = settings.INSTANCE_ID.default
-    """Extra health name ``zerolayer.instance.<id>`` (lets a launcher recognise its own frontend
-    on a TCP port another process might hold)."""
-    reuse_port: bool = settings.REUSE_PORT.default
-    """Share ``listen`` with the stack's other frontends (SO_REUSEPORT) and also listen on
-    ``private_address`` (``--reuse-port``; needs one)."""
-    private_address: str = settings.PRIVATE_ADDRESS.default
-    """``unix:PATH`` where this frontend alone is reached (see
-    ``zerolayer.common.server.LayerServer``); "": none."""
+    loader_address: str = setting_field(settings.LOADER_ADDRESS)
+    scheduler_address: tuple[str, ...] = setting_field(settings.SCHEDULER_ADDRESS)
+    instance_id: str = setting_field(settings.INSTANCE_ID)
+    reuse_port: bool = setting_field(settings.REUSE_PORT)
+    private_address: str = setting_field(settings.PRIVATE_ADDRESS)
     max_stop_strings: int = 16
     """Most stop strings per request (a limit of the API, not a flag)."""
     max_cache_salt_bytes: int = 256

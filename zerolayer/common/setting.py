@@ -82,18 +82,19 @@ class Setting:
         return type(self.default) if type(self.default) in (int, float) else str
 
     def validate(self, value: Any) -> None:
-        """Checks a value given in code (e.g. a ``StackConfig`` field); each item of a
-        :attr:`multiple` one (a lone string is one item).
+        """Checks a value given in code (e.g. a ``StackConfig`` field) by :attr:`choices` and
+        :attr:`check`; each item of a :attr:`multiple` one (a lone string is one item).
 
         Raises:
             ValueError: the value cannot work; the message starts with the flag
                 (``--max-num-seqs: must be > 0``).
         """
-        if self.check is None:
-            return
         try:
             for item in self.items(value) if self.multiple else (value,):
-                self.check(item)
+                if self.choices and item not in self.choices:
+                    raise ValueError(f"{item!r} is not one of {', '.join(self.choices)}")
+                if self.check is not None:
+                    self.check(item)
         except ValueError as exc:
             raise ValueError(f"{self.flag}: {exc}") from None
 
@@ -141,9 +142,14 @@ class Setting:
         )
 
     def help_text(self, for_up: bool = False) -> str:
-        """The ``--help`` line: help, unit and default (argparse's ``%`` escaped)."""
+        """The ``--help`` line: :meth:`description`, argparse's ``%`` escaped; hidden: none."""
         if self.hidden:
             return argparse.SUPPRESS
+        return self.description(for_up).replace("%", "%%")
+
+    def description(self, for_up: bool = False) -> str:
+        """Help, unit, bound and default in one line; ``up``'s flavour (``for_up``) names the
+        layers it goes to first."""
         text = f"{', '.join(self.layers)}: {self.help}" if for_up and self.layers else self.help
         details = [self.unit] if self.unit else []
         if isinstance(self.check, AtMost):
@@ -157,7 +163,7 @@ class Setting:
             details.append(f"default{shown}{note}")
         if details:
             text += f" ({'; '.join(details)})"
-        return text.replace("%", "%%")
+        return text
 
     def _flag_metavar(self) -> str | None:
         """argparse's placeholder for ``--flag`` (``FLAG``), or None: its ``{a,b}`` of choices."""

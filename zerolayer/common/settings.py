@@ -1,14 +1,22 @@
-"""Every flag of the layers and of ``zerolayer up``, declared once: its default lives here.
+"""Every flag of the layers and of ``zerolayer up``, declared once: its words (flag, help, unit)
+and its default live here and nowhere else.
 
 The layers' flags are declared here, ``zerolayer up``'s own (run directory, supervision, metrics
 ports, how many schedulers and frontends) in ``zerolayer.common.stack_settings``; :data:`SETTINGS`
-holds both. The layers' parsers, ``zerolayer up``'s flags, ``StackConfig``'s defaults, the
-launcher's command lines and the config dataclasses all derive from these declarations (see
-``zerolayer.common.setting``: :func:`add_arguments`, :func:`config_from_args`,
-:func:`command_line`); compose.yaml is checked against them (tests/test_compose.py).
+holds both. The layers' parsers, ``zerolayer up``'s flags, the launcher's command lines and the
+config dataclasses' fields, defaults and field documentation all derive from these declarations
+(see ``zerolayer.common.setting``: :func:`add_arguments`, :func:`config_from_args`,
+:func:`command_line`; ``zerolayer.common.config``: :func:`setting_field`); compose.yaml is checked
+against them (tests/test_compose.py).
+
+A flag that ``up`` offers and that is named after its field is declared with
+:func:`~zerolayer.common.stack_settings.offered`, or with a kind that states a rule once:
+:func:`seconds` (a lease or wait), :func:`tokens`, :func:`choice`, :func:`access_file`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from zerolayer.common import stack_settings
 from zerolayer.common.device import device_argument
@@ -24,6 +32,7 @@ from zerolayer.common.setting import (
     power_of_two,
     printable_name,
 )
+from zerolayer.common.stack_settings import offered
 
 MAX_WAIT_S = 3600
 """Longest lease or wait a ``*_s`` setting takes, seconds: the lease goes to the kvstore in
@@ -39,6 +48,32 @@ LAYERS = ("loader", "kvstore", "scheduler", "frontend")
 LOADER, KVSTORE, SCHEDULER, FRONTEND = LAYERS
 INTERNAL = (LOADER, KVSTORE, SCHEDULER)
 """The layers behind the frontend (unix sockets, a device)."""
+
+
+def seconds(flag: str, help: str, default: float, layer: str) -> Setting:
+    """A lease or wait that ``layer`` takes and ``zerolayer up`` offers: seconds, a finite number
+    > 0 and at most :data:`MAX_WAIT_S`."""
+    check = AtMost(positive, MAX_WAIT_S)
+    return offered(flag, help, default, check=check, unit="s", metavar="S", layers=(layer,))
+
+
+def tokens(flag: str, help: str, default: int, check: Callable[[int], None], layer: str) -> Setting:
+    """A number of tokens that ``layer`` takes and ``zerolayer up`` offers, checked by
+    ``check``."""
+    return offered(flag, help, default, check=check, unit="tokens", metavar="N", layers=(layer,))
+
+
+def choice(flag: str, help: str, choices: tuple[str, ...], layer: str) -> Setting:
+    """One of ``choices``, the first by default, that ``layer`` takes and ``zerolayer up``
+    offers."""
+    return offered(flag, help, choices[0], choices=choices, layers=(layer,))
+
+
+def access_file(flag: str, help: str, metavar: str, default_note: str = "") -> Setting:
+    """A file of the public API's access control (TLS, tenants) that the frontend reads and
+    ``zerolayer up`` offers; empty, the default: none."""
+    return offered(flag, help, "", metavar=metavar, default_note=default_note, layers=(FRONTEND,))
+
 
 # -- wiring: the launcher sets these from the stack's layout; `up` does not offer them
 ADDRESS = Setting(
@@ -144,20 +179,17 @@ PREFETCH = Setting(
     layers=(LOADER,),
     up=True,
 )
-DEVICE = Setting(
-    "device",
+DEVICE = offered(
     "--device",
     "cpu, cuda, cuda:N, or auto (a GPU if torch sees one): where the weights, the KV arena and "
     "the forward live; the loader, kvstore and scheduler must agree",
     default="cpu",
     parse=device_argument,
     layers=INTERNAL,
-    up=True,
 )
 
 # -- the KV arena (kvstore)
-KV_CACHE_BYTES = Setting(
-    "kv_cache_bytes",
+KV_CACHE_BYTES = offered(
     "--kv-cache-bytes",
     "KV arena size, in bytes or with a binary unit (512M, 4G, 1T: 1K = 1024); all its pages are "
     "reserved at start, so it must fit the free space of the arena's filesystem",
@@ -168,20 +200,15 @@ KV_CACHE_BYTES = Setting(
     metavar="SIZE",
     default_note="512 MiB",
     layers=(KVSTORE,),
-    up=True,
 )
-BLOCK_SIZE = Setting(
-    "block_size",
+BLOCK_SIZE = tokens(
     "--block-size",
     "tokens per KV block, a power of two (the attention kernels take any size, but then a key "
     "tile straddles blocks and a token's block is a division, not a shift); only whole blocks "
     "are reused by the prefix cache",
-    default=16,
-    check=AtMost(power_of_two, MAX_BLOCK_SIZE),
-    unit="tokens",
-    metavar="N",
-    layers=(KVSTORE,),
-    up=True,
+    16,
+    AtMost(power_of_two, MAX_BLOCK_SIZE),
+    KVSTORE,
 )
 PREFIX_CACHING = Setting(
     "enable_prefix_caching",
@@ -191,18 +218,13 @@ PREFIX_CACHING = Setting(
     layers=(KVSTORE,),
     up=True,
 )
-OWNER_LEASE_S = Setting(
-    "owner_lease_s",
+OWNER_LEASE_S = seconds(
     "--owner-lease-s",
     "lease of each scheduler registered with the kvstore: one that sends no keep-alive for this "
     "long loses its KV block references (its blocks stay cached); also how long a restarted "
     "kvstore waits for its schedulers to reconcile before it hands out blocks again",
-    default=3.0,
-    check=AtMost(positive, MAX_WAIT_S),
-    unit="s",
-    metavar="S",
-    layers=(KVSTORE,),
-    up=True,
+    3.0,
+    KVSTORE,
 )
 REMOVE_ARENA_ON_EXIT = Setting(
     "remove_arena_on_exit",
@@ -214,29 +236,22 @@ REMOVE_ARENA_ON_EXIT = Setting(
 )
 
 # -- the engine (scheduler)
-MAX_NUM_SEQS = Setting(
-    "max_num_seqs",
+MAX_NUM_SEQS = offered(
     "--max-num-seqs",
     "most requests in the running set",
     default=64,
     check=positive,
     metavar="N",
     layers=(SCHEDULER,),
-    up=True,
 )
-MAX_NUM_BATCHED_TOKENS = Setting(
-    "max_num_batched_tokens",
+MAX_NUM_BATCHED_TOKENS = tokens(
     "--max-num-batched-tokens",
     "token budget of one step (prefill chunks plus decodes), i.e. the prefill chunk size",
-    default=512,
-    check=positive,
-    unit="tokens",
-    metavar="N",
-    layers=(SCHEDULER,),
-    up=True,
+    512,
+    positive,
+    SCHEDULER,
 )
-NUM_THREADS = Setting(
-    "num_threads",
+NUM_THREADS = offered(
     "--num-threads",
     "torch intra-op threads of the engine",
     default=0,
@@ -245,19 +260,13 @@ NUM_THREADS = Setting(
     default_note="one per available core; the scheduler sets GOMP_SPINCOUNT=100 unless "
     "GOMP_SPINCOUNT or OMP_WAIT_POLICY is set",
     layers=(SCHEDULER,),
-    up=True,
 )
-KV_UNAVAILABLE_TIMEOUT_S = Setting(
-    "kv_unavailable_timeout_s",
+KV_UNAVAILABLE_TIMEOUT_S = seconds(
     "--kv-unavailable-timeout-s",
     "how long requests that need KV blocks wait for an unusable kvstore (down, restarting) "
     "before they end with UNAVAILABLE",
-    default=30.0,
-    check=AtMost(positive, MAX_WAIT_S),
-    unit="s",
-    metavar="S",
-    layers=(SCHEDULER,),
-    up=True,
+    30.0,
+    SCHEDULER,
 )
 OWNER_ID = Setting(
     "owner_id",
@@ -268,18 +277,14 @@ OWNER_ID = Setting(
     default_note="the scheduler's --address",
     layers=(SCHEDULER,),
 )
-ATTENTION_BACKEND = Setting(
-    "attention_backend",
+ATTENTION_BACKEND = choice(
     "--attention-backend",
     "paged attention: native (the csrc kernel, built once and cached; reference when it cannot "
     "be built) or reference (pure torch)",
-    default="native",
-    choices=("native", "reference"),
-    layers=(SCHEDULER,),
-    up=True,
+    ("native", "reference"),
+    SCHEDULER,
 )
-BATCH_INVARIANT = Setting(
-    "batch_invariant",
+BATCH_INVARIANT = offered(
     "--batch-invariant",
     "batch-invariant CPU forward: every projection and the lm_head through the csrc kernel whose "
     "result for a token does not depend on the batch, so greedy and seeded outputs are identical "
@@ -287,7 +292,6 @@ BATCH_INVARIANT = Setting(
     "prefill and batched decode than torch's GEMM (docs/benchmarks.md); needs the native kernels",
     default=False,
     layers=(SCHEDULER,),
-    up=True,
 )
 NVML_SCRIPT = Setting(
     "nvml_script",
@@ -299,18 +303,15 @@ NVML_SCRIPT = Setting(
 )
 
 # -- the public API (frontend)
-LISTEN = Setting(
-    "listen",
+LISTEN = offered(
     "--listen",
     "public gRPC address (IPv6 in brackets: [::1]:PORT)",
     default="127.0.0.1:50051",
     check=host_port,
     metavar="HOST:PORT",
     layers=(FRONTEND,),
-    up=True,
 )
-HTTP_LISTEN = Setting(
-    "http_listen",
+HTTP_LISTEN = offered(
     "--http-listen",
     "also serve an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
     "/v1/models, /health, /ready) on this address, with the TLS and tenants of --listen",
@@ -319,97 +320,63 @@ HTTP_LISTEN = Setting(
     metavar="HOST:PORT",
     default_note="off",
     layers=(FRONTEND,),
-    up=True,
 )
-DEFAULT_MAX_NEW_TOKENS = Setting(
-    "default_max_new_tokens",
+DEFAULT_MAX_NEW_TOKENS = tokens(
     "--default-max-new-tokens",
     "max_new_tokens of a request that leaves it 0",
-    default=64,
-    check=AtMost(positive, MAX_UINT32),
-    unit="tokens",
-    metavar="N",
-    layers=(FRONTEND,),
-    up=True,
+    64,
+    AtMost(positive, MAX_UINT32),
+    FRONTEND,
 )
 
-SCHEDULER_WAIT_S = Setting(
-    "scheduler_wait_s",
+SCHEDULER_WAIT_S = seconds(
     "--scheduler-wait-s",
     "how long a new request waits for a scheduler that can take it (all down, restarting or "
     "starting) before it ends with UNAVAILABLE",
-    default=2.0,
-    check=AtMost(positive, MAX_WAIT_S),
-    unit="s",
-    metavar="S",
-    layers=(FRONTEND,),
-    up=True,
+    2.0,
+    FRONTEND,
 )
-FAILOVER_WAIT_S = Setting(
-    "failover_wait_s",
+FAILOVER_WAIT_S = seconds(
     "--failover-wait-s",
     "how long a stream whose scheduler died waits for another one (or the restarted one) to "
     "continue on before it ends with UNAVAILABLE",
-    default=30.0,
-    check=AtMost(positive, MAX_WAIT_S),
-    unit="s",
-    metavar="S",
-    layers=(FRONTEND,),
-    up=True,
+    30.0,
+    FRONTEND,
 )
-ROUTING = Setting(
-    "routing",
+ROUTING = choice(
     "--routing",
     "how a request's scheduler is chosen: least-work (the least outstanding tokens) or "
     "prefix-affine (the one its prompt's first tokens hash to, unless that one is far busier)",
-    default="least-work",
-    choices=("least-work", "prefix-affine"),
-    layers=(FRONTEND,),
-    up=True,
+    ("least-work", "prefix-affine"),
+    FRONTEND,
 )
 
-TLS_CERT = Setting(
-    "tls_cert",
+TLS_CERT = access_file(
     "--tls-cert",
     "PEM certificate chain of the public port, which then serves TLS only (with --tls-key)",
-    default="",
-    metavar="PEM",
-    default_note="plaintext",
-    layers=(FRONTEND,),
-    up=True,
+    "PEM",
+    "plaintext",
 )
-TLS_KEY = Setting(
-    "tls_key",
+TLS_KEY = access_file(
     "--tls-key",
     "PEM private key of --tls-cert (unencrypted; keep it mode 0600)",
-    default="",
-    metavar="PEM",
-    layers=(FRONTEND,),
-    up=True,
+    "PEM",
 )
-TLS_CLIENT_CA = Setting(
-    "tls_client_ca",
+TLS_CLIENT_CA = access_file(
     "--tls-client-ca",
     "PEM CA certificates: with --tls-cert, require a client certificate signed by one of them "
     "(mTLS); its subject's common name is then the caller's tenant",
-    default="",
-    metavar="PEM",
-    default_note="no client certificates",
-    layers=(FRONTEND,),
-    up=True,
+    "PEM",
+    "no client certificates",
 )
 
-TENANTS = Setting(
-    "tenants",
+TENANTS = access_file(
     "--tenants",
     "JSON file of tenants and the SHA-256 digests of their bearer tokens: a Generate call must "
     "then carry 'authorization: Bearer TOKEN' (or an mTLS client certificate) and reuses only "
     "its own tenant's cached prefixes",
-    default="",
-    metavar="FILE",
-    default_note="callers are not identified",
-    layers=(FRONTEND,),
-    up=True,
+    "FILE",
+    "callers are not identified",
 )
 
 # -- every layer
@@ -423,13 +390,11 @@ METRICS_PORT = Setting(
     default_note="off",
     layers=LAYERS,
 )
-METRICS_HOST = Setting(
-    "metrics_host",
+METRICS_HOST = offered(
     "--metrics-host",
     "address the /metrics endpoints bind (0.0.0.0 in containers)",
     default="127.0.0.1",
     layers=LAYERS,
-    up=True,
 )
 
 

@@ -61,10 +61,10 @@ async def serve(config: KVStoreConfig, tracing: Tracing) -> None:
 
 
 async def sweep_leases(store: KVStore) -> None:
-    """Expires the owners' lapsed leases every ``store.sweep_interval_s`` until cancelled (on the
-    event loop that serves the calls, so no lock is needed)."""
+    """Expires the owners' lapsed leases every ``store.owners.sweep_interval_s`` until cancelled
+    (on the event loop that serves the calls, so no lock is needed)."""
     while True:
-        await asyncio.sleep(store.sweep_interval_s)
+        await asyncio.sleep(store.owners.sweep_interval_s)
         try:
             store.sweep()
         except Exception:  # noqa: BLE001 - e.g. the sidecar could not be written: sweep on

@@ -7,6 +7,7 @@ they were freed, which is also the least-recently-used order the prefix cache ev
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from zerolayer.common.errors import InvalidArgument, ResourceExhausted
 
@@ -50,6 +51,13 @@ class BlockPool:
             self.ref_cnt[block_id] = 1
         return block_ids
 
+    def check_ids(self, block_ids: Iterable[int], field_name: str = "block_ids") -> None:
+        """Raises InvalidArgument (naming ``field_name``) for the first id outside
+        ``[0, num_blocks)``."""
+        for block_id in block_ids:
+            if not 0 <= block_id < self.num_blocks:
+                raise InvalidArgument(field_name, f"{block_id} is out of range")
+
     def incref(self, block_ids: list[int]) -> None:
         """Takes one more reference on each block; a free block leaves the free queue (it is
         reused as it is, e.g. on a prefix-cache hit).
@@ -57,9 +65,7 @@ class BlockPool:
         Raises:
             InvalidArgument: an id is out of range (nothing is changed).
         """
-        for block_id in block_ids:
-            if not 0 <= block_id < self.num_blocks:
-                raise InvalidArgument("block_ids", f"{block_id} is out of range")
+        self.check_ids(block_ids)
         for block_id in block_ids:
             if self.ref_cnt[block_id] == 0:
                 del self.free_block_queue[block_id]
@@ -98,10 +104,9 @@ class BlockPool:
         Raises:
             InvalidArgument: an id is out of range (nothing is changed).
         """
+        self.check_ids(held_block_ids, "held_block_ids")
         counts = [0] * self.num_blocks
         for block_id in held_block_ids:
-            if not 0 <= block_id < self.num_blocks:
-                raise InvalidArgument("held_block_ids", f"{block_id} is out of range")
             counts[block_id] += 1
         changed = 0
         for block_id, count in enumerate(counts):

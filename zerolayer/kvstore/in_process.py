@@ -1,67 +1,55 @@
 """An in-process kvstore: the engine as a library, without the kvstore layer.
 
-The same prefix-caching block pool the kvstore serves, called directly. Used by unit tests and by
-the ``split`` benchmark (same engine, in-process vs through the services).
+The same prefix-caching block pool the kvstore serves (:class:`LocalBlockAllocator` is one),
+called directly. Used by unit tests and by the ``split`` benchmark (same engine, in-process vs
+through the services).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from zerolayer.common.errors import ResourceExhausted
+from zerolayer.common.settings import BLOCK_SIZE, PREFIX_CACHING
 from zerolayer.kv.arena_layout import ArenaLayout
-from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.stats import PrefixLookup
-from zerolayer.kvstore.block_pool import BlockPool
 from zerolayer.kvstore.prefix_cache import HashFn, PrefixCache, xxh3_128
 
 
-class LocalBlockAllocator:
-    """``BlockAllocator`` over a :class:`PrefixCache` in this process."""
+class LocalBlockAllocator(PrefixCache):
+    """The scheduler's ``BlockAllocator`` in this process: the kvstore's pool and prefix cache,
+    without the kvstore layer (one owner, no lease)."""
 
     def __init__(
         self,
         num_blocks: int,
-        block_size: int = 16,
-        enable_prefix_caching: bool = True,
+        block_size: int = BLOCK_SIZE.default,
+        enable_prefix_caching: bool = PREFIX_CACHING.default,
         fingerprint: str = "local",
         hash_fn: HashFn = xxh3_128,
     ) -> None:
-        self.pool = BlockPool(num_blocks)
-        self.cache = PrefixCache(self.pool, block_size, fingerprint, enable_prefix_caching, hash_fn)
-        self.num_blocks_total = num_blocks
+        super().__init__(num_blocks, block_size, fingerprint, enable_prefix_caching, hash_fn)
+
+    @property
+    def num_blocks_total(self) -> int:
+        """Blocks of the pool (``BlockAllocator``'s name for :attr:`num_blocks`)."""
+        return self.num_blocks
 
     def allocate(
         self, num_blocks: int, admitted_lookup: PrefixLookup | None = None
     ) -> list[int] | None:
-        """Takes blocks; None when too few are free. Counts ``admitted_lookup`` when taken."""
+        """Takes blocks (see :meth:`PrefixCache.allocate`); None when too few are free.
+
+        Raises:
+            InvalidArgument: see :meth:`PrefixCache.allocate`.
+        """
         try:
-            block_ids = self.cache.allocate(num_blocks)
+            return super().allocate(num_blocks, admitted_lookup)
         except ResourceExhausted:
             return None
-        if admitted_lookup is not None:
-            self.cache.stats.count(admitted_lookup)
-        return block_ids
-
-    def free(self, block_ids: list[int]) -> None:
-        """Drops one reference from each block."""
-        self.cache.free(block_ids)
-
-    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
-        """The cached prefix's blocks, referenced; counted by the admitting :meth:`allocate`."""
-        return self.cache.lookup(token_ids, cache_salt, counted=False)
-
-    def commit(self, entries: Sequence[CommitEntry]) -> None:
-        """Registers full blocks."""
-        self.cache.commit(entries)
-
-    def reconcile(self, held_block_ids: list[int]) -> int:
-        """Rebuilds reference counts."""
-        return self.cache.reconcile(held_block_ids)
 
     def lease_lost(self) -> bool:
         """False: an in-process pool has one owner, without a lease."""

@@ -1,4 +1,5 @@
-"""The kvstore's domain object: the arena plus the prefix-caching block pool over it."""
+"""The kvstore's domain object: the arena, the prefix-caching block pool over it, and the owners
+(schedulers) whose block calls it serves."""
 
 from __future__ import annotations
 
@@ -10,16 +11,15 @@ from typing import TYPE_CHECKING
 
 from zerolayer.common.config import KVStoreConfig
 from zerolayer.common.device import fd_socket_path, resolve_device
-from zerolayer.common.errors import InvalidArgument
 from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.kv.commit import CommitEntry
-from zerolayer.kv.owner import DEFAULT_OWNER, OwnerRef, ReconcileResult, Registration
+from zerolayer.kv.owner import DEFAULT_OWNER, OwnerRef, ReconcileResult
 from zerolayer.kv.stats import KVStats, PrefixLookup
 from zerolayer.kvstore.arena import Arena
-from zerolayer.kvstore.block_pool import BlockPool
-from zerolayer.kvstore.owner_blocks import OwnerBlocks
+from zerolayer.kvstore.owners import Owner, Owners, owner_name
 from zerolayer.kvstore.prefix_cache import HashFn, PrefixCache, xxh3_128
+from zerolayer.kvstore.recovery import Recovery
 from zerolayer.sharing.handle_kinds import negotiate, offered_kinds
 from zerolayer.sharing.manifest import HandleKind, WeightManifest
 
@@ -63,10 +63,12 @@ def open_arena(config: KVStoreConfig, layout: ArenaLayout) -> Arena | DeviceAren
 class KVStore:
     """The arena and its blocks, shared by the owners (schedulers) that register with it.
 
-    Block calls carry the caller's :class:`OwnerRef`; the owners' registrations, epochs, leases,
-    per-owner references and the restart rule are :class:`OwnerBlocks`' (see
-    :mod:`zerolayer.kvstore.owners` and :mod:`zerolayer.kvstore.recovery`). Not thread-safe:
-    the kvstore's event loop drives it.
+    Each block call carries the caller's :class:`OwnerRef`; the store checks that the caller may
+    act (:meth:`Owners.acting`), does the call on the pool (:class:`PrefixCache`) and counts the
+    references it took or dropped as the caller's (:attr:`Owner.held`), so a block's ``ref_cnt``
+    is always the sum of its owners' references. Registration and keep-alives are the owners'
+    alone (:attr:`owners`); the restart rule is :class:`Recovery`'s. Not thread-safe: the
+    kvstore's event loop drives it.
 
     Raises:
         ArenaSizeError: kv_cache_bytes is too small for one block, or the arena's filesystem
@@ -90,13 +92,20 @@ class KVStore:
         layout = arena_layout(config, manifest)
         self.arena: Arena | DeviceArena = open_arena(config, layout)
         self.cache = PrefixCache(
-            BlockPool(layout.num_blocks),
+            layout.num_blocks,
             config.block_size,
             manifest.fingerprint,
             config.enable_prefix_caching,
             hash_fn,
         )
-        self.blocks = OwnerBlocks(self.cache, self.arena, config.owner_lease_s, clock)
+        self.clock = clock
+        self.owners = Owners(
+            config.owner_lease_s,
+            clock,
+            self.arena.owner_records(),
+            on_change=self.arena.save_owner_records,
+        )
+        self.recovery = Recovery(self.arena.reopened, config.owner_lease_s, clock)
         log.info(
             "arena %s %s: %d blocks of %d tokens, %.1f MB, prefix caching %s%s",
             self.arena.path or self.arena.device,
@@ -109,6 +118,11 @@ class KVStore:
             if self.arena.reopened
             else "",
         )
+
+    @property
+    def recovering(self) -> bool:
+        """Still recovering from a restart: no block is handed out."""
+        return not self.recovery.is_over(self.owners.owners)
 
     def arena_info(self, accepted: Sequence[HandleKind]) -> ArenaInfo:
         """The arena as an importer that maps the ``accepted`` handle kinds (best first; empty:
@@ -128,49 +142,39 @@ class KVStore:
             device_memory=handle,
         )
 
-    def register(self, owner_id: str) -> Registration:
-        """See :meth:`OwnerBlocks.register`."""
-        return self.blocks.register(owner_id)
-
-    def keep_alive(self, owner: OwnerRef) -> float:
-        """See :meth:`OwnerBlocks.keep_alive`."""
-        return self.blocks.keep_alive(owner)
-
-    def unregister(self, owner: OwnerRef) -> int:
-        """See :meth:`OwnerBlocks.unregister`."""
-        return self.blocks.unregister(owner)
-
     def allocate(
         self,
         num_blocks: int,
         owner: OwnerRef = DEFAULT_OWNER,
         admitted_lookup: PrefixLookup | None = None,
     ) -> list[int]:
-        """See :meth:`OwnerBlocks.allocate`.
-
-        Args:
-            admitted_lookup: set when these blocks admit a request for the first time: its prefix
-                lookup (made with ``counted=False``) is counted once the blocks are taken.
+        """Takes free blocks for the caller (see :meth:`PrefixCache.allocate`).
 
         Raises:
-            InvalidArgument: ``admitted_lookup`` has more hit than query tokens (nothing taken).
+            EpochStale, LeaseExpired, NotRegistered, NotReconciled: the caller may not act.
+            Recovering: the kvstore recovers from a restart.
+            InvalidArgument, ResourceExhausted: see :meth:`PrefixCache.allocate` (nothing taken).
         """
-        if admitted_lookup is not None and (
-            admitted_lookup.num_hit_tokens > admitted_lookup.num_query_tokens
-        ):
-            raise InvalidArgument(
-                "admitted_lookup",
-                f"{admitted_lookup.num_hit_tokens} hit tokens of "
-                f"{admitted_lookup.num_query_tokens} looked up",
-            )
-        block_ids = self.blocks.allocate(owner, num_blocks)
-        if admitted_lookup is not None:
-            self.cache.stats.count(admitted_lookup)
+        holder = self.owners.acting(owner)
+        self.recovery.check(self.owners.owners)
+        block_ids = self.cache.allocate(num_blocks, admitted_lookup)
+        holder.hold(block_ids)
         return block_ids
 
     def free(self, block_ids: list[int], owner: OwnerRef = DEFAULT_OWNER) -> None:
-        """See :meth:`OwnerBlocks.free`."""
-        self.blocks.free(owner, block_ids)
+        """Drops one of the caller's references from each block, in the order given; a block
+        left without references keeps its content until evicted. All ids are checked first.
+
+        Raises:
+            EpochStale, LeaseExpired, NotRegistered, NotReconciled: the caller may not act.
+            InvalidArgument: an id is out of range, or names a block the caller does not hold
+                (as often as it appears); nothing changes.
+        """
+        holder = self.owners.acting(owner)
+        self.cache.check_ids(block_ids)
+        holder.check_holds(block_ids, "block_ids")
+        self.cache.free(block_ids)
+        holder.drop(block_ids)
 
     def lookup(
         self,
@@ -179,49 +183,114 @@ class KVStore:
         owner: OwnerRef = DEFAULT_OWNER,
         counted: bool = True,
     ) -> list[int]:
-        """See :meth:`OwnerBlocks.lookup`; ``counted=False``: the lookup is counted by the
-        :meth:`allocate` that admits its request (``admitted_lookup``)."""
-        return self.blocks.lookup(owner, token_ids, cache_salt, counted)
+        """The cached prefix's blocks, one reference each for the caller (see
+        :meth:`PrefixCache.lookup`); hits may be blocks another owner committed or holds.
+        ``counted=False``: the lookup is counted by the :meth:`allocate` that admits its request
+        (``admitted_lookup``).
+
+        Raises:
+            EpochStale, LeaseExpired, NotRegistered, NotReconciled: the caller may not act.
+        """
+        holder = self.owners.acting(owner)
+        block_ids = self.cache.lookup(token_ids, cache_salt, counted)
+        holder.hold(block_ids)
+        return block_ids
 
     def commit(self, entries: Sequence[CommitEntry], owner: OwnerRef = DEFAULT_OWNER) -> int:
-        """See :meth:`OwnerBlocks.commit`."""
-        return self.blocks.commit(owner, entries)
+        """Registers full blocks the caller holds (see :meth:`PrefixCache.commit`); returns how
+        many were newly registered.
+
+        Raises:
+            EpochStale, LeaseExpired, NotRegistered, NotReconciled: the caller may not act.
+            InvalidArgument: a block the caller does not hold (nothing is registered), or a wrong
+                token count.
+        """
+        holder = self.owners.acting(owner)
+        # NOTE: committing takes no reference: one held reference covers a block listed twice.
+        holder.check_holds(list(dict.fromkeys(e.block_id for e in entries)), "block_id")
+        return self.cache.commit(entries)
 
     def reconcile(
         self, held_block_ids: list[int], owner: OwnerRef = DEFAULT_OWNER
     ) -> ReconcileResult:
-        """See :meth:`OwnerBlocks.reconcile`."""
-        return self.blocks.reconcile(owner, held_block_ids)
+        """Rebuilds the caller's references to exactly ``held_block_ids`` (a block listed n times
+        gets n; other owners' are untouched) and lets it act; says whether the kvstore still
+        recovers from a restart. A block that gains its first reference leaves the free queue
+        (content kept); blocks that lose their last one join its back in id order.
+
+        Raises:
+            EpochStale, LeaseExpired, NotRegistered: the caller may not act.
+            InvalidArgument: an id is out of range (nothing is changed).
+        """
+        holder = self.owners.check(owner)
+        self.cache.check_ids(held_block_ids, "held_block_ids")
+        changed = self._set_references(holder, held_block_ids)
+        if changed or not holder.reconciled:
+            # NOTE: a correction means a restart lost track of blocks: worth a warning. A first
+            # reconcile that changes nothing is the normal start.
+            log.log(
+                logging.WARNING if changed else logging.INFO,
+                "reconcile: %d block(s) held by %s (epoch %d), %d reference count(s) corrected",
+                len(set(held_block_ids)),
+                owner_name(holder.owner_id),
+                holder.epoch,
+                changed,
+            )
+        holder.reconciled = True
+        return ReconcileResult(changed, self.recovering, self.recovery.remaining_s())
+
+    def unregister(self, owner: OwnerRef) -> int:
+        """Releases every reference of the caller and ends its lease; returns how many blocks it
+        held.
+
+        Raises:
+            EpochStale, LeaseExpired, NotRegistered: see :meth:`Owners.check`.
+        """
+        holder = self.owners.check(owner)
+        num_blocks = self._set_references(holder, [])
+        self.owners.release(holder)
+        log.info("%s unregistered; released %d block(s)", owner, num_blocks)
+        return num_blocks
 
     def sweep(self) -> None:
-        """Expires lapsed leases and releases their owners' references; call every
-        :attr:`sweep_interval_s`."""
-        self.blocks.sweep()
+        """Expires lapsed leases (see :meth:`Owners.sweep`) and releases those owners'
+        references; their blocks stay cached. Call every ``owners.sweep_interval_s``."""
+        for holder in self.owners.sweep():
+            num_blocks = self._set_references(holder, [])
+            log.warning(
+                "%s: lease expired (no keep-alive for %.1f s); released its %d block(s)",
+                holder.ref,
+                self.clock() - (holder.last_keep_alive or 0.0),
+                num_blocks,
+            )
 
-    @property
-    def sweep_interval_s(self) -> float:
-        """How often :meth:`sweep` should run, seconds."""
-        return self.blocks.sweep_interval_s
+    def _set_references(self, holder: Owner, held_block_ids: list[int]) -> int:
+        """Makes ``holder``'s references (ids checked) exactly ``held_block_ids``, in the pool
+        too; returns how many blocks' counts changed."""
+        gained, lost = holder.set_held(held_block_ids)
+        self.cache.incref(gained)
+        self.cache.free(lost)
+        return len(set(gained)) + len(set(lost))
 
     def stats(self) -> KVStats:
         """Current counts, and every owner."""
-        pool, s = self.cache.pool, self.cache.stats
-        owners = self.blocks.owner_stats()
+        cache, counters = self.cache, self.cache.stats
+        owners = self.owners.stats()
         return KVStats(
-            pool.num_blocks,
-            pool.num_free_blocks,
-            pool.num_used_blocks,
-            self.cache.num_cached_blocks,
-            self.cache.enabled,
-            s.num_queries,
-            s.num_query_tokens,
-            s.num_hit_tokens,
-            s.hit_ratio,
-            s.num_evictions,
+            cache.num_blocks,
+            cache.num_free_blocks,
+            cache.num_used_blocks,
+            cache.num_cached_blocks,
+            cache.enabled,
+            counters.num_queries,
+            counters.num_query_tokens,
+            counters.num_hit_tokens,
+            counters.hit_ratio,
+            counters.num_evictions,
             num_owners=sum(not o.lease_expired for o in owners),
             owners=tuple(owners),
-            recovering=self.blocks.recovering,
-            num_blocks_evictable=self.cache.num_evictable_blocks,
+            recovering=self.recovering,
+            num_blocks_evictable=cache.num_evictable_blocks,
         )
 
     def close(self, remove_arena: bool) -> None:

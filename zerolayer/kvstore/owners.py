@@ -1,10 +1,16 @@
-"""The kvstore's owners: registrations, epochs and leases of the schedulers that share it.
+"""The kvstore's owners: the schedulers that share it, with their registrations, epochs, leases
+and block references.
 
 An owner registers under an id that stays the same across its restarts and gets an epoch one
 higher than the id's last one; a call from an older epoch (a zombie predecessor) is refused and
-changes nothing. A registered owner keeps a lease alive (keep-alives); :meth:`OwnerTable.sweep`
-expires the leases that lapsed, and the caller releases those owners' references. The default
+changes nothing. A registered owner keeps a lease alive (keep-alives); :meth:`Owners.sweep`
+expires the leases that lapsed, and the kvstore releases those owners' references. The default
 owner ("", a scheduler that never registers) has no lease and never expires.
+
+Every reference a block has belongs to one owner (:attr:`Owner.held`); the pool's ``ref_cnt`` of
+a block is the sum of its owners' references (the kvstore keeps them in step,
+:class:`zerolayer.kvstore.kv_store.KVStore`). The references an id holds carry over to its next
+epoch until that epoch reconciles.
 
 The latest epoch of every id, and whether its references were released, are reported to
 ``on_change`` (the kvstore records them beside its arena), so that a restarted kvstore still
@@ -15,50 +21,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import NoReturn
 
-from zerolayer.common.errors import FailedPrecondition, InvalidArgument
-from zerolayer.kv.owner import (
-    DEFAULT_OWNER_ID,
-    EPOCH_STALE,
-    LEASE_EXPIRED,
-    NOT_RECONCILED,
-    NOT_REGISTERED,
-    OwnerRef,
-)
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.kv.owner import DEFAULT_OWNER_ID, OwnerRef, OwnerStats, Registration
+from zerolayer.kvstore.refusals import EpochStale, LeaseExpired, NotReconciled, NotRegistered
 
 log = logging.getLogger(__name__)
 
 
-class OwnerRefused(FailedPrecondition):
-    """A call of an owner that may not act (FAILED_PRECONDITION); ``reason`` says why."""
-
-
-class NotRegistered(OwnerRefused):
-    """The kvstore does not know the owner at that epoch (it restarted): register again."""
-
-    reason = NOT_REGISTERED
-
-
-class LeaseExpired(OwnerRefused):
-    """The owner's lease expired (or it unregistered): its references were released."""
-
-    reason = LEASE_EXPIRED
-
-
-class EpochStale(OwnerRefused):
-    """A newer registration of the owner id exists: the caller is a zombie predecessor."""
-
-    reason = EPOCH_STALE
-
-
-class NotReconciled(OwnerRefused):
-    """The owner has not reconciled in its epoch (since this kvstore's start, for the default
-    owner)."""
-
-    reason = NOT_RECONCILED
+def owner_name(owner_id: str) -> str:
+    """How messages name an owner: ``owner 'a'``, or ``the default owner``."""
+    return "the default owner" if owner_id == DEFAULT_OWNER_ID else f"owner {owner_id!r}"
 
 
 @dataclass(frozen=True)
@@ -85,15 +62,53 @@ class Owner:
     """Its lease expired or it unregistered: its references were released."""
     reconciled: bool = False
     """It reconciled in this epoch."""
+    held: Counter[int] = field(default_factory=Counter)
+    """Block id -> references it holds (> 0)."""
 
     @property
     def ref(self) -> OwnerRef:
         """The id and epoch its calls carry."""
         return OwnerRef(self.owner_id, self.epoch)
 
+    def check_holds(self, block_ids: Iterable[int], field_name: str) -> None:
+        """Raises InvalidArgument (naming ``field_name``) for the first block it does not hold as
+        often as ``block_ids`` lists it."""
+        wanted = Counter(block_ids)
+        for block_id, count in wanted.items():
+            if count > self.held[block_id]:
+                raise InvalidArgument(
+                    field_name, f"block {block_id} is not held by {owner_name(self.owner_id)}"
+                )
 
-class OwnerTable:
-    """Registrations, epochs and leases. Not thread-safe (the kvstore's event loop drives it)."""
+    def hold(self, block_ids: Iterable[int]) -> None:
+        """Counts one more reference of it on each block."""
+        self.held.update(block_ids)
+
+    def drop(self, block_ids: Iterable[int]) -> None:
+        """Counts one reference of it fewer on each block (blocks it then holds none of go)."""
+        self.held.subtract(block_ids)
+        self.held = +self.held
+
+    def set_held(self, held_block_ids: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Makes its references exactly ``held_block_ids`` (a block listed n times: n).
+
+        Returns:
+            The references it gained and those it lost, each a block id once per reference, in
+            id order (the pool takes and drops the same).
+        """
+        new = Counter(held_block_ids)
+        gained: list[int] = []
+        lost: list[int] = []
+        for block_id in sorted(self.held.keys() | new.keys()):
+            delta = new[block_id] - self.held[block_id]
+            (gained if delta > 0 else lost).extend([block_id] * abs(delta))
+        self.held = new
+        return gained, lost
+
+
+class Owners:
+    """Registrations, epochs, leases and references. Not thread-safe (the kvstore's event loop
+    drives it)."""
 
     def __init__(
         self,
@@ -125,6 +140,11 @@ class OwnerTable:
         self._last_sweep: float | None = None
 
     @property
+    def sweep_interval_s(self) -> float:
+        """How often :meth:`sweep` should run, seconds (half the stall threshold)."""
+        return self.stall_s / 2
+
+    @property
     def owners(self) -> list[Owner]:
         """Every owner known since this process started, by id."""
         return [self._owners[owner_id] for owner_id in sorted(self._owners)]
@@ -134,20 +154,32 @@ class OwnerTable:
         """The owners whose lease has not expired (the default owner once seen)."""
         return [owner for owner in self.owners if not owner.lease_expired]
 
-    def register(self, owner_id: str) -> Owner:
-        """Registers ``owner_id`` at a new epoch (its last one + 1, or 1) with a fresh lease.
+    def register(self, owner_id: str) -> Registration:
+        """Registers ``owner_id`` at a new epoch (its last one + 1, or 1) with a fresh lease. The
+        references its id holds stay until its first reconcile (a restarted scheduler declares
+        none).
 
         Raises:
             InvalidArgument: ``owner_id`` is empty (the default owner never registers).
         """
         if owner_id == DEFAULT_OWNER_ID:
             raise InvalidArgument("owner_id", "empty; the default owner does not register")
-        previous = self._records.get(owner_id)
+        record = self._records.get(owner_id)
+        previous = self._owners.get(owner_id)
         now = self.clock()
-        owner = Owner(owner_id, (previous.epoch if previous else 0) + 1, now + self.lease_s, now)
+        owner = Owner(owner_id, (record.epoch if record else 0) + 1, now + self.lease_s, now)
+        owner.held = previous.held if previous else owner.held
         self._owners[owner_id] = owner
         self._record(owner)
-        return owner
+        log.info(
+            "%s registered at epoch %d (lease %g s; %d block(s) held by the id until it "
+            "reconciles)",
+            owner_name(owner_id),
+            owner.epoch,
+            self.lease_s,
+            len(owner.held),
+        )
+        return Registration(owner.epoch, self.lease_s)
 
     def check(self, ref: OwnerRef) -> Owner:
         """The caller's registration, if it may act (the default owner always may).
@@ -168,6 +200,24 @@ class OwnerTable:
             raise _expired(ref)
         return owner
 
+    def acting(self, ref: OwnerRef) -> Owner:
+        """The caller's registration, if it may make block calls: it may act
+        (:meth:`check`) and it reconciled in its epoch.
+
+        Raises:
+            EpochStale, LeaseExpired, NotRegistered: see :meth:`check`.
+            NotReconciled: it has not reconciled since it registered (since this kvstore
+                started, for the default owner).
+        """
+        owner = self.check(ref)
+        if not owner.reconciled:
+            since = "this kvstore started" if ref.owner_id == DEFAULT_OWNER_ID else "it registered"
+            raise NotReconciled(
+                f"kvstore: {owner_name(ref.owner_id)} has not reconciled since {since}; call "
+                "Reconcile with the blocks you hold first"
+            )
+        return owner
+
     def _refuse_unknown(self, ref: OwnerRef) -> NoReturn:
         """Refuses an owner this process has not registered, by what an earlier one recorded."""
         record = self._records.get(ref.owner_id)
@@ -179,8 +229,8 @@ class OwnerTable:
             f"{ref}: not registered with this kvstore (it restarted); register again and reconcile"
         )
 
-    def keep_alive(self, ref: OwnerRef) -> Owner:
-        """Renews the caller's lease for ``lease_s`` from now.
+    def keep_alive(self, ref: OwnerRef) -> float:
+        """Renews the caller's lease for ``lease_s`` from now; returns ``lease_s``, seconds.
 
         Raises:
             EpochStale, LeaseExpired, NotRegistered: see :meth:`check`.
@@ -189,11 +239,11 @@ class OwnerTable:
         if owner.expires_at is not None:
             owner.last_keep_alive = self.clock()
             owner.expires_at = owner.last_keep_alive + self.lease_s
-        return owner
+        return self.lease_s
 
     def release(self, owner: Owner) -> None:
-        """Marks ``owner``'s references released (it unregistered, or its lease expired): its
-        later calls are refused as "lease expired"."""
+        """Marks ``owner``'s references released (it unregistered, or its lease expired; the
+        kvstore drops them from the pool): its later calls are refused as "lease expired"."""
         owner.lease_expired = True
         owner.expires_at = min(owner.expires_at or 0.0, self.clock())
         self._record(owner)
@@ -220,6 +270,22 @@ class OwnerTable:
         for owner in expired:
             self.release(owner)
         return expired
+
+    def stats(self) -> list[OwnerStats]:
+        """Every owner known since start, by id."""
+        now = self.clock()
+        return [
+            OwnerStats(
+                owner.owner_id,
+                owner.epoch,
+                len(owner.held),
+                None if owner.expires_at is None else max(0.0, owner.expires_at - now),
+                None if owner.last_keep_alive is None else now - owner.last_keep_alive,
+                owner.lease_expired,
+                owner.reconciled,
+            )
+            for owner in self.owners
+        ]
 
     def _record(self, owner: Owner) -> None:
         self._records[owner.owner_id] = OwnerRecord(owner.epoch, owner.lease_expired)

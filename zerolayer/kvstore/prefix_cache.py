@@ -73,8 +73,12 @@ class PrefixCacheStats:
         return self.num_hit_tokens / self.num_query_tokens if self.num_query_tokens else 0.0
 
 
-class PrefixCache:
-    """A :class:`BlockPool` whose full blocks can be found again by content.
+class PrefixCache(BlockPool):
+    """A :class:`BlockPool` whose full blocks can be found again by content: the kvstore's pool.
+
+    Freeing, reference counts and reconciles are the pool's (a freed block keeps its content
+    until an allocation evicts it); lookup, commit and allocation's eviction are its own. Not
+    thread-safe (the kvstore's event loop, or the in-process engine, drives it).
 
     Raises (from its methods):
         InvalidArgument: malformed token lists or block ids.
@@ -82,13 +86,24 @@ class PrefixCache:
 
     def __init__(
         self,
-        pool: BlockPool,
+        num_blocks: int,
         block_size: int,
         fingerprint: str,
-        enabled: bool = True,
+        enabled: bool,
         hash_fn: HashFn = xxh3_128,
     ) -> None:
-        self.pool = pool
+        """
+        Args:
+            num_blocks: blocks of the arena.
+            block_size: tokens per block.
+            fingerprint: the model's, part of every block hash.
+            enabled: find blocks by content at all (``--no-prefix-caching``: never).
+            hash_fn: the block hash (tests force collisions with it).
+
+        Raises:
+            ValueError: ``num_blocks`` is not > 0.
+        """
+        super().__init__(num_blocks)
         self.block_size = block_size
         self.enabled = enabled
         self._fingerprint = fingerprint.encode()
@@ -125,7 +140,7 @@ class PrefixCache:
     def num_evictable_blocks(self) -> int:
         """Free blocks (ref_cnt 0) still findable by content: a lookup reuses them, an allocation
         evicts them (least recently freed first). O(cached blocks)."""
-        ref_cnt = self.pool.ref_cnt
+        ref_cnt = self.ref_cnt
         return sum(1 for block_id in self.cached_block_hash.values() if ref_cnt[block_id] == 0)
 
     def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool = True) -> list[int]:
@@ -142,7 +157,7 @@ class PrefixCache:
             Block ids of the cached prefix, in order (``len * block_size`` tokens are cached).
         """
         hits = self._find(token_ids, cache_salt)
-        self.pool.incref(hits)
+        self.incref(hits)
         if counted:
             self.stats.count(PrefixLookup(len(token_ids), len(hits) * self.block_size))
         return hits
@@ -191,9 +206,7 @@ class PrefixCache:
                     "token_ids",
                     f"{len(entry.token_ids)} tokens, a full block has {self.block_size}",
                 )
-            if not 0 <= entry.block_id < self.pool.num_blocks or (
-                self.pool.ref_cnt[entry.block_id] == 0
-            ):
+            if not 0 <= entry.block_id < self.num_blocks or self.ref_cnt[entry.block_id] == 0:
                 raise InvalidArgument("block_id", f"block {entry.block_id} is not allocated")
             self._unlink(entry.block_id)
             if entry.parent_block_id is None:
@@ -213,24 +226,32 @@ class PrefixCache:
                 registered += 1
         return registered
 
-    def allocate(self, num_blocks: int) -> list[int]:
+    def allocate(self, num_blocks: int, admitted_lookup: PrefixLookup | None = None) -> list[int]:
         """Takes free blocks (least recently freed first), evicting their cached content.
 
+        Args:
+            admitted_lookup: set when these blocks admit a request for the first time: its prefix
+                lookup (made with ``counted=False``) is counted once the blocks are taken.
+
         Raises:
-            ResourceExhausted: fewer free blocks than asked.
+            InvalidArgument: num_blocks is 0, or ``admitted_lookup`` has more hit than query
+                tokens (nothing is taken).
+            ResourceExhausted: fewer free blocks than asked (nothing is taken).
         """
-        block_ids = self.pool.allocate(num_blocks)
+        if admitted_lookup is not None and (
+            admitted_lookup.num_hit_tokens > admitted_lookup.num_query_tokens
+        ):
+            raise InvalidArgument(
+                "admitted_lookup",
+                f"{admitted_lookup.num_hit_tokens} hit tokens of "
+                f"{admitted_lookup.num_query_tokens} looked up",
+            )
+        block_ids = super().allocate(num_blocks)
         for block_id in block_ids:
             self._forget(block_id)
+        if admitted_lookup is not None:
+            self.stats.count(admitted_lookup)
         return block_ids
-
-    def free(self, block_ids: list[int]) -> None:
-        """Drops one reference from each block; cached content stays findable until evicted."""
-        self.pool.free(block_ids)
-
-    def reconcile(self, held_block_ids: list[int]) -> int:
-        """Rebuilds reference counts (see :meth:`BlockPool.reconcile`); content stays cached."""
-        return self.pool.reconcile(held_block_ids)
 
     def _forget(self, block_id: int) -> None:
         if self._unlink(block_id):

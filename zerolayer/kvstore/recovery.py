@@ -19,16 +19,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from zerolayer.common.errors import FailedPrecondition
-from zerolayer.kv.owner import RECOVERING
-from zerolayer.kvstore.owner_refs import owner_name
-from zerolayer.kvstore.owners import Owner
-
-
-class Recovering(FailedPrecondition):
-    """The kvstore recovers from a restart and hands out no block yet."""
-
-    reason = RECOVERING
+from zerolayer.kvstore.owners import Owner, owner_name
+from zerolayer.kvstore.refusals import Recovering
 
 
 class Recovery:

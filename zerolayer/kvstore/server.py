@@ -29,7 +29,8 @@ from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
-    """zerolayer.v1.KVStore over a :class:`KVStore`."""
+    """zerolayer.v1.KVStore over a :class:`KVStore`: the block calls go to the store, the
+    registrations and keep-alives to its owners (:class:`zerolayer.kvstore.owners.Owners`)."""
 
     def __init__(self, store: KVStore) -> None:
         self._store = store
@@ -42,12 +43,13 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     async def RegisterOwner(
         self, request: kvstore_pb2.RegisterOwnerRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.RegisterOwnerResponse:
-        return registration_to_pb(self._store.register(register_owner_request_from_pb(request)))
+        owner_id = register_owner_request_from_pb(request)
+        return registration_to_pb(self._store.owners.register(owner_id))
 
     async def KeepAlive(
         self, request: kvstore_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.KeepAliveResponse:
-        return keep_alive_response_to_pb(self._store.keep_alive(owner_from_pb(request)))
+        return keep_alive_response_to_pb(self._store.owners.keep_alive(owner_from_pb(request)))
 
     async def UnregisterOwner(
         self, request: kvstore_pb2.UnregisterOwnerRequest, context: grpc.aio.ServicerContext

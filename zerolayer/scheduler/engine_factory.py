@@ -16,7 +16,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.common.config import EngineSettings
+from zerolayer.common.config import EngineSettings, check_settings, documented
 from zerolayer.common.device import Device
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.scheduler.core.engine import Engine
@@ -32,9 +32,8 @@ from zerolayer.scheduler.model.structured_output import GrammarBackend
 
 log = logging.getLogger(__name__)
 
-ATTENTION_BACKENDS = ("native", "reference")
 
-
+@documented
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig(EngineSettings):
     """The scheduler's engine settings (:class:`EngineSettings`, declared once as its flags) and
@@ -52,16 +51,13 @@ class EngineConfig(EngineSettings):
         return cls(**{**values, **overrides})
 
     def __post_init__(self) -> None:
-        """Raises ValueError for a limit below 1, a timeout not above 0, an unknown backend, or
-        batch invariance without the native attention."""
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens: must be > 0")
-        if not self.kv_unavailable_timeout_s > 0:
-            raise ValueError("kv_unavailable_timeout_s: must be > 0")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"attention_backend: {self.attention_backend!r} is not native or reference"
-            )
+        """Checks each setting by its declaration, and batch invariance's need of the native
+        attention.
+
+        Raises:
+            ValueError: a value no engine could run; the message names the flag or field.
+        """
+        check_settings(self)
         # NOTE: the reference attention (scaled_dot_product_attention) is not batch invariant;
         # the native kernel computes each output row in a fixed order.
         if self.batch_invariant and self.attention_backend != "native":

@@ -227,12 +227,12 @@ class KVStoreClient:
         owner = self._owner_ref()
         self._call("Free", free_request_to_pb(block_ids, owner), owner)
 
-    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
-        """Blocks of the longest cached prefix, referenced; counted by the :meth:`allocate` that
-        admits the request. Raises KVStoreUnavailable, KVLeaseLost."""
+    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool) -> list[int]:
+        """Blocks of the longest cached prefix, referenced; counted now if ``counted``, else by
+        the :meth:`allocate` that admits the request. Raises KVStoreUnavailable, KVLeaseLost."""
         owner = self._owner_ref()
         request = lookup_prefix_request_to_pb(
-            token_ids, cache_salt, owner, count_with_allocate=True
+            token_ids, cache_salt, owner, count_with_allocate=not counted
         )
         return lookup_prefix_response_from_pb(self._call("LookupPrefix", request, owner))
 

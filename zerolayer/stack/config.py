@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from zerolayer.common.config import (
     AccessSettings,
@@ -14,9 +14,11 @@ from zerolayer.common.config import (
     MetricsSettings,
     ModelSettings,
     RoutingSettings,
+    check_settings,
+    documented,
+    setting_field,
 )
 from zerolayer.common.device import resolve_device
-from zerolayer.common.settings import SETTINGS
 from zerolayer.common.stack_settings import (
     FRONTENDS,
     METRICS_PORT_BASE,
@@ -32,6 +34,7 @@ SHM_DIR = "/dev/shm"
 ``zerolayer.stack.launcher.stack_instance_id``)."""
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class StackConfig(
     ModelSettings,
@@ -44,23 +47,17 @@ class StackConfig(
     MetricsSettings,
 ):
     """How to run the four layers: every layer setting ``zerolayer up`` offers (the groups it
-    inherits, which the layers' configs share), and the stack's own."""
+    inherits, which the layers' configs share), and the stack's own. A relative ``run_dir`` is
+    made absolute against the current directory at construction, so the pre-flight check, the
+    launcher and the layers (which run elsewhere) name the same one; the metrics ports are
+    :func:`zerolayer.stack.layout.metrics_ports`'."""
 
-    run_dir: str | None = RUN_DIR.default
-    """Directory for the internal unix sockets; None: a new private (0700) temporary directory.
-    A relative one is made absolute against the current directory at construction, so the
-    pre-flight check, the launcher and the layers (which run elsewhere) name the same one."""
-    supervise: bool = SUPERVISE.default
-    """Restart a layer that exits or is killed (with backoff) while the others keep running."""
-    metrics_port_base: int = METRICS_PORT_BASE.default
-    """Prometheus ports: loader +0, kvstore +1, scheduler +2, frontend +3, the other processes
-    from +4 on (see :func:`zerolayer.stack.layout.metrics_ports`); 0: no endpoints."""
-    schedulers: int = SCHEDULERS.default
-    """Active schedulers (each its own process, all on the one kvstore)."""
-    standby_schedulers: int = STANDBY_SCHEDULERS.default
-    """Warmed standby schedulers, promoted by the supervisor when an active one dies."""
-    frontends: int = FRONTENDS.default
-    """Frontend processes sharing the ``listen`` port."""
+    run_dir: str | None = setting_field(RUN_DIR)
+    supervise: bool = setting_field(SUPERVISE)
+    metrics_port_base: int = setting_field(METRICS_PORT_BASE)
+    schedulers: int = setting_field(SCHEDULERS)
+    standby_schedulers: int = setting_field(STANDBY_SCHEDULERS)
+    frontends: int = setting_field(FRONTENDS)
     log_dir: str | None = None
     """Write each layer's stderr to ``<log_dir>/<layer>.log``; None: inherit this process's."""
     startup_timeout_s: float = 180.0
@@ -74,10 +71,7 @@ class StackConfig(
         Raises:
             ValueError: a setting is out of range; the message starts with its flag.
         """
-        names = {field.name for field in fields(self)}
-        for setting in SETTINGS:
-            if setting.name in names:
-                setting.validate(getattr(self, setting.name))
+        check_settings(self)
         self._check_metrics_port_base()
         if self.run_dir is not None:
             object.__setattr__(self, "run_dir", os.path.abspath(self.run_dir))

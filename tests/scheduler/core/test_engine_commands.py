@@ -73,7 +73,7 @@ def test_add_request_queues_it_with_its_trace_and_sink() -> None:
     engine.apply(AddRequest(make_request("r"), sink, trace))  # type: ignore[arg-type]
     assert [r.request_id for r in engine.scheduler.waiting] == ["r"]
     assert engine.scheduler.requests["r"].trace is trace
-    assert (engine.num_streams, sink, allocator.pool.num_free_blocks) == (1, [], NUM_BLOCKS)
+    assert (engine.num_streams, sink, allocator.num_free_blocks) == (1, [], NUM_BLOCKS)
 
 
 def test_add_request_hands_its_error_to_the_sink_and_adds_nothing() -> None:
@@ -91,11 +91,11 @@ def test_add_request_hands_its_error_to_the_sink_and_adds_nothing() -> None:
 def test_abort_request_frees_its_blocks_and_silences_its_sink() -> None:
     engine, allocator = make_engine()
     sinks = add_admitted(engine, "a", "b")
-    assert allocator.pool.num_free_blocks == NUM_BLOCKS - 4
+    assert allocator.num_free_blocks == NUM_BLOCKS - 4
     engine.apply(AbortRequest("a"))
     assert list(engine.scheduler.requests) == ["b"]
     assert [r.request_id for r in engine.scheduler.running] == ["b"]
-    assert (allocator.pool.num_free_blocks, engine.num_streams) == (NUM_BLOCKS - 2, 1)
+    assert (allocator.num_free_blocks, engine.num_streams) == (NUM_BLOCKS - 2, 1)
     engine.apply(AbortRequest("unknown"))
     assert (list(engine.scheduler.requests), engine.num_streams) == (["b"], 1)
     assert sinks == {"a": [], "b": []}
@@ -109,8 +109,8 @@ def test_fail_all_ends_every_request_with_the_error_once_and_frees_every_block()
     assert sinks == {"a": [ERROR], "b": [ERROR]} and waiting == [ERROR]
     assert not engine.scheduler.has_unfinished_requests
     assert (engine.scheduler.num_running, engine.scheduler.num_waiting) == (0, 0)
-    assert allocator.pool.num_free_blocks == NUM_BLOCKS
-    assert allocator.pool.ref_cnt == [0] * NUM_BLOCKS
+    assert allocator.num_free_blocks == NUM_BLOCKS
+    assert allocator.ref_cnt == [0] * NUM_BLOCKS
     assert (engine.num_streams, engine.scheduler.kv.num_blocks_held) == (0, 0)
     assert engine.fault is None  # FailAll ends what is in flight; Engine.fail also refuses
 
@@ -139,16 +139,16 @@ def test_fail_all_drops_a_request_whose_abort_fails_and_reconciles_its_blocks() 
     sinks = add_admitted(engine, "a")
     engine.apply(AddRequest(make_request("b"), b := Outputs(), FailingTrace()))  # type: ignore[arg-type]
     engine.scheduler.schedule()
-    assert allocator.pool.num_free_blocks == NUM_BLOCKS - 4
+    assert allocator.num_free_blocks == NUM_BLOCKS - 4
     engine.apply(FailAll(ERROR))
     assert (sinks["a"], b) == ([ERROR], [ERROR])
     assert not engine.scheduler.has_unfinished_requests and engine.num_streams == 0
     kv = engine.scheduler.kv
     assert (kv.num_blocks_held, kv.num_blocks_in_use, kv.needs_reconcile) == (0, 0, True)
-    assert allocator.pool.num_free_blocks == NUM_BLOCKS - 2  # "b"'s 2 blocks: not freed yet
+    assert allocator.num_free_blocks == NUM_BLOCKS - 2  # "b"'s 2 blocks: not freed yet
     engine.scheduler.schedule()  # reconciles (nothing held) before anything else
     assert not kv.needs_reconcile
-    assert allocator.pool.num_free_blocks == NUM_BLOCKS
+    assert allocator.num_free_blocks == NUM_BLOCKS
 
 
 def test_annotate_adds_the_event_to_every_traced_request_in_flight() -> None:
@@ -167,7 +167,7 @@ def test_wake_changes_nothing() -> None:
     sinks = add_admitted(engine, "a")
     engine.apply(Wake())
     assert list(engine.scheduler.requests) == ["a"] and sinks == {"a": []}
-    assert allocator.pool.num_free_blocks == NUM_BLOCKS - 2
+    assert allocator.num_free_blocks == NUM_BLOCKS - 2
 
 
 def test_anything_else_is_refused_by_apply_and_by_send() -> None:
@@ -198,7 +198,7 @@ def test_the_thread_safe_methods_queue_their_commands_until_process_commands() -
     assert a == []  # the fail is applied at the next step boundary
     engine.process_commands()
     assert (a, b) == ([ERROR], []) and engine.scheduler.requests == {}
-    assert allocator.pool.num_free_blocks == NUM_BLOCKS
+    assert allocator.num_free_blocks == NUM_BLOCKS
 
 
 class BatchedOutputs(Outputs):

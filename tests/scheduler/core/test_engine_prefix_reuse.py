@@ -138,14 +138,14 @@ def run_both(
         results.append(run(engine, arrivals))
         assert_all_free(engine, allocator)
         allocators.append(allocator)
-    assert allocators[1].cache.stats.num_hit_tokens == 0
+    assert allocators[1].stats.num_hit_tokens == 0
     assert set(results[1].num_cached_tokens.values()) <= {0}
     return results[0], results[1], allocators[0]
 
 
 def assert_all_free(engine: Engine, allocator: LocalBlockAllocator) -> None:
-    assert allocator.pool.num_free_blocks == allocator.num_blocks_total
-    assert allocator.pool.ref_cnt == [0] * allocator.num_blocks_total
+    assert allocator.num_free_blocks == allocator.num_blocks_total
+    assert allocator.ref_cnt == [0] * allocator.num_blocks_total
     assert engine.stats().num_blocks_held == 0
     assert engine.num_streams == 0
 
@@ -240,7 +240,7 @@ def test_random_shared_prefix_workloads_match_caching_off(model: LocalModel) -> 
             ]
             prompt = list(request.prompt_token_ids)
             assert num_cached <= max((common_prefix_len(prompt, t) for t in earlier), default=0)
-        assert allocator.cache.stats.num_hit_tokens >= sum(on.num_cached_tokens.values())
+        assert allocator.stats.num_hit_tokens >= sum(on.num_cached_tokens.values())
         num_cached_tokens_seen.append(sum(on.num_cached_tokens.values()))
 
     check()
@@ -257,10 +257,10 @@ def test_second_identical_prompt_reuses_all_full_blocks(model: LocalModel) -> No
     assert on.num_cached_tokens == {"first": 0, "second": 32}
     assert on.token_ids["second"] == on.token_ids["first"] == off.token_ids["first"]
     assert len(on.token_ids["first"]) == 6
-    stats = allocator.cache.stats
+    stats = allocator.stats
     assert (stats.num_queries, stats.num_query_tokens, stats.num_hit_tokens) == (2, 80, 32)
     # 40 prompt tokens + 5 fed outputs: two full blocks per request, the second's were hits.
-    assert allocator.cache.num_cached_blocks == 2
+    assert allocator.num_cached_blocks == 2
 
 
 def test_request_admitted_during_a_chunked_prefill_reuses_its_computed_blocks(
@@ -311,7 +311,7 @@ def test_a_different_cache_salt_reuses_nothing(model: LocalModel) -> None:
     assert on.num_cached_tokens == {"a": 0, "b": 0, "no-salt": 0, "a-again": 32}
     assert on.token_ids == off.token_ids
     assert len(set(map(tuple, on.token_ids.values()))) == 1
-    assert allocator.cache.stats.num_hit_tokens == 32
+    assert allocator.stats.num_hit_tokens == 32
 
 
 def test_preemption_with_prefix_caching_matches_caching_off(model: LocalModel) -> None:
@@ -326,7 +326,7 @@ def test_preemption_with_prefix_caching_matches_caching_off(model: LocalModel) -
     assert off.num_preemptions > 0
     assert_same_outputs(on, off, arrivals)
     assert sum(on.num_cached_tokens.values()) > 0
-    assert allocator.cache.stats.num_evictions > 0
+    assert allocator.stats.num_evictions > 0
 
 
 def test_a_request_preempted_before_its_first_token_reports_no_cached_tokens(
@@ -343,7 +343,7 @@ def test_a_request_preempted_before_its_first_token_reports_no_cached_tokens(
     on, off, allocator = run_both(model, arrivals, 4, 5, 7)
     assert (on.num_preemptions, off.num_preemptions) == (1, 1)
     assert on.num_cached_tokens == {"0": 0, "1": 0}
-    stats = allocator.cache.stats
+    stats = allocator.stats
     assert (stats.num_queries, stats.num_query_tokens, stats.num_hit_tokens) == (2, 17, 0)
     assert_same_outputs(on, off, arrivals)
 
@@ -365,8 +365,8 @@ def test_start_runs_the_warm_up_on_the_engine_thread(model: LocalModel) -> None:
     finally:
         engine.stop()
     assert_all_free(engine, allocator)
-    assert allocator.cache.num_cached_blocks > 0  # it ran, and is not traffic:
-    assert allocator.cache.stats.num_queries == 0
+    assert allocator.num_cached_blocks > 0  # it ran, and is not traffic:
+    assert allocator.stats.num_queries == 0
 
 
 def test_start_raises_what_the_warm_up_raised(model: LocalModel) -> None:

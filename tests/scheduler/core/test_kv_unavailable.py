@@ -67,9 +67,9 @@ class DownableAllocator:
         self._check()
         self.local.free(block_ids)
 
-    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool) -> list[int]:
         self._check()
-        return self.local.lookup(token_ids, cache_salt)
+        return self.local.lookup(token_ids, cache_salt, counted)
 
     def commit(self, entries: Sequence[CommitEntry]) -> None:
         self._check()
@@ -146,7 +146,7 @@ def test_requests_that_need_the_kvstore_end_after_the_timeout_the_others_finish(
     assert step(scheduler) == (["after"], {})
     assert allocator.reconciled == [[]]
     assert scheduler.kv.unusable_since is None
-    pool = allocator.local.pool
+    pool = allocator.local
     assert pool.num_free_blocks == pool.num_blocks
 
 
@@ -242,7 +242,7 @@ def test_a_lost_lease_recomputes_the_running_requests_without_writing_their_bloc
     scheduler.update(output, [100 for s in output.scheduled if s.samples])
     while scheduler.requests:
         step(scheduler)
-    pool = allocator.local.pool
+    pool = allocator.local
     assert pool.num_free_blocks == pool.num_blocks
 
 
@@ -260,5 +260,5 @@ def test_a_lease_found_lost_while_planning_a_step_schedules_nothing_of_it() -> N
     assert allocator.reconciled[-1] == []
     while scheduler.requests:
         step(scheduler)
-    pool = allocator.local.pool
+    pool = allocator.local
     assert pool.num_free_blocks == pool.num_blocks

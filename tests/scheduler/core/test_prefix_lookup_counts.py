@@ -37,7 +37,7 @@ def step(scheduler: Scheduler, tokens: Iterator[int]) -> list[str]:
 
 
 def counted(allocator: LocalBlockAllocator) -> tuple[int, int, int]:
-    s = allocator.cache.stats
+    s = allocator.stats
     return s.num_queries, s.num_query_tokens, s.num_hit_tokens
 
 

@@ -132,7 +132,7 @@ def test_n_samples_equal_n_separate_requests_and_the_prompt_is_computed_once(
         assert child.block_ids[:3] == first.block_ids[:3]  # the full blocks, by reference
         assert child.block_ids[3] not in first.block_ids  # the partial block, copied
         assert child.num_computed_tokens == len(prompt)
-    assert [allocator.pool.ref_cnt[b] for b in first.block_ids[:3]] == [3, 3, 3]
+    assert [allocator.ref_cnt[b] for b in first.block_ids[:3]] == [3, 3, 3]
     recorder.run()
     assert [recorder.token_ids[("r", i)] for i in range(3)] == separate
     for i in range(3):

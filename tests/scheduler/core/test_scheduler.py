@@ -93,9 +93,8 @@ def run_to_completion(scheduler: Scheduler, tokens: Iterator[int], max_steps: in
 
 
 def assert_all_free(scheduler: Scheduler, allocator: LocalBlockAllocator) -> None:
-    pool = allocator.pool
-    assert pool.num_free_blocks == pool.num_blocks
-    assert pool.ref_cnt == [0] * pool.num_blocks
+    assert allocator.num_free_blocks == allocator.num_blocks
+    assert allocator.ref_cnt == [0] * allocator.num_blocks
     assert scheduler.kv.num_blocks_held == scheduler.kv.num_blocks_in_use == 0
     assert not scheduler.running and not scheduler.waiting and not scheduler.requests
 
@@ -143,7 +142,7 @@ def test_admission_in_arrival_order_with_exact_block_ids() -> None:
     assert all(r.status == RequestStatus.FINISHED for r in (a, b, c))
     # b took block 5 for its position 4; blocks return in finishing order a, b, c, each
     # request's tail first (so a cached prefix is evicted last).
-    assert list(allocator.pool.free_block_queue) == [*range(6, 16), 4, 0, 5, 1, 3, 2]
+    assert list(allocator.free_block_queue) == [*range(6, 16), 4, 0, 5, 1, 3, 2]
     assert_all_free(scheduler, allocator)
 
 
@@ -262,7 +261,7 @@ def test_preemption_evicts_the_most_recently_admitted_and_recomputes_it() -> Non
         _, preempted, _ = step(scheduler, tokens)
         assert preempted == []
     assert c.output_token_ids == [102, 105, 108, 111, 114]
-    assert allocator.pool.num_free_blocks == 0
+    assert allocator.num_free_blocks == 0
 
     # Position 8 of a needs a third block: c (admitted last) is preempted; b gets c's other block.
     planned, preempted, results = step(scheduler, tokens)
@@ -283,7 +282,7 @@ def test_preemption_evicts_the_most_recently_admitted_and_recomputes_it() -> Non
         planned, _, _ = step(scheduler, tokens)
         assert planned == [("a", num_computed, 1, True), ("b", num_computed, 1, True)]
     assert a.finish_reason == b.finish_reason == FinishReason.LENGTH
-    assert list(allocator.pool.free_block_queue) == [5, 3, 0, 2, 4, 1]
+    assert list(allocator.free_block_queue) == [5, 3, 0, 2, 4, 1]
 
     # Recompute: prompt plus the 5 output tokens in one prefill, then sample the 6th token.
     assert c.all_token_ids == [10, 11, 12, 13, 102, 105, 108, 111, 114]
@@ -322,7 +321,7 @@ def test_a_request_that_cannot_grow_preempts_itself_when_admitted_last() -> None
     assert b.block_ids == []  # it finished: [1, 0] were held for this step, then freed
     assert results == [RequestOutput("b", (103,), FinishReason.LENGTH, 4, 0)]
     assert b.output_token_ids == [101, 103]
-    assert list(allocator.pool.free_block_queue) == [0, 1]  # freed tail first
+    assert list(allocator.free_block_queue) == [0, 1]  # freed tail first
     assert_all_free(scheduler, allocator)
 
 
@@ -391,13 +390,13 @@ def test_abort_frees_blocks_at_once() -> None:
     step(scheduler, token_counter())
     waiting = scheduler.add_request(make_request("b", 4))
     assert running.block_ids == [0, 1, 2]
-    assert allocator.pool.num_free_blocks == 13
+    assert allocator.num_free_blocks == 13
 
     assert scheduler.abort_request("a") is True
     assert running.block_ids == []
     assert (running.status, running.finish_reason) == (RequestStatus.FINISHED, FinishReason.ABORT)
-    assert allocator.pool.num_free_blocks == 16
-    assert list(allocator.pool.free_block_queue)[-3:] == [2, 1, 0]  # tail first
+    assert allocator.num_free_blocks == 16
+    assert list(allocator.free_block_queue)[-3:] == [2, 1, 0]  # tail first
     assert scheduler.abort_request("b") is True
     assert waiting.finish_reason == FinishReason.ABORT
     assert scheduler.abort_request("a") is False

@@ -171,7 +171,7 @@ def test_fatal_xid_ends_streams_within_one_step_frees_blocks_and_refuses(script:
     try:
         collectors, traces = submit_all(engine, max_new_tokens=500)
         wait_until(lambda: all(len(c.token_ids) >= 2 for c in collectors))
-        assert allocator.pool.num_free_blocks < NUM_BLOCKS
+        assert allocator.num_free_blocks < NUM_BLOCKS
         append(script, '{"event": "xid", "data": 79}')
         for c in collectors:
             assert c.done.wait(10)
@@ -186,8 +186,8 @@ def test_fatal_xid_ends_streams_within_one_step_frees_blocks_and_refuses(script:
             assert c.error_step is not None and c.error_step <= fault_steps[0] + 1
             assert len(c.token_ids) < 500
         # Aborted through the normal path: every block back in the pool, nothing held.
-        assert allocator.pool.num_free_blocks == NUM_BLOCKS
-        assert allocator.pool.ref_cnt == [0] * NUM_BLOCKS
+        assert allocator.num_free_blocks == NUM_BLOCKS
+        assert allocator.ref_cnt == [0] * NUM_BLOCKS
         assert engine.stats().num_blocks_held == 0
         assert not engine.scheduler.has_unfinished_requests
         # The span event reached every request before it failed.
@@ -225,7 +225,7 @@ def run_to_completion(script: Path | None, lines: list[str]) -> tuple[list[Colle
             wait_until(lambda: counter(registry, "pstate", "", "info") == 1.0)
         assert stopped == []
         assert engine.fault is None
-        assert allocator.pool.num_free_blocks == NUM_BLOCKS
+        assert allocator.num_free_blocks == NUM_BLOCKS
         return collectors, (registry, traces)
     finally:
         for monitor in monitors:

@@ -166,7 +166,7 @@ def assert_matches(
 
 
 def assert_all_free(engine: Engine, allocator: LocalBlockAllocator) -> None:
-    assert allocator.pool.num_free_blocks == allocator.num_blocks_total
+    assert allocator.num_free_blocks == allocator.num_blocks_total
     assert engine.stats().num_blocks_held == 0
     assert engine.num_streams == 0
 

@@ -54,9 +54,10 @@ class BlockAllocator(Protocol):
     def free(self, block_ids: list[int]) -> None:
         """Drops one reference from each block."""
 
-    def lookup(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
-        """Blocks of the longest cached prefix (never covering the last token), referenced. Not
-        counted: the allocation that admits the request counts it (``admitted_lookup``)."""
+    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool) -> list[int]:
+        """Blocks of the longest cached prefix (never covering the last token), referenced.
+        ``counted``: added to the prefix-cache counters now; the scheduler passes False, and the
+        allocation that admits the request counts it (``admitted_lookup``)."""
 
     def commit(self, entries: Sequence[CommitEntry]) -> None:
         """Registers full blocks (each with its sequence's cache salt)."""
@@ -184,7 +185,9 @@ class KVCacheManager:
         self._check_usable()
         started = self.clock()
         try:
-            block_ids = self.allocator.lookup(request.all_token_ids, request.cache_salt)
+            block_ids = self.allocator.lookup(
+                request.all_token_ids, request.cache_salt, counted=False
+            )
         except KVStoreUnavailable as exc:
             self._failed("lookup", exc, started)
             raise

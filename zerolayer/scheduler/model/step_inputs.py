@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from zerolayer.common.settings import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 from zerolayer.scheduler.model.attention import AttentionMetadata, PrefillSpan
 
@@ -46,16 +47,17 @@ class StepBuffers:
     def __init__(
         self,
         block_size: int,
-        max_tokens: int = 512,
-        max_seqs: int = 64,
+        max_tokens: int = MAX_NUM_BATCHED_TOKENS.default,
+        max_seqs: int = MAX_NUM_SEQS.default,
         max_blocks: int = 64,
         pin_memory: bool = False,
     ) -> None:
         """
         Args:
             block_size: tokens per KV block.
-            max_tokens: initial capacity in tokens per step (the token budget).
-            max_seqs: initial capacity in sequences per step.
+            max_tokens: initial capacity in tokens per step (the token budget; by default
+                ``--max-num-batched-tokens``' default).
+            max_seqs: initial capacity in sequences per step (by default ``--max-num-seqs``').
             max_blocks: initial capacity in blocks per block table (context length / block size).
             pin_memory: page-locked buffers (needs CUDA), so that the tensors the model reads on a
                 GPU copy to it asynchronously (``non_blocking``). The caller must not fill again
