@@ -28,12 +28,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from zerolayer.common import settings
 from zerolayer.common.errors import Unavailable
 
 SCHEDULER_SERVICE = "zerolayer.v1.Scheduler"
 """Health name on which a scheduler that takes requests reports SERVING."""
-LEAST_WORK, PREFIX_AFFINE = "least-work", "prefix-affine"
-"""The routing policies (``--routing``)."""
+LEAST_WORK, PREFIX_AFFINE = settings.ROUTING.choices
+"""The routing policies (``--routing``), in the order its declaration gives them."""
 AFFINITY_PREFIX_TOKENS = 32
 """Prompt tokens (with the cache salt) that choose a request's scheduler under prefix-affine."""
 AFFINITY_SLACK_TOKENS = 2048
