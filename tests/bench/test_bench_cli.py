@@ -57,3 +57,19 @@ def test_a_refused_checkpoint_is_one_line_and_exit_2(tmp_path: Path, capsys) -> 
     assert code == 2
     assert err.startswith("zerolayer bench int8: error: tensor ") and err.count("\n") == 1
     assert "is not a multiple of --group-size 3" in err
+
+
+@pytest.mark.parametrize("num_panels", [1, 3])
+def test_a_long_title_is_wrapped_inside_the_figure(num_panels: int, tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    from zerolayer.bench.plots import plot_bars
+
+    title = "Throughput, 64 requests at once (256 prompt, 128 new tokens) " * num_panels
+    panels = {
+        f"panel {i}": {"zerolayer": 333.0, "HF padded batch": 19.3} for i in range(num_panels)
+    }
+    pixels = imread(plot_bars(tmp_path / "bars.png", title, panels))
+    band = pixels[:60, :, :3]  # the title's rows
+    assert band.min() < 0.5  # the title is drawn
+    assert (band[:, :4] == 1.0).all() and (band[:, -4:] == 1.0).all()  # and no letter is cut

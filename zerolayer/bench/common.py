@@ -131,19 +131,13 @@ def plot_lines(
     series: dict[str, tuple[Sequence[float], Sequence[float]]],
 ) -> Path:
     """Writes a PNG line plot of named (x, y) series."""
-    import matplotlib
+    from zerolayer.bench.plots import save, titled_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, [ax] = titled_figure(title, 1, 7)
     for name, (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o", label=name)
     integer_ticks(ax, [x for xs, _ in series.values() for x in xs])
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path)
