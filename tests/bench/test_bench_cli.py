@@ -7,14 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from zerolayer.bench.cli import REQUIREMENTS, SCENARIOS
+from zerolayer.bench.cli import missing_requirements, scenario_modules
 from zerolayer.bench.common import integer_ticks
 from zerolayer.cli.main import main
 
 
-def test_every_scenario_declares_what_it_needs() -> None:
-    assert set(REQUIREMENTS) == set(SCENARIOS) and "chat" in SCENARIOS
-    assert REQUIREMENTS["chat"] == REQUIREMENTS["multiturn"] == ("matplotlib", "transformers")
+def test_a_checkout_adds_the_comparisons_and_the_packages_they_need(monkeypatch) -> None:
+    """From this checkout: the llama.cpp scenario, and transformers for the wheel scenarios'
+    baselines (looked up: a missing one is named)."""
+    assert list(scenario_modules())[-1:] == ["llamacpp"]
+    assert scenario_modules()["llamacpp"] == "benchmarks.llamacpp.scenario"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    assert missing_requirements("chat") == ["matplotlib", "transformers"]
+    assert missing_requirements("split") == ["matplotlib"]  # no baseline: nothing else to run
 
 
 @pytest.mark.parametrize("scenario", ["multiturn", "chat"])

@@ -191,7 +191,15 @@ def test_a_mistyped_flag_of_up_is_up_s_error(flag: str) -> None:
             ["generate", "x", "--max-new-tokens", "-1"],
             "zerolayer generate: error: --max-new-tokens: must be in [0, 4294967295], got -1",
         ),
-        (["bench"], "zerolayer bench: error: the following arguments are required: scenario"),
+        (
+            ["bench", "throughput", "--num-requests", "-1"],
+            "zerolayer bench throughput: error: --num-requests: must be at least 1, got -1",
+        ),
+        (
+            ["bench", "latency", "--rates", "1,x"],
+            "zerolayer bench latency: error: --rates: 'x': could not convert string to float",
+        ),
+        (["bench"], "zerolayer bench: error: the following arguments are required: SCENARIO"),
         (
             ["make-dummy", "m", "--chat-template", "llama"],
             "zerolayer make-dummy: error: --chat-template: invalid choice: 'llama'",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -99,19 +100,37 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def write_results(out_dir: Path, scenario: str, command: str, results: dict) -> Path:
-    """Writes ``<out_dir>/<scenario>.json`` with the command line, date and machine."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+SMOKE_VERDICT = (
+    "not evaluated: --smoke runs the tiny model for seconds to show the scenario works; its "
+    "figures say nothing about the targets"
+)
+"""What a smoke run says in place of each verdict."""
+
+
+def without_verdicts(results: object) -> object:
+    """``results`` with the value of every ``*_met`` key (``targets_met``, ``target_met``,
+    ``goals_met``, at any depth) replaced by :data:`SMOKE_VERDICT`. Does not modify ``results``."""
+    if isinstance(results, dict):
+        return {
+            key: SMOKE_VERDICT if key.endswith("_met") else without_verdicts(value)
+            for key, value in results.items()
+        }
+    return results
+
+
+def write_results(args: argparse.Namespace, scenario: str, results: dict) -> dict:
+    """Writes ``<args.out>/<scenario>.json`` with the command line, date and machine, and with
+    no verdict on a ``--smoke`` run (:func:`without_verdicts`); returns the document written."""
+    args.out.mkdir(parents=True, exist_ok=True)
     document = {
         "scenario": scenario,
-        "command": command,
+        "command": args.command,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
-        **results,
+        **(without_verdicts(results) if args.smoke else results),  # type: ignore[dict-item]
     }
-    path = out_dir / f"{scenario}.json"
-    path.write_text(json.dumps(document, indent=2))
-    return path
+    (args.out / f"{scenario}.json").write_text(json.dumps(document, indent=2))
+    return document
 
 
 def integer_ticks(ax: Any, xs: Sequence[float]) -> None:
