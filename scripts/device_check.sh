@@ -12,7 +12,7 @@
 #   gpu_unit   110  pytest -m gpu --gpu-strict on the files with gpu-marked tests outside
 #                   tests/e2e (pytest-xdist, 4 workers, when it imports); 60 s per test
 #   gpu_stack   95  the same on tests/e2e (one GPU stack); 80 s per test
-#   bench      120  zerolayer/bench/device_check.py on the 1.1B dummy model: copy bandwidth, batch-1 decode
+#   bench      120  benchmarks/device/check.py on the 1.1B dummy model: copy bandwidth, batch-1 decode
 #                   against the HBM bound, 64-request throughput, device memory per layer, kill -9
 #                   of the loader, transformers on the same GPU
 # The whole run ends within 420 s (7 minutes): each bound is also cut to what is left of that
@@ -22,7 +22,7 @@
 # After every step it rewrites two files in $OUT, the only two it leaves there (the device tool
 # brings back at most 8): summary.json (versions, each step's exit code, seconds and bound, the
 # attention path and CUDA graphs of the served stack, test counts, every figure the bench measured
-# so far, problems; zerolayer/bench/device_summary.py) and logs.tar.gz (every log, each cut to its last
+# so far, problems; benchmarks/device/summary.py) and logs.tar.gz (every log, each cut to its last
 # 256 KiB). Its output is one line per step and then the summary, at most 8000 characters, so it
 # is within the last 12,000 the tool returns. Exit code 0 only when every step passed, no gpu
 # test failed or skipped, and the bench served on Triton with decode CUDA graphs.
@@ -30,7 +30,7 @@
 # On the GPU machine (no package registry), with the wheels made here first:
 #   bash scripts/device_wheels.sh
 #   run(command="bash scripts/device_check.sh", carry=[".whl", "zerolayer/v1", "zerolayer/kserve"], timeout_s=480)
-# A dry run on a CPU machine (CI runs one: tests/bench/test_device_check_script.py): every step
+# A dry run on a CPU machine (CI runs one: tests/benchmarks/test_device_check_script.py): every step
 # runs its plumbing and writes the summary; the pytest steps only collect, the bench runs on the
 # CPU with the tiny model, and a missing GPU or NVML is not a failure:
 #   PYTHON=.venv/bin/python OUT=/tmp/out bash scripts/device_check.sh --dry-run
@@ -60,7 +60,7 @@ if [[ -n $DRY_RUN ]]; then DEVICE=cpu PRESET=tiny; fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-summary() { "$PY" -m zerolayer.bench.device_summary "$@" --out "$OUT_DIR" --work "$WORK"; }
+summary() { "$PY" -m benchmarks.device.summary "$@" --out "$OUT_DIR" --work "$WORK"; }
 
 # step_bound NAME: the step's bound, cut to what is left of the budget (0: none left).
 step_bound() {
@@ -128,7 +128,7 @@ run_step setup "$(step_bound setup)" -- bash -c '
 if [[ -n $(ls -A "$SITE") ]]; then export PYTHONPATH="$SITE:$PYTHONPATH"; fi
 
 run_step versions "$(step_bound versions)" --json "$WORK/versions.out" -- \
-  "$PY" -m zerolayer.bench.device_summary versions
+  "$PY" -m benchmarks.device.summary versions
 
 index=${DEVICE#cuda}
 index=${index#:}
@@ -153,7 +153,7 @@ port=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); p
 bound=$(step_bound bench)
 # The bench's own budget ends 15 s before the step's bound: time to stop its stack and write.
 run_step bench "$bound" --json "$WORK/bench.json" -- \
-  "$PY" -m zerolayer.bench.device_check "${bench_args[@]}" --port "$port" --budget-s $(( bound > 20 ? bound - 15 : 5 )) \
+  "$PY" -m benchmarks.device.check "${bench_args[@]}" --port "$port" --budget-s $(( bound > 20 ? bound - 15 : 5 )) \
   --report "$WORK/bench.json" --log-dir "$WORK/bench-logs"
 
 summary finish

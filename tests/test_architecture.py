@@ -1,16 +1,24 @@
 """The import picture of the house (docs/architecture.md): the four layers side by side, above the
 shared rooms, with no arrow from one layer into another, the frontend's rooms (its public APIs,
-none importing another, above the text and routing rooms), and no product module importing the
-benchmarks. Checked on the source's import statements, so a new arrow fails here."""
+none importing another, above the text and routing rooms), no product module importing the
+benchmarks, and the comparisons with other systems outside the package (the checkout's
+``benchmarks/``, beside ``tests/``). Checked on the source's import statements, so a new arrow
+fails here."""
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "zerolayer"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "zerolayer"
+CHECKOUT_BENCHMARKS = ROOT / "benchmarks"
+"""Comparisons with other systems and the GPU device check: in the checkout, not the wheel."""
+OTHER_SYSTEMS = ("transformers", "llama_cpp", "gguf", "xgrammar")
+"""The systems zerolayer is compared with: imported by ``benchmarks/`` only."""
 LAYERS = ("loader", "kvstore", "scheduler", "frontend")
 ROOMS = ("common", "kv", "sharing", "checkpoints")
 """Shared rooms: used by the layers, never using them."""
@@ -36,13 +44,14 @@ def room_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def imports() -> list[tuple[str, str]]:
-    """(importing module, imported module or name) for every ``zerolayer.*`` import in the
-    package (``from m import n`` gives ``m`` and ``m.n``)."""
+def imports(folder: Path = PACKAGE, prefix: str = "zerolayer.") -> list[tuple[str, str]]:
+    """(importing module, imported module or name) for every import of a ``prefix`` module in the
+    modules below ``folder`` (at any depth: inside functions too; ``from m import n`` gives ``m``
+    and ``m.n``)."""
     found = []
-    for path in PACKAGE.rglob("*.py"):
-        relative = path.relative_to(PACKAGE.parent).with_suffix("")
-        if relative.parts[1] in GENERATED:
+    for path in folder.rglob("*.py"):
+        relative = path.relative_to(folder.parent).with_suffix("")
+        if relative.parts[1:2] and relative.parts[1] in GENERATED:
             continue
         module = ".".join(relative.parts).removesuffix(".__init__")
         for node in ast.walk(ast.parse(path.read_text())):
@@ -54,11 +63,12 @@ def imports() -> list[tuple[str, str]]:
                 continue
             # NOTE: every name, not only the first: ``from zerolayer.frontend import openai``
             # is an arrow into openai, and ``import a, b`` two arrows.
-            found += [(module, name) for name in names if name.startswith("zerolayer.")]
+            found += [(module, name) for name in names if f"{name}.".startswith(prefix)]
     return found
 
 
-IMPORTS = imports()
+EVERY_IMPORT = imports(prefix="")
+IMPORTS = [(src, dst) for src, dst in EVERY_IMPORT if dst.startswith("zerolayer.")]
 
 
 def frontend_room(module: str) -> str | None:
@@ -116,9 +126,22 @@ def test_the_product_never_imports_the_benchmarks() -> None:
     assert arrows == set()
 
 
+def test_the_comparisons_live_beside_the_tests_and_not_in_the_wheel() -> None:
+    """``zerolayer bench`` finds ``benchmarks/`` by its place in a checkout
+    (``zerolayer/bench/checkout.py``), never by an import; the wheel packages ``zerolayer*``
+    only; the other systems are imported below ``benchmarks/`` alone."""
+    for name in ("benchmarks", *OTHER_SYSTEMS):
+        assert [(s, d) for s, d in EVERY_IMPORT if f"{d}.".startswith(f"{name}.")] == [], name
+    packaged = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert packaged["packages"]["find"]["include"] == ["zerolayer*"]
+    assert (CHECKOUT_BENCHMARKS / "__init__.py").is_file()
+    compared = {d.split(".")[0] for _, d in imports(CHECKOUT_BENCHMARKS, "")} & {*OTHER_SYSTEMS}
+    assert compared == {"transformers", "llama_cpp", "gguf", "xgrammar"}
+
+
 def test_every_folder_says_in_one_line_what_lives_there() -> None:
-    for init in PACKAGE.rglob("__init__.py"):
-        if init.relative_to(PACKAGE).parts[0] in GENERATED:
+    for init in [*PACKAGE.rglob("__init__.py"), *CHECKOUT_BENCHMARKS.rglob("__init__.py")]:
+        if init.is_relative_to(PACKAGE) and init.relative_to(PACKAGE).parts[0] in GENERATED:
             continue
         docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert docstring, init

@@ -7,14 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from zerolayer.bench.cli import REQUIREMENTS, SCENARIOS
+from zerolayer.bench.cli import missing_requirements, scenario_modules
 from zerolayer.bench.common import integer_ticks
 from zerolayer.cli.main import main
 
 
-def test_every_scenario_declares_what_it_needs() -> None:
-    assert set(REQUIREMENTS) == set(SCENARIOS) and "chat" in SCENARIOS
-    assert REQUIREMENTS["chat"] == REQUIREMENTS["multiturn"] == ("matplotlib", "transformers")
+def test_a_checkout_adds_the_comparisons_and_the_packages_they_need(monkeypatch) -> None:
+    """From this checkout: the llama.cpp scenario, and transformers for the wheel scenarios'
+    baselines (looked up: a missing one is named)."""
+    assert list(scenario_modules())[-1:] == ["llamacpp"]
+    assert scenario_modules()["llamacpp"] == "benchmarks.llamacpp.scenario"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    assert missing_requirements("chat") == ["matplotlib", "transformers"]
+    assert missing_requirements("split") == ["matplotlib"]  # no baseline: nothing else to run
 
 
 @pytest.mark.parametrize("scenario", ["multiturn", "chat"])
@@ -57,3 +62,19 @@ def test_a_refused_checkpoint_is_one_line_and_exit_2(tmp_path: Path, capsys) -> 
     assert code == 2
     assert err.startswith("zerolayer bench int8: error: tensor ") and err.count("\n") == 1
     assert "is not a multiple of --group-size 3" in err
+
+
+@pytest.mark.parametrize("num_panels", [1, 3])
+def test_a_long_title_is_wrapped_inside_the_figure(num_panels: int, tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    from zerolayer.bench.plots import plot_bars
+
+    title = "Throughput, 64 requests at once (256 prompt, 128 new tokens) " * num_panels
+    panels = {
+        f"panel {i}": {"zerolayer": 333.0, "HF padded batch": 19.3} for i in range(num_panels)
+    }
+    pixels = imread(plot_bars(tmp_path / "bars.png", title, panels))
+    band = pixels[:60, :, :3]  # the title's rows
+    assert band.min() < 0.5  # the title is drawn
+    assert (band[:, :4] == 1.0).all() and (band[:, -4:] == 1.0).all()  # and no letter is cut

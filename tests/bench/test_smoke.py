@@ -1,17 +1,23 @@
-"""Benchmarks are not tests: CI only proves each scenario runs and writes valid results."""
+"""Benchmarks are not tests: CI only proves each scenario runs and writes valid results.
+
+Each scenario runs as ``zerolayer bench SCENARIO --smoke`` in this process (its stacks are real
+processes), so the interpreter, torch, transformers and matplotlib load once for all of them;
+from this checkout, with its baseline (``benchmarks/``)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from e2e.stack import free_port
 
+from zerolayer.bench.common import SMOKE_VERDICT
+from zerolayer.cli.main import main
 from zerolayer.common.config import default_num_threads
 
 pytestmark = pytest.mark.e2e
@@ -19,49 +25,65 @@ pytestmark = pytest.mark.e2e
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run_smoke(tmp_path: Path, scenario: str) -> dict:
-    """Runs ``zerolayer bench SCENARIO --smoke`` in a fresh cache; checks the common parts of its
-    results and its plot, and returns the results document."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "zerolayer.cli.main",
-            "bench",
-            scenario,
-            "--smoke",
-            "--out",
-            str(tmp_path),
-            "--port",
-            str(free_port()),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model cache for every scenario's tiny model (written once)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(autouse=True)
+def _own_threads() -> Iterator[None]:
+    """A scenario sets this process's torch threads for what it measures; the next test finds
+    them as they were."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def verdicts(document: object) -> list[object]:
+    """The value of every ``*_met`` key of ``document``, at any depth."""
+    if not isinstance(document, dict):
+        return []
+    found = [v for k, v in document.items() if k.endswith("_met")]
+    return found + [v for value in document.values() for v in verdicts(value)]
+
+
+def run_smoke(
+    tmp_path: Path, scenario: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> dict:
+    """Runs ``zerolayer bench SCENARIO --smoke``; checks the common parts of its results (no
+    verdict anywhere) and its plot, and returns the results document."""
+    argv = ["bench", scenario, "--smoke", "--out", str(tmp_path), "--port", str(free_port())]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_dir))
+    monkeypatch.setattr(sys, "argv", ["zerolayer", *argv])
+    assert main(argv) == 0
     results = json.loads((tmp_path / f"{scenario}.json").read_text())
+    assert json.loads(capsys.readouterr().out) == results
     assert results["scenario"] == scenario
     assert results["command"].startswith(f"zerolayer bench {scenario} --smoke")
-    assert {"date", "machine"} <= set(results)
+    assert {"date", "machine"} <= set(results) and "baseline" not in results
+    assert all(verdict == SMOKE_VERDICT for verdict in verdicts(results))
     assert (tmp_path / f"{scenario}.png").read_bytes()[:8] == PNG_MAGIC
     return results
 
 
-def test_multiturn_smoke_writes_json_and_png(tmp_path: Path) -> None:
-    results = run_smoke(tmp_path, "multiturn")
+def test_multiturn_smoke_writes_json_and_png(
+    tmp_path: Path, cache_dir, monkeypatch, capsys
+) -> None:
+    results = run_smoke(tmp_path, "multiturn", cache_dir, monkeypatch, capsys)
     systems = results["ttft_s_per_turn"]
     assert set(systems) == {"zerolayer_prefix_caching", "zerolayer_no_caching", "hf_transformers"}
     assert all(len(ttfts) == 2 and all(t > 0 for t in ttfts) for ttfts in systems.values())
     # named after the last turn, whichever it is (2 here)
     assert results["last_turn_ttft_vs_hf"] > 0 and "turn8_ttft_vs_hf" not in results
     assert results["target"] == "turn-2 (last) TTFT / turn-1 TTFT <= 1.5 with prefix caching"
+    assert results["target_met"] == SMOKE_VERDICT
 
 
-def test_chat_smoke_renders_the_same_prompts_as_transformers(tmp_path: Path) -> None:
-    results = run_smoke(tmp_path, "chat")
+def test_chat_smoke_renders_the_same_prompts_as_transformers(
+    tmp_path: Path, cache_dir, monkeypatch, capsys
+) -> None:
+    results = run_smoke(tmp_path, "chat", cache_dir, monkeypatch, capsys)
     assert results["same_prompt_lengths"] is True
     assert len(results["prompt_tokens"]) == 2  # one conversation of two turns
     assert results["prompt_tokens"][1] > results["prompt_tokens"][0]
@@ -69,8 +91,10 @@ def test_chat_smoke_renders_the_same_prompts_as_transformers(tmp_path: Path) -> 
         assert len(system["ttft_s_per_turn"]) == 2 and system["output_tokens_per_s"] > 0
 
 
-def test_throughput_smoke_writes_json_and_png(tmp_path: Path) -> None:
-    results = run_smoke(tmp_path, "throughput")
+def test_throughput_smoke_writes_json_and_png(
+    tmp_path: Path, cache_dir, monkeypatch, capsys
+) -> None:
+    results = run_smoke(tmp_path, "throughput", cache_dir, monkeypatch, capsys)
     assert results["workload"] == {
         "num_requests": 4,
         "prompt_tokens": 16,
@@ -88,14 +112,15 @@ def test_throughput_smoke_writes_json_and_png(tmp_path: Path) -> None:
     assert results["hf_padded_batch"]["batch_size"] == 4
     for system in ("zerolayer", "hf_sequential", "hf_padded_batch"):
         assert results[system]["output_tok_s"] > 0
-    assert set(results["targets_met"]) == {"vs_hf_padded_batch", "vs_hf_sequential"}
+    assert set(results["targets"]) == {"vs_hf_padded_batch", "vs_hf_sequential"}
+    assert results["targets_met"] == SMOKE_VERDICT
     assert results["ratio_vs_hf_padded_batch"] == pytest.approx(
         results["zerolayer"]["output_tok_s"] / results["hf_padded_batch"]["output_tok_s"]
     )
 
 
-def test_latency_smoke_writes_json_and_png(tmp_path: Path) -> None:
-    results = run_smoke(tmp_path, "latency")
+def test_latency_smoke_writes_json_and_png(tmp_path: Path, cache_dir, monkeypatch, capsys) -> None:
+    results = run_smoke(tmp_path, "latency", cache_dir, monkeypatch, capsys)
     assert results["workload"]["rates_per_s"] == [4.0, 8.0, 16.0]
     assert results["workload"]["num_requests_per_rate"] == 4
     assert set(results["zerolayer_per_rate"]) == {"4.0", "8.0", "16.0"}
@@ -111,8 +136,10 @@ def test_latency_smoke_writes_json_and_png(tmp_path: Path) -> None:
     assert isolated["zerolayer_vs_hf"] == isolated["zerolayer_s"] / isolated["hf_in_process_s"]
 
 
-def test_coldstart_smoke_writes_json_and_png(tmp_path: Path) -> None:
-    results = run_smoke(tmp_path, "coldstart")
+def test_coldstart_smoke_writes_json_and_png(
+    tmp_path: Path, cache_dir, monkeypatch, capsys
+) -> None:
+    results = run_smoke(tmp_path, "coldstart", cache_dir, monkeypatch, capsys)
     assert results["python_import_torch_grpc_s"] > 0
     assert results["zerolayer_up_to_first_token_s"] > 0
     assert results["hf_process_to_first_token"]["to_first_token_s"] > 0
@@ -124,15 +151,16 @@ def test_coldstart_smoke_writes_json_and_png(tmp_path: Path) -> None:
     )
     assert list(results["loader_ready"]) == ["0.001", "0.004"]
     assert all(r["ready_s"] > 0 and r["weight_bytes"] > 0 for r in results["loader_ready"].values())
-    assert set(results["targets_met"]) == {
+    assert set(results["targets"]) == {
         "up_vs_hf_process",
         "scheduler_restart_model_dependent_s",
         "loader_ready_largest_vs_smallest",
     }
+    assert results["targets_met"] == SMOKE_VERDICT
 
 
-def test_split_smoke_writes_json_and_png(tmp_path: Path) -> None:
-    results = run_smoke(tmp_path, "split")
+def test_split_smoke_writes_json_and_png(tmp_path: Path, cache_dir, monkeypatch, capsys) -> None:
+    results = run_smoke(tmp_path, "split", cache_dir, monkeypatch, capsys)
     assert results["workload"]["batch_sizes"] == [1, 4]
     for side in ("in_process", "services"):
         assert set(results[side]) == {"1", "4"}
@@ -147,8 +175,8 @@ def test_split_smoke_writes_json_and_png(tmp_path: Path) -> None:
         assert all(v >= 0 for v in cpu.values())
 
 
-def test_roofline_smoke_writes_json_and_png(tmp_path: Path) -> None:
-    results = run_smoke(tmp_path, "roofline")
+def test_roofline_smoke_writes_json_and_png(tmp_path: Path, cache_dir, monkeypatch, capsys) -> None:
+    results = run_smoke(tmp_path, "roofline", cache_dir, monkeypatch, capsys)
     rates = results["machine_rates"]
     assert set(rates["gemv_bytes_per_s"]) == {
         "bfloat16_mv",
@@ -173,10 +201,10 @@ def test_roofline_smoke_writes_json_and_png(tmp_path: Path) -> None:
     assert results["bandwidth_bound_tok_s"] > 0 and results["compute_bound_tok_s"] > 0
 
 
-def test_failover_smoke_writes_json_and_png(tmp_path: Path) -> None:
+def test_failover_smoke_writes_json_and_png(tmp_path: Path, cache_dir, monkeypatch, capsys) -> None:
     # NOTE: the counts of failed and identical requests are not asserted: they depend on stream
     # failover in the frontend (zero failures is the benchmark's goal, not this test's).
-    results = run_smoke(tmp_path, "failover")
+    results = run_smoke(tmp_path, "failover", cache_dir, monkeypatch, capsys)
     assert results["workload"]["num_greedy"] == results["workload"]["num_seeded"] == 2
     assert results["stack"]["schedulers"] == 2
     assert results["undisturbed_outputs_equal_across_cases"] is True
@@ -189,15 +217,18 @@ def test_failover_smoke_writes_json_and_png(tmp_path: Path) -> None:
         assert sum(case["failure_codes"].values()) == case["failed_requests"]
         assert 0 < case["admission_after_kill_s"] < 120
         assert 0 < case["max_gap_s_undisturbed"]
-    assert set(results["goals_met"]) == {
+    assert set(results["goals"]) == {
         "failed_requests",
         "identical_outputs",
         "max_gap_s_with_standby",
     }
+    assert results["goals_met"] == SMOKE_VERDICT
 
 
-def test_threads_smoke_compares_the_default_with_explicit_counts(tmp_path: Path) -> None:
-    results = run_smoke(tmp_path, "threads")
+def test_threads_smoke_compares_the_default_with_explicit_counts(
+    tmp_path: Path, cache_dir, monkeypatch, capsys
+) -> None:
+    results = run_smoke(tmp_path, "threads", cache_dir, monkeypatch, capsys)
     # --smoke runs two of the settings (each stack measured alone, then beside a busy process)
     labels = {"default", "1 threads"}
     assert labels == set(results["decode_tok_s"]["quiet"]) == set(results["decode_tok_s"]["busy"])
@@ -208,8 +239,10 @@ def test_threads_smoke_compares_the_default_with_explicit_counts(tmp_path: Path)
     assert verdict["default_vs_best_quiet"] > 0 and verdict["default_busy_vs_quiet"] > 0
 
 
-def test_int8_smoke_compares_decode_speed_and_agreement(tmp_path: Path) -> None:
-    results = run_smoke(tmp_path, "int8")
+def test_int8_smoke_compares_decode_speed_and_agreement(
+    tmp_path: Path, cache_dir, monkeypatch, capsys
+) -> None:
+    results = run_smoke(tmp_path, "int8", cache_dir, monkeypatch, capsys)
     assert set(results["services"]) == {"original", "int8"}
     assert all(side["decode_tok_s"] > 0 for side in results["services"].values())
     assert results["int8_vs_original_decode_tok_s"] > 0
@@ -219,8 +252,10 @@ def test_int8_smoke_compares_decode_speed_and_agreement(tmp_path: Path) -> None:
     assert (tmp_path / "tiny-seed0-v1-int8" / "config.json").is_file()
 
 
-def test_llamacpp_smoke_measures_zerolayer_with_or_without_llama_cpp(tmp_path: Path) -> None:
-    results = run_smoke(tmp_path, "llamacpp")
+def test_llamacpp_smoke_measures_zerolayer_with_or_without_llama_cpp(
+    tmp_path: Path, cache_dir, monkeypatch, capsys
+) -> None:
+    results = run_smoke(tmp_path, "llamacpp", cache_dir, monkeypatch, capsys)
     assert results["workload"]["batch"]["num_requests"] == 4
     cores = results["machine"]["cores"]
     threads = results["threads"]

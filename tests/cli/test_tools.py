@@ -61,10 +61,48 @@ def test_convert_llama2c_help_explains_each_argument() -> None:
     text = " ".join(out.split())
     assert "checkpoint the llama2.c model file, e.g. stories15M.bin (first)" in text
     assert "tokenizer the llama2.c tokenizer file, e.g. tokenizer.bin (second)" in text
-    assert "out_dir directory to write (created if missing)" in text
+    assert "out_dir directory to write (missing or empty)" in text
 
 
 def test_make_dummy_help_says_the_big_presets_give_empty_text() -> None:
     code, out, _ = run("make-dummy", "--help")
     assert code == 0
     assert "their text is (nearly) empty" in " ".join(out.split())
+
+
+def test_an_output_directory_that_holds_files_is_refused_and_left_alone(tmp_path: Path) -> None:
+    out_dir = tmp_path / "model"
+    out_dir.mkdir()
+    (out_dir / "config.json").write_text("{}")
+    code, out, err = run("convert-llama2c", str(MODEL), str(TOKENIZER), str(out_dir))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"zerolayer convert-llama2c: error: out_dir {out_dir}: exists and is not an empty "
+        "directory\n"
+    )
+    assert [p.name for p in out_dir.iterdir()] == ["config.json"]
+    assert (out_dir / "config.json").read_text() == "{}"
+
+
+def test_make_dummy_writes_chatml_that_transformers_renders_as_chatml(tmp_path: Path) -> None:
+    import transformers
+
+    model_dir = tmp_path / "chat"
+    code, out, err = run("make-dummy", str(model_dir), "--chat-template", "chatml")
+    assert (code, out, err) == (0, f"wrote {model_dir}\n", "")
+    assert (model_dir / "chat_template.jinja").stat().st_mode & 0o777 == 0o644
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(model_dir)
+    messages = [
+        {"role": "system", "content": "You are a dummy."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "tool", "content": "42"},
+    ]
+    assert tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == (
+        "<|im_start|>system\nYou are a dummy.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
+        "<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_make_dummy_writes_no_chat_template_unless_asked(tmp_path: Path) -> None:
+    assert run("make-dummy", str(tmp_path / "plain"))[0] == 0
+    assert not (tmp_path / "plain" / "chat_template.jinja").exists()

@@ -1,1 +1,1 @@
-"""Benchmarks (``zerolayer bench SCENARIO``): each scenario against its baseline in one run."""
+"""Benchmarks a user runs (``zerolayer bench SCENARIO``); from a checkout, against a baseline."""

@@ -1,8 +1,9 @@
-"""``zerolayer bench SCENARIO``: run a benchmark against its baseline and write JSON + PNG.
+"""``zerolayer bench SCENARIO``: run a benchmark scenario and write JSON + PNG.
 
 A command plugin of the ``zerolayer`` CLI: pyproject.toml registers this module under the
 ``zerolayer.commands`` entry point group (``add_parser`` and ``run``), so the product never
-imports the benchmarks.
+imports the benchmarks. From a checkout, the scenarios and baselines of its ``benchmarks/``
+folder join in (:mod:`zerolayer.bench.checkout`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from zerolayer.bench.checkout import baseline_for, checkout_scenarios
 from zerolayer.checkpoints.errors import CheckpointError
 from zerolayer.cli.presets import PRESET_NAMES
 from zerolayer.common.setting import parse_bytes
@@ -31,41 +33,42 @@ SCENARIOS = (
     "failover",
     "threads",
     "int8",
-    "llamacpp",
 )
-"""Each is a module of this package with ``add_arguments(p)`` and ``main(args) -> dict``."""
+"""The wheel's scenarios: each a module of this package with ``HELP``, ``SMOKE``,
+``add_arguments(p)`` and ``main(args) -> dict``."""
 
-REQUIREMENTS = {
-    **dict.fromkeys(SCENARIOS, ("matplotlib", "transformers")),
-    "split": ("matplotlib",),
-    "failover": ("matplotlib",),
-    "threads": ("matplotlib",),
-    "int8": ("matplotlib",),
-}
-"""The packages of the ``bench`` extra each scenario imports (matplotlib for its plot,
-transformers for its Hugging Face baseline), checked before it starts anything."""
+REQUIREMENTS = ("matplotlib",)
+"""The packages of the ``bench`` extra a scenario imports unless it says otherwise (its
+``REQUIREMENTS``; a baseline adds its own), checked before it starts anything."""
 BENCH_EXTRA = "pip install 'zerolayer[bench]'"
 """How to install them (from a clone: ``.venv/bin/pip install -e '.[bench]'``)."""
 
-MULTITURN_SMOKE = {"turns": 2, "repeats": 1, "message_tokens": 8, "answer_tokens": 4}
-"""What ``--smoke`` changes for multiturn; the other scenarios declare their own ``SMOKE``."""
-
-
-def _module(name: str) -> ModuleType:
-    return importlib.import_module(f"zerolayer.bench.{name}")
-
-
-HELP = "run a benchmark scenario against its baseline"
+HELP = "run a benchmark scenario: JSON results and a plot"
 """``bench``'s line in ``zerolayer --help`` (shown without importing the scenarios)."""
+DESCRIPTION = (
+    "Runs a benchmark scenario on this machine and writes its results (JSON) and a plot (PNG) "
+    "to --out. From a checkout of zerolayer, scenarios also run their baseline (another system "
+    "on the same workload) and report the ratios; docs/benchmarks.md has the results."
+)
+"""``zerolayer bench --help``'s description."""
+
+
+def scenario_modules() -> dict[str, str]:
+    """Module name of every scenario: the wheel's, then those only a checkout has."""
+    return {**{name: f"zerolayer.bench.{name}" for name in SCENARIOS}, **checkout_scenarios()}
+
+
+def _help(module: ModuleType, baseline: ModuleType | None) -> str:
+    return f"{module.HELP}; against {baseline.SYSTEM}" if baseline else module.HELP
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Adds ``bench`` and its scenarios to the zerolayer command line (imports each scenario)."""
-    p = sub.add_parser("bench", help=HELP)
-    scenarios = p.add_subparsers(dest="scenario", required=True)
-    for name in SCENARIOS:
-        module = _module(name)
-        s = scenarios.add_parser(name, help=module.__doc__.splitlines()[0].replace("``", "`"))
+    p = sub.add_parser("bench", help=HELP, description=DESCRIPTION)
+    scenarios = p.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
+    for name, module_name in scenario_modules().items():
+        module, baseline = importlib.import_module(module_name), baseline_for(name)
+        s = scenarios.add_parser(name, help=_help(module, baseline))
         s.add_argument(
             "--preset",
             default="small",
@@ -91,15 +94,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         s.add_argument(
             "--smoke",
             action="store_true",
-            help="seconds-long run on the tiny model (CI checks it runs)",
+            help="a short run on the tiny model, to see that the scenario works (CI runs one); "
+            "it evaluates no target",
         )
         module.add_arguments(s)
+        if baseline is not None:
+            baseline.add_arguments(s)
 
 
 def missing_requirements(scenario: str) -> list[str]:
-    """The packages of :data:`REQUIREMENTS` ``scenario`` needs that cannot be imported here
-    (looked up, not imported)."""
-    return [name for name in REQUIREMENTS[scenario] if importlib.util.find_spec(name) is None]
+    """The packages ``scenario`` and its baseline need that cannot be imported here (looked up,
+    not imported)."""
+    module = importlib.import_module(scenario_modules()[scenario])
+    baseline = baseline_for(scenario)
+    needed = [
+        *getattr(module, "REQUIREMENTS", REQUIREMENTS),
+        *(baseline.REQUIREMENTS if baseline else ()),
+    ]
+    return [name for name in dict.fromkeys(needed) if importlib.util.find_spec(name) is None]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,10 +127,11 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     args.command = "zerolayer " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    module = _module(args.scenario)
+    module = importlib.import_module(scenario_modules()[args.scenario])
     if args.smoke:
+        baseline = baseline_for(args.scenario)
         args.preset = "tiny"
-        for name, value in getattr(module, "SMOKE", MULTITURN_SMOKE).items():
+        for name, value in {**module.SMOKE, **(baseline.SMOKE if baseline else {})}.items():
             setattr(args, name, value)
     try:
         results = module.main(args)

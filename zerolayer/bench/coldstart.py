@@ -1,7 +1,8 @@
 """Cold start: ``zerolayer up`` to the first token, a scheduler restart, and loader readiness.
 
-(a) ``zerolayer up`` as a fresh process until the first streamed token of one request, against a
-fresh Python process running transformers' ``from_pretrained`` and one ``generate`` token.
+(a) ``zerolayer up`` as a fresh process until the first streamed token of one request (from a
+checkout, against a fresh Python process running transformers' ``from_pretrained`` and one
+``generate`` token: ``benchmarks/hf/coldstart.py``).
 (b) The scheduler alone restarted while the loader and kvstore keep running, split into the cost
 of starting Python and importing torch and grpc (a ``python -c "import torch, grpc"`` timed in
 the same run) and the rest, which depends on the model (mapping weights, building the engine).
@@ -20,11 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from zerolayer.bench.checkout import baseline_for, compared
 from zerolayer.bench.common import median, write_results
 from zerolayer.bench.plots import plot_bars
 from zerolayer.bench.scenario import (
     add_threads_argument,
-    measured_threads,
     model_dir_for,
     stack_config,
     vocab_size_of,
@@ -34,7 +35,6 @@ from zerolayer.bench.scenario import (
 from zerolayer.bench.startup import (
     first_token_from_scheduler,
     first_token_via_frontend,
-    hf_process_first_token,
     import_seconds,
     poll,
     serving_now,
@@ -42,8 +42,11 @@ from zerolayer.bench.startup import (
 from zerolayer.bench.streams import generate_request, random_prompts, run_streams
 from zerolayer.checkpoints.byte_tokenizer import BYTE_VOCAB_SIZE
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
+from zerolayer.cli.arg_types import at_least, comma_separated, positive
 from zerolayer.stack.launcher import Stack
 
+HELP = "zerolayer up to the first token, a scheduler restart, and loader readiness"
+"""The scenario's line in ``zerolayer bench --help``."""
 SMOKE = {"repeats": 1, "prompt_tokens": 16, "loader_sizes_gb": "0.001,0.004"}
 """Overrides of ``--smoke``."""
 
@@ -164,38 +167,32 @@ def loader_ready(args: argparse.Namespace, size_gb: float) -> dict:
 
 def main(args: argparse.Namespace) -> dict:
     """Runs the scenario; returns the results document."""
-    threads = measured_threads(args)
+    baseline = baseline_for("coldstart")
     model_dir = model_dir_for(args)
     vocab_size = vocab_size_of(model_dir)
     prompts = random_prompts(2 * args.repeats + 2, args.prompt_tokens, vocab_size, seed=0)
     imports = median([import_seconds() for _ in range(args.repeats)])
     up = median([up_to_first_token(args, model_dir, prompts[0]) for _ in range(args.repeats)])
-    hf_runs = [hf_process_first_token(model_dir, prompts[0], threads) for _ in range(args.repeats)]
-    hf = {key: median([r[key] for r in hf_runs]) for key in hf_runs[0]}
+    comparison = baseline.compare(args, model_dir, prompts[0], up) if baseline else None
     restart = scheduler_restarts(args, model_dir, prompts[1:])
     model_part = restart["to_first_token_from_scheduler_s"] - imports
-    sizes = [float(s) for s in args.loader_sizes_gb.split(",")]
+    sizes = [float(s) for s in args.loader_sizes_gb.split(",") if s]
     loader = {str(s): loader_ready(args, s) for s in sizes}
     growth = loader[str(sizes[-1])]["ready_s"] / loader[str(sizes[0])]["ready_s"]
-    up_vs_hf = up / hf["to_first_token_s"]
     results = {
         "model": str(model_dir),
         "workload": {"prompt_tokens": args.prompt_tokens, "repeats": args.repeats},
-        "torch_threads": {"zerolayer_scheduler": zerolayer_threads(args), "hf_process": threads},
+        "torch_threads": {"zerolayer_scheduler": zerolayer_threads(args)},
         "python_import_torch_grpc_s": imports,
         "zerolayer_up_to_first_token_s": up,
-        "hf_process_to_first_token": hf,
-        "up_vs_hf_process": up_vs_hf,
         "scheduler_restart": {**restart, "model_dependent_s": model_part},
         "loader_ready": loader,
         "loader_ready_largest_vs_smallest": growth,
         "targets": {
-            "up_vs_hf_process": "<= 0.75",
             "scheduler_restart_model_dependent_s": "<= 0.217",
             "loader_ready_largest_vs_smallest": "<= 2",
         },
         "targets_met": {
-            "up_vs_hf_process": up_vs_hf <= 0.75,
             "scheduler_restart_model_dependent_s": model_part <= 0.217,
             "loader_ready_largest_vs_smallest": growth <= 2,
         },
@@ -212,7 +209,7 @@ def main(args: argparse.Namespace) -> dict:
         {
             "to first token (s)": {
                 "zerolayer up": up,
-                "HF process": hf["to_first_token_s"],
+                **(comparison.plot if comparison else {}),
                 "scheduler restart": restart["to_first_token_from_scheduler_s"],
                 "import torch+grpc": imports,
             },
@@ -222,16 +219,18 @@ def main(args: argparse.Namespace) -> dict:
             },
         },
     )
-    write_results(args.out, "coldstart", args.command, results)
-    return results
+    return write_results(args, "coldstart", compared(results, comparison))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the scenario."""
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="runs of each measurement (medians)")
+    p.add_argument("--prompt-tokens", type=at_least(1), default=128)
+    p.add_argument(
+        "--repeats", type=at_least(1), default=3, help="runs of each measurement (medians)"
+    )
     p.add_argument(
         "--loader-sizes-gb",
+        type=comma_separated(positive),
         default="0.1,0.5,2",
         help="checkpoint sizes for the loader's readiness (default %(default)s)",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -99,19 +100,37 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def write_results(out_dir: Path, scenario: str, command: str, results: dict) -> Path:
-    """Writes ``<out_dir>/<scenario>.json`` with the command line, date and machine."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+SMOKE_VERDICT = (
+    "not evaluated: --smoke runs the tiny model for seconds to show the scenario works; its "
+    "figures say nothing about the targets"
+)
+"""What a smoke run says in place of each verdict."""
+
+
+def without_verdicts(results: object) -> object:
+    """``results`` with the value of every ``*_met`` key (``targets_met``, ``target_met``,
+    ``goals_met``, at any depth) replaced by :data:`SMOKE_VERDICT`. Does not modify ``results``."""
+    if isinstance(results, dict):
+        return {
+            key: SMOKE_VERDICT if key.endswith("_met") else without_verdicts(value)
+            for key, value in results.items()
+        }
+    return results
+
+
+def write_results(args: argparse.Namespace, scenario: str, results: dict) -> dict:
+    """Writes ``<args.out>/<scenario>.json`` with the command line, date and machine, and with
+    no verdict on a ``--smoke`` run (:func:`without_verdicts`); returns the document written."""
+    args.out.mkdir(parents=True, exist_ok=True)
     document = {
         "scenario": scenario,
-        "command": command,
+        "command": args.command,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
-        **results,
+        **(without_verdicts(results) if args.smoke else results),  # type: ignore[dict-item]
     }
-    path = out_dir / f"{scenario}.json"
-    path.write_text(json.dumps(document, indent=2))
-    return path
+    (args.out / f"{scenario}.json").write_text(json.dumps(document, indent=2))
+    return document
 
 
 def integer_ticks(ax: Any, xs: Sequence[float]) -> None:
@@ -131,19 +150,13 @@ def plot_lines(
     series: dict[str, tuple[Sequence[float], Sequence[float]]],
 ) -> Path:
     """Writes a PNG line plot of named (x, y) series."""
-    import matplotlib
+    from zerolayer.bench.plots import save, titled_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, [ax] = titled_figure(title, 1, 7)
     for name, (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o", label=name)
     integer_ticks(ax, [x for xs, _ in series.values() for x in xs])
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path)

@@ -33,11 +33,14 @@ from zerolayer.bench.scenario import (
     zerolayer_threads,
 )
 from zerolayer.bench.streams import random_prompts
+from zerolayer.cli.arg_types import at_least
 from zerolayer.common.settings import BATCH_INVARIANT, MAX_NUM_SEQS
 from zerolayer.stack.launcher import Stack
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
+HELP = "kill -9 of a scheduler under streams, with and without a standby"
+"""The scenario's line in ``zerolayer bench --help``."""
 SMOKE = {
     "num_greedy": 2,
     "num_seeded": 2,
@@ -283,23 +286,26 @@ def main(args: argparse.Namespace) -> dict:
             "failed requests": {n: float(c["failed_requests"]) for n, c in cases.items()},
         },
     )
-    write_results(args.out, "failover", args.command, results)
-    return results
+    return write_results(args, "failover", results)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the scenario."""
-    p.add_argument("--num-greedy", type=int, default=16, help="greedy streams")
-    p.add_argument("--num-seeded", type=int, default=16, help="seeded streams (temperature 1)")
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--num-greedy", type=at_least(1), default=16, help="greedy streams")
+    p.add_argument(
+        "--num-seeded", type=at_least(1), default=16, help="seeded streams (temperature 1)"
+    )
+    p.add_argument("--prompt-tokens", type=at_least(1), default=64)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=128)
     p.add_argument(
         "--kill-after-tokens",
-        type=int,
+        type=at_least(1),
         default=32,
         help="kill -9 the busiest scheduler once every stream has this many tokens",
     )
-    p.add_argument("--schedulers", type=int, default=2, help="active schedulers of the stacks")
+    p.add_argument(
+        "--schedulers", type=at_least(1), default=2, help="active schedulers of the stacks"
+    )
     p.add_argument(
         "--batch-invariant",
         action=argparse.BooleanOptionalAction,

@@ -24,10 +24,13 @@ from zerolayer.bench.logit_agreement import BLOCK_SIZE, agreement, chunked_logit
 from zerolayer.bench.plots import plot_bars
 from zerolayer.bench.streams import decode_tok_s, generate_request, random_prompts, run_streams
 from zerolayer.checkpoints.quantize import quantize_checkpoint
+from zerolayer.cli.arg_types import at_least
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.llama import LlamaModel
 from zerolayer.stack.launcher import Stack
 
+HELP = "an int8 copy (zerolayer quantize) against the original: decode speed, greedy agreement"
+"""The scenario's line in ``zerolayer bench --help``."""
 SMOKE = {"max_new_tokens": 16, "repeats": 1, "positions": 16, "steps": 2}
 """Overrides of ``--smoke``."""
 SIDES = ("original", "int8")
@@ -156,18 +159,19 @@ def main(args: argparse.Namespace) -> dict:
             },
         },
     )
-    write_results(args.out, "int8", args.command, results)
-    return results
+    return write_results(args, "int8", results)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the scenario."""
-    p.add_argument("--group-size", type=int, default=32, help="weights per scale (default 32)")
-    p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=5, help="requests per side (median)")
-    p.add_argument("--steps", type=int, default=30, help="timed in-process steps per side")
     p.add_argument(
-        "--positions", type=int, default=256, help="teacher-forced positions (default 256)"
+        "--group-size", type=at_least(1), default=32, help="weights per scale (default 32)"
+    )
+    p.add_argument("--prompt-tokens", type=at_least(1), default=32)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    p.add_argument("--repeats", type=at_least(1), default=5, help="requests per side (median)")
+    p.add_argument("--steps", type=at_least(1), default=30, help="timed in-process steps per side")
+    p.add_argument(
+        "--positions", type=at_least(1), default=256, help="teacher-forced positions (default 256)"
     )
     scenario.add_threads_argument(p)

@@ -1,25 +1,22 @@
 """Online latency: Poisson arrivals at several rates, TTFT and ITL percentiles per rate.
 
 Each rate sends a fixed number of requests with exponential inter-arrival gaps from a seeded RNG,
-streamed over gRPC and timed by the client. The baseline is transformers' batch-1 ``generate`` of
-a prompt of the same length in this process: one request, no queueing (what a single user gets).
+streamed over gRPC and timed by the client; then the TTFT of single long prompts on the idle stack.
+From a checkout, the baseline is transformers' batch-1 ``generate`` of prompts of the same length
+(``benchmarks/hf/latency.py``): one request, no queueing (what a single user gets).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import random
-from pathlib import Path
 
+from zerolayer.bench.checkout import baseline_for, compared
 from zerolayer.bench.common import median, percentile, stub_for, write_results
-from zerolayer.bench.hf_baseline import hf_token_times, load_hf
 from zerolayer.bench.plots import plot_line_panels
 from zerolayer.bench.scenario import (
     add_threads_argument,
-    measured_threads,
     model_dir_for,
-    set_torch_threads,
     stack_config,
     vocab_size_of,
     warm_up,
@@ -33,14 +30,17 @@ from zerolayer.bench.streams import (
     run_streams,
     stream_token_times,
 )
+from zerolayer.cli.arg_types import at_least, comma_separated, positive
 from zerolayer.stack.launcher import Stack
 
+HELP = "Poisson arrivals at several rates: TTFT and ITL percentiles"
+"""The scenario's line in ``zerolayer bench --help``."""
 SMOKE = {
     "rates": "4,8,16",
     "num_requests": 4,
     "prompt_tokens": 16,
     "max_new_tokens": 8,
-    "hf_repeats": 1,
+    "isolated_repeats": 1,
     "isolated_prompt_tokens": 16,
 }
 """Overrides of ``--smoke``."""
@@ -94,7 +94,7 @@ def isolated_prompts(vocab_size: int, args: argparse.Namespace) -> list[list[int
     """Prompts of ``--isolated-prompt-tokens`` for the one-request-at-a-time TTFT (first one warms
     up); distinct, so no prefix is reused."""
     return random_prompts(
-        args.hf_repeats + 1, args.isolated_prompt_tokens, vocab_size, args.seed + 500
+        args.isolated_repeats + 1, args.isolated_prompt_tokens, vocab_size, args.seed + 500
     )
 
 
@@ -106,31 +106,10 @@ def run_zerolayer_isolated(address: str, vocab_size: int, args: argparse.Namespa
     return median([stream_token_times(stub, generate_request(p, 1)).ttft_s for p in prompts[1:]])
 
 
-def run_hf(model_dir: Path, vocab_size: int, args: argparse.Namespace) -> dict:
-    """Batch-1 TTFT and ITL of transformers on prompts of the same length (medians of repeats)."""
-    model = load_hf(model_dir)
-    prompts = random_prompts(args.hf_repeats + 1, args.prompt_tokens, vocab_size, args.seed + 99)
-    hf_token_times(model, prompts[0], 2)  # warm-up
-    runs = [hf_token_times(model, p, args.max_new_tokens) for p in prompts[1:]]
-    long_prompts = isolated_prompts(vocab_size, args)
-    hf_token_times(model, long_prompts[0], 1)
-    isolated = median([hf_token_times(model, p, 1).ttft_s for p in long_prompts[1:]])
-    del model
-    gc.collect()
-    itls = pooled_itl_s(runs)
-    return {
-        "repeats": len(runs),
-        "ttft_s": median([r.ttft_s for r in runs]),
-        "itl_p50_s": percentile(itls, 50),
-        "itl_p99_s": percentile(itls, 99),
-        "isolated_ttft_s": isolated,
-    }
-
-
 def main(args: argparse.Namespace) -> dict:
     """Runs the scenario; returns the results document."""
-    threads = measured_threads(args)
-    rates = sorted(float(r) for r in args.rates.split(","))
+    baseline = baseline_for("latency")
+    rates = sorted(float(r) for r in args.rates.split(",") if r)
     model_dir = model_dir_for(args)
     vocab_size = vocab_size_of(model_dir)
     config = stack_config(args, model_dir)
@@ -138,10 +117,7 @@ def main(args: argparse.Namespace) -> dict:
         warm_up(config.listen, vocab_size)
         isolated_ttft_s = run_zerolayer_isolated(config.listen, vocab_size, args)
         zerolayer = run_zerolayer(config.listen, rates, vocab_size, args)
-    set_torch_threads(threads)
-    hf = run_hf(model_dir, vocab_size, args)
     within = [r for r in rates if zerolayer[str(r)]["ttft_p99_s"] < args.ttft_slo_s]
-    lowest = zerolayer[str(rates[0])]
     results = {
         "model": str(model_dir),
         "workload": {
@@ -152,65 +128,63 @@ def main(args: argparse.Namespace) -> dict:
             "seed": args.seed,
             "arrivals": "Poisson (exponential gaps, seeded random.Random)",
         },
-        "torch_threads": {
-            "zerolayer_scheduler": zerolayer_threads(args),
-            "hf_transformers": threads,
-        },
+        "torch_threads": {"zerolayer_scheduler": zerolayer_threads(args)},
         "zerolayer_per_rate": zerolayer,
-        "hf_batch1": hf,
         "isolated_ttft": {
             "prompt_tokens": args.isolated_prompt_tokens,
+            "repeats": args.isolated_repeats,
             "zerolayer_s": isolated_ttft_s,
-            "hf_in_process_s": hf["isolated_ttft_s"],
-            "zerolayer_vs_hf": isolated_ttft_s / hf["isolated_ttft_s"],
-            "target": "<= 1.15 (one request at a time, idle stack, through all four layers)",
         },
         "ttft_slo_s": args.ttft_slo_s,
         "highest_rate_within_ttft_slo_per_s": max(within) if within else None,
-        "lowest_rate_ttft_p50_vs_hf": lowest["ttft_p50_s"] / hf["ttft_s"],
-        "lowest_rate_itl_p50_vs_hf": lowest["itl_p50_s"] / hf["itl_p50_s"],
         "note": f"p99 of {args.num_requests} requests per rate is close to their maximum",
     }
-    flat = [hf["ttft_s"]] * len(rates), [hf["itl_p50_s"]] * len(rates)
+    comparison = baseline.compare(args, model_dir, vocab_size, rates, results) if baseline else None
+    panels = {
+        "TTFT": {
+            "zerolayer p50": (rates, [zerolayer[str(r)]["ttft_p50_s"] for r in rates]),
+            "zerolayer p99": (rates, [zerolayer[str(r)]["ttft_p99_s"] for r in rates]),
+        },
+        "ITL": {
+            "zerolayer p50": (rates, [zerolayer[str(r)]["itl_p50_s"] for r in rates]),
+            "zerolayer p99": (rates, [zerolayer[str(r)]["itl_p99_s"] for r in rates]),
+        },
+    }
+    for panel, series in (comparison.plot if comparison else {}).items():
+        panels[panel].update(series)
     plot_line_panels(
         args.out / "latency.png",
         f"Latency under Poisson arrivals ({args.prompt_tokens}-token prompts, "
         f"{args.max_new_tokens} new tokens)",
         "arrival rate (requests/s)",
-        {
-            "TTFT": {
-                "zerolayer p50": (rates, [zerolayer[str(r)]["ttft_p50_s"] for r in rates]),
-                "zerolayer p99": (rates, [zerolayer[str(r)]["ttft_p99_s"] for r in rates]),
-                "HF batch-1": (rates, flat[0]),
-            },
-            "ITL": {
-                "zerolayer p50": (rates, [zerolayer[str(r)]["itl_p50_s"] for r in rates]),
-                "zerolayer p99": (rates, [zerolayer[str(r)]["itl_p99_s"] for r in rates]),
-                "HF batch-1 p50": (rates, flat[1]),
-            },
-        },
+        panels,
         {"TTFT": "seconds", "ITL": "seconds"},
     )
-    write_results(args.out, "latency", args.command, results)
-    return results
+    return write_results(args, "latency", compared(results, comparison))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the scenario."""
     p.add_argument(
         "--rates",
+        type=comma_separated(positive),
         default="1,2,4",
         help="comma-separated arrival rates in requests/s (default %(default)s)",
     )
-    p.add_argument("--num-requests", type=int, default=40, help="requests per rate")
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ttft-slo-s", type=float, default=1.0, help="p99 TTFT bound (s)")
-    p.add_argument("--hf-repeats", type=int, default=3, help="baseline requests (medians)")
+    p.add_argument("--num-requests", type=at_least(1), default=40, help="requests per rate")
+    p.add_argument("--prompt-tokens", type=at_least(1), default=128)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=64)
+    p.add_argument("--seed", type=at_least(0), default=0)
+    p.add_argument("--ttft-slo-s", type=positive, default=1.0, help="p99 TTFT bound (s)")
+    p.add_argument(
+        "--isolated-repeats",
+        type=at_least(1),
+        default=3,
+        help="single long-prompt requests timed on the idle stack (median)",
+    )
     p.add_argument(
         "--isolated-prompt-tokens",
-        type=int,
+        type=at_least(1),
         default=512,
         help="prompt length of the one-request-at-a-time TTFT comparison",
     )

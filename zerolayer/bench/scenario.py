@@ -8,6 +8,7 @@ from pathlib import Path
 
 from zerolayer.bench.streams import generate_request, num_cores, random_prompts, run_streams
 from zerolayer.checkpoints.dummy import ensure_dummy_model
+from zerolayer.cli.arg_types import at_least, comma_separated
 from zerolayer.common.config import default_num_threads
 from zerolayer.stack.launcher import StackConfig
 
@@ -19,11 +20,21 @@ def add_threads_argument(p: argparse.ArgumentParser) -> None:
     """``--num-threads``: torch threads of whichever side is being measured."""
     p.add_argument(
         "--num-threads",
-        type=int,
+        type=at_least(0),
         default=0,
         help="torch threads of every measured side; 0 (default): each side's own default "
         "(zerolayer: the scheduler's, one per core with a short OpenMP spin; transformers and the "
         "in-process engine: one per core). Sides are measured one at a time.",
+    )
+
+
+def add_batch_sizes_argument(p: argparse.ArgumentParser) -> None:
+    """``--batch-sizes``: the numbers of requests decoding together, each measured in turn."""
+    p.add_argument(
+        "--batch-sizes",
+        type=comma_separated(at_least(1)),
+        default="1,16",
+        help="requests decoding together, comma-separated, each measured (default %(default)s)",
     )
 
 

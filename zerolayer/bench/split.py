@@ -15,6 +15,7 @@ from zerolayer.bench.inprocess import LocalEngineClient, local_engine_for_stack
 from zerolayer.bench.plots import plot_bars
 from zerolayer.bench.scenario import (
     WARMUP_SEED,
+    add_batch_sizes_argument,
     add_threads_argument,
     measured_threads,
     model_dir_for,
@@ -31,10 +32,13 @@ from zerolayer.bench.streams import (
     random_prompts,
     run_streams,
 )
+from zerolayer.cli.arg_types import at_least
 from zerolayer.scheduler.core.engine import call_in_fresh_thread
 from zerolayer.stack.config import StackConfig
 from zerolayer.stack.launcher import Stack
 
+HELP = "the same engine in process and through the four services: decode tok/s, ITL"
+"""The scenario's line in ``zerolayer bench --help``."""
 SMOKE = {"batch_sizes": "1,4", "prompt_tokens": 16, "max_new_tokens": 64, "repeats": 1}
 """Overrides of ``--smoke``."""
 
@@ -171,14 +175,13 @@ def main(args: argparse.Namespace) -> dict:
             },
         },
     )
-    write_results(args.out, "split", args.command, results)
-    return results
+    return write_results(args, "split", results)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the scenario."""
-    p.add_argument("--batch-sizes", default="1,16", help="comma-separated (default %(default)s)")
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="runs per batch size (medians)")
+    add_batch_sizes_argument(p)
+    p.add_argument("--prompt-tokens", type=at_least(1), default=128)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    p.add_argument("--repeats", type=at_least(1), default=3, help="runs per batch size (medians)")
     add_threads_argument(p)

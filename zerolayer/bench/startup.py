@@ -6,13 +6,11 @@ out gRPC's reconnect backoff (up to seconds), which would be measured instead of
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,23 +20,6 @@ from zerolayer.v1 import generation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 POLL_S = 0.01
 """Pause between attempts (the resolution of every readiness time)."""
-
-HF_PROCESS = r"""
-import json, sys, time
-t0 = time.perf_counter()
-import torch, transformers
-t1 = time.perf_counter()
-torch.set_num_threads(int(sys.argv[2]))
-model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype="auto")
-model.generation_config.eos_token_id = None
-t2 = time.perf_counter()
-ids = torch.tensor([json.loads(sys.argv[3])])
-with torch.inference_mode():
-    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)
-t3 = time.perf_counter()
-print(json.dumps({"imports_s": t1 - t0, "from_pretrained_s": t2 - t1, "generate_s": t3 - t2}))
-"""
-"""A fresh Python process: imports, ``from_pretrained``, one ``generate`` token; prints phases."""
 
 
 def poll(attempt: Callable[[], float | None], alive: Callable[[], bool], timeout_s: float) -> float:
@@ -108,30 +89,3 @@ def import_seconds() -> float:
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import torch, grpc"], check=True)
     return time.perf_counter() - start
-
-
-def hf_process_first_token(model_dir: Path, prompt: Sequence[int], num_threads: int) -> dict:
-    """Starts :data:`HF_PROCESS` and times it from start to its first token (when it reports).
-
-    Raises:
-        subprocess.CalledProcessError: the process failed.
-    """
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            HF_PROCESS,
-            str(model_dir),
-            str(num_threads),
-            json.dumps(list(prompt)),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    line = proc.stdout.readline()  # type: ignore[union-attr]
-    total = time.perf_counter() - start
-    if proc.wait() != 0 or not line:
-        raise subprocess.CalledProcessError(proc.returncode, "transformers cold start")
-    return {"to_first_token_s": total, **json.loads(line)}

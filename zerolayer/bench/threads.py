@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 
 from zerolayer.bench.common import median, write_results
 from zerolayer.bench.plots import plot_bars
-from zerolayer.bench.scenario import model_dir_for, stack_config, vocab_size_of, warm_up
+from zerolayer.bench.scenario import (
+    add_batch_sizes_argument,
+    model_dir_for,
+    stack_config,
+    vocab_size_of,
+    warm_up,
+)
 from zerolayer.bench.streams import (
     decode_tok_s,
     generate_request,
@@ -29,9 +35,12 @@ from zerolayer.bench.streams import (
     random_prompts,
     run_streams,
 )
+from zerolayer.cli.arg_types import at_least, comma_separated
 from zerolayer.scheduler.openmp_waiting import SPIN_COUNT_ENV, WAIT_POLICY_ENV
 from zerolayer.stack.launcher import Stack
 
+HELP = "the scheduler's default threads against explicit counts, quiet and beside a busy process"
+"""The scenario's line in ``zerolayer bench --help``."""
 SMOKE = {
     "batch_sizes": "1",
     "prompt_tokens": 16,
@@ -210,18 +219,18 @@ def main(args: argparse.Namespace) -> dict:
             for state in ("quiet", "busy")
         },
     )
-    write_results(args.out, "threads", args.command, document)
-    return document
+    return write_results(args, "threads", document)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the scenario."""
-    p.add_argument("--batch-sizes", default="1,16", help="comma-separated (default %(default)s)")
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=2, help="runs per batch size (medians)")
+    add_batch_sizes_argument(p)
+    p.add_argument("--prompt-tokens", type=at_least(1), default=128)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=64)
+    p.add_argument("--repeats", type=at_least(1), default=2, help="runs per batch size (medians)")
     p.add_argument(
         "--spin-counts",
+        type=comma_separated(at_least(0), empty_ok=True),
         default="300000,10000",
         help="GOMP_SPINCOUNT values to try at one thread per core, comma-separated; 300000 is "
         "libgomp's default when no waiting policy is set (default %(default)s; empty: none)",

@@ -37,7 +37,7 @@ class Llama2cInputError(ValueError):
     def __init__(self, argument: str, path: Path, reason: str) -> None:
         super().__init__(f"{argument} {path}: {reason}")
         self.argument = argument
-        """``checkpoint`` or ``tokenizer``."""
+        """``checkpoint``, ``tokenizer`` or ``out_dir``."""
         self.reason = reason
         """Why, without the argument and path."""
 
@@ -343,7 +343,7 @@ def _reason(exc: Exception) -> str:
 def convert_llama2c(checkpoint: Path, tokenizer: Path, out_dir: Path) -> None:
     """Write a Hugging Face Llama directory for a llama2.c checkpoint and tokenizer.
 
-    Writes into ``out_dir`` (created if missing, existing files overwritten): ``config.json``,
+    Writes into ``out_dir`` (created if missing; an existing one must be empty): ``config.json``,
     ``generation_config.json``, ``model.safetensors`` (float32), ``tokenizer.json`` and
     ``tokenizer_config.json``, all 0644; directories created for it are 0755
     (:mod:`zerolayer.checkpoints.model_files`). Both inputs are fully validated before anything is
@@ -351,8 +351,13 @@ def convert_llama2c(checkpoint: Path, tokenizer: Path, out_dir: Path) -> None:
 
     Raises:
         Llama2cInputError: a missing, unreadable, malformed or truncated checkpoint or tokenizer
-            file (a tokenizer given as the checkpoint: its header makes no sense).
+            file (a tokenizer given as the checkpoint: its header makes no sense); an
+            ``out_dir`` that is there and is not an empty directory (nothing is overwritten,
+            as ``zerolayer quantize`` refuses one).
     """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise Llama2cInputError("out_dir", out_dir, "exists and is not an empty directory")
     try:
         header, arrays = read_checkpoint(Path(checkpoint))
     except (OSError, ValueError) as exc:
@@ -369,7 +374,6 @@ def convert_llama2c(checkpoint: Path, tokenizer: Path, out_dir: Path) -> None:
         raise Llama2cInputError("tokenizer", Path(tokenizer), reason) from None
     hf_tokenizer = build_tokenizer(pieces, scores)
     tensors = to_hf_tensors(header, arrays)
-    out_dir = Path(out_dir)
     make_model_dir(out_dir)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     _write_json(out_dir / "config.json", hf_config(header))

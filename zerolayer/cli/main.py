@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import math
 import signal
 import sys
 import threading
@@ -15,6 +14,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from zerolayer.cli import health, model_calls, tools
+from zerolayer.cli.arg_types import positive
 from zerolayer.cli.command_parser import CommandParser
 from zerolayer.cli.generate_request import add_generate_arguments
 from zerolayer.common.setting import add_arguments, config_from_args
@@ -72,13 +72,6 @@ def _float32(text: str) -> float:
     return value
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {value}")
-    return value
-
-
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
@@ -87,7 +80,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "and the token counts (--json: the whole response as JSON).",
     )
     add_generate_arguments(p, _uint32, _int_up_to, _float32)
-    p.add_argument("--timeout", type=_positive_float, default=300.0, help="deadline in seconds")
+    p.add_argument("--timeout", type=positive, default=300.0, help="deadline in seconds")
     model_calls.add_connection_arguments(p)
 
 

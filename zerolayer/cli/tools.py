@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from zerolayer.checkpoints.chat_templates import CHAT_TEMPLATES
 from zerolayer.cli.presets import PRESET_NAMES
 
 
@@ -26,7 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "tokenizer", type=Path, help="the llama2.c tokenizer file, e.g. tokenizer.bin (second)"
     )
-    p.add_argument("out_dir", type=Path, help="directory to write (created if missing)")
+    p.add_argument("out_dir", type=Path, help="directory to write (missing or empty)")
     p = sub.add_parser("make-dummy", help="write a seeded random-weight Llama directory")
     p.add_argument("out_dir", type=Path, help="directory to write (created if missing)")
     p.add_argument(
@@ -39,6 +40,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "text is (nearly) empty; for speed, not text",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    p.add_argument(
+        "--chat-template",
+        choices=sorted(CHAT_TEMPLATES),
+        help="also write this standard chat template (chat_template.jinja), so that chat "
+        "requests (zerolayer generate --message, /v1/chat/completions) work on the model; "
+        "default: none",
+    )
     p = sub.add_parser(
         "quantize",
         help="write an int8 (weight-only) copy of a checkpoint",
@@ -71,9 +79,12 @@ def run_convert_llama2c(args: argparse.Namespace) -> int:
 
 def run_make_dummy(args: argparse.Namespace) -> int:
     """Runs ``make-dummy``; returns 0."""
+    from zerolayer.checkpoints.chat_templates import write_chat_template
     from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
 
     write_dummy_model(args.out_dir, PRESETS[args.preset], args.seed)
+    if args.chat_template:
+        write_chat_template(args.out_dir, args.chat_template)
     print(f"wrote {args.out_dir}")
     return 0
 

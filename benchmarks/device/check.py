@@ -40,7 +40,7 @@ from pathlib import Path
 import grpc
 import torch
 
-from zerolayer.bench.device_measure import (
+from benchmarks.device.measure import (
     KILL_PROMPTS,
     copy_bandwidth,
     greedy_tokens,
@@ -48,8 +48,8 @@ from zerolayer.bench.device_measure import (
     process_memory,
     serving,
 )
-from zerolayer.bench.device_report import Budget, BudgetExhausted, Interrupted, Report
-from zerolayer.bench.hf_baseline import hf_generate_batch, load_hf
+from benchmarks.device.report import Budget, BudgetExhausted, Interrupted, Report
+from benchmarks.hf.generate import hf_generate_batch, load_hf
 from zerolayer.bench.roofline import weight_traffic
 from zerolayer.bench.streams import (
     decode_tok_s,

@@ -1,6 +1,6 @@
-"""The measurements of the device check's bench (:mod:`zerolayer.bench.device_check`): copy
+"""The measurements of the device check's bench (:mod:`benchmarks.device.check`): copy
 bandwidth, device memory per process, how the stack serves, and greedy ids around a kill -9 of the
-loader. Every deadline comes from the run's :class:`~zerolayer.bench.device_report.Budget`."""
+loader. Every deadline comes from the run's :class:`~benchmarks.device.report.Budget`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import grpc
 import torch
 
-from zerolayer.bench.device_report import Budget, BudgetExhausted
+from benchmarks.device.report import Budget, BudgetExhausted
 from zerolayer.bench.streams import generate_request
 from zerolayer.common.clients import fetch_manifest
 from zerolayer.sharing.manifest import HandleKind

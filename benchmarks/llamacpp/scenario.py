@@ -1,18 +1,19 @@
 """llama.cpp: zerolayer against llama.cpp (BF16, Q8_0) and transformers on the same checkpoint.
 
-The checkpoint is converted to GGUF (:mod:`zerolayer.bench.gguf_export`) and the conversion is
-checked against transformers in float32 (:mod:`zerolayer.bench.gguf_exactness`). Every system gets
-the same prompts as token ids. Measured in interleaved rounds (each round measures every system
-once per measurement, so a noisy neighbour hits all of them alike), reported as medians and as
-the median of per-round ratios zerolayer / baseline: batch-1 decode tok/s, the time to the first
-token of a long prompt, the output tok/s of a batch sent at once (prefill included), and online
-serving with Poisson arrivals against ``llama-server`` (parallel slots, continuous batching).
+The checkpoint is converted to GGUF (:mod:`benchmarks.llamacpp.gguf_export`) and the conversion
+is checked against transformers in float32 (:mod:`benchmarks.llamacpp.gguf_exactness`). Every
+system gets the same prompts as token ids. Measured in interleaved rounds (each round measures
+every system once per measurement, so a noisy neighbour hits all of them alike), reported as
+medians and as the median of per-round ratios zerolayer / baseline: batch-1 decode tok/s, the
+time to the first token of a long prompt, the output tok/s of a batch sent at once (prefill
+included), and online serving with Poisson arrivals against ``llama-server`` (parallel slots,
+continuous batching).
 
 zerolayer runs with ``zerolayer up``'s defaults (threads included) unless
 ``--zerolayer-num-threads`` is given; llama.cpp gets one thread per core, its own default. The
 llama.cpp side needs the ``bench`` extra's llama-cpp-python and gguf (and a built ``llama-server``
 for the online part): without them it is skipped with a message and the zerolayer side still
-runs.
+runs. A scenario of a checkout only (``benchmarks/``, not in the wheel).
 """
 
 from __future__ import annotations
@@ -21,21 +22,27 @@ import argparse
 import contextlib
 from pathlib import Path
 
-from zerolayer.bench.common import median, write_results
-from zerolayer.bench.latency import latency_summary, poisson_offsets
-from zerolayer.bench.llamacpp_baselines import start_llama
-from zerolayer.bench.llamacpp_systems import (
+from benchmarks.llamacpp.baselines import start_llama
+from benchmarks.llamacpp.systems import (
     ZEROLAYER_VARIANTS,
     HfSystem,
     ZerolayerSystem,
     ZerolayerVariant,
 )
+from zerolayer.bench.common import median, write_results
+from zerolayer.bench.latency import latency_summary, poisson_offsets
 from zerolayer.bench.plots import plot_bars
 from zerolayer.bench.scenario import model_dir_for, set_torch_threads, vocab_size_of, warm_up
 from zerolayer.bench.streams import generate_request, num_cores, random_prompts, run_streams
+from zerolayer.cli.arg_types import at_least, positive
 from zerolayer.common.config import default_num_threads
 from zerolayer.stack.launcher import Stack, StackConfig
 
+HELP = "zerolayer against llama.cpp (BF16, Q8_0), llama-server and transformers"
+"""The scenario's line in ``zerolayer bench --help``."""
+REQUIREMENTS = ("matplotlib", "transformers")
+"""The packages it cannot run without (llama-cpp-python and gguf: the llama.cpp side is skipped
+with a message when they are missing)."""
 SMOKE = {
     "rounds": 1,
     "decode_prompt_tokens": 8,
@@ -183,7 +190,7 @@ def main(args: argparse.Namespace) -> dict:
         )
         baselines += llama_systems
         if not args.no_hf:
-            from zerolayer.bench.hf_baseline import load_hf
+            from benchmarks.hf.generate import load_hf
 
             baselines.append(HfSystem("transformers", load_hf(model_dir)))
         warm_up_baselines(baselines, servers, vocab_size)
@@ -208,8 +215,7 @@ def main(args: argparse.Namespace) -> dict:
         "tok/s, below 1 is better for TTFT",
     }
     plot(args.out / "llamacpp.png", per_variant)
-    write_results(args.out, "llamacpp", args.command, results)
-    return results
+    return write_results(args, "llamacpp", results)
 
 
 def workload(args: argparse.Namespace) -> dict:
@@ -261,19 +267,21 @@ def plot(path: Path, per_variant: dict) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the scenario."""
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
-    p.add_argument("--decode-prompt-tokens", type=int, default=32)
-    p.add_argument("--decode-tokens", type=int, default=128, help="batch-1 decode: new tokens")
-    p.add_argument("--ttft-prompt-tokens", type=int, default=512)
-    p.add_argument("--batch-requests", type=int, default=16)
-    p.add_argument("--batch-prompt-tokens", type=int, default=256)
-    p.add_argument("--batch-max-new-tokens", type=int, default=64)
-    p.add_argument("--online-rate", type=float, default=2.0, help="Poisson arrivals per second")
-    p.add_argument("--online-requests", type=int, default=32)
-    p.add_argument("--online-prompt-tokens", type=int, default=256)
-    p.add_argument("--online-max-new-tokens", type=int, default=64)
-    p.add_argument("--online-slots", type=int, default=16, help="llama-server --parallel")
-    p.add_argument("--exactness-tokens", type=int, default=16)
+    p.add_argument("--rounds", type=at_least(1), default=3, help="interleaved rounds (medians)")
+    p.add_argument("--decode-prompt-tokens", type=at_least(1), default=32)
+    p.add_argument(
+        "--decode-tokens", type=at_least(1), default=128, help="batch-1 decode: new tokens"
+    )
+    p.add_argument("--ttft-prompt-tokens", type=at_least(1), default=512)
+    p.add_argument("--batch-requests", type=at_least(1), default=16)
+    p.add_argument("--batch-prompt-tokens", type=at_least(1), default=256)
+    p.add_argument("--batch-max-new-tokens", type=at_least(1), default=64)
+    p.add_argument("--online-rate", type=positive, default=2.0, help="Poisson arrivals per second")
+    p.add_argument("--online-requests", type=at_least(1), default=32)
+    p.add_argument("--online-prompt-tokens", type=at_least(1), default=256)
+    p.add_argument("--online-max-new-tokens", type=at_least(1), default=64)
+    p.add_argument("--online-slots", type=at_least(1), default=16, help="llama-server --parallel")
+    p.add_argument("--exactness-tokens", type=at_least(1), default=16)
     p.add_argument(
         "--gguf-types",
         default="bf16,q8_0",
@@ -288,12 +296,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--zerolayer-num-threads",
-        type=int,
+        type=at_least(0),
         default=0,
         help="the stack's --num-threads; 0: zerolayer up's default",
     )
     p.add_argument(
-        "--llama-num-threads", type=int, default=0, help="llama.cpp threads; 0: one per core"
+        "--llama-num-threads",
+        type=at_least(0),
+        default=0,
+        help="llama.cpp threads; 0: one per core",
     )
     p.add_argument(
         "--llama-server",

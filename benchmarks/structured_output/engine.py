@@ -1,4 +1,4 @@
-"""The engine part of :mod:`zerolayer.bench.structured_output`: decode throughput of free and
+"""The engine part of :mod:`benchmarks.structured_output.compare`: decode throughput of free and
 constrained requests on stories260K, in this process, and the sampler's waits on masks.
 
 The engine steps on this thread; besides wall-clock tokens per second (at the mercy of whatever
@@ -74,7 +74,7 @@ def engine_overhead() -> dict:
     model = LocalModel.load(ensure_default_model())
     config = EngineConfig(max_num_seqs=NUM_REQUESTS, max_num_batched_tokens=256)
     engine, _ = build_local_engine(model, config, model.arena_layout_of_blocks(16, 256))
-    from zerolayer.bench.structured_output import SCHEMA
+    from benchmarks.structured_output.compare import SCHEMA
 
     cases = {
         "free (greedy)": (None, 0.0),

@@ -1,5 +1,5 @@
-"""The device check's summary writer (zerolayer/bench/device_summary.py) and what it reads
-(zerolayer/bench/device_logs.py): the summary after each step, figures from a bench report cut
+"""The device check's summary writer (benchmarks/device/summary.py) and what it reads
+(benchmarks/device/logs.py): the summary after each step, figures from a bench report cut
 short, test counts from junit XML or from a killed pytest's log, skips as failures, the capped logs
 archive, and nothing else left in the folder that comes back."""
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from zerolayer.bench import device_logs, device_summary
-from zerolayer.bench.device_logs import archive_logs, pytest_counts
+from benchmarks.device import logs as device_logs
+from benchmarks.device import summary as device_summary
+from benchmarks.device.logs import archive_logs, pytest_counts
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" errors="1" failures="1" skipped="0" tests="5">
@@ -72,7 +73,7 @@ def step_args(**options: object) -> list[str]:
 
 @pytest.fixture
 def run(tmp_path: Path):  # noqa: ANN201
-    """Calls ``python -m zerolayer.bench.device_summary`` in-process on tmp_path/out and
+    """Calls ``python -m benchmarks.device.summary`` in-process on tmp_path/out and
     tmp_path/work."""
     out, work = tmp_path / "out", tmp_path / "work"
 

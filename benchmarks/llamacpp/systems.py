@@ -3,8 +3,8 @@
 Each system takes the same prompts (token ids) and answers three measurements: batch-1 decode
 tok/s, the time to the first token of one prompt, and the output tok/s of a batch of prompts
 sent at once including their prefill. zerolayer is measured through its four services (gRPC
-streams), llama.cpp in this process (:mod:`zerolayer.bench.llamacpp_engine`), transformers in
-this process (:mod:`zerolayer.bench.hf_baseline`).
+streams), llama.cpp in this process (:mod:`benchmarks.llamacpp.engine`), transformers in
+this process (:mod:`benchmarks.hf.generate`).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class LlamaCppSystem:
 
     name: str
     single: object
-    """:class:`zerolayer.bench.llamacpp_engine.LlamaCppModel` of one sequence."""
+    """:class:`benchmarks.llamacpp.engine.LlamaCppModel` of one sequence."""
     batched: object
     """The same model with a context of ``max_num_seqs`` sequences."""
 
@@ -126,17 +126,17 @@ class HfSystem:
     model: object
 
     def decode_tok_s(self, prompt: Sequence[int], max_new_tokens: int) -> float:
-        from zerolayer.bench.hf_baseline import hf_token_times
+        from benchmarks.hf.generate import hf_token_times
 
         return decode_tok_s([hf_token_times(self.model, prompt, max_new_tokens)])
 
     def ttft_s(self, prompt: Sequence[int]) -> float:
-        from zerolayer.bench.hf_baseline import hf_token_times
+        from benchmarks.hf.generate import hf_token_times
 
         return hf_token_times(self.model, prompt, 1).ttft_s
 
     def batch_output_tok_s(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> float:
-        from zerolayer.bench.hf_baseline import hf_generate_batch
+        from benchmarks.hf.generate import hf_generate_batch
 
         return (
             len(prompts) * max_new_tokens / hf_generate_batch(self.model, prompts, max_new_tokens)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from zerolayer.bench.gguf_export import GGUF_TENSOR_NAMES, check_exportable, rope_permute
-from zerolayer.bench.llamacpp_systems import ZEROLAYER_VARIANTS
+from benchmarks.llamacpp.gguf_export import GGUF_TENSOR_NAMES, check_exportable, rope_permute
+from benchmarks.llamacpp.systems import ZEROLAYER_VARIANTS
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.checkpoints.model_config import ModelConfig
 
@@ -53,7 +53,7 @@ def test_export_writes_llama_metadata_tokenizer_and_permuted_weights(
     import gguf
     from safetensors.torch import load_file
 
-    from zerolayer.bench.gguf_export import export_gguf
+    from benchmarks.llamacpp.gguf_export import export_gguf
 
     model_dir = ensure_dummy_model("tiny")
     reader = gguf.GGUFReader(export_gguf(model_dir, tmp_path / "m.gguf", gguf_type))
@@ -84,9 +84,9 @@ def test_export_writes_llama_metadata_tokenizer_and_permuted_weights(
 
 @needs_llama_cpp
 def test_f32_gguf_greedy_ids_and_logits_equal_transformers_fp32(tmp_path: Path) -> None:
-    from zerolayer.bench.gguf_exactness import gguf_agreement
-    from zerolayer.bench.gguf_export import export_gguf
-    from zerolayer.bench.llamacpp_baselines import repacking_works
+    from benchmarks.llamacpp.baselines import repacking_works
+    from benchmarks.llamacpp.gguf_exactness import gguf_agreement
+    from benchmarks.llamacpp.gguf_export import export_gguf
     from zerolayer.bench.streams import random_prompts
 
     model_dir = ensure_dummy_model("tiny")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zerolayer.bench.llamacpp_engine import LlamaCppConfig, LlamaCppModel
+from benchmarks.llamacpp.engine import LlamaCppConfig, LlamaCppModel
 
 EXACTNESS_PROMPT_SEED = 4242
 """Seed of the fixed prompt of the check (:func:`zerolayer.bench.streams.random_prompts`)."""
@@ -86,7 +86,7 @@ def gguf_agreement(
     ``prompt`` for ``num_tokens`` tokens with transformers float32 on ``model_dir``; the F32
     file's entry adds ``exact``: every greedy id equal and logits within
     :data:`EXACT_MAX_ABS_LOGIT_DIFF`. ``repack``: llama.cpp's weight repacking
-    (:class:`~zerolayer.bench.llamacpp_engine.LlamaCppConfig`'s ``extra_buffer_types``).
+    (:class:`~benchmarks.llamacpp.engine.LlamaCppConfig`'s ``extra_buffer_types``).
 
     Raises:
         ImportError: llama-cpp-python or transformers is not installed.

@@ -8,7 +8,7 @@ the next token and consuming it. Also the import time (a fresh interpreter) and 
 of each package. Part 2 (the engine): stories260K in this process, 8 greedy requests of 128 tokens
 decoded together, free and constrained (a regex, then the JSON schema at temperature 1), in decode
 tokens per second, and how long the sampler waited on masks. Run:
-``python -m zerolayer.bench.structured_output [--skip-engine]``.
+``python -m benchmarks.structured_output.compare [--skip-engine]``.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def main() -> None:
     args = p.parse_args()
     results = libraries(args.cache)
     if not args.skip_engine:
-        from zerolayer.bench.structured_output_engine import engine_overhead
+        from benchmarks.structured_output.engine import engine_overhead
 
         results["engine (stories260K, CPU, 8 x 128 tokens)"] = engine_overhead()
     print(json.dumps(results, indent=2))

@@ -1,7 +1,7 @@
-"""The device check's bench (zerolayer/bench/device_check.py) on the CPU: its report is on disk
+"""The device check's bench (benchmarks/device/check.py) on the CPU: its report is on disk
 after every phase, a run out of budget or stopped by SIGTERM ends with what it measured and ``ok``
 false, and figures off the Triton path or without CUDA graphs on a GPU are flagged. (The whole bench
-runs in the script's dry run: tests/bench/test_device_check_script.py.)"""
+runs in the script's dry run: tests/benchmarks/test_device_check_script.py.)"""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerolayer.bench import device_check
-from zerolayer.bench.device_report import Budget, BudgetExhausted, Report
+from benchmarks.device import check as device_check
+from benchmarks.device.report import Budget, BudgetExhausted, Report
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PHASES = ["model", "bandwidth", "serving", "batch1", "throughput", "loader_kill", "hf"]
@@ -95,7 +95,7 @@ def test_sigterm_ends_the_run_with_what_it_measured(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "zerolayer.bench.device_check",
+            "benchmarks.device.check",
             "--device",
             "cpu",
             "--preset",

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from zerolayer.bench.gguf_export import ensure_gguf
-from zerolayer.bench.llama_server import LlamaServer, LlamaServerConfig, find_llama_server
-from zerolayer.bench.llamacpp_systems import LlamaCppSystem
+from benchmarks.llamacpp.gguf_export import ensure_gguf
+from benchmarks.llamacpp.server import LlamaServer, LlamaServerConfig, find_llama_server
+from benchmarks.llamacpp.systems import LlamaCppSystem
 from zerolayer.bench.streams import random_prompts
 
 LLAMA_EXTRA = "pip install 'zerolayer[bench]' (from a clone: .venv/bin/pip install -e '.[bench]')"
@@ -60,7 +60,7 @@ def repacking_works(gguf_path: Path, num_threads: int) -> bool:
     """
     code = (
         "import sys; from pathlib import Path; "
-        "from zerolayer.bench.llamacpp_engine import LlamaCppConfig, LlamaCppModel; "
+        "from benchmarks.llamacpp.engine import LlamaCppConfig, LlamaCppModel; "
         "config = LlamaCppConfig(int(sys.argv[2]), 1, 16); "
         "LlamaCppModel(Path(sys.argv[1]), config).greedy([[3, 4]], 2)"
     )
@@ -77,7 +77,7 @@ def open_llama_systems(
     args: argparse.Namespace,
 ) -> tuple[dict, list[LlamaCppSystem]]:
     """The GGUF files (exported once under ``<out>/gguf``) and a system per weight type."""
-    from zerolayer.bench.llamacpp_engine import LlamaCppConfig, LlamaCppModel
+    from benchmarks.llamacpp.engine import LlamaCppConfig, LlamaCppModel
 
     paths = {t: ensure_gguf(model_dir, args.out / "gguf", t) for t in gguf_types}
     longest = max(
@@ -101,8 +101,8 @@ def open_llama_systems(
 def exactness(
     model_dir: Path, vocab_size: int, num_threads: int, repack: bool, args: argparse.Namespace
 ) -> dict:
-    """:func:`zerolayer.bench.gguf_exactness.gguf_agreement` of F32, BF16 and Q8_0 GGUFs."""
-    from zerolayer.bench.gguf_exactness import EXACTNESS_PROMPT_SEED, gguf_agreement
+    """:func:`benchmarks.llamacpp.gguf_exactness.gguf_agreement` of F32, BF16 and Q8_0 GGUFs."""
+    from benchmarks.llamacpp.gguf_exactness import EXACTNESS_PROMPT_SEED, gguf_agreement
 
     paths = {t: ensure_gguf(model_dir, args.out / "gguf", t) for t in ("f32", "bf16", "q8_0")}
     prompt = random_prompts(1, 32, vocab_size, EXACTNESS_PROMPT_SEED)[0]

@@ -2,7 +2,7 @@
 every step, and one capped archive of the logs, so that whatever ends the run, what was measured
 so far comes back.
 
-The script calls ``python -m zerolayer.bench.device_summary start``, then ``step NAME ...`` after
+The script calls ``python -m benchmarks.device.summary start``, then ``step NAME ...`` after
 each of its steps, then ``finish``; each rewrites ``summary.json`` atomically and ``logs.tar.gz``,
 the only two files it leaves in ``--out`` (the device tool brings back at most 8). The summary holds
 the versions, each step's exit code, seconds and bound, the attention path and CUDA graphs of the
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from zerolayer.bench.device_logs import archive_logs, pytest_counts
+from benchmarks.device.logs import archive_logs, pytest_counts
 
 SUMMARY = "summary.json"
 LOGS = "logs.tar.gz"
@@ -171,9 +171,7 @@ def _load_json(path: str) -> dict | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m zerolayer.bench.device_summary", description=__doc__
-    )
+    p = argparse.ArgumentParser(prog="python -m benchmarks.device.summary", description=__doc__)
     p.add_argument("command", choices=("start", "step", "finish", "versions"))
     p.add_argument("name", nargs="?", default="", help="the step (command step)")
     p.add_argument("--out", default="", help="the folder that comes back ($OUT)")
@@ -195,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "versions":
-        from zerolayer.bench.device_versions import versions
+        from benchmarks.device.versions import versions
 
         print(json.dumps(versions(), indent=2))
         return 0

@@ -5,7 +5,7 @@ forward plus the lm_head of the sampling rows, in this process: decode batches o
 sequences at context 128, and one fresh 512-token prefill. The two paths alternate call by call
 (so load from other processes hits both alike); reported are tokens per second from the median
 step time and the invariant path's throughput relative to the default one. Run:
-``python -m zerolayer.bench.batch_invariance [--threads N] [--repeats R]``.
+``python -m benchmarks.kernels.batch_invariance [--threads N] [--repeats R]``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from zerolayer.bench.attention_kernel import Case, make_step
+from benchmarks.kernels.attention import Case, make_step
 from zerolayer.bench.inprocess import LocalModel
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.checkpoints.model_config import ModelConfig

@@ -3,7 +3,7 @@
 Shapes are the ``small`` preset's attention (12 q heads, 4 kv heads, head_dim 64, bfloat16) over a
 paged cache with 16-token blocks and shuffled block tables: decode batches of 1 and 16 sequences
 at contexts 256 and 1024, and one fresh 512-token prefill. K/V are already in the cache, so only
-attention is timed. Run: ``python -m zerolayer.bench.attention_kernel [--threads N] [--repeats R]``.
+attention is timed. Run: ``python -m benchmarks.kernels.attention [--threads N] [--repeats R]``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the device check runs on: package versions, the driver, the kernel, the GPU, and whether
-the CUDA paths import (``python -m zerolayer.bench.device_summary versions`` prints it as JSON)."""
+the CUDA paths import (``python -m benchmarks.device.summary versions`` prints it as JSON)."""
 
 from __future__ import annotations
 

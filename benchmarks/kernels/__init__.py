@@ -1,0 +1,1 @@
+"""Micro-benchmarks of the native kernels (``python -m benchmarks.kernels.attention``, ...)."""

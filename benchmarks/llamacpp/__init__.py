@@ -1,0 +1,1 @@
+"""``zerolayer bench llamacpp``: zerolayer against llama.cpp, llama-server and transformers."""

@@ -1,0 +1,1 @@
+"""llguidance against xgrammar (``python -m benchmarks.structured_output.compare``)."""
