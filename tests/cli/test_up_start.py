@@ -1,6 +1,6 @@
 """``zerolayer up``'s start-up: the native kernels are built (or waited for) before the layers
-start and outside the start-up deadline, and the deadline's error names the layer still
-starting."""
+start and outside the start-up deadline, the deadline's error names the layer still starting,
+and the line that says where the stack serves."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import pytest
 from cli.test_cli import STORY, isolated_env, zerolayer
 from e2e.stack import free_port
 
+from zerolayer.cli.serving_line import serving_line
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.native import build
+from zerolayer.stack.config import StackConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,3 +86,23 @@ def test_the_deadline_s_error_names_the_layer_still_starting(tmp_path: Path) -> 
         r"\(pid \d+, \d+\.\d s of CPU, health: not answering yet\)",
         error,
     ), error
+
+
+def test_the_serving_line_names_every_address_that_is_on(tmp_path: Path) -> None:
+    config = StackConfig(model_dir="/m", listen="127.0.0.1:50051")
+    assert serving_line(config, tmp_path) == (
+        f"zerolayer: serving gRPC on 127.0.0.1:50051; internal sockets in {tmp_path}"
+    )
+    config = StackConfig(
+        model_dir="/m",
+        listen="[::1]:50051",
+        http_listen="127.0.0.1:8000",
+        metrics_port_base=9200,
+        metrics_host="::1",
+        schedulers=2,
+    )
+    assert serving_line(config, tmp_path) == (
+        "zerolayer: serving gRPC on [::1]:50051, HTTP on http://127.0.0.1:8000, metrics on "
+        "[::1]:9200 (loader), :9201 (kvstore), :9202 (scheduler), :9203 (frontend), "
+        f":9204 (scheduler-1); internal sockets in {tmp_path}"
+    )

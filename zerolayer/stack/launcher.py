@@ -18,7 +18,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import fields
@@ -49,7 +48,7 @@ from zerolayer.stack.health_watch import HealthTarget
 from zerolayer.stack.kernel_build import build_native_kernels, needs_native_kernels
 from zerolayer.stack.layout import frontend_instance_id
 from zerolayer.stack.probes import SERVING, health_status
-from zerolayer.stack.run_dir import RunDirError, make_run_dir
+from zerolayer.stack.run_dir import RunDirError, make_run_dir, new_run_dir
 from zerolayer.stack.still_starting import still_starting
 from zerolayer.stack.supervisor import Supervisor
 
@@ -93,7 +92,7 @@ class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self._owns_run_dir = config.run_dir is None
-        self.run_dir = Path(config.run_dir or tempfile.mkdtemp(prefix="zerolayer-"))
+        self.run_dir = Path(config.run_dir) if config.run_dir else new_run_dir()
         # NOTE: an existing directory is checked, never chmodded (see zerolayer.stack.run_dir).
         try:
             make_run_dir(self.run_dir)
