@@ -134,18 +134,8 @@ class KernelLoader:
             and x.dtype in NATIVE_DTYPES
         ):
             return module.invariant_linear(x, weight)
-        if (
-            module is not None
-            and not x.is_cuda
-            and not weight.is_cuda
-            and x.dtype == torch.bfloat16
-            and weight.dtype == torch.bfloat16
-            and x.dim() == 2
-            and x.shape[0] <= module.max_skinny_rows
-            and x.shape[1] % 16 == 0
-            and weight.is_contiguous()
-        ):
-            return module.skinny_linear(x, weight)
+        if module is not None and (y := module.try_skinny_linear(x, weight)) is not None:
+            return y
         return torch.nn.functional.linear(x, weight)
 
     def int8_linear(self, x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
@@ -208,20 +198,10 @@ class KernelLoader:
             len(weights) > 1
             and module is not None
             and not self.batch_invariant
-            and not x.is_cuda
-            and x.dtype == torch.bfloat16
-            and x.dim() == 2
-            and x.shape[0] <= module.max_skinny_rows
-            and x.shape[1] % 16 == 0
-            and all(
-                isinstance(w, torch.Tensor)
-                and w.dtype == torch.bfloat16
-                and not w.is_cuda
-                and w.is_contiguous()
-                for w in weights
-            )
+            and not int8
+            and (ys := module.try_skinny_linear_multi(x, weights)) is not None
         ):
-            return module.skinny_linear_multi(x, list(weights))
+            return ys
         return [self.linear(x, w) for w in weights]
 
     def paged_attention_native(

@@ -28,6 +28,7 @@ from zerolayer.scheduler.model.native.abi import (
 )
 from zerolayer.scheduler.model.native.decode_step import DecodeForward
 from zerolayer.scheduler.model.native.elementwise import ElementwiseKernels
+from zerolayer.scheduler.model.native.int8 import Int8Kernels
 
 BFLOAT16 = torch.bfloat16
 
@@ -64,6 +65,11 @@ class NativeKernels:
         self.rms_norm = elementwise.rms_norm
         self.add_rms_norm = elementwise.add_rms_norm
         self.rotary = elementwise.rotary
+        int8 = Int8Kernels(self._lib, self.max_skinny_rows)
+        self.int8_linear = int8.int8_linear
+        self.int8_linear_with_isa = int8.int8_linear_with_isa
+        self.int8_linear_multi = int8.int8_linear_multi
+        self.int8_linear_isa = int8.int8_linear_isa
 
     def paged_attention(
         self,
@@ -89,13 +95,13 @@ class NativeKernels:
             refuse(f"q must be float32 or bfloat16, got {q.dtype}")
         if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
             refuse("q and the caches must share a dtype")
-        num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-        if head_dim != q.shape[2]:
+        if k_cache.shape[3] != q.shape[2]:
             refuse("q and the caches differ in head_dim")
         if block_tables.dim() != 2:
             refuse("block_tables must be [B, max_blocks]")
         if seq_lens.dim() != 1 or query_start_loc.dim() != 1:
             refuse("seq_lens/query_start_loc must be 1-D")
+        num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
         starts = _index(query_start_loc, "query_start_loc")
         lens = _index(seq_lens, "seq_lens")
         tables = _index(block_tables, "block_tables")
@@ -140,26 +146,24 @@ class NativeKernels:
     def skinny_linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x [M, K] @ w [N, K]^T in bfloat16 for M <= :attr:`max_skinny_rows` (decode GEMV),
         float32 accumulation -> [M, N]; K a multiple of 16, w contiguous."""
+        if not (self._x_applies(x) and self._w_applies(x, w)):
+            self._check_skinny(x, w, "skinny_linear")
         return self._skinny(x, w, widened=False)
 
     def skinny_linear_widened(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """:meth:`skinny_linear` through its float32-widening loop, also where AVX-512 BF16 is
         available (for comparisons)."""
+        if not (self._x_applies(x) and self._w_applies(x, w)):
+            self._check_skinny(x, w, "skinny_linear")
         return self._skinny(x, w, widened=True)
 
-    def _skinny(self, x: torch.Tensor, w: torch.Tensor, widened: bool) -> torch.Tensor:
-        m, k = self._skinny_x(x, "skinny_linear")
-        self._skinny_w(x, w, "skinny_linear")
-        x = x.contiguous()
-        n = w.shape[0]
-        y = torch.empty(m, n, dtype=BFLOAT16)
-        check_call(
-            self._lib,
-            self._lib.zl_skinny_linear(
-                x.data_ptr(), w.data_ptr(), y.data_ptr(), m, k, n, widened, torch.get_num_threads()
-            ),
-        )
-        return y
+    def try_skinny_linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+        """:meth:`skinny_linear` where it applies (bfloat16 CPU tensors, x [M, K] with 1 <= M <=
+        :attr:`max_skinny_rows` and K a multiple of 16, w [N, K] contiguous); None elsewhere.
+        The routing of :meth:`KernelLoader.linear`: its conditions are the checks."""
+        if self._x_applies(x) and self._w_applies(x, w):
+            return self._skinny(x, w, widened=False)
+        return None
 
     def skinny_linear_multi(
         self, x: torch.Tensor, ws: Sequence[torch.Tensor]
@@ -168,10 +172,63 @@ class NativeKernels:
         all their rows, each w read in place."""
         if not ws:
             refuse("skinny_linear_multi: at least one w expected")
-        m, k = self._skinny_x(x, "skinny_linear_multi")
-        for w in ws:
-            self._skinny_w(x, w, "skinny_linear_multi")
+        if not (self._x_applies(x) and all(self._w_applies(x, w) for w in ws)):
+            for w in ws:
+                self._check_skinny(x, w, "skinny_linear_multi")
+        return self._skinny_multi(x, ws)
+
+    def try_skinny_linear_multi(
+        self, x: torch.Tensor, ws: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor] | None:
+        """:meth:`skinny_linear_multi` where :meth:`try_skinny_linear` applies to every w;
+        None elsewhere."""
+        if ws and self._x_applies(x) and all(self._w_applies(x, w) for w in ws):
+            return self._skinny_multi(x, ws)
+        return None
+
+    # NOTE: the conditions are one expression each (a decode step makes about a hundred of these
+    # calls); a refusal is worded only when they fail.
+    def _x_applies(self, x: torch.Tensor) -> bool:
+        return (
+            x.dtype == BFLOAT16
+            and x.dim() == 2
+            and x.is_cpu
+            and 1 <= x.shape[0] <= self.max_skinny_rows
+            and x.shape[1] % 16 == 0
+        )
+
+    @staticmethod
+    def _w_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+        return (
+            w.dtype == BFLOAT16
+            and w.dim() == 2
+            and w.shape[1] == x.shape[1]
+            and w.is_cpu
+            and w.is_contiguous()
+        )
+
+    def _skinny(self, x: torch.Tensor, w: torch.Tensor, widened: bool) -> torch.Tensor:
         x = x.contiguous()
+        m, k = x.shape
+        y = torch.empty(m, w.shape[0], dtype=BFLOAT16)
+        check_call(
+            self._lib,
+            self._lib.zl_skinny_linear(
+                x.data_ptr(),
+                w.data_ptr(),
+                y.data_ptr(),
+                m,
+                k,
+                w.shape[0],
+                widened,
+                torch.get_num_threads(),
+            ),
+        )
+        return y
+
+    def _skinny_multi(self, x: torch.Tensor, ws: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        x = x.contiguous()
+        m, k = x.shape
         ns = [w.shape[0] for w in ws]
         ys = [torch.empty(m, n, dtype=BFLOAT16) for n in ns]
         check_call(
@@ -188,31 +245,6 @@ class NativeKernels:
             ),
         )
         return ys
-
-    # NOTE: each check is one expression first (a decode step makes about a hundred of these
-    # calls), and words its refusal only when it fails.
-    def _skinny_x(self, x: torch.Tensor, who: str) -> tuple[int, int]:
-        """Checks x [M, K] of a decode GEMV; returns (M, K)."""
-        if not (
-            x.dtype == BFLOAT16
-            and x.dim() == 2
-            and x.is_cpu
-            and 1 <= x.shape[0] <= self.max_skinny_rows
-            and x.shape[1] % 16 == 0
-        ):
-            self._check_skinny(x, x, who)
-        return x.shape[0], x.shape[1]
-
-    def _skinny_w(self, x: torch.Tensor, w: torch.Tensor, who: str) -> None:
-        """Checks w [N, K] against a checked x."""
-        if not (
-            w.dtype == BFLOAT16
-            and w.dim() == 2
-            and w.shape[1] == x.shape[1]
-            and w.is_cpu
-            and w.is_contiguous()
-        ):
-            self._check_skinny(x, w, who)
 
     def _check_skinny(self, x: torch.Tensor, w: torch.Tensor, who: str) -> None:
         if x.dim() != 2 or w.dim() != 2:
@@ -261,88 +293,6 @@ class NativeKernels:
             ),
         )
         return y
-
-    def int8_linear(self, x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        """x [M, K] @ dequant(w int8 [N, K], scales float32 [N, K / G])^T for M <=
-        :attr:`max_skinny_rows`: x quantized to int8 per group, int32 group sums (VNNI where
-        present) -> [M, N] in x's dtype (bfloat16 or float32)."""
-        return self._int8(x, [(w, scales)], None, "int8_linear")[0]
-
-    def int8_linear_with_isa(
-        self, x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, isa: str
-    ) -> torch.Tensor:
-        """:meth:`int8_linear` with the kernel ``isa`` ("avx512vnni", "avx512vnni256", "avxvnni"
-        or "portable"); raises if this CPU or the group size does not run it (comparisons)."""
-        return self._int8(x, [(w, scales)], isa, "int8_linear")[0]
-
-    def int8_linear_multi(
-        self, x: torch.Tensor, weights: Sequence[tuple[torch.Tensor, torch.Tensor]]
-    ) -> list[torch.Tensor]:
-        """``[int8_linear(x, w, scales) for (w, scales) in weights]`` (same K and G, the same
-        values) with x quantized once and one parallel region over all their rows."""
-        return self._int8(x, weights, None, "int8_linear_multi")
-
-    def int8_linear_isa(self, group_size: int) -> str:
-        """The kernel :meth:`int8_linear` takes on this CPU for ``group_size``."""
-        return self._lib.zl_int8_linear_isa(group_size).decode()
-
-    def _int8(
-        self,
-        x: torch.Tensor,
-        weights: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        isa: str | None,
-        who: str,
-    ) -> list[torch.Tensor]:
-        if not weights:
-            refuse(f"{who}: at least one weight expected")
-        group_size = self._check_int8(x, *weights[0], who)
-        for w, scales in weights[1:]:
-            if self._check_int8(x, w, scales, who) != group_size:
-                refuse(f"{who}: one group size for all weights")
-        x = x.contiguous()
-        m = x.shape[0]
-        ys = [torch.empty(m, w.shape[0], dtype=x.dtype) for w, _ in weights]
-        check_call(
-            self._lib,
-            self._lib.zl_int8_linear(
-                DTYPE_CODES[x.dtype],
-                x.data_ptr(),
-                m,
-                x.shape[1],
-                group_size,
-                len(weights),
-                pointers([w for w, _ in weights]),
-                pointers([s for _, s in weights]),
-                (ctypes.c_int64 * len(weights))(*[w.shape[0] for w, _ in weights]),
-                pointers(ys),
-                None if isa is None else isa.encode(),
-                torch.get_num_threads(),
-            ),
-        )
-        return ys
-
-    def _check_int8(self, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, who: str) -> int:
-        """Checks x against one weight (w, s); returns its group size."""
-        if x.dim() != 2 or w.dim() != 2 or s.dim() != 2:
-            refuse(f"{who}: x [M, K], w [N, K] and scales [N, K / G] expected")
-        if w.dtype != torch.int8:
-            refuse(f"{who}: int8 w expected")
-        if s.dtype != torch.float32:
-            refuse(f"{who}: float32 scales expected")
-        if x.dtype not in (BFLOAT16, torch.float32):
-            refuse(f"{who}: bfloat16 or float32 x expected")
-        if not (x.is_cpu and w.is_cpu and s.is_cpu):
-            refuse(f"{who}: CPU tensors expected")
-        if not (w.is_contiguous() and s.is_contiguous()):
-            refuse(f"{who}: contiguous w and scales")
-        (m, k), n = x.shape, w.shape[0]
-        if w.shape[1] != k:
-            refuse(f"{who}: x has {k} columns, w {w.shape[1]}")
-        if s.shape[0] != n or s.shape[1] < 1 or k % s.shape[1]:
-            refuse(f"{who}: scales [{n}, K / G] expected, got {list(s.shape)}")
-        if not 1 <= m <= self.max_skinny_rows:
-            refuse(f"{who}: 1 to {self.max_skinny_rows} rows of x")
-        return k // s.shape[1]
 
     def decode_forward(self, *args: object, **kwargs: object) -> DecodeForward:
         """The fused decode step over one model's weights (see :class:`DecodeForward`)."""
