@@ -23,7 +23,6 @@ from zerolayer.scheduler.model.native.abi import (
     DTYPE_CODES,
     check_call,
     declare,
-    pointers,
     refuse,
 )
 from zerolayer.scheduler.model.native.decode_step import DecodeForward
@@ -182,9 +181,7 @@ class NativeKernels:
     ) -> list[torch.Tensor] | None:
         """:meth:`skinny_linear_multi` where :meth:`try_skinny_linear` applies to every w;
         None elsewhere."""
-        if ws and self._x_applies(x) and all(self._w_applies(x, w) for w in ws):
-            return self._skinny_multi(x, ws)
-        return None
+        return self._skinny_multi(x, ws, checked=False) if ws and self._x_applies(x) else None
 
     # NOTE: the conditions are one expression each (a decode step makes about a hundred of these
     # calls); a refusal is worded only when they fail.
@@ -226,24 +223,27 @@ class NativeKernels:
         )
         return y
 
-    def _skinny_multi(self, x: torch.Tensor, ws: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def _skinny_multi(
+        self, x: torch.Tensor, ws: Sequence[torch.Tensor], checked: bool = True
+    ) -> list[torch.Tensor] | None:
+        """The multi GEMV of checked x and ws; with ``checked`` False, ws are checked here, in
+        the same pass that fills the call's arrays (None when one does not apply)."""
         x = x.contiguous()
         m, k = x.shape
-        ns = [w.shape[0] for w in ws]
-        ys = [torch.empty(m, n, dtype=BFLOAT16) for n in ns]
-        check_call(
-            self._lib,
-            self._lib.zl_skinny_linear_multi(
-                x.data_ptr(),
-                m,
-                k,
-                len(ws),
-                pointers(ws),
-                (ctypes.c_int64 * len(ns))(*ns),
-                pointers(ys),
-                torch.get_num_threads(),
-            ),
+        count = len(ws)
+        weights, outputs = (ctypes.c_void_p * count)(), (ctypes.c_void_p * count)()
+        rows = (ctypes.c_int64 * count)()
+        ys = []
+        for i, w in enumerate(ws):
+            if not (checked or self._w_applies(x, w)):
+                return None
+            y = torch.empty(m, w.shape[0], dtype=BFLOAT16)
+            ys.append(y)
+            weights[i], outputs[i], rows[i] = w.data_ptr(), y.data_ptr(), w.shape[0]
+        rc = self._lib.zl_skinny_linear_multi(
+            x.data_ptr(), m, k, count, weights, rows, outputs, torch.get_num_threads()
         )
+        check_call(self._lib, rc)
         return ys
 
     def _check_skinny(self, x: torch.Tensor, w: torch.Tensor, who: str) -> None:
