@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.native import build
 
 BUILD_PROGRAM = Path(build.__file__)
@@ -139,3 +140,11 @@ def test_killing_the_starter_of_a_build_leaves_no_compiler_running(tmp_path: Pat
     while left := group(builder):
         assert time.monotonic() < deadline, f"still running after its starter died: {left}"
         time.sleep(0.05)
+
+
+def test_the_library_runs_on_torch_s_openmp_runtime(native: KernelLoader) -> None:
+    library = native.load().path
+    mapped = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()}
+    assert str(library.resolve()) in mapped
+    # its libgomp.so.1 is the one torch loaded: one OpenMP runtime, one thread pool
+    assert len([path for path in mapped if "libgomp" in Path(path).name]) == 1
