@@ -11,11 +11,9 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    ZEROLAYER_KERNEL_CACHE=/opt/zerolayer/kernels
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# The native CPU kernels (csrc/) are C++: g++ builds them below, and the scheduler still looks for
-# a compiler (and ninja, a dependency) before it loads the built library.
+# The native CPU kernels (csrc/) are C++: g++ compiles them when the package is installed below.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/*
@@ -24,9 +22,9 @@ RUN apt-get update \
 # does not pull the CUDA wheels (gigabytes). A CUDA image (`--device cuda`) is future work.
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 
-# What the package build needs (setup.py generates the gRPC code from protos/ into zerolayer/)
-# and the kernels' sources. Editable, as CI installs it: the scheduler finds csrc/ beside the
-# zerolayer/ package (zerolayer/scheduler/model/kernels.py), not inside site-packages.
+# What the package build needs (setup.py generates the gRPC code from protos/ into zerolayer/ and
+# compiles csrc/ into zerolayer/scheduler/model/native/prebuilt/). Editable, as CI installs it:
+# the scheduler checks the library against csrc/ beside the zerolayer/ package.
 WORKDIR /opt/zerolayer
 COPY pyproject.toml setup.py README.md ./
 COPY protos/ protos/
@@ -36,10 +34,9 @@ RUN pip install -e .
 
 RUN useradd --create-home --uid 10001 zerolayer
 
-# The kernels, built once into the image (about a minute) instead of at every scheduler start
-# (the containers' caches are not kept). The runtime user owns the cache: loading takes a lock
-# file there.
-RUN python -m zerolayer.scheduler.model.kernels && chown -R zerolayer "$ZEROLAYER_KERNEL_CACHE"
+# The kernels are in the image, built by the install above (readable by every user; the
+# containers' caches are not kept). This makes sure: it returns at once when they are there.
+RUN python -m zerolayer.scheduler.model.native.build --prebuilt
 
 USER zerolayer
 WORKDIR /home/zerolayer

@@ -27,8 +27,6 @@
 // fused projections or int8 weights take the Python forward (zerolayer/scheduler/model/
 // decode_forward.py decides).
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <linux/futex.h>
 #include <omp.h>
 #include <sys/syscall.h>
@@ -41,9 +39,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
-#include "decode_forward.h"
+#include "api.h"
 #include "elementwise.h"
 #include "gemv.h"
 #include "int8_gemv.h"
@@ -167,12 +166,6 @@ inline int64_t chunk_rows(int64_t row_bytes) {
   return (rows + 3) / 4 * 4;
 }
 
-const uint16_t* bits(const at::Tensor& t) {
-  return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
-}
-
-uint16_t* bits(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
-
 // q . k in simd::kLanes partial sums (so that the compiler vectorizes it).
 ZL_MULTIVERSION float dot(const float* q, const uint16_t* k, int64_t d) {
   float lanes[simd::kLanes] = {};
@@ -190,151 +183,115 @@ ZL_MULTIVERSION void add_scaled(float* acc, float w, const uint16_t* v, int64_t 
   for (int64_t j = 0; j < d; ++j) acc[j] += w * widen(v[j]);
 }
 
-}  // namespace
+// One matrix of a layer: bfloat16 [n, k], or int8 with float32 scales [n, k / G].
+struct Matrix {
+  const void* w;
+  const float* scales;  // int8 only
+};
 
-DecodeForward::DecodeForward(const std::vector<std::vector<at::Tensor>>& layers,
-                             const std::vector<std::vector<at::Tensor>>& scales,
-                             const at::Tensor& final_norm, int64_t num_heads,
-                             int64_t num_kv_heads, int64_t head_dim, double eps, double scale)
-    : num_heads_(num_heads),
-      num_kv_heads_(num_kv_heads),
-      head_dim_(head_dim),
-      eps_(static_cast<float>(eps)),
-      scale_(static_cast<float>(scale)) {
-  TORCH_CHECK(!layers.empty(), "DecodeForward: no layers");
-  TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
-              "DecodeForward: num_heads must be a multiple of num_kv_heads");
-  TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 1024,
-              "DecodeForward: even head_dim up to 1024 expected");
-  const int64_t q_dim = num_heads * head_dim, kv_dim = num_kv_heads * head_dim;
-  auto vector = [](const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); };
-  TORCH_CHECK(scales.empty() || scales.size() == layers.size(),
-              "DecodeForward: int8 scales for every layer or none");
-  const bool int8 = !scales.empty();
-  const at::ScalarType weight_type = int8 ? at::kChar : at::kBFloat16;
-  auto matrix = [&](const at::Tensor& t, int64_t rows, int64_t cols, const char* name) {
-    TORCH_CHECK(t.scalar_type() == weight_type && t.dim() == 2 && t.is_contiguous() &&
-                    t.size(0) == rows && t.size(1) == cols && cols % simd::kLanes == 0,
-                "DecodeForward: ", name, " must be a contiguous ", int8 ? "int8" : "bfloat16",
-                " [", rows, ", ", cols, "] matrix (columns a multiple of 16), got ", t.sizes());
-    return t;
-  };
-  hidden_ = layers[0].at(0).size(0);
-  intermediate_ = layers[0].at(6).size(0);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const auto& l = layers[i];
-    TORCH_CHECK(l.size() == 9,
-                "DecodeForward: a layer is [input_norm, q, k, v, o, post_norm, gate, up, down]");
-    TORCH_CHECK(l[0].dim() == 1 && l[0].size(0) == hidden_ && l[5].dim() == 1 &&
-                    l[5].size(0) == hidden_,
-                "DecodeForward: norms of [", hidden_, "] expected");
-    layers_.push_back({vector(l[0]), matrix(l[1], q_dim, hidden_, "q"),
-                       matrix(l[2], kv_dim, hidden_, "k"), matrix(l[3], kv_dim, hidden_, "v"),
-                       matrix(l[4], hidden_, q_dim, "o"), vector(l[5]),
-                       matrix(l[6], intermediate_, hidden_, "gate"),
-                       matrix(l[7], intermediate_, hidden_, "up"),
-                       matrix(l[8], hidden_, intermediate_, "down"), {}});
-    if (int8) {
-      // scales [N, K / G] float32 of q, k, v, o, gate, up, down, one group size G for all
-      const int64_t matrices[7] = {1, 2, 3, 4, 6, 7, 8};
-      TORCH_CHECK(scales[i].size() == 7, "DecodeForward: 7 scale tensors per layer expected");
-      for (int j = 0; j < 7; ++j) {
-        const at::Tensor& w = l[matrices[j]];
-        const at::Tensor& ws = scales[i][j];
-        TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.dim() == 2 && ws.is_contiguous() &&
-                        ws.size(0) == w.size(0) && ws.size(1) >= 1 && w.size(1) % ws.size(1) == 0,
-                    "DecodeForward: float32 scales [N, K / G] expected, got ", ws.sizes());
-        const int64_t g = w.size(1) / ws.size(1);
-        TORCH_CHECK(group_size_ == 0 || group_size_ == g, "DecodeForward: one group size expected");
-        group_size_ = g;
-        layers_.back().scales[j] = ws;
-      }
-    }
+// The weights of one layer (the caller's memory, read in place).
+struct Layer {
+  const uint16_t* input_norm;  // [hidden]
+  const uint16_t* post_norm;   // [hidden]
+  Matrix q, k, v, o, gate, up, down;
+};
+
+// A whole decode step of a standard Llama layer stack: the state behind zl_decode_forward_*.
+class DecodeForward {
+ public:
+  DecodeForward(std::vector<Layer> layers, const uint16_t* final_norm, int64_t hidden,
+                int64_t intermediate, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                int64_t group_size, float eps, float scale)
+      : layers_(std::move(layers)),
+        final_norm_(final_norm),
+        hidden_(hidden),
+        intermediate_(intermediate),
+        group_size_(group_size),
+        num_heads_(num_heads),
+        num_kv_heads_(num_kv_heads),
+        head_dim_(head_dim),
+        eps_(eps),
+        scale_(scale) {
+    ZL_CHECK(!layers_.empty(), "DecodeForward: no layers");
+    ZL_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+             "DecodeForward: num_heads must be a multiple of num_kv_heads");
+    ZL_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 1024,
+             "DecodeForward: even head_dim up to 1024 expected");
+    ZL_CHECK(hidden % simd::kLanes == 0 && intermediate % simd::kLanes == 0 &&
+                 (num_heads * head_dim) % simd::kLanes == 0,
+             "DecodeForward: projection inputs must be multiples of 16");
+    if (group_size_ > 0) Int8Gemv check(group_size_);  // refuses a group size no kernel takes, here
   }
-  if (int8) Int8Gemv check(group_size_);  // refuses a group size no kernel takes, here
-  TORCH_CHECK(final_norm.dim() == 1 && final_norm.size(0) == hidden_,
-              "DecodeForward: final norm of [", hidden_, "] expected");
-  final_norm_ = vector(final_norm);
+
+  // One decode step of m sequences (api.h: zl_decode_forward_run) on `threads` threads.
+  void forward(const uint16_t* h, int64_t m, void* const* k_caches, void* const* v_caches,
+               int64_t num_blocks, int64_t block_size, const int64_t* slot_p,
+               const int64_t* table_p, int64_t table_width, const int64_t* len_p,
+               const uint16_t* cos_p, const uint16_t* sin_p, uint16_t* op, int threads) const;
+
+ private:
+  std::vector<Layer> layers_;
+  const uint16_t* final_norm_;
+  int64_t hidden_, intermediate_;
+  int64_t group_size_;  // int8 group size; 0 for bfloat16 matrices
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+  float eps_, scale_;
+};
+
+// Checks every index of the step before the region: nothing inside it may throw.
+void check_step(int64_t m, int64_t num_blocks, int64_t block_size, const int64_t* slot_p,
+                const int64_t* table_p, int64_t table_width, const int64_t* len_p) {
+  ZL_CHECK(m >= 1 && m <= kMaxSkinnyRows, "decode_forward: 1 <= M <= ", kMaxSkinnyRows);
+  for (int64_t s = 0; s < m; ++s) {
+    ZL_CHECK(slot_p[s] >= 0 && slot_p[s] < num_blocks * block_size,
+             "decode_forward: slot out of range");
+    ZL_CHECK(len_p[s] >= 1 && len_p[s] <= table_width * block_size,
+             "decode_forward: a sequence is longer than its block table");
+    for (int64_t b = 0; b < (len_p[s] + block_size - 1) / block_size; ++b) {
+      const int64_t id = table_p[s * table_width + b];
+      ZL_CHECK(id >= 0 && id < num_blocks, "decode_forward: block id out of range");
+    }
+    ZL_CHECK(table_p[s * table_width + (len_p[s] - 1) / block_size] * block_size +
+                     (len_p[s] - 1) % block_size ==
+                 slot_p[s],
+             "decode_forward: the new token's slot is not the sequence's last position");
+  }
 }
 
-at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Tensor>& k_caches,
-                                  const std::vector<at::Tensor>& v_caches,
-                                  const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                                  const at::Tensor& seq_lens, const at::Tensor& cos,
-                                  const at::Tensor& sin, int64_t num_threads) const {
-  const int64_t m = h.dim() == 2 ? h.size(0) : 0;
+// A buffer of n values, uninitialized (as at::empty): every element is written before it is read.
+template <typename T>
+std::unique_ptr<T[]> buffer(int64_t n) {
+  return std::unique_ptr<T[]>(new T[static_cast<size_t>(n)]);
+}
+
+void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
+                            void* const* v_caches, int64_t num_blocks, int64_t block_size,
+                            const int64_t* slot_p, const int64_t* table_p, int64_t table_width,
+                            const int64_t* len_p, const uint16_t* cos_p, const uint16_t* sin_p,
+                            uint16_t* op, int threads) const {
   const int64_t hidden = hidden_, inter = intermediate_, dim = head_dim_;
   const int64_t heads = num_heads_, kv_heads = num_kv_heads_, group = heads / kv_heads;
   const int64_t q_dim = heads * dim, kv_dim = kv_heads * dim;
   const int64_t num_layers = static_cast<int64_t>(layers_.size());
-  TORCH_CHECK(m >= 1 && m <= kMaxSkinnyRows && h.scalar_type() == at::kBFloat16 &&
-                  h.size(1) == hidden && h.is_contiguous(),
-              "decode_forward: h must be a contiguous bfloat16 [M, ", hidden, "] with 1 <= M <= ",
-              kMaxSkinnyRows);
-  TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == num_layers &&
-                  static_cast<int64_t>(v_caches.size()) == num_layers,
-              "decode_forward: one K and one V cache per layer expected");
-  const int64_t num_blocks = k_caches[0].size(0), block_size = k_caches[0].size(1);
-  for (int64_t l = 0; l < num_layers; ++l) {
-    for (const at::Tensor* c : {&k_caches[l], &v_caches[l]}) {
-      TORCH_CHECK(c->scalar_type() == at::kBFloat16 && c->dim() == 4 && c->is_contiguous() &&
-                      c->size(0) == num_blocks && c->size(1) == block_size &&
-                      c->size(2) == kv_heads && c->size(3) == dim,
-                  "decode_forward: caches must be contiguous bfloat16 [num_blocks, block_size, ",
-                  kv_heads, ", ", dim, "]");
-    }
-  }
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == m &&
-                  seq_lens.scalar_type() == at::kLong && seq_lens.numel() == m &&
-                  block_tables.scalar_type() == at::kLong && block_tables.dim() == 2 &&
-                  block_tables.size(0) == m,
-              "decode_forward: int64 slot_mapping [M], seq_lens [M], block_tables [M, N]");
-  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 &&
-                  cos.numel() == m * dim && sin.numel() == m * dim,
-              "decode_forward: bfloat16 cos and sin of [M, 1, ", dim, "] expected");
-  const at::Tensor slots = slot_mapping.contiguous(), lens = seq_lens.contiguous();
-  const at::Tensor tables = block_tables.contiguous();
-  const at::Tensor cs = cos.contiguous(), sn = sin.contiguous();
-  const int64_t* slot_p = slots.data_ptr<int64_t>();
-  const int64_t* len_p = lens.data_ptr<int64_t>();
-  const int64_t* table_p = tables.data_ptr<int64_t>();
-  const int64_t table_width = tables.size(1);
-  // NOTE: every index is checked before the region: nothing inside it may throw.
-  for (int64_t s = 0; s < m; ++s) {
-    TORCH_CHECK(slot_p[s] >= 0 && slot_p[s] < num_blocks * block_size,
-                "decode_forward: slot out of range");
-    TORCH_CHECK(len_p[s] >= 1 && len_p[s] <= table_width * block_size,
-                "decode_forward: a sequence is longer than its block table");
-    for (int64_t b = 0; b < (len_p[s] + block_size - 1) / block_size; ++b) {
-      const int64_t id = table_p[s * table_width + b];
-      TORCH_CHECK(id >= 0 && id < num_blocks, "decode_forward: block id out of range");
-    }
-    TORCH_CHECK(table_p[s * table_width + (len_p[s] - 1) / block_size] * block_size +
-                        (len_p[s] - 1) % block_size == slot_p[s],
-                "decode_forward: the new token's slot is not the sequence's last position");
-  }
-
+  check_step(m, num_blocks, block_size, slot_p, table_p, table_width, len_p);
   const GemvRows rows = gemv_rows(m);
-  TORCH_CHECK(rows.fn != nullptr, "decode_forward: no GEMV for ", m, " rows");
-  auto bf16 = h.options();
-  at::Tensor resid = h.clone(), x = at::empty({m, hidden}, bf16), out = at::empty({m, hidden}, bf16);
-  at::Tensor q = at::empty({m, q_dim}, bf16), k = at::empty({m, kv_dim}, bf16);
-  at::Tensor v = at::empty({m, kv_dim}, bf16), attn = at::empty({m, q_dim}, bf16);
-  at::Tensor o = at::empty({m, hidden}, bf16), gate = at::empty({m, inter}, bf16);
-  at::Tensor up = at::empty({m, inter}, bf16), act = at::empty({m, inter}, bf16);
-  at::Tensor down = at::empty({m, hidden}, bf16);
-  const int64_t widest = std::max({hidden, q_dim, inter});
-  at::Tensor x32 = at::empty({m, widest}, h.options().dtype(at::kFloat));
-  uint16_t *rp = bits(resid), *xp = bits(x), *op = bits(out), *qp = bits(q), *kp = bits(k);
-  uint16_t *vp = bits(v), *ap = bits(attn), *orow = bits(o), *gp = bits(gate), *up_p = bits(up);
-  uint16_t *actp = bits(act), *dp = bits(down);
-  float* x32p = x32.data_ptr<float>();
-  const uint16_t* cos_p = bits(cs);
-  const uint16_t* sin_p = bits(sn);
+  ZL_CHECK(rows.fn != nullptr, "decode_forward: no GEMV for ", m, " rows");
+  auto resid = buffer<uint16_t>(m * hidden), x = buffer<uint16_t>(m * hidden);
+  auto q = buffer<uint16_t>(m * q_dim), k = buffer<uint16_t>(m * kv_dim);
+  auto v = buffer<uint16_t>(m * kv_dim), attn = buffer<uint16_t>(m * q_dim);
+  auto o = buffer<uint16_t>(m * hidden), gate = buffer<uint16_t>(m * inter);
+  auto up = buffer<uint16_t>(m * inter), act = buffer<uint16_t>(m * inter);
+  auto down = buffer<uint16_t>(m * hidden);
+  auto x32 = buffer<float>(m * std::max({hidden, q_dim, inter}));
+  std::memcpy(resid.get(), h, m * hidden * sizeof(uint16_t));
+  uint16_t *rp = resid.get(), *xp = x.get(), *qp = q.get(), *kp = k.get();
+  uint16_t *vp = v.get(), *ap = attn.get(), *orow = o.get(), *gp = gate.get(), *up_p = up.get();
+  uint16_t *actp = act.get(), *dp = down.get();
+  float* x32p = x32.get();
   const float eps = eps_, scale = scale_;
 
   // The residual stream h += delta (rounded; none when delta is null), then out = rms_norm(h).
-  auto add_norm = [&](const uint16_t* delta, const at::Tensor& weight, uint16_t* norm_out) {
+  auto add_norm = [&](const uint16_t* delta, const uint16_t* weight, uint16_t* norm_out) {
     for (int64_t s = 0; s < m; ++s) {
       uint16_t* hr = rp + s * hidden;
       if (delta != nullptr) {
@@ -342,7 +299,7 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
           hr[j] = to_bf16(widen(hr[j]) + widen(delta[s * hidden + j]));
         }
       }
-      rms_norm_row(hr, bits(weight), norm_out + s * hidden, hidden, eps);
+      rms_norm_row(hr, weight, norm_out + s * hidden, hidden, eps);
     }
   };
 
@@ -358,24 +315,18 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
       for (int64_t i = 0; i < m * cols; ++i) x32p[i] = widen(src[i]);
     }
   };
-  // rows [lo, hi) of y [M, n] = x [M, k] @ w^T (scales ws for int8)
-  auto project = [&](const uint16_t* x16, const at::Tensor& w, const at::Tensor& ws, uint16_t* y,
-                     int64_t n, int64_t k, int64_t lo, int64_t hi) {
+  // rows [lo, hi) of y [M, n] = x [M, k] @ w^T (its scales for int8)
+  auto project = [&](const uint16_t* x16, const Matrix& w, uint16_t* y, int64_t n, int64_t k,
+                     int64_t lo, int64_t hi) {
     if (lo >= hi) return;
     if (int8 != nullptr) {
-      int8->rows(static_cast<const int8_t*>(w.data_ptr()), static_cast<const float*>(ws.data_ptr()),
-                 y, n, lo, hi);
+      int8->rows(static_cast<const int8_t*>(w.w), w.scales, y, n, lo, hi);
     } else {
       rows.fn(rows.bf16_x ? static_cast<const void*>(x16) : x32p,
-              static_cast<const uint16_t*>(w.data_ptr()), y, k, n, lo, hi);
+              static_cast<const uint16_t*>(w.w), y, k, n, lo, hi);
     }
   };
 
-  TORCH_CHECK(num_threads >= 0, "decode_forward: num_threads must be >= 0");
-  const int threads = at::in_parallel_region() ? 1
-                      : num_threads == 0
-                          ? at::get_num_threads()
-                          : static_cast<int>(std::min<int64_t>(num_threads, at::get_num_threads()));
   SpinBarrier barrier;
   RowQueue queue(threads);
   // bytes of one weight row with k columns (int8: and its float32 scales)
@@ -387,9 +338,8 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
   // A phase that ends with y [M, hidden] = src [M, k] @ w^T, called by every thread after its
   // share of the previous phase: arms the queue (before the barrier that ends that phase),
   // quantizes or widens src on thread 0 where the kernel needs it, then shares the rows out.
-  auto project_to_hidden = [&](int tid, int nt, const uint16_t* src, int64_t k,
-                               const at::Tensor& w, const at::Tensor& ws, uint16_t* y,
-                               int64_t chunk) {
+  auto project_to_hidden = [&](int tid, int nt, const uint16_t* src, int64_t k, const Matrix& w,
+                               uint16_t* y, int64_t chunk) {
     queue.arm(tid, nt, hidden);
     barrier.wait();
     if (prepares) {
@@ -397,7 +347,7 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
       barrier.wait();
     }
     int64_t lo, hi;
-    while (queue.claim(tid, nt, chunk, &lo, &hi)) project(src, w, ws, y, hidden, k, lo, hi);
+    while (queue.claim(tid, nt, chunk, &lo, &hi)) project(src, w, y, hidden, k, lo, hi);
     barrier.wait();
   };
 #pragma omp parallel num_threads(threads)
@@ -420,21 +370,21 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
       // 2. q, k, v
       {
         const int64_t starts[4] = {0, q_dim, q_dim + kv_dim, q_dim + 2 * kv_dim};
-        const at::Tensor* ws[3] = {&w.q, &w.k, &w.v};
+        const Matrix* ws[3] = {&w.q, &w.k, &w.v};
         uint16_t* ys[3] = {qp, kp, vp};
         while (queue.claim(tid, nt, hidden_chunk, &lo, &hi)) {
           for (int i = 0; i < 3; ++i) {
             const int64_t a = std::max(lo, starts[i]), b = std::min(hi, starts[i + 1]);
-            project(xp, *ws[i], w.scales[i], ys[i], starts[i + 1] - starts[i], hidden,
-                    a - starts[i], b - starts[i]);
+            project(xp, *ws[i], ys[i], starts[i + 1] - starts[i], hidden, a - starts[i],
+                    b - starts[i]);
           }
         }
       }
       barrier.wait();
       // 3. RoPE of q and k, k and v into their cache slots (thread 0)
       if (tid == 0) {
-        uint16_t* kc = const_cast<uint16_t*>(bits(k_caches[l]));
-        uint16_t* vc = const_cast<uint16_t*>(bits(v_caches[l]));
+        uint16_t* kc = static_cast<uint16_t*>(k_caches[l]);
+        uint16_t* vc = static_cast<uint16_t*>(v_caches[l]);
         for (int64_t s = 0; s < m; ++s) {
           rotary_rows(qp + s * q_dim, cos_p + s * dim, sin_p + s * dim, qp + s * q_dim, heads, dim);
           rotary_rows(kp + s * kv_dim, cos_p + s * dim, sin_p + s * dim, kp + s * kv_dim, kv_heads,
@@ -446,8 +396,8 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
       barrier.wait();
       // 4. attention: (sequence, kv head) items shared out
       {
-        const uint16_t* kc = bits(k_caches[l]);
-        const uint16_t* vc = bits(v_caches[l]);
+        const uint16_t* kc = static_cast<const uint16_t*>(k_caches[l]);
+        const uint16_t* vc = static_cast<const uint16_t*>(v_caches[l]);
         share(m * kv_heads, tid, nt, &lo, &hi);
         for (int64_t item = lo; item < hi; ++item) {
           const int64_t s = item / kv_heads, g = item % kv_heads, len = len_p[s];
@@ -486,7 +436,7 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
         }
       }
       // 5. the output projection
-      project_to_hidden(tid, nt, ap, q_dim, w.o, w.scales[3], orow, q_chunk);
+      project_to_hidden(tid, nt, ap, q_dim, w.o, orow, q_chunk);
       // 6. the residual add and the post-attention norm (thread 0)
       if (tid == 0) {
         add_norm(orow, w.post_norm, xp);
@@ -496,9 +446,8 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
       barrier.wait();
       // 7. gate and up
       while (queue.claim(tid, nt, hidden_chunk, &lo, &hi)) {
-        project(xp, w.gate, w.scales[4], gp, inter, hidden, lo, std::min(hi, inter));
-        project(xp, w.up, w.scales[5], up_p, inter, hidden, std::max(lo, inter) - inter,
-                hi - inter);
+        project(xp, w.gate, gp, inter, hidden, lo, std::min(hi, inter));
+        project(xp, w.up, up_p, inter, hidden, std::max(lo, inter) - inter, hi - inter);
       }
       barrier.wait();
       // 8. silu(gate) * up, each rounded (elements shared out)
@@ -508,11 +457,63 @@ at::Tensor DecodeForward::forward(const at::Tensor& h, const std::vector<at::Ten
         actp[i] = to_bf16(round_bf16(g / (1.f + std::exp(-g))) * widen(up_p[i]));
       }
       // 9. the down projection
-      project_to_hidden(tid, nt, actp, inter, w.down, w.scales[6], dp, inter_chunk);
+      project_to_hidden(tid, nt, actp, inter, w.down, dp, inter_chunk);
     }
     if (tid == 0) add_norm(dp, final_norm_, op);
   }
-  return out;
 }
 
+}  // namespace
 }  // namespace zerolayer
+
+void* zl_decode_forward_create(int64_t num_layers, const void* const* layers,
+                               const float* const* scales, const uint16_t* final_norm,
+                               int64_t hidden, int64_t intermediate, int64_t num_heads,
+                               int64_t num_kv_heads, int64_t head_dim, int64_t group_size,
+                               double eps, double scale) {
+  using namespace zerolayer;
+  DecodeForward* made = nullptr;
+  guarded([&] {
+    ZL_CHECK((group_size > 0) == (scales != nullptr),
+             "DecodeForward: int8 scales for every layer or none");
+    std::vector<Layer> stack;
+    for (int64_t i = 0; i < num_layers; ++i) {
+      const void* const* l = layers + 9 * i;
+      const float* const* s = scales != nullptr ? scales + 7 * i : nullptr;
+      auto matrix = [&](int index, int scale_index) {
+        return Matrix{l[index], s != nullptr ? s[scale_index] : nullptr};
+      };
+      stack.push_back({static_cast<const uint16_t*>(l[0]), static_cast<const uint16_t*>(l[5]),
+                       matrix(1, 0), matrix(2, 1), matrix(3, 2), matrix(4, 3), matrix(6, 4),
+                       matrix(7, 5), matrix(8, 6)});
+    }
+    made = new DecodeForward(std::move(stack), final_norm, hidden, intermediate, num_heads,
+                             num_kv_heads, head_dim, group_size, static_cast<float>(eps),
+                             static_cast<float>(scale));
+  });
+  return made;
+}
+
+void zl_decode_forward_destroy(void* handle) {
+  delete static_cast<zerolayer::DecodeForward*>(handle);
+}
+
+int32_t zl_decode_forward_run(void* handle, const uint16_t* h, int64_t m, void* const* k_caches,
+                              void* const* v_caches, int64_t num_blocks, int64_t block_size,
+                              const int64_t* slot_mapping, const int64_t* block_tables,
+                              int64_t table_width, const int64_t* seq_lens, const uint16_t* cos,
+                              const uint16_t* sin, uint16_t* out, int32_t num_threads,
+                              int32_t max_threads) {
+  using namespace zerolayer;
+  return guarded([&] {
+    ZL_CHECK(num_threads >= 0, "decode_forward: num_threads must be >= 0");
+    const int all = std::max<int32_t>(1, max_threads);
+    const int threads = omp_in_parallel()  ? 1
+                        : num_threads == 0 ? all
+                                           : std::min<int32_t>(num_threads, all);
+    static_cast<const DecodeForward*>(handle)->forward(h, m, k_caches, v_caches, num_blocks,
+                                                       block_size, slot_mapping, block_tables,
+                                                       table_width, seq_lens, cos, sin, out,
+                                                       threads);
+  });
+}

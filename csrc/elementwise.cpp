@@ -24,16 +24,14 @@
 // invariant). (silu(gate) * up was tried too: 18 us against torch's 9 us for 2048 values, since
 // expf is not vectorized here; it stays in torch.)
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <tuple>
 
+#include "api.h"
 #include "elementwise.h"
 #include "kernels.h"
+#include "parallel.h"
 #include "simd.h"
 
 namespace zerolayer {
@@ -79,31 +77,15 @@ ZL_MULTIVERSION void norm_row(const uint16_t* x, const W* w, uint16_t* y, int64_
 
 // Runs f(w) with the weight's data as const uint16_t* (bfloat16) or const float* (float32).
 template <typename F>
-void with_weight(const at::Tensor& weight, F&& f) {
-  if (weight.scalar_type() == at::kFloat) {
-    f(weight.data_ptr<float>());
+void with_weight(const void* weight, int32_t dtype, F&& f) {
+  ZL_CHECK(dtype == ZL_BFLOAT16 || dtype == ZL_FLOAT32,
+           "rms_norm: contiguous bfloat16 or float32 weight expected");
+  if (dtype == ZL_FLOAT32) {
+    f(static_cast<const float*>(weight));
   } else {
-    f(reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()));
+    f(static_cast<const uint16_t*>(weight));
   }
 }
-
-void check_norm(const at::Tensor& x, const at::Tensor& weight, const char* who) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16, who, ": bfloat16 x expected");
-  TORCH_CHECK(x.dim() >= 1 && x.is_contiguous(), who, ": contiguous x [..., H] expected");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), who, ": weight [",
-              x.size(-1), "] expected, got ", weight.sizes());
-  TORCH_CHECK(weight.is_contiguous() && (weight.scalar_type() == at::kBFloat16 ||
-                                         weight.scalar_type() == at::kFloat),
-              who, ": contiguous bfloat16 or float32 weight expected");
-}
-
-const uint16_t* bits(const at::Tensor& t) {
-  return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
-}
-
-uint16_t* bits(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
-
-int64_t rows_of(const at::Tensor& x) { return x.size(-1) == 0 ? 0 : x.numel() / x.size(-1); }
 
 }  // namespace
 
@@ -125,63 +107,44 @@ void rotary_rows(const uint16_t* x, const uint16_t* cos, const uint16_t* sin, ui
   }
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_norm(x, weight, "rms_norm");
-  at::Tensor y = at::empty_like(x);
-  const int64_t n = x.size(-1);
-  const uint16_t* xp = bits(x);
-  uint16_t* yp = bits(y);
-  with_weight(weight, [&](const auto* w) {
-    at::parallel_for(0, rows_of(x), kGrainRows, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) norm_row(xp + r * n, w, yp + r * n, n, eps);
-    });
-  });
-  return y;
-}
-
-std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& h, const at::Tensor& d,
-                                                const at::Tensor& weight, double eps) {
-  check_norm(h, weight, "add_rms_norm");
-  TORCH_CHECK(d.sizes() == h.sizes() && d.scalar_type() == h.scalar_type() && d.is_contiguous(),
-              "add_rms_norm: d must be a contiguous tensor of h's shape and dtype");
-  at::Tensor s = at::empty_like(h);
-  at::Tensor y = at::empty_like(h);
-  const int64_t n = h.size(-1);
-  const uint16_t* hp = bits(h);
-  const uint16_t* dp = bits(d);
-  uint16_t* sp = bits(s);
-  uint16_t* yp = bits(y);
-  with_weight(weight, [&](const auto* w) {
-    at::parallel_for(0, rows_of(h), kGrainRows, [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0 * n; i < r1 * n; ++i) sp[i] = to_bf16(widen(hp[i]) + widen(dp[i]));
-      for (int64_t r = r0; r < r1; ++r) norm_row(sp + r * n, w, yp + r * n, n, eps);
-    });
-  });
-  return {s, y};
-}
-
-at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kBFloat16 &&
-                  sin.scalar_type() == at::kBFloat16,
-              "rotary: bfloat16 x, cos and sin expected");
-  TORCH_CHECK(x.dim() == 3 && x.is_contiguous(), "rotary: contiguous x [T, heads, D] expected");
-  const int64_t t = x.size(0), heads = x.size(1), dim = x.size(2);
-  TORCH_CHECK(dim % 2 == 0 && dim <= 1024, "rotary: even head dim up to 1024 expected, got ", dim);
-  TORCH_CHECK(cos.numel() == t * dim && sin.numel() == t * dim,
-              "rotary: cos and sin [T, 1, D] expected, got ", cos.sizes(), " and ", sin.sizes());
-  const at::Tensor c = cos.reshape({t, dim}).contiguous(), s = sin.reshape({t, dim}).contiguous();
-  at::Tensor y = at::empty_like(x);
-  const uint16_t* xp = bits(x);
-  const uint16_t* cp = bits(c);
-  const uint16_t* sp = bits(s);
-  uint16_t* yp = bits(y);
-  at::parallel_for(0, t, kGrainRows, [&](int64_t t0, int64_t t1) {
-    for (int64_t ti = t0; ti < t1; ++ti) {
-      rotary_rows(xp + ti * heads * dim, cp + ti * dim, sp + ti * dim, yp + ti * heads * dim, heads,
-                  dim);
-    }
-  });
-  return y;
-}
-
 }  // namespace zerolayer
+
+int32_t zl_rms_norm(const uint16_t* x, const void* w, int32_t w_dtype, uint16_t* y, int64_t rows,
+                    int64_t n, double eps, int32_t num_threads) {
+  using namespace zerolayer;
+  return guarded([&] {
+    with_weight(w, w_dtype, [&](const auto* wp) {
+      parallel_for(0, rows, kGrainRows, num_threads, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) norm_row(x + r * n, wp, y + r * n, n, eps);
+      });
+    });
+  });
+}
+
+int32_t zl_add_rms_norm(const uint16_t* h, const uint16_t* d, const void* w, int32_t w_dtype,
+                        uint16_t* s, uint16_t* y, int64_t rows, int64_t n, double eps,
+                        int32_t num_threads) {
+  using namespace zerolayer;
+  return guarded([&] {
+    with_weight(w, w_dtype, [&](const auto* wp) {
+      parallel_for(0, rows, kGrainRows, num_threads, [&](int64_t r0, int64_t r1) {
+        for (int64_t i = r0 * n; i < r1 * n; ++i) s[i] = to_bf16(widen(h[i]) + widen(d[i]));
+        for (int64_t r = r0; r < r1; ++r) norm_row(s + r * n, wp, y + r * n, n, eps);
+      });
+    });
+  });
+}
+
+int32_t zl_rotary(const uint16_t* x, const uint16_t* cos, const uint16_t* sin, uint16_t* y,
+                  int64_t t, int64_t heads, int64_t dim, int32_t num_threads) {
+  using namespace zerolayer;
+  return guarded([&] {
+    ZL_CHECK(dim % 2 == 0 && dim <= 1024, "rotary: even head dim up to 1024 expected, got ", dim);
+    parallel_for(0, t, kGrainRows, num_threads, [&](int64_t t0, int64_t t1) {
+      for (int64_t ti = t0; ti < t1; ++ti) {
+        rotary_rows(x + ti * heads * dim, cos + ti * dim, sin + ti * dim, y + ti * heads * dim,
+                    heads, dim);
+      }
+    });
+  });
+}

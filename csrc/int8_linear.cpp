@@ -16,27 +16,25 @@
 // AVX-VNNI (and "avx512vnni256", kept for comparisons) runs the 32-byte loop, one group per
 // instruction with vpsignb. The ISA is picked once at load time (__builtin_cpu_supports); the
 // fallback is plain C++ that the compiler vectorizes (ZL_MULTIVERSION). Output rows are split
-// across threads with at::parallel_for; int8_linear_multi runs several weights sharing x (q, k, v;
+// across threads (parallel.h); int8_linear_multi runs several weights sharing x (q, k, v;
 // gate, up) with x quantized once and one parallel region over all their rows, as
 // skinny_linear_multi does.
 //
 // Python reference this is tested against: int8_linear_reference in
 // zerolayer/scheduler/model/int8_linear.py.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <string>
-#include <utility>
 #include <vector>
 
+#include "api.h"
 #include "int8_gemv.h"
 #include "kernels.h"
+#include "parallel.h"
 #include "simd.h"
 
 namespace zerolayer {
@@ -259,12 +257,12 @@ const Isa kIsas[] = {
 const Isa& isa_for(int64_t g, const char* isa) {
   for (const Isa& candidate : kIsas) {
     if (isa == nullptr ? candidate.usable(g) : std::strcmp(candidate.name, isa) == 0) {
-      TORCH_CHECK(candidate.usable(g), "int8_linear: ", candidate.name,
-                  " does not run on this CPU or for group size ", g);
+      ZL_CHECK(candidate.usable(g), "int8_linear: ", candidate.name,
+               " does not run on this CPU or for group size ", g);
       return candidate;
     }
   }
-  TORCH_CHECK(false, "int8_linear: unknown ISA ", isa);
+  fail("int8_linear: unknown ISA ", isa);
 }
 
 // Q8_0 quantization of count groups of g values of x (float32, or bfloat16 where bf16), each
@@ -313,13 +311,6 @@ struct QuantizedX {
   std::vector<float> buf;
   int64_t m = 0, k = 0, g = 1;
 
-  QuantizedX() = default;
-
-  // x: [M, K] contiguous, float32 or bfloat16.
-  QuantizedX(const at::Tensor& x, int64_t g) {
-    quantize(x.data_ptr(), x.scalar_type() == at::kBFloat16, x.size(0), x.size(1), g);
-  }
-
   // x: [m_, k_] contiguous, float32 or bfloat16 (bf16); the buffers are reused between calls.
   void quantize(const void* x, bool bf16, int64_t m_, int64_t k_, int64_t g_) {
     m = m_, k = k_, g = g_;
@@ -341,14 +332,11 @@ struct QuantizedX {
     }
   }
 
-  // y: [M, N] float32 or bfloat16.
-  Operands operands(const at::Tensor& wq, const at::Tensor& ws, at::Tensor& y) const {
-    const bool bf16 = y.scalar_type() == at::kBFloat16;
-    return Operands{q.data(), abs.data(), s.data(), s_halves.data(),
-                    wq.data_ptr<int8_t>(), ws.data_ptr<float>(),
-                    bf16 ? nullptr : y.data_ptr<float>(),
-                    bf16 ? reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) : nullptr,
-                    m, wq.size(0), k, g};
+  // Weights wq [n, k] with scales ws [n, k / g]; y [M, n] float32, or bfloat16 (bf16).
+  Operands operands(const int8_t* wq, const float* ws, void* y, bool bf16, int64_t n) const {
+    return Operands{q.data(), abs.data(), s.data(), s_halves.data(), wq, ws,
+                    bf16 ? nullptr : static_cast<float*>(y),
+                    bf16 ? static_cast<uint16_t*>(y) : nullptr, m, n, k, g};
   }
 
   // Weights wq [n, k] with scales ws [n, k / g]; y16 [M, n] bfloat16.
@@ -358,56 +346,32 @@ struct QuantizedX {
   }
 };
 
-// Checks x against one weight (wq, ws); returns G.
-int64_t check(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& ws, const char* name) {
-  TORCH_CHECK(x.dim() == 2 && wq.dim() == 2 && ws.dim() == 2,
-              name, ": x [M, K], w [N, K] and scales [N, K / G] expected");
-  TORCH_CHECK(wq.scalar_type() == at::kChar, name, ": int8 w expected");
-  TORCH_CHECK(ws.scalar_type() == at::kFloat, name, ": float32 scales expected");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
-              name, ": bfloat16 or float32 x expected");
-  TORCH_CHECK(wq.is_contiguous() && ws.is_contiguous(), name, ": contiguous w and scales");
-  const int64_t m = x.size(0), k = x.size(1), n = wq.size(0);
-  TORCH_CHECK(wq.size(1) == k, name, ": x has ", k, " columns, w ", wq.size(1));
-  TORCH_CHECK(ws.size(0) == n && ws.size(1) >= 1 && k % ws.size(1) == 0,
-              name, ": scales [", n, ", K / G] expected, got ", ws.sizes());
-  TORCH_CHECK(m >= 1 && m <= kMaxSkinnyRows, name, ": 1 to ", kMaxSkinnyRows, " rows of x");
-  return k / ws.size(1);
-}
-
 // Grain: 256 KiB of weights per task at least, so small matrices stay on one thread.
 int64_t grain_rows(int64_t k) { return std::max<int64_t>(1, (256 << 10) / k); }
 
-// [x @ dequant(w)^T for w in ws] with the kernel isa (nullptr: the best) in one parallel region.
-std::vector<at::Tensor> run(const at::Tensor& x,
-                            const std::vector<std::pair<at::Tensor, at::Tensor>>& ws,
-                            const char* isa, const char* name) {
-  TORCH_CHECK(!ws.empty(), name, ": at least one weight expected");
-  const int64_t g = check(x, ws[0].first, ws[0].second, name);
-  for (const auto& w : ws) {
-    TORCH_CHECK(check(x, w.first, w.second, name) == g, name, ": one group size for all weights");
-  }
-  const int64_t m = x.size(0), k = x.size(1);
-  const at::Tensor xc = x.contiguous();
-  const QuantizedX xq(xc, g);
+// [x @ dequant(w)^T for each of count weights] with the kernel isa (nullptr: the best) in one
+// parallel region.
+void run(const void* x, bool bf16, int64_t m, int64_t k, int64_t g, int64_t count,
+         const int8_t* const* wqs, const float* const* wss, const int64_t* ns, void* const* ys,
+         const char* isa, int num_threads) {
+  ZL_CHECK(m >= 1 && m <= kMaxSkinnyRows, "int8_linear: 1 to ", kMaxSkinnyRows, " rows of x");
+  ZL_CHECK(g >= 1 && k % g == 0, "int8_linear: K must be a multiple of the group size");
   const RowsFn fn = isa_for(g, isa).fn;
-  std::vector<at::Tensor> ys;
+  QuantizedX xq;
+  xq.quantize(x, bf16, m, k, g);
   std::vector<Operands> ops;
   std::vector<int64_t> starts{0};  // weight i: rows [starts[i], starts[i + 1]) of the concatenation
-  for (const auto& w : ws) {
-    ys.push_back(at::empty({m, w.first.size(0)}, xc.options()));
-    ops.push_back(xq.operands(w.first, w.second, ys.back()));
-    starts.push_back(starts.back() + w.first.size(0));
+  for (int64_t i = 0; i < count; ++i) {
+    ops.push_back(xq.operands(wqs[i], wss[i], ys[i], bf16, ns[i]));
+    starts.push_back(starts.back() + ns[i]);
   }
-  const int64_t count = static_cast<int64_t>(ws.size());
   // One parallel region for all the weights (q, k, v or gate, up), as skinny_linear_multi.
-  at::parallel_for(0, starts.back(), grain_rows(k), [&](int64_t r0, int64_t r1) {
+  parallel_for(0, starts.back(), grain_rows(k), num_threads, [&](int64_t r0, int64_t r1) {
     for (int64_t i = 0; i < count; ++i) {
       const int64_t lo = std::max(r0, starts[i]), hi = std::min(r1, starts[i + 1]);
       if (lo < hi) fn(ops[i], lo - starts[i], hi - starts[i]);
     }
   });
-  return ys;
 }
 
 }  // namespace
@@ -434,18 +398,16 @@ void Int8Gemv::rows(const int8_t* wq, const float* ws, uint16_t* y, int64_t n, i
 
 const char* int8_linear_isa(int64_t group_size) { return isa_for(group_size, nullptr).name; }
 
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& ws) {
-  return run(x, {{wq, ws}}, nullptr, "int8_linear")[0];
-}
-
-at::Tensor int8_linear_with_isa(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& ws,
-                                const std::string& isa) {
-  return run(x, {{wq, ws}}, isa.c_str(), "int8_linear")[0];
-}
-
-std::vector<at::Tensor> int8_linear_multi(
-    const at::Tensor& x, const std::vector<std::pair<at::Tensor, at::Tensor>>& ws) {
-  return run(x, ws, nullptr, "int8_linear_multi");
-}
-
 }  // namespace zerolayer
+
+int32_t zl_int8_linear(int32_t x_dtype, const void* x, int64_t m, int64_t k, int64_t group_size,
+                       int64_t count, const int8_t* const* wqs, const float* const* wss,
+                       const int64_t* ns, void* const* ys, const char* isa, int32_t num_threads) {
+  using namespace zerolayer;
+  return guarded([&] {
+    ZL_CHECK(x_dtype == ZL_FLOAT32 || x_dtype == ZL_BFLOAT16,
+             "int8_linear: bfloat16 or float32 x expected");
+    ZL_CHECK(count >= 1, "int8_linear_multi: at least one weight expected");
+    run(x, x_dtype == ZL_BFLOAT16, m, k, group_size, count, wqs, wss, ns, ys, isa, num_threads);
+  });
+}

@@ -15,8 +15,9 @@
 // order inside one: a tile of kTileM rows of x times kTileN rows of w keeps its kTileM * kTileN
 // accumulators in registers and reads each loaded vector several times; rows of x are taken in
 // blocks of kBlockM so a block (float32) stays in L2 while every weight tile of a thread's range
-// passes over it, each bfloat16 weight tile widened once per block into a float32 copy in L1. Threads split the weight rows (at::parallel_for), so each output is computed by
-// exactly one thread and the thread count does not change it either.
+// passes over it, each bfloat16 weight tile widened once per block into a float32 copy in L1.
+// Threads split the weight rows (parallel.h), so each output is computed by exactly one thread
+// and the thread count does not change it either.
 //
 // Compiled like skinny_linear.cpp (GCC vector extensions, target_clones for x86-64-v4, -v3 and
 // baseline). The clone chosen differs between CPUs (the baseline has no FMA), so results are
@@ -24,15 +25,14 @@
 //
 // Python reference this is tested against: torch.nn.functional.linear (close, not bitwise).
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "api.h"
 #include "kernels.h"
+#include "parallel.h"
 #include "simd.h"
 
 namespace zerolayer {
@@ -55,6 +55,9 @@ inline __attribute__((always_inline)) VecF load_w(const uint16_t* src, int64_t c
   std::memcpy(h, src, count * sizeof(uint16_t));
   return simd::widen(h);
 }
+
+inline float widen_value(uint16_t v) { return simd::from_bf16(v); }
+inline float widen_value(float v) { return v; }
 
 inline __attribute__((always_inline)) VecF load_w(const float* src, int64_t count) {
   VecF f = VecF{};
@@ -159,44 +162,40 @@ void rows_range(
   }
 }
 
-}  // namespace
-
-at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "invariant_linear: x [M, K] and w [N, K] expected");
-  TORCH_CHECK(
-      x.scalar_type() == w.scalar_type() &&
-          (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
-      "invariant_linear: x and w both bfloat16 or both float32 expected, got ", x.scalar_type(),
-      " and ", w.scalar_type());
-  TORCH_CHECK(
-      x.size(1) == w.size(1), "invariant_linear: x has ", x.size(1), " columns, w ", w.size(1));
-  TORCH_CHECK(!x.is_cuda() && !w.is_cuda(), "invariant_linear: CPU tensors expected");
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+// y [m, n] = x [m, k] @ w [n, k]^T, W and Y both uint16_t (bfloat16) or both float.
+template <typename W>
+void invariant_linear(const W* x, const W* w, W* y, int64_t m, int64_t k, int64_t n,
+                      int num_threads) {
+  if (m == 0 || n == 0) return;
   const int64_t kp = (k + kLanes - 1) / kLanes * kLanes;
-  at::Tensor y = at::empty({m, n}, x.options());
-  if (m == 0 || n == 0) return y;
   // x widened to float32 once, padded to kp columns with zeros (the partial last chunk).
-  at::Tensor x32 = at::zeros({m, kp}, x.options().dtype(at::kFloat));
-  x32.narrow(1, 0, k).copy_(x);
-  const at::Tensor wc = w.contiguous();
-  const float* xp = x32.data_ptr<float>();
-  // Grain: about 256 KiB of weights times rows of x per task, so small matrices stay on one thread.
-  const int64_t work_per_row = k * w.element_size() * std::max<int64_t>(1, m / kTileM);
-  const int64_t grain = std::max<int64_t>(kTileN, (256 << 10) / work_per_row / kTileN * kTileN);
-  if (x.scalar_type() == at::kBFloat16) {
-    const auto* wp = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
-    auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
-      rows_range<uint16_t, uint16_t>(xp, m, kp, wp, k, yp, n, n0, n1);
-    });
-  } else {
-    const float* wp = wc.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
-    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
-      rows_range<float, float>(xp, m, kp, wp, k, yp, n, n0, n1);
-    });
+  std::vector<float> x32(m * kp, 0.f);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < k; ++j) x32[i * kp + j] = widen_value(x[i * k + j]);
   }
-  return y;
+  // Grain: about 256 KiB of weights times rows of x per task, so small matrices stay on one thread.
+  const int64_t work_per_row = k * static_cast<int64_t>(sizeof(W)) * std::max<int64_t>(1, m / kTileM);
+  const int64_t grain = std::max<int64_t>(kTileN, (256 << 10) / work_per_row / kTileN * kTileN);
+  parallel_for(0, n, grain, num_threads, [&](int64_t n0, int64_t n1) {
+    rows_range<W, W>(x32.data(), m, kp, w, k, y, n, n0, n1);
+  });
 }
 
+}  // namespace
 }  // namespace zerolayer
+
+int32_t zl_invariant_linear(int32_t dtype, const void* x, const void* w, void* y, int64_t m,
+                            int64_t k, int64_t n, int32_t num_threads) {
+  using namespace zerolayer;
+  return guarded([&] {
+    ZL_CHECK(dtype == ZL_FLOAT32 || dtype == ZL_BFLOAT16,
+             "invariant_linear: x and w both bfloat16 or both float32 expected");
+    if (dtype == ZL_BFLOAT16) {
+      invariant_linear(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w),
+                       static_cast<uint16_t*>(y), m, k, n, num_threads);
+    } else {
+      invariant_linear(static_cast<const float*>(x), static_cast<const float*>(w),
+                       static_cast<float*>(y), m, k, n, num_threads);
+    }
+  });
+}

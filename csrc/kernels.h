@@ -1,62 +1,59 @@
-// Entry points of the zerolayer native CPU kernels (bound to Python in paged_attention.cpp).
+// What the kernels share inside the library: limits, the errors their checks raise, and the
+// entry points of one kernel that another one calls. Plain C++ (no torch header): tensors cross
+// the C ABI of api.h as raw pointers and sizes, checked by the Python wrappers
+// (zerolayer/scheduler/model/native/library.py) before the call.
 #pragma once
 
-#include <ATen/ATen.h>
-
+#include <cstdint>
+#include <stdexcept>
 #include <string>
-#include <tuple>
-#include <utility>
-#include <vector>
+#include <type_traits>
 
 namespace zerolayer {
 
 // Most rows of x skinny_linear takes (decode batches up to this size use it).
 constexpr int64_t kMaxSkinnyRows = 4;
 
-// y [M, N] = x [M, K] @ w [N, K]^T in bfloat16, float32 accumulation; M <= kMaxSkinnyRows.
-at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w);
+// An input a kernel refuses; its message reaches Python as a RuntimeError (api.h: zl_last_error).
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
-// skinny_linear through the float32-widening loop whatever the CPU (for comparisons).
-at::Tensor skinny_linear_widened(const at::Tensor& x, const at::Tensor& w);
+inline void append(std::string& s, const char* v) { s += v; }
+inline void append(std::string& s, const std::string& v) { s += v; }
+template <typename T, typename = std::enable_if_t<std::is_arithmetic<T>::value>>
+void append(std::string& s, T v) {
+  s += std::to_string(v);
+}
+
+// Throws Error with the message made of parts (strings and numbers, concatenated).
+template <typename... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  std::string message;
+  (append(message, parts), ...);
+  throw Error(message);
+}
+
+#define ZL_CHECK(cond, ...)                          \
+  do {                                               \
+    if (!(cond)) ::zerolayer::fail(__VA_ARGS__);     \
+  } while (0)
+
+// Runs body; returns 0, or 1 with the exception's message kept for zl_last_error. Every C entry
+// point of api.h goes through it: no exception crosses the ABI.
+int guarded(void (*body)(void*), void* context) noexcept;
+
+template <typename F>
+int guarded(F&& body) noexcept {
+  return guarded([](void* f) { (*static_cast<F*>(f))(); }, static_cast<void*>(&body));
+}
 
 // Whether skinny_linear uses AVX-512 BF16's dot product (vdpbf16ps) on this CPU.
 bool has_bf16_dot();
 
-// skinny_linear of one x with each of ws (same K) in one parallel region: [x @ w^T for w in ws].
-std::vector<at::Tensor> skinny_linear_multi(const at::Tensor& x, const std::vector<at::Tensor>& ws);
-
-// y [M, N] = x [M, K] @ w [N, K]^T, bfloat16 or float32 (both the same), float32 accumulation in
-// a fixed order per output: row m of y depends only on row m of x and on w, for any M.
-at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w);
-
-// y [M, N] = x [M, K] @ dequant(wq [N, K] int8, ws [N, K / G] float32)^T, x bfloat16 or float32
-// quantized per group of G to int8 (Q8_0), int32 dot products per group, float32 accumulation;
-// M <= kMaxSkinnyRows. Result in x's dtype.
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& ws);
-
 // The instruction set int8_linear uses on this CPU for group size G ("avx512vnni", "avxvnni",
 // "portable").
 const char* int8_linear_isa(int64_t group_size);
-
-// int8_linear with the kernel named isa (one of int8_linear_isa's answers, or "avx512vnni256":
-// AVX512-VNNI on 32-byte vectors); raises if this CPU or G does not run it (for comparisons).
-at::Tensor int8_linear_with_isa(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& ws,
-                                const std::string& isa);
-
-// int8_linear of one x with each (wq, ws) of ws (same K and G) in one parallel region, x
-// quantized once: [int8_linear(x, wq, ws) for (wq, ws) in ws], the same values.
-std::vector<at::Tensor> int8_linear_multi(
-    const at::Tensor& x, const std::vector<std::pair<at::Tensor, at::Tensor>>& ws);
-
-// The elementwise steps of a layer (csrc/elementwise.cpp), rows independent of each other.
-// RMSNorm of x [..., H] (bfloat16, contiguous) with weight [H] -> x's shape and dtype.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-
-// (s, rms_norm(s)) with s = h + d rounded to h's dtype: a residual add and the next norm.
-std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& h, const at::Tensor& d,
-                                                const at::Tensor& weight, double eps);
-
-// RoPE (rotate-half) of bfloat16 x [T, heads, D] by cos, sin [T, 1, D] bfloat16 -> [T, heads, D].
-at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace zerolayer

@@ -20,12 +20,9 @@
 //
 // Python reference this is tested against: zerolayer/scheduler/model/attention.py.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/csrc/utils/pybind.h>
-
-#include "decode_forward.h"
+#include "api.h"
 #include "kernels.h"
+#include "parallel.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -511,37 +508,24 @@ ZL_MULTIVERSION void attend_tile_bf16(const Problem& p, const WorkItem& w, Scrat
   }
 }
 
-// Checks the step's layout against the cache so that no read can leave a tensor.
-void check_layout(
-    const at::Tensor& query_start_loc,
-    const at::Tensor& seq_lens,
-    const at::Tensor& block_tables,
-    int64_t num_tokens,
-    int64_t num_blocks,
-    int64_t block_size) {
-  const int64_t batch = seq_lens.size(0);
-  TORCH_CHECK(query_start_loc.size(0) == batch + 1, "query_start_loc must hold B + 1 entries");
-  TORCH_CHECK(block_tables.size(0) == batch, "block_tables must hold one row per sequence");
-  const int64_t* qsl = query_start_loc.data_ptr<int64_t>();
-  const int64_t* lens = seq_lens.data_ptr<int64_t>();
-  const int64_t* tables = block_tables.data_ptr<int64_t>();
-  const int64_t max_blocks = block_tables.size(1);
-  TORCH_CHECK(qsl[0] == 0 && qsl[batch] == num_tokens, "query_start_loc must run from 0 to T");
+// Checks the step's layout against the cache so that no read can leave it.
+void check_layout(const Problem& p, int64_t batch, int64_t num_tokens, int64_t num_blocks) {
+  const int64_t* qsl = p.query_start_loc;
+  ZL_CHECK(qsl[0] == 0 && qsl[batch] == num_tokens, "query_start_loc must run from 0 to T");
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t num_queries = qsl[b + 1] - qsl[b];
-    TORCH_CHECK(num_queries >= 0, "query_start_loc must not decrease (sequence ", b, ")");
-    TORCH_CHECK(
-        lens[b] >= num_queries, "seq_lens[", b, "] is smaller than its number of queries");
+    ZL_CHECK(num_queries >= 0, "query_start_loc must not decrease (sequence ", b, ")");
+    ZL_CHECK(p.seq_lens[b] >= num_queries, "seq_lens[", b,
+             "] is smaller than its number of queries");
     if (num_queries == 0) {
       continue;
     }
-    const int64_t used = (lens[b] + block_size - 1) / block_size;
-    TORCH_CHECK(used <= max_blocks, "block_tables row ", b, " is too short for seq_lens[", b, "]");
+    const int64_t used = (p.seq_lens[b] + p.block_size - 1) / p.block_size;
+    ZL_CHECK(used <= p.max_blocks, "block_tables row ", b, " is too short for seq_lens[", b, "]");
     for (int64_t i = 0; i < used; ++i) {
-      const int64_t block = tables[b * max_blocks + i];
-      TORCH_CHECK(
-          block >= 0 && block < num_blocks, "block_tables[", b, ", ", i, "] = ", block,
-          " is not a block of the cache");
+      const int64_t block = p.block_tables[b * p.max_blocks + i];
+      ZL_CHECK(block >= 0 && block < num_blocks, "block_tables[", b, ", ", i, "] = ", block,
+               " is not a block of the cache");
     }
   }
 }
@@ -565,202 +549,58 @@ std::vector<WorkItem> make_work(const Problem& p, int64_t batch, int64_t num_kv_
   return items;
 }
 
-at::Tensor as_index(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
-  TORCH_CHECK(
-      t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name, " must be int32 or int64");
-  return t.to(at::kLong).contiguous();
-}
-
-at::Tensor paged_attention(
-    const at::Tensor& q_in,
-    const at::Tensor& k_cache_in,
-    const at::Tensor& v_cache_in,
-    const at::Tensor& query_start_loc_in,
-    const at::Tensor& seq_lens_in,
-    const at::Tensor& block_tables_in,
-    double scale) {
-  TORCH_CHECK(q_in.dim() == 3, "q must be [T, Hq, D]");
-  TORCH_CHECK(k_cache_in.dim() == 4, "k_cache must be [num_blocks, block_size, Hkv, D]");
-  TORCH_CHECK(k_cache_in.sizes() == v_cache_in.sizes(), "k_cache and v_cache shapes differ");
-  TORCH_CHECK(
-      q_in.device().is_cpu() && k_cache_in.device().is_cpu() && v_cache_in.device().is_cpu(),
-      "q and the caches must be on the CPU");
-  const auto dtype = q_in.scalar_type();
-  TORCH_CHECK(
-      dtype == at::kFloat || dtype == at::kBFloat16, "q must be float32 or bfloat16, got ", dtype);
-  TORCH_CHECK(
-      k_cache_in.scalar_type() == dtype && v_cache_in.scalar_type() == dtype,
-      "q and the caches must share a dtype");
-  const int64_t num_q_heads = q_in.size(1), head_dim = q_in.size(2);
-  const int64_t num_kv_heads = k_cache_in.size(2);
-  TORCH_CHECK(k_cache_in.size(1) > 0, "block_size must be positive");
-  TORCH_CHECK(k_cache_in.size(3) == head_dim, "q and the caches differ in head_dim");
-  TORCH_CHECK(
-      num_kv_heads > 0 && num_q_heads % num_kv_heads == 0,
-      "the number of q heads must be a multiple of the number of kv heads");
-  TORCH_CHECK(head_dim > 0, "head_dim must be positive");
-  TORCH_CHECK(block_tables_in.dim() == 2, "block_tables must be [B, max_blocks]");
-  TORCH_CHECK(seq_lens_in.dim() == 1 && query_start_loc_in.dim() == 1, "seq_lens/query_start_loc must be 1-D");
-
-  const at::Tensor q = q_in.contiguous();
-  // Only the innermost dim needs to be dense; a strided view of an arena is read in place.
-  const at::Tensor k_cache = k_cache_in.stride(3) == 1 ? k_cache_in : k_cache_in.contiguous();
-  const at::Tensor v_cache = v_cache_in.stride(3) == 1 ? v_cache_in : v_cache_in.contiguous();
-  const at::Tensor query_start_loc = as_index(query_start_loc_in, "query_start_loc");
-  const at::Tensor seq_lens = as_index(seq_lens_in, "seq_lens");
-  const at::Tensor block_tables = as_index(block_tables_in, "block_tables");
-  const int64_t num_tokens = q.size(0);
-  check_layout(
-      query_start_loc, seq_lens, block_tables, num_tokens, k_cache.size(0), k_cache.size(1));
-
-  at::Tensor out = at::empty_like(q);
-  if (num_tokens == 0) {
-    return out;
-  }
-  Problem p{};
-  p.q = q.data_ptr();
-  p.out = out.data_ptr();
-  p.k_cache = k_cache.data_ptr();
-  p.v_cache = v_cache.data_ptr();
-  for (int i = 0; i < 3; ++i) {
-    p.k_strides[i] = k_cache.stride(i);
-    p.v_strides[i] = v_cache.stride(i);
-  }
-  p.query_start_loc = query_start_loc.data_ptr<int64_t>();
-  p.seq_lens = seq_lens.data_ptr<int64_t>();
-  p.block_tables = block_tables.data_ptr<int64_t>();
-  p.max_blocks = block_tables.size(1);
-  p.block_size = k_cache.size(1);
-  p.num_q_heads = num_q_heads;
-  p.group = num_q_heads / num_kv_heads;
-  p.head_dim = head_dim;
-  p.scale = static_cast<float>(scale);
-
-  const std::vector<WorkItem> items = make_work(p, seq_lens.size(0), num_kv_heads);
-  const int64_t num_items = static_cast<int64_t>(items.size());
-  const int64_t num_workers = std::min<int64_t>(at::get_num_threads(), num_items);
-  auto* tile = dtype == at::kFloat ? &attend_tile_f32 : &attend_tile_bf16;
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, num_workers, 1, [&](int64_t, int64_t) {
-    Scratch scratch(p);
-    for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
-      tile(p, items[i], scratch);
-    }
-  });
-  return out;
-}
-
 }  // namespace
 }  // namespace zerolayer
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def(
-      "paged_attention",
-      &zerolayer::paged_attention,
-      "Causal GQA over a paged KV cache: (q [T, Hq, D], k_cache, v_cache [num_blocks, "
-      "block_size, Hkv, D], query_start_loc [B + 1], seq_lens [B], block_tables [B, max_blocks], "
-      "scale) -> [T, Hq, D]",
-      pybind11::arg("q"),
-      pybind11::arg("k_cache"),
-      pybind11::arg("v_cache"),
-      pybind11::arg("query_start_loc"),
-      pybind11::arg("seq_lens"),
-      pybind11::arg("block_tables"),
-      pybind11::arg("scale"),
-      pybind11::call_guard<pybind11::gil_scoped_release>());
-  // The y [M, N] = x [M, K] @ w [N, K]^T kernels, each called as f(x, w) without the GIL.
-  struct Linear {
-    const char* name;
-    at::Tensor (*fn)(const at::Tensor&, const at::Tensor&);
-    const char* doc;
-  };
-  const Linear linears[] = {
-      {"skinny_linear",
-       &zerolayer::skinny_linear,
-       "x [M, K] @ w [N, K]^T in bfloat16 for M <= max_skinny_rows (decode GEMV), float32 "
-       "accumulation -> [M, N]"},
-      {"skinny_linear_widened",
-       &zerolayer::skinny_linear_widened,
-       "skinny_linear through its float32-widening loop, also where AVX-512 BF16 is available"},
-      {"invariant_linear",
-       &zerolayer::invariant_linear,
-       "x [M, K] @ w [N, K]^T in bfloat16 or float32 with a fixed reduction order per output "
-       "(batch invariant: row m depends only on x[m] and w) -> [M, N]"},
-  };
-  for (const Linear& linear : linears) {
-    m.def(
-        linear.name,
-        linear.fn,
-        linear.doc,
-        pybind11::arg("x"),
-        pybind11::arg("w"),
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  }
-  m.def(
-      "int8_linear",
-      &zerolayer::int8_linear,
-      "x [M, K] @ dequant(w int8 [N, K], scales float32 [N, K / G])^T for M <= max_skinny_rows: "
-      "x quantized to int8 per group, int32 group sums (VNNI where present) -> [M, N]",
-      pybind11::arg("x"),
-      pybind11::arg("w"),
-      pybind11::arg("scales"),
-      pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("int8_linear_isa", &zerolayer::int8_linear_isa, "int8_linear's ISA for a group size",
-        pybind11::arg("group_size"));
-  m.def(
-      "int8_linear_with_isa",
-      &zerolayer::int8_linear_with_isa,
-      "int8_linear with the kernel isa (\"avx512vnni\", \"avx512vnni256\", \"avxvnni\" or "
-      "\"portable\"); raises if this CPU or the group size does not run it (for comparisons)",
-      pybind11::arg("x"),
-      pybind11::arg("w"),
-      pybind11::arg("scales"),
-      pybind11::arg("isa"),
-      pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def(
-      "int8_linear_multi",
-      &zerolayer::int8_linear_multi,
-      "[int8_linear(x, w, scales) for (w, scales) in weights] (same K and G) with x quantized "
-      "once and one parallel region over all their rows -> list of [M, N_i]",
-      pybind11::arg("x"),
-      pybind11::arg("weights"),
-      pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def(
-      "skinny_linear_multi",
-      &zerolayer::skinny_linear_multi,
-      "[x @ w^T for w in ws]: skinny_linear of one x [M, K] with several w [N_i, K] in one "
-      "parallel region -> list of [M, N_i]",
-      pybind11::arg("x"),
-      pybind11::arg("ws"),
-      pybind11::call_guard<pybind11::gil_scoped_release>());
-  // The elementwise steps keep the GIL: each takes microseconds, less than handing the GIL to
-  // another thread and waiting to get it back.
-  m.def("rms_norm", &zerolayer::rms_norm,
-        "RMSNorm of bfloat16 x [..., H] by weight [H], normalized in float32 -> "
-        "x's shape and dtype",
-        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("eps"));
-  m.def("add_rms_norm", &zerolayer::add_rms_norm,
-        "(h + d, rms_norm(h + d, weight, eps)), the sum rounded to h's dtype",
-        pybind11::arg("h"), pybind11::arg("d"), pybind11::arg("weight"), pybind11::arg("eps"));
-  m.def("rotary", &zerolayer::rotary,
-        "RoPE (rotate-half) of bfloat16 x [T, heads, D] by cos, sin [T, 1, D] -> [T, heads, D]",
-        pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"));
-  pybind11::class_<zerolayer::DecodeForward>(
-      m, "DecodeForward", "A whole decode step of a standard Llama layer stack in one call")
-      .def(pybind11::init<const std::vector<std::vector<at::Tensor>>&,
-                          const std::vector<std::vector<at::Tensor>>&, const at::Tensor&, int64_t,
-                          int64_t, int64_t, double, double>(),
-           pybind11::arg("layers"), pybind11::arg("scales"), pybind11::arg("final_norm"), pybind11::arg("num_heads"),
-           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"),
-           pybind11::arg("scale"))
-      .def("forward", &zerolayer::DecodeForward::forward,
-           "(h [M, H], k_caches, v_caches, slot_mapping [M], block_tables [M, N], seq_lens [M], "
-           "cos, sin [M, 1, D], num_threads (0: torch's)) -> final-norm hidden states [M, H]",
-           pybind11::arg("h"), pybind11::arg("k_caches"), pybind11::arg("v_caches"),
-           pybind11::arg("slot_mapping"), pybind11::arg("block_tables"), pybind11::arg("seq_lens"),
-           pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("num_threads") = 0,
-           pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.attr("max_skinny_rows") = zerolayer::kMaxSkinnyRows;
-  m.attr("has_bf16_dot") = zerolayer::has_bf16_dot();
+int32_t zl_paged_attention(int32_t dtype, const void* q, void* out, int64_t num_tokens,
+                           int64_t num_q_heads, int64_t head_dim, const void* k_cache,
+                           const void* v_cache, int64_t num_blocks, int64_t block_size,
+                           int64_t num_kv_heads, int64_t k_block_stride, int64_t k_slot_stride,
+                           int64_t k_head_stride, int64_t v_block_stride, int64_t v_slot_stride,
+                           int64_t v_head_stride, const int64_t* query_start_loc,
+                           const int64_t* seq_lens, int64_t batch, const int64_t* block_tables,
+                           int64_t max_blocks, float scale, int32_t num_threads) {
+  using namespace zerolayer;
+  return guarded([&] {
+    ZL_CHECK(dtype == ZL_FLOAT32 || dtype == ZL_BFLOAT16, "q must be float32 or bfloat16");
+    ZL_CHECK(block_size > 0, "block_size must be positive");
+    ZL_CHECK(num_kv_heads > 0 && num_q_heads % num_kv_heads == 0,
+             "the number of q heads must be a multiple of the number of kv heads");
+    ZL_CHECK(head_dim > 0, "head_dim must be positive");
+    Problem p{};
+    p.q = q;
+    p.out = out;
+    p.k_cache = k_cache;
+    p.v_cache = v_cache;
+    p.k_strides[0] = k_block_stride;
+    p.k_strides[1] = k_slot_stride;
+    p.k_strides[2] = k_head_stride;
+    p.v_strides[0] = v_block_stride;
+    p.v_strides[1] = v_slot_stride;
+    p.v_strides[2] = v_head_stride;
+    p.query_start_loc = query_start_loc;
+    p.seq_lens = seq_lens;
+    p.block_tables = block_tables;
+    p.max_blocks = max_blocks;
+    p.block_size = block_size;
+    p.num_q_heads = num_q_heads;
+    p.group = num_q_heads / num_kv_heads;
+    p.head_dim = head_dim;
+    p.scale = scale;
+    check_layout(p, batch, num_tokens, num_blocks);
+    if (num_tokens == 0) {
+      return;
+    }
+    const std::vector<WorkItem> items = make_work(p, batch, num_kv_heads);
+    const int64_t num_items = static_cast<int64_t>(items.size());
+    const int64_t num_workers = std::min<int64_t>(num_threads, num_items);
+    auto* tile = dtype == ZL_FLOAT32 ? &attend_tile_f32 : &attend_tile_bf16;
+    std::atomic<int64_t> next{0};
+    parallel_for(0, num_workers, 1, num_threads, [&](int64_t, int64_t) {
+      Scratch scratch(p);
+      for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
+        tile(p, items[i], scratch);
+      }
+    });
+  });
 }

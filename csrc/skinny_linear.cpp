@@ -15,9 +15,7 @@
 //
 // Python reference this is tested against: torch.nn.functional.linear.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -26,8 +24,10 @@
 #include <immintrin.h>
 #endif
 
+#include "api.h"
 #include "gemv.h"
 #include "kernels.h"
+#include "parallel.h"
 #include "simd.h"
 
 namespace zerolayer {
@@ -146,37 +146,35 @@ namespace {
 // Grain: 256 KiB of weights per task at least, so small matrices stay on one thread.
 int64_t grain_rows(int64_t k) { return std::max<int64_t>(1, (256 << 10) / (2 * k)); }
 
-// The checks the entry points make.
-void check(const at::Tensor& x, const at::Tensor& w, const char* who) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, who, ": x [M, K] and w [N, K] expected");
-  TORCH_CHECK(
-      x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16,
-      who, ": bfloat16 x and w expected");
-  TORCH_CHECK(x.size(1) == w.size(1), who, ": x has ", x.size(1), " columns, w ", w.size(1));
-  const int64_t m = x.size(0);
-  TORCH_CHECK(m >= 1 && m <= kMaxSkinnyRows, who, ": 1 to ", kMaxSkinnyRows, " rows of x");
-  TORCH_CHECK(x.size(1) % kLanes == 0, who, ": K must be a multiple of ", kLanes);
-  TORCH_CHECK(w.is_contiguous(), who, ": w must be contiguous");
+// x as the row kernel reads it: the bfloat16 x itself, or widened to float32 into x32.
+const void* x_for(const uint16_t* x, int64_t count, const Rows& rows, std::vector<float>& x32) {
+  if (rows.bf16_x) return x;
+  x32.resize(count);
+  for (int64_t i = 0; i < count; ++i) x32[i] = simd::from_bf16(x[i]);
+  return x32.data();
 }
 
-// x as the kernel reads it: bfloat16 or float32 [M, K], contiguous.
-at::Tensor x_for(const at::Tensor& x, const Rows& rows) {
-  return rows.bf16_x ? x.contiguous() : x.to(at::kFloat).contiguous();
-}
-
-at::Tensor linear_with(const at::Tensor& x, const at::Tensor& w, bool bf16_dot) {
-  check(x, w, "skinny_linear");
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+// y_i = x @ w_i^T for count weights w_i [n_i, k] in one parallel region over all their rows.
+// NOTE: one region for all the weights (q, k, v or gate, up): each region is a barrier and,
+// with passive OpenMP waiting, a wake-up per thread; the weights stay where the loader mapped
+// them (no concatenated copy).
+void linears(const uint16_t* x, int64_t m, int64_t k, int64_t count, const uint16_t* const* ws,
+             const int64_t* ns, uint16_t* const* ys, bool bf16_dot, int num_threads) {
+  ZL_CHECK(count >= 1, "skinny_linear_multi: at least one w expected");
+  ZL_CHECK(m >= 1 && m <= kMaxSkinnyRows, "skinny_linear: 1 to ", kMaxSkinnyRows, " rows of x");
+  ZL_CHECK(k % kLanes == 0, "skinny_linear: K must be a multiple of ", kLanes);
   const Rows rows = rows_for(m, bf16_dot);
-  const at::Tensor xk = x_for(x, rows);
-  at::Tensor y = at::empty({m, n}, x.options());
-  const void* xp = xk.data_ptr();
-  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  at::parallel_for(0, n, grain_rows(k), [&](int64_t n0, int64_t n1) {
-    rows.fn(xp, wp, yp, k, n, n0, n1);
+  std::vector<float> x32;
+  const void* xp = x_for(x, m * k, rows, x32);
+  // weight i owns rows [starts[i], starts[i + 1]) of the concatenation
+  std::vector<int64_t> starts{0};
+  for (int64_t i = 0; i < count; ++i) starts.push_back(starts.back() + ns[i]);
+  parallel_for(0, starts.back(), grain_rows(k), num_threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t lo = std::max(r0, starts[i]), hi = std::min(r1, starts[i + 1]);
+      if (lo < hi) rows.fn(xp, ws[i], ys[i], k, ns[i], lo - starts[i], hi - starts[i]);
+    }
   });
-  return y;
 }
 
 }  // namespace
@@ -188,42 +186,19 @@ bool has_bf16_dot() {
   return supported;
 }
 
-at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& w) {
-  return linear_with(x, w, has_bf16_dot());
-}
-
-at::Tensor skinny_linear_widened(const at::Tensor& x, const at::Tensor& w) {
-  return linear_with(x, w, false);
-}
-
-std::vector<at::Tensor> skinny_linear_multi(const at::Tensor& x, const std::vector<at::Tensor>& ws) {
-  TORCH_CHECK(!ws.empty(), "skinny_linear_multi: at least one w expected");
-  for (const at::Tensor& w : ws) check(x, w, "skinny_linear_multi");
-  const int64_t m = x.size(0), k = x.size(1);
-  const Rows rows = rows_for(m, has_bf16_dot());
-  const at::Tensor xk = x_for(x, rows);
-  const int64_t count = static_cast<int64_t>(ws.size());
-  std::vector<at::Tensor> ys;
-  std::vector<const uint16_t*> wps;
-  std::vector<uint16_t*> yps;
-  std::vector<int64_t> starts{0};  // weight i owns rows [starts[i], starts[i + 1]) of the concatenation
-  for (const at::Tensor& w : ws) {
-    ys.push_back(at::empty({m, w.size(0)}, x.options()));
-    wps.push_back(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()));
-    yps.push_back(reinterpret_cast<uint16_t*>(ys.back().data_ptr<at::BFloat16>()));
-    starts.push_back(starts.back() + w.size(0));
-  }
-  const void* xp = xk.data_ptr();
-  // NOTE: one parallel region for all the weights (q, k, v or gate, up): each region is a
-  // barrier and, with passive OpenMP waiting, a wake-up per thread; the weights stay where the
-  // loader mapped them (no concatenated copy).
-  at::parallel_for(0, starts.back(), grain_rows(k), [&](int64_t r0, int64_t r1) {
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t lo = std::max(r0, starts[i]), hi = std::min(r1, starts[i + 1]);
-      if (lo < hi) rows.fn(xp, wps[i], yps[i], k, starts[i + 1] - starts[i], lo - starts[i], hi - starts[i]);
-    }
-  });
-  return ys;
-}
-
 }  // namespace zerolayer
+
+int32_t zl_skinny_linear(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t m, int64_t k,
+                         int64_t n, int32_t widened, int32_t num_threads) {
+  using namespace zerolayer;
+  return guarded([&] {
+    linears(x, m, k, 1, &w, &n, &y, !widened && has_bf16_dot(), num_threads);
+  });
+}
+
+int32_t zl_skinny_linear_multi(const uint16_t* x, int64_t m, int64_t k, int64_t count,
+                               const uint16_t* const* ws, const int64_t* ns, uint16_t* const* ys,
+                               int32_t num_threads) {
+  using namespace zerolayer;
+  return guarded([&] { linears(x, m, k, count, ws, ns, ys, has_bf16_dot(), num_threads); });
+}

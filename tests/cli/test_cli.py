@@ -60,7 +60,7 @@ def test_up_generate_tells_a_story_with_the_default_model_and_cleans_up(tmp_path
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
     match = re.search(
-        r"^zerolayer: serving on 127\.0\.0\.1:(\d+) \(internal sockets in (\S+)\)$", err, re.M
+        r"^zerolayer: serving gRPC on 127\.0\.0\.1:(\d+); internal sockets in (\S+)$", err, re.M
     )
     assert match and int(match.group(1)) == port
     assert "serving the default model" in err and "stories260K" in err
@@ -77,12 +77,12 @@ def test_the_readme_s_first_command_is_this_one_and_shows_its_story() -> None:
 
 
 def serving_run_dir(proc: subprocess.Popen) -> str:
-    """Reads ``up``'s stderr up to its "serving on" line; returns the run directory it names."""
+    """Reads ``up``'s stderr up to its "serving" line; returns the run directory it names."""
     line = ""
-    while "serving on" not in line:
+    while "zerolayer: serving gRPC on" not in line:
         line = proc.stderr.readline()
         assert line or proc.poll() is None, proc.stderr.read()
-    return re.search(r"internal sockets in (\S+)\)", line).group(1)
+    return re.search(r"internal sockets in (\S+)$", line).group(1)
 
 
 def test_up_stops_every_layer_on_sigint(tmp_path: Path) -> None:
@@ -125,7 +125,7 @@ def test_a_signal_during_start_up_stops_the_started_layers_at_once(
     assert time.monotonic() - interrupted < 15, err
     assert proc.returncode == 128 + sig, err  # as a shell reports a process the signal killed
     assert "zerolayer up: interrupted during start-up" in err
-    assert "serving on" not in err and out.strip() == ""  # --generate was not sent
+    assert "serving gRPC on" not in err and out.strip() == ""  # --generate was not sent
     assert not list(run_dir.glob("*.sock"))
     children = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True)
     assert children.stdout == ""
@@ -196,8 +196,9 @@ def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_pa
     proc = zerolayer("up", *flags, env=isolated_env(tmp_path))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
-    assert f"zerolayer up: error: {message}" in err
-    assert "Traceback" not in err
+    # the refusal last, and nothing of a stack before it (the default model's line included)
+    assert err.rstrip().splitlines()[-1].startswith(f"zerolayer up: error: {message}")
+    assert "serving the default model" not in err and "Traceback" not in err
     assert "zerolayer: stopping" not in err and "listening on" not in err  # no layer started
     assert time.monotonic() - started < 60
 
@@ -312,8 +313,14 @@ def test_killing_up_takes_its_layers_down(tmp_path: Path) -> None:
             break
         time.sleep(0.2)
     assert alive == ""
-    # The orphaned kvstore removed the arena (nobody else would).
+    # The orphaned kvstore removed the arena (nobody else would), the layers their sockets; the
+    # run directory that up would have removed goes with the next up.
     assert not os.path.exists(f"/dev/shm/{Path(run_dir).name}.kv")
+    assert os.listdir(run_dir) == []
+    proc = zerolayer("up", "--print-commands", env=isolated_env(tmp_path))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert not os.path.exists(run_dir)
 
 
 @pytest.mark.skipif(

@@ -62,6 +62,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "schedulers": ("2", 2),
     "standby_schedulers": ("1", 1),
     "frontends": ("3", 3),
+    "startup_timeout_s": ("30", 30.0),
 }
 """Setting name -> (the value's text, None for a switch; the value parsed)."""
 

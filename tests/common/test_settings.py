@@ -38,7 +38,7 @@ CONFIGS = {
 }
 API_LIMITS = {"max_stop_strings", "max_cache_salt_bytes"}
 """FrontendConfig fields that are limits of the API, not flags."""
-STACK_ONLY = {"nvml_script", "log_dir", "startup_timeout_s", "max_restart_backoff_s"}
+STACK_ONLY = {"nvml_script", "log_dir", "max_restart_backoff_s"}
 """StackConfig fields that ``zerolayer up`` does not offer (tests and benchmarks set them)."""
 LAYER_PAIRS = [(layer, s) for layer in LAYERS for s in layer_settings(layer)]
 

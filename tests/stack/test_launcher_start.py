@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import zerolayer.stack.launcher as launcher
+from zerolayer.stack import kernel_build
 from zerolayer.stack.launcher import Stack, StackConfig, StackError, StartupInterrupted
 
 
@@ -74,3 +78,65 @@ def test_a_new_log_dir_is_made_private(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: None)
     stack.start_layer("loader")
     assert logs.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_kernels_are_built_before_any_layer_starts_and_the_deadline_counts_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launcher, "read_checkpoint", lambda path: None)
+    stack = Stack(StackConfig(model_dir="/m", run_dir=str(tmp_path), startup_timeout_s=5.0))
+    events: list[tuple[str, float]] = []
+
+    def build(cwd: Path, interrupted: object) -> None:
+        events.append(("built", time.monotonic()))
+
+    monkeypatch.setattr(launcher, "build_native_kernels", build)
+    monkeypatch.setattr(stack, "start_layer", lambda name: events.append((name, 0.0)))
+    monkeypatch.setattr(
+        stack, "wait_healthy", lambda name, deadline: events.append((name, deadline))
+    )
+    monkeypatch.setattr(
+        launcher, "Supervisor", lambda stack: type("S", (), {"run": lambda s: None})()
+    )
+    stack.start()
+    assert [name for name, _ in events[:5]] == [
+        "built",
+        "loader",
+        "kvstore",
+        "scheduler",
+        "frontend",
+    ]
+    built_at = events[0][1]
+    assert all(deadline >= built_at + 5.0 for _, deadline in events[5:])
+
+
+@pytest.mark.parametrize(
+    ("device", "backend", "builds"),
+    [("cpu", "native", True), ("cpu", "reference", False), ("cuda:0", "native", False)],
+)
+def test_only_a_cpu_stack_on_the_native_backend_builds_kernels(
+    device: str, backend: str, builds: bool
+) -> None:
+    config = SimpleNamespace(device=device, attention_backend=backend)
+    assert kernel_build.needs_native_kernels(config) is builds  # type: ignore[arg-type]
+
+
+def test_an_interrupt_stops_a_build_in_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A build program that would run for a minute, in a module of its own.
+    (tmp_path / "slow_build.py").write_text(
+        "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n"
+    )
+    monkeypatch.setattr(kernel_build, "BUILD_MODULE", "slow_build")
+    calls = []
+
+    def interrupted() -> bool:
+        calls.append(1)
+        return len(calls) > 2
+
+    started = time.monotonic()
+    with pytest.raises(InterruptedError, match="interrupted while building the native kernels"):
+        kernel_build.build_native_kernels(tmp_path, interrupted)
+    assert time.monotonic() - started < 30
+    assert subprocess.run(["pgrep", "-f", "slow_build"], capture_output=True).stdout == b""

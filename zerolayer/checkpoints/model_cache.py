@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zerolayer.checkpoints.model_files import MODEL_DIR_MODE
+from zerolayer.common.process import process_exists
 
 
 def default_cache_dir() -> Path:
@@ -32,20 +33,11 @@ def remove_abandoned_writes(target: Path) -> list[Path]:
     removed = []
     for path in target.parent.glob(f".{target.name}-*-*"):
         pid_text = path.name[len(target.name) + 2 :].split("-", 1)[0]
-        if not pid_text.isdigit() or _process_exists(int(pid_text)):
+        if not pid_text.isdigit() or process_exists(int(pid_text)):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
     return True
 
 

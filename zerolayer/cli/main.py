@@ -130,20 +130,21 @@ def _stack_config(args: argparse.Namespace, preflight: bool = True) -> StackConf
     from zerolayer.stack.config import StackConfig
     from zerolayer.stack.preflight import check_stack
 
-    if args.model_dir is None:
+    default_model = args.model_dir is None
+    if default_model:
         # NOTE: imported here: it needs numpy, which up does not import before its layers start
         from zerolayer.checkpoints.default_model import ensure_default_model
 
-        model_dir = str(ensure_default_model())
-        print(
-            f"zerolayer: no --model given, serving the default model {model_dir} "
-            "(llama2.c's stories260K by Andrej Karpathy, MIT: tiny stories in simple English)",
-            file=sys.stderr,
-        )
-        args = argparse.Namespace(**{**vars(args), "model_dir": model_dir})
+        args = argparse.Namespace(**{**vars(args), "model_dir": str(ensure_default_model())})
     config = config_from_args(StackConfig, up_settings(), args)
     if preflight:
         check_stack(config)
+    if default_model:  # NOTE: after the checks: a refusal is its one line alone
+        print(
+            f"zerolayer: no --model given, serving the default model {config.model_dir} "
+            "(llama2.c's stories260K by Andrej Karpathy, MIT: tiny stories in simple English)",
+            file=sys.stderr,
+        )
     return config
 
 
@@ -157,6 +158,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     layers are stopped); 0 when it stops a stack that serves.
     """
     from zerolayer.checkpoints.checkpoint import CheckpointError
+    from zerolayer.cli.serving_line import serving_line
     from zerolayer.common.access import plaintext_tokens_warning
     from zerolayer.stack.launcher import Stack, StackError, StartupInterrupted
 
@@ -222,11 +224,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if stop.is_set():
             return _interrupted(received[0])
         # NOTE: status on stderr: stdout carries only --generate's answer.
-        print(
-            f"zerolayer: serving on {args.listen} (internal sockets in {stack.run_dir})",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(serving_line(config, stack.run_dir), file=sys.stderr, flush=True)
         if args.generate is not None:
             return _generate_once(args.listen, args.generate)
         while not stop.wait(0.5):

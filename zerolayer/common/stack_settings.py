@@ -1,6 +1,6 @@
 """``zerolayer up``'s own flags, which no layer takes: the run directory, supervision, the
-metrics ports, and how many schedulers and frontends run. ``zerolayer.common.settings`` holds the
-layers' flags and collects these into its ``SETTINGS``."""
+metrics ports, how many schedulers and frontends run, and how long they may take to start.
+``zerolayer.common.settings`` holds the layers' flags and collects these into its ``SETTINGS``."""
 
 from __future__ import annotations
 
@@ -77,5 +77,25 @@ FRONTENDS = processes(
     "M",
 )
 
-STACK_SETTINGS = (RUN_DIR, SUPERVISE, METRICS_PORT_BASE, SCHEDULERS, STANDBY_SCHEDULERS, FRONTENDS)
+STARTUP_TIMEOUT_S = Setting(
+    "startup_timeout_s",
+    "--startup-timeout-s",
+    "how long the layers may take to report SERVING once started; a native kernel build before "
+    "them is not counted",
+    default=180.0,
+    check=positive,
+    unit="s",
+    metavar="S",
+    up=True,
+)
+
+STACK_SETTINGS = (
+    RUN_DIR,
+    SUPERVISE,
+    METRICS_PORT_BASE,
+    SCHEDULERS,
+    STANDBY_SCHEDULERS,
+    FRONTENDS,
+    STARTUP_TIMEOUT_S,
+)
 """The declarations above, in order."""

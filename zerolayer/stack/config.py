@@ -25,6 +25,7 @@ from zerolayer.common.stack_settings import (
     RUN_DIR,
     SCHEDULERS,
     STANDBY_SCHEDULERS,
+    STARTUP_TIMEOUT_S,
     SUPERVISE,
 )
 from zerolayer.stack.layout import Slot, metrics_ports, stack_slots
@@ -60,8 +61,9 @@ class StackConfig(
     frontends: int = setting_field(FRONTENDS)
     log_dir: str | None = None
     """Write each layer's stderr to ``<log_dir>/<layer>.log``; None: inherit this process's."""
-    startup_timeout_s: float = 180.0
-    """How long to wait for every layer to report SERVING, seconds."""
+    startup_timeout_s: float = STARTUP_TIMEOUT_S.default
+    """How long the layers may take to report SERVING once started (a kernel build before them
+    is not counted), seconds."""
     max_restart_backoff_s: float = 10.0
     """Longest wait before restarting a layer that keeps dying, seconds."""
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import shutil
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import fields
@@ -45,12 +45,16 @@ from zerolayer.kv.arena_file import sidecar_path
 from zerolayer.sharing.fd_keeper import FdKeeper
 from zerolayer.stack.config import SHM_DIR, StackConfig
 from zerolayer.stack.health_watch import HealthTarget
+from zerolayer.stack.kernel_build import build_native_kernels, needs_native_kernels
 from zerolayer.stack.layout import frontend_instance_id
 from zerolayer.stack.probes import SERVING, health_status
-from zerolayer.stack.run_dir import RunDirError, make_run_dir
+from zerolayer.stack.run_dir import RunDirError, make_run_dir, new_run_dir
+from zerolayer.stack.still_starting import still_starting
 from zerolayer.stack.supervisor import Supervisor
 
 __all__ = ["LAYERS", "Stack", "StackConfig", "StackError", "StartupInterrupted"]
+
+log = logging.getLogger(__name__)
 
 
 POLL_CHANNEL_OPTIONS = FAST_RECONNECT_CHANNEL_OPTIONS
@@ -88,7 +92,7 @@ class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self._owns_run_dir = config.run_dir is None
-        self.run_dir = Path(config.run_dir or tempfile.mkdtemp(prefix="zerolayer-"))
+        self.run_dir = Path(config.run_dir) if config.run_dir else new_run_dir()
         # NOTE: an existing directory is checked, never chmodded (see zerolayer.stack.run_dir).
         try:
             make_run_dir(self.run_dir)
@@ -192,13 +196,14 @@ class Stack:
         return {name: self.health_target(name) for name in self.slots}
 
     def start(self) -> None:
-        """Starts every process at once (each waits for the layers it needs) and waits until all
-        are SERVING (a standby scheduler: on "").
+        """Builds the native kernels where the schedulers need them and they are not built yet
+        (without a deadline), then starts every process at once (each waits for the layers it
+        needs) and waits until all are SERVING (a standby scheduler: on "").
 
         Raises:
             CheckpointError: the model directory is not a loadable checkpoint.
-            StackError: a process exited or was not healthy within ``startup_timeout_s``; every
-                started process is stopped again.
+            StackError: a process exited or was not healthy within ``startup_timeout_s`` of its
+                start; every started process is stopped again.
             StartupInterrupted: :meth:`interrupt` was called (before the next process starts,
                 or while they start up); every started process is stopped.
         """
@@ -208,6 +213,8 @@ class Stack:
                 # Holds the VMM descriptors of the weights and the KV arena, so that a restarted
                 # loader or kvstore maps the same device memory (zerolayer.sharing.fd_keeper).
                 self._fd_keeper = FdKeeper(self.run_dir / "fds.sock")
+            if needs_native_kernels(self.config):
+                self._build_kernels()
             for name in self.slots:
                 # NOTE: checked per process, so a signal stops a start-up of many at once
                 if self._interrupted.is_set():
@@ -224,6 +231,20 @@ class Stack:
             target=Supervisor(self).run, name="supervisor", daemon=True
         )
         self._supervisor.start()
+
+    def _build_kernels(self) -> None:
+        """Builds the schedulers' kernels first, so that ``startup_timeout_s`` does not count the
+        build (:mod:`zerolayer.stack.kernel_build`); a failure is logged, not fatal."""
+        try:
+            reason = build_native_kernels(self.working_dir(), self._interrupted.is_set)
+        except InterruptedError as exc:
+            raise StartupInterrupted(str(exc)) from None
+        if reason is not None:
+            log.warning(
+                "zerolayer: native kernels not built (%s); the scheduler serves on the pure-torch "
+                "path",
+                reason.splitlines()[0],
+            )
 
     def interrupt(self) -> None:
         """Makes a :meth:`start` in progress stop the started layers and raise
@@ -278,17 +299,21 @@ class Stack:
                     raise StackError(
                         f"{name} exited with code {process.returncode}{self._log_tail(name)}"
                     )
-                if health_status(channel, target.service) == SERVING:
+                health = health_status(channel, target.service)
+                if health == SERVING:
                     return
                 if time.monotonic() > deadline:
-                    raise StackError(f"{name} not healthy in time{self._log_tail(name)}")
+                    timeout_s = self.config.startup_timeout_s
+                    why = still_starting(name, process.pid, health, timeout_s, self._log(name))
+                    raise StackError(f"{why}{self._log_tail(name)}")
                 time.sleep(0.05)
 
+    def _log(self, name: str) -> Path | None:
+        return None if self.config.log_dir is None else Path(self.config.log_dir) / f"{name}.log"
+
     def _log_tail(self, name: str) -> str:
-        if self.config.log_dir is None:
-            return ""
-        path = Path(self.config.log_dir) / f"{name}.log"
-        if not path.exists():
+        path = self._log(name)
+        if path is None or not path.exists():
             return ""
         return "\n--- " + str(path) + " ---\n" + path.read_text(errors="replace")[-3000:]
 

@@ -2,7 +2,7 @@
 
 A decode step of a small model at batch 1 is bound by reading the weights, but the Python forward
 adds about twenty calls per layer and a parallel region (with a thread wake-up, since the
-scheduler keeps libgomp's spin short) per GEMV. ``DecodeForward`` runs all layers in one region
+scheduler keeps libgomp's spin short) per GEMV. The native step runs all layers in one region
 with a spinning barrier between phases. It covers the standard Llama layer in bfloat16 on the CPU
 (no biases, no q/k norms, SiLU, RMSNorm, no sliding window or soft-capping, separate q/k/v and
 gate/up projections; bfloat16 weights, or the int8 ones of ``zerolayer quantize``):
@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +24,7 @@ from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.scheduler.model.attention import AttentionMetadata
 from zerolayer.scheduler.model.int8_linear import Int8Weight
 from zerolayer.scheduler.model.layer_ops import rms_norm
+from zerolayer.scheduler.model.native.library import NativeKernels
 
 
 def unsupported_reason(
@@ -130,7 +130,7 @@ class FusedDecode:
 
     def __init__(
         self,
-        native: ModuleType,
+        native: NativeKernels,
         config: ModelConfig,
         layers: list,
         final_norm: torch.Tensor,
@@ -138,7 +138,7 @@ class FusedDecode:
     ) -> None:
         """
         Args:
-            native: the loaded kernel module (``KernelLoader.load()``).
+            native: the loaded kernels (``KernelLoader.load()``).
             config, layers, final_norm: the model's, checked by :func:`unsupported_reason`.
             scale: the attention's score scale.
 
@@ -150,7 +150,7 @@ class FusedDecode:
         """The thread choice per number of sequences in a step."""
         matrices = [(*x.qkv, x.o_proj, *x.gate_up, x.down_proj) for x in layers]
         int8 = isinstance(matrices[0][0], Int8Weight)
-        self._step = native.DecodeForward(
+        self._step = native.decode_forward(
             [
                 [
                     layer.input_norm,

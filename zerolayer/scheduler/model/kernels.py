@@ -1,112 +1,43 @@
-"""Native CPU kernels from ``csrc/``, compiled on first use, with the pure-torch path as fallback.
+"""Native CPU kernels from ``csrc/``, with the pure-torch path as fallback.
 
-A :class:`KernelLoader` builds ``csrc/*.cpp`` (paged attention, the decode GEMV, the
-batch-invariant linear) with torch's C++ extension tooling (ninja and the host C++ compiler) into
-a per-user cache, once per machine and torch version, and loads it. When the toolchain or the
-source is missing or the build fails it logs why, once, and answers None, so callers use the
-reference in :mod:`zerolayer.scheduler.model.attention` and ``F.linear``.
+A :class:`KernelLoader` loads ``libzerolayer_kernels.so`` (paged attention, the decode GEMVs, the
+batch-invariant linear, the elementwise steps, the fused decode step) with ctypes
+(:class:`~zerolayer.scheduler.model.native.library.NativeKernels`): the library ``pip install``
+built into the package when it still matches the sources, else the one in the per-user cache,
+else it builds that one first (seconds; :mod:`zerolayer.scheduler.model.native.build`, which
+``zerolayer up`` runs before it starts the layers). When there is no compiler or the build fails
+it logs why, once, and answers None, so callers use the reference in
+:mod:`zerolayer.scheduler.model.attention` and ``F.linear``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
-import importlib.util
 import logging
 import os
 import shutil
-import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
 from zerolayer.scheduler.model.int8_linear import Int8Weight, int8_linear_chunked
+from zerolayer.scheduler.model.native import build
+from zerolayer.scheduler.model.native.library import NativeKernels
 
 log = logging.getLogger(__name__)
 
-CSRC_DIR = Path(__file__).resolve().parents[3] / "csrc"
-PAGED_ATTENTION_SOURCE = CSRC_DIR / "paged_attention.cpp"
-SKINNY_LINEAR_SOURCE = CSRC_DIR / "skinny_linear.cpp"
-INVARIANT_LINEAR_SOURCE = CSRC_DIR / "invariant_linear.cpp"
-INT8_LINEAR_SOURCE = CSRC_DIR / "int8_linear.cpp"
-ELEMENTWISE_SOURCE = CSRC_DIR / "elementwise.cpp"
-DECODE_FORWARD_SOURCE = CSRC_DIR / "decode_forward.cpp"
-SOURCES = (
-    PAGED_ATTENTION_SOURCE,
-    SKINNY_LINEAR_SOURCE,
-    INVARIANT_LINEAR_SOURCE,
-    INT8_LINEAR_SOURCE,
-    ELEMENTWISE_SOURCE,
-    DECODE_FORWARD_SOURCE,
-)
-EXTENSION_NAME = "zerolayer_paged_attention"
-# NOTE: no -march: the source multiversions its hot functions (target_clones), so a cached build
-# stays valid if the cache moves to another CPU. -ffp-contract=fast lets vector a * b + c be an FMA.
-# -fopenmp: at::parallel_for is inline and runs serially unless compiled with OpenMP; the library
-# then shares torch's libgomp (same soname, already loaded) and its thread count.
-EXTRA_CFLAGS = ("-O3", "-ffp-contract=fast", "-fopenmp")
-EXTRA_LDFLAGS = ("-fopenmp",)
+CSRC_DIR = build.CSRC_DIR
 NATIVE_DTYPES = frozenset({torch.float32, torch.bfloat16})
 """Dtypes of q and the caches the native kernel handles."""
 
 
-def build_key(csrc_dir: Path, torch_dir: Path) -> str:
-    """A short hash (12 hex digits, SHA-256) of what a build's command line and inputs depend
-    on: the ``csrc`` directory's path and the contents of its sources and headers, torch's
-    install path (its headers and libraries) and the compiler flags.
-
-    Two checkouts or virtual environments sharing one kernel cache then build into different
-    directories, each once, instead of rebuilding each other's library on every start (ninja
-    rebuilds when the command line changes, and it names both paths).
-    """
-    digest = hashlib.sha256()
-    for part in (str(csrc_dir), str(torch_dir), *EXTRA_CFLAGS, *EXTRA_LDFLAGS):
-        digest.update(part.encode() + b"\0")
-    for path in sorted([*csrc_dir.glob("*.cpp"), *csrc_dir.glob("*.h")]):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
-
-
-def default_build_dir() -> Path:
-    """``$ZEROLAYER_KERNEL_CACHE`` or ``~/.cache/zerolayer/torch_extensions``, then
-    ``<torch>-<python>-<build_key>`` (read when called, not at import).
-
-    Not under ``$XDG_CACHE_HOME``: tests and benchmarks give each stack its own model cache, and
-    should not rebuild the kernel (about a minute) for each. The torch and Python versions are part
-    of the path since the library links against both; :func:`build_key` since the build's
-    command line names the checkout and the venv.
-    """
-    override = os.environ.get("ZEROLAYER_KERNEL_CACHE")
-    key = build_key(CSRC_DIR, Path(torch.__file__).parent)
-    tag = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}-{key}"
-    if override:
-        return Path(override) / tag
-    cache = str(Path.home() / ".cache")
-    return Path(cache) / "zerolayer" / "torch_extensions" / tag
-
-
-def is_built(build_dir: Path, inputs: tuple[Path, ...] | None = None) -> bool:
-    """Whether ``build_dir`` holds the library, newer than each of ``inputs`` (default: the
-    sources and the headers of ``csrc/``): loading it then only links it. ninja decides the same
-    way (and also rebuilds for changed flags); this only words the log line.
-    """
-    inputs = inputs if inputs is not None else (*SOURCES, *sorted(CSRC_DIR.glob("*.h")))
-    try:
-        built = (build_dir / f"{EXTENSION_NAME}.so").stat().st_mtime_ns
-        return all(path.stat().st_mtime_ns <= built for path in inputs)
-    except FileNotFoundError:
-        return False
-
-
 class KernelLoader:
-    """Builds and loads the native kernels on first use; one per model runner.
+    """Loads the native kernels on first use (building them first where needed); one per model
+    runner.
 
-    Thread-safe: concurrent first calls build once. Across processes, an flock on the build
-    directory serialises builds (a cached build only loads, in well under a second).
+    Thread-safe: concurrent first calls build once. Across processes, the build program holds an
+    flock on its output directory: a build another process started is waited for.
     """
 
     def __init__(
@@ -119,8 +50,9 @@ class KernelLoader:
     ) -> None:
         """
         Args:
-            build_dir: where the extension is compiled and cached; default
-                :func:`default_build_dir` (resolved on first use).
+            build_dir: build and load the library here only; None: the one ``pip install``
+                built into the package if it matches the sources, else the per-user cache's
+                (:func:`~zerolayer.scheduler.model.native.build.cache_dir`).
             enabled: False: never build, always answer None (the reference path).
             batch_invariant: :meth:`linear` runs every CPU bfloat16/float32 product through
                 the batch-invariant kernel (``csrc/invariant_linear.cpp``), whatever the rows.
@@ -134,12 +66,14 @@ class KernelLoader:
         self._which = which
         self._lock = threading.Lock()
         self._loaded = False
-        self._module: ModuleType | None = None
+        self._module: NativeKernels | None = None
+        self._missing_reason = ""
         self.unavailable_reason: str | None = None
         """Why :meth:`load` answered None (after it did); None while the kernels are usable."""
 
-    def load(self) -> ModuleType | None:
-        """The compiled extension, building it the first time (tens of seconds); None if unusable.
+    def load(self) -> NativeKernels | None:
+        """The loaded kernels, building them the first time if needed (seconds); None if
+        unusable.
 
         Never raises: a failure is logged once and remembered.
         """
@@ -200,18 +134,8 @@ class KernelLoader:
             and x.dtype in NATIVE_DTYPES
         ):
             return module.invariant_linear(x, weight)
-        if (
-            module is not None
-            and not x.is_cuda
-            and not weight.is_cuda
-            and x.dtype == torch.bfloat16
-            and weight.dtype == torch.bfloat16
-            and x.dim() == 2
-            and x.shape[0] <= module.max_skinny_rows
-            and x.shape[1] % 16 == 0
-            and weight.is_contiguous()
-        ):
-            return module.skinny_linear(x, weight)
+        if module is not None and (y := module.try_skinny_linear(x, weight)) is not None:
+            return y
         return torch.nn.functional.linear(x, weight)
 
     def int8_linear(self, x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
@@ -274,20 +198,10 @@ class KernelLoader:
             len(weights) > 1
             and module is not None
             and not self.batch_invariant
-            and not x.is_cuda
-            and x.dtype == torch.bfloat16
-            and x.dim() == 2
-            and x.shape[0] <= module.max_skinny_rows
-            and x.shape[1] % 16 == 0
-            and all(
-                isinstance(w, torch.Tensor)
-                and w.dtype == torch.bfloat16
-                and not w.is_cuda
-                and w.is_contiguous()
-                for w in weights
-            )
+            and not int8
+            and (ys := module.try_skinny_linear_multi(x, weights)) is not None
         ):
-            return module.skinny_linear_multi(x, list(weights))
+            return ys
         return [self.linear(x, w) for w in weights]
 
     def paged_attention_native(
@@ -331,123 +245,59 @@ class KernelLoader:
             q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale
         )
 
-    def _build(self) -> tuple[ModuleType | None, str | None]:
+    def _build(self) -> tuple[NativeKernels | None, str | None]:
         if not self._enabled:
             return None, "disabled"
-        for source in SOURCES:
-            if not source.is_file():
-                return None, f"{source} not found"
-        compiler = os.environ.get("CXX", "c++")
+        try:
+            library = self._library()
+            if library is None:
+                return None, self._missing_reason
+            return NativeKernels(library), None
+        except (build.BuildError, OSError) as e:  # any failure means the fallback
+            return None, f"{type(e).__name__}: {str(e).strip()[-2000:]}"
+
+    def _library(self) -> Path | None:
+        """The library of the current sources: the install-time one, the cache's, or a new
+        build (None, with :attr:`_missing_reason`, without sources or a compiler).
+
+        Raises:
+            build.BuildError: the build failed.
+        """
+        digest = build.source_digest(CSRC_DIR) if CSRC_DIR.is_dir() else None
+        if self._build_dir is None:
+            library = build.built_library(build.PREBUILT_DIR, digest)
+            if library is not None:
+                log.info("loading the native kernels from %s", library)
+                return library
+        if digest is None:
+            self._missing_reason = f"{CSRC_DIR} not found"
+            return None
+        compiler = build.compiler(os.environ)
         if self._which(compiler) is None:
-            return None, f"no C++ compiler ({compiler!r}) on PATH"
-        ninja_dir = self._ninja_dir()
-        if ninja_dir is None:
-            return None, "ninja not found (pip install ninja)"
-        build_dir = self._build_dir or default_build_dir()
-        if is_built(build_dir):
-            log.info("loading the native kernels from %s", build_dir)
-            if self._build_dir is None:
-                # NOTE: the default directory is keyed by the sources, paths and flags
-                # (build_key), so a library there is this build's: loaded as it is, without
-                # cpp_extension (which imports setuptools and runs the compiler and ninja to
-                # check it, about 0.3 s of every scheduler start). One that does not load is
-                # built again below.
-                with contextlib.suppress(ImportError), _build_lock(build_dir):
-                    return import_library(build_dir), None
-        else:
-            log.info(
-                "building the native kernels in %s (about a minute on 2 cores, once)", build_dir
-            )
-        try:
-            from torch.utils import cpp_extension
-
-            build_dir.mkdir(parents=True, exist_ok=True)
-            with _build_lock(build_dir), _path_with(ninja_dir):
-                module = cpp_extension.load(
-                    name=EXTENSION_NAME,
-                    sources=[str(source) for source in SOURCES],
-                    extra_include_paths=[str(CSRC_DIR)],
-                    build_directory=str(build_dir),
-                    extra_cflags=list(EXTRA_CFLAGS),
-                    extra_ldflags=list(EXTRA_LDFLAGS),
-                    verbose=False,
-                )
-        except Exception as e:  # any build failure means the fallback
-            return None, f"build failed: {type(e).__name__}: {str(e).strip()[-2000:]}"
-        return module, None
-
-    def _ninja_dir(self) -> Path | None:
-        """Directory of ``ninja``: on PATH, else beside this interpreter (a venv not activated)."""
-        found = self._which("ninja")
-        if found is not None:
-            return Path(found).parent
-        beside = Path(sys.executable).parent
-        if self._which(str(beside / "ninja")) is not None:
-            return beside
-        return None
-
-
-def import_library(build_dir: Path) -> ModuleType:
-    """Imports the extension built in ``build_dir`` (``zerolayer_paged_attention.so``), as
-    ``torch.utils.cpp_extension.load`` does once its build is up to date.
-
-    Raises:
-        ImportError: the library is missing or cannot be loaded.
-    """
-    path = build_dir / f"{EXTENSION_NAME}.so"
-    spec = importlib.util.spec_from_file_location(EXTENSION_NAME, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{path}: not a loadable extension")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@contextlib.contextmanager
-def _build_lock(build_dir: Path) -> Iterator[None]:
-    """Holds an flock on ``build_dir`` for one build or load across processes.
-
-    torch's own lock is a plain file that a build killed midway leaves behind, and every later
-    build then waits on it forever. An flock dies with its process, so while holding it any
-    torch lock file left in ``build_dir`` is stale and is removed.
-    """
-    with open(build_dir / "zerolayer.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            stale = build_dir / "lock"
-            if stale.exists():
-                log.warning("removing stale build lock %s", stale)
-                stale.unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
-def _path_with(directory: Path) -> Iterator[None]:
-    """Puts ``directory`` first on PATH while building (cpp_extension runs ``ninja`` by name)."""
-    old = os.environ.get("PATH", "")
-    if str(directory) in old.split(os.pathsep):
-        yield
-        return
-    os.environ["PATH"] = os.pathsep.join([str(directory), old])
-    try:
-        yield
-    finally:
-        os.environ["PATH"] = old
+            self._missing_reason = f"no C++ compiler ({compiler!r}) on PATH"
+            return None
+        out_dir = self._build_dir or build.cache_dir(
+            digest, build.compiler_version(compiler), os.environ
+        )
+        library = build.built_library(out_dir, digest)
+        if library is not None:
+            log.info("loading the native kernels from %s", library)
+            return library
+        log.info("building the native kernels in %s (seconds, once)", out_dir)
+        return build.run_build(out_dir)
 
 
 def main() -> None:
-    """``python -m zerolayer.scheduler.model.kernels``: builds the kernels ahead of time (CI,
-    images).
+    """``python -m zerolayer.scheduler.model.kernels``: loads the kernels as the scheduler does,
+    building them first if needed, and says from where (CI, images).
 
-    Exits 1, with the reason, when they cannot be built.
+    Exits 1, with the reason, when they are unavailable.
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    loader = KernelLoader()
-    if not loader.native_available():
-        raise SystemExit(f"native kernels unavailable: {loader.unavailable_reason}")
-    print(f"native kernels ready in {default_build_dir()}")
+    module = KernelLoader().load()
+    if module is None:
+        raise SystemExit("native kernels unavailable: see above")
+    print(f"native kernels ready: {module.path}")
 
 
 if __name__ == "__main__":

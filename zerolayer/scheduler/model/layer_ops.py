@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 
+from zerolayer.scheduler.model.native.library import NativeKernels
 from zerolayer.scheduler.model.rope import apply_rotary
 
 
@@ -35,13 +35,13 @@ class LayerOps:
     """A layer's elementwise steps for one model; ``norm`` is the model's RMSNorm
     (:func:`rms_norm`, or Gemma's ``1 + weight`` form).
 
-    ``native`` is the loaded kernel module or None; the native path is taken only for the
+    ``native`` is the loaded kernels or None; the native path is taken only for the
     standard :func:`rms_norm` and for contiguous bfloat16 CPU tensors, so float32 models and
     every device compute as before.
     """
 
     norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
-    native: ModuleType | None = None
+    native: NativeKernels | None = None
 
     def model_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """The model's ``norm(x, weight, eps)``: [..., H] -> [..., H] in ``x``'s dtype."""

@@ -1,0 +1,117 @@
+/* The C ABI of libzerolayer_kernels.so, which Python loads with ctypes
+ * (zerolayer/scheduler/model/native/library.py, whose wrappers mirror these declarations).
+ *
+ * Tensors are raw pointers to their first element plus sizes (and strides where a kernel reads
+ * a strided view); the wrappers check dtypes, shapes and contiguity before calling and allocate
+ * the outputs. What only the data can tell (a block id, a slot, a sequence length) is checked
+ * here before anything is read or written. bfloat16 values are uint16_t bit patterns.
+ *
+ * Every function that can fail returns 0, or 1 with the reason in zl_last_error() (per thread,
+ * valid until that thread's next call). num_threads: the threads of the call's parallel region,
+ * torch.get_num_threads() of the caller (the library shares torch's OpenMP runtime). */
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZL_EXPORT __attribute__((visibility("default")))
+
+/* Bumped whenever a declaration below changes; the loader refuses a library of another one. */
+#define ZL_ABI_VERSION 1
+
+/* dtype codes */
+#define ZL_FLOAT32 0
+#define ZL_BFLOAT16 1
+
+ZL_EXPORT int32_t zl_abi_version(void);
+ZL_EXPORT const char* zl_last_error(void);
+/* Most rows of x the decode GEMVs (skinny and int8) take. */
+ZL_EXPORT int32_t zl_max_skinny_rows(void);
+/* Whether zl_skinny_linear uses AVX-512 BF16's vdpbf16ps on this CPU. */
+ZL_EXPORT int32_t zl_has_bf16_dot(void);
+/* The int8 kernel this CPU runs for groups of group_size: "avx512vnni", "avxvnni", "portable". */
+ZL_EXPORT const char* zl_int8_linear_isa(int64_t group_size);
+
+/* Causal GQA over a paged cache (paged_attention.cpp): q, out [T, Hq, D] contiguous, dtype
+ * ZL_FLOAT32 or ZL_BFLOAT16 for q, out and the caches; caches [num_blocks, block_size, Hkv, D]
+ * with the given strides (elements; the innermost one is 1); query_start_loc [batch + 1],
+ * seq_lens [batch], block_tables [batch, max_blocks] contiguous. */
+ZL_EXPORT int32_t zl_paged_attention(int32_t dtype, const void* q, void* out, int64_t num_tokens,
+                                     int64_t num_q_heads, int64_t head_dim, const void* k_cache,
+                                     const void* v_cache, int64_t num_blocks, int64_t block_size,
+                                     int64_t num_kv_heads, int64_t k_block_stride,
+                                     int64_t k_slot_stride, int64_t k_head_stride,
+                                     int64_t v_block_stride, int64_t v_slot_stride,
+                                     int64_t v_head_stride, const int64_t* query_start_loc,
+                                     const int64_t* seq_lens, int64_t batch,
+                                     const int64_t* block_tables, int64_t max_blocks, float scale,
+                                     int32_t num_threads);
+
+/* y [m, n] = x [m, k] @ w [n, k]^T in bfloat16, float32 accumulation (skinny_linear.cpp);
+ * 1 <= m <= zl_max_skinny_rows(), k a multiple of 16. widened: the float32-widening loop even
+ * where the CPU has vdpbf16ps (for comparisons). */
+ZL_EXPORT int32_t zl_skinny_linear(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t m,
+                                   int64_t k, int64_t n, int32_t widened, int32_t num_threads);
+/* The same for `count` weights ws[i] [ns[i], k] sharing x, into ys[i] [m, ns[i]], in one
+ * parallel region. */
+ZL_EXPORT int32_t zl_skinny_linear_multi(const uint16_t* x, int64_t m, int64_t k, int64_t count,
+                                         const uint16_t* const* ws, const int64_t* ns,
+                                         uint16_t* const* ys, int32_t num_threads);
+
+/* y [m, n] = x [m, k] @ w [n, k]^T, x, w and y all ZL_FLOAT32 or all ZL_BFLOAT16, with a fixed
+ * reduction order per output (invariant_linear.cpp); any m and k. */
+ZL_EXPORT int32_t zl_invariant_linear(int32_t dtype, const void* x, const void* w, void* y,
+                                      int64_t m, int64_t k, int64_t n, int32_t num_threads);
+
+/* ys[i] [m, ns[i]] (x's dtype) = x [m, k] @ dequant(wqs[i] int8 [ns[i], k], wss[i] float32
+ * [ns[i], k / group_size])^T for `count` weights (int8_linear.cpp); x ZL_FLOAT32 or
+ * ZL_BFLOAT16, 1 <= m <= zl_max_skinny_rows(). isa: NULL for the best kernel, else one of
+ * zl_int8_linear_isa's answers or "avx512vnni256" (fails where it does not run). */
+ZL_EXPORT int32_t zl_int8_linear(int32_t x_dtype, const void* x, int64_t m, int64_t k,
+                                 int64_t group_size, int64_t count, const int8_t* const* wqs,
+                                 const float* const* wss, const int64_t* ns, void* const* ys,
+                                 const char* isa, int32_t num_threads);
+
+/* Elementwise steps in bfloat16 (elementwise.cpp), rows of n values, all contiguous; the norm
+ * weight w [n] is ZL_BFLOAT16 or ZL_FLOAT32 (w_dtype). */
+ZL_EXPORT int32_t zl_rms_norm(const uint16_t* x, const void* w, int32_t w_dtype, uint16_t* y,
+                              int64_t rows, int64_t n, double eps, int32_t num_threads);
+/* s = h + d (rounded), y = rms_norm(s). */
+ZL_EXPORT int32_t zl_add_rms_norm(const uint16_t* h, const uint16_t* d, const void* w,
+                                  int32_t w_dtype, uint16_t* s, uint16_t* y, int64_t rows,
+                                  int64_t n, double eps, int32_t num_threads);
+/* RoPE (rotate-half) of x [t, heads, dim] by cos, sin [t, dim] into y; dim even, <= 1024. */
+ZL_EXPORT int32_t zl_rotary(const uint16_t* x, const uint16_t* cos, const uint16_t* sin,
+                            uint16_t* y, int64_t t, int64_t heads, int64_t dim,
+                            int32_t num_threads);
+
+/* The fused decode step (decode_forward.cpp). create: per layer 9 pointers in `layers` (input
+ * norm, q, k, v, o, post-attention norm, gate, up, down: norms bfloat16 [hidden], matrices
+ * contiguous bfloat16, or int8 when group_size > 0 with 7 float32 scale pointers per layer in
+ * `scales` (q, k, v, o, gate, up, down)), final_norm bfloat16 [hidden]. The memory stays the
+ * caller's and must outlive the handle. Returns NULL on failure. */
+ZL_EXPORT void* zl_decode_forward_create(int64_t num_layers, const void* const* layers,
+                                         const float* const* scales,
+                                         const uint16_t* final_norm, int64_t hidden,
+                                         int64_t intermediate, int64_t num_heads,
+                                         int64_t num_kv_heads, int64_t head_dim,
+                                         int64_t group_size, double eps, double scale);
+ZL_EXPORT void zl_decode_forward_destroy(void* handle);
+/* One step of m sequences: h [m, hidden] bfloat16; per layer k_caches[l], v_caches[l] bfloat16
+ * [num_blocks, block_size, Hkv, D] contiguous (written at the slots); slot_mapping [m],
+ * seq_lens [m], block_tables [m, table_width] int64; cos, sin [m, D] bfloat16; out [m, hidden].
+ * num_threads: 0 for max_threads, else at most max_threads are used. */
+ZL_EXPORT int32_t zl_decode_forward_run(void* handle, const uint16_t* h, int64_t m,
+                                        void* const* k_caches, void* const* v_caches,
+                                        int64_t num_blocks, int64_t block_size,
+                                        const int64_t* slot_mapping, const int64_t* block_tables,
+                                        int64_t table_width, const int64_t* seq_lens,
+                                        const uint16_t* cos, const uint16_t* sin, uint16_t* out,
+                                        int32_t num_threads, int32_t max_threads);
+
+#ifdef __cplusplus
+}
+#endif
