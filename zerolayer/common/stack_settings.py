@@ -77,16 +77,14 @@ FRONTENDS = processes(
     "M",
 )
 
-STARTUP_TIMEOUT_S = Setting(
-    "startup_timeout_s",
+STARTUP_TIMEOUT_S = offered(
     "--startup-timeout-s",
     "how long the layers may take to report SERVING once started; a native kernel build before "
     "them is not counted",
-    default=180.0,
+    180.0,
     check=positive,
     unit="s",
     metavar="S",
-    up=True,
 )
 
 STACK_SETTINGS = (

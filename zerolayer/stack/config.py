@@ -61,9 +61,7 @@ class StackConfig(
     frontends: int = setting_field(FRONTENDS)
     log_dir: str | None = None
     """Write each layer's stderr to ``<log_dir>/<layer>.log``; None: inherit this process's."""
-    startup_timeout_s: float = STARTUP_TIMEOUT_S.default
-    """How long the layers may take to report SERVING once started (a kernel build before them
-    is not counted), seconds."""
+    startup_timeout_s: float = setting_field(STARTUP_TIMEOUT_S)
     max_restart_backoff_s: float = 10.0
     """Longest wait before restarting a layer that keeps dying, seconds."""
 
