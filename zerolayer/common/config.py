@@ -99,6 +99,30 @@ class LayerSettings(MetricsSettings):
 
 @documented
 @dataclass(frozen=True, kw_only=True)
+class InternalLayerSettings(LayerSettings):
+    """What every internal layer (loader, kvstore, scheduler) has: its own unix address."""
+
+    address: str = setting_field(settings.ADDRESS)
+
+
+@documented
+@dataclass(frozen=True, kw_only=True)
+class LoaderClientSettings:
+    """Where a layer that reads the model's manifest finds the loader."""
+
+    loader_address: str = setting_field(settings.LOADER_ADDRESS)
+
+
+@documented
+@dataclass(frozen=True, kw_only=True)
+class FdKeeperSettings:
+    """The process that keeps a layer's exported file descriptors across its restarts."""
+
+    fd_keeper: str = setting_field(settings.FD_KEEPER)
+
+
+@documented
+@dataclass(frozen=True, kw_only=True)
 class DeviceSettings:
     """Where the loader, kvstore and scheduler keep their memory and compute (see
     :mod:`zerolayer.common.device`)."""
@@ -183,32 +207,26 @@ class RoutingSettings:
 
 @documented
 @dataclass(frozen=True)
-class LoaderConfig(ModelSettings, DeviceSettings, LayerSettings):
+class LoaderConfig(ModelSettings, FdKeeperSettings, DeviceSettings, InternalLayerSettings):
     """Loader process settings."""
 
-    address: str = setting_field(settings.ADDRESS)
-    fd_keeper: str = setting_field(settings.FD_KEEPER)
-
 
 @documented
 @dataclass(frozen=True)
-class KVStoreConfig(ArenaSettings, DeviceSettings, LayerSettings):
+class KVStoreConfig(
+    ArenaSettings, LoaderClientSettings, FdKeeperSettings, DeviceSettings, InternalLayerSettings
+):
     """KV store process settings (the arena's geometry comes from the loader's model config)."""
 
-    address: str = setting_field(settings.ADDRESS)
-    loader_address: str = setting_field(settings.LOADER_ADDRESS)
     shm_path: str = setting_field(settings.SHM_PATH)
     remove_arena_on_exit: bool = setting_field(settings.REMOVE_ARENA_ON_EXIT)
-    fd_keeper: str = setting_field(settings.FD_KEEPER)
 
 
 @documented
 @dataclass(frozen=True)
-class SchedulerConfig(EngineSettings, DeviceSettings, LayerSettings):
+class SchedulerConfig(EngineSettings, LoaderClientSettings, DeviceSettings, InternalLayerSettings):
     """Scheduler (engine) process settings."""
 
-    address: str = setting_field(settings.ADDRESS)
-    loader_address: str = setting_field(settings.LOADER_ADDRESS)
     kvstore_address: str = setting_field(settings.KVSTORE_ADDRESS)
     standby: bool = setting_field(settings.STANDBY)
     owner_id: str = setting_field(settings.OWNER_ID)
@@ -222,10 +240,11 @@ class SchedulerConfig(EngineSettings, DeviceSettings, LayerSettings):
 
 @documented
 @dataclass(frozen=True)
-class FrontendConfig(ApiSettings, AccessSettings, RoutingSettings, LayerSettings):
+class FrontendConfig(
+    ApiSettings, AccessSettings, RoutingSettings, LoaderClientSettings, LayerSettings
+):
     """Frontend process settings."""
 
-    loader_address: str = setting_field(settings.LOADER_ADDRESS)
     scheduler_address: tuple[str, ...] = setting_field(settings.SCHEDULER_ADDRESS)
     instance_id: str = setting_field(settings.INSTANCE_ID)
     reuse_port: bool = setting_field(settings.REUSE_PORT)
