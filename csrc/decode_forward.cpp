@@ -16,7 +16,8 @@
 //   q, k, v = x Wq^T, x Wk^T, x Wv^T      (the decode GEMV of skinny_linear.cpp, rows split)
 //   q, k = RoPE(q), RoPE(k); k, v written to their cache slots
 //   a = softmax(q K^T * scale) V over the sequence's blocks (float32; the scores, their
-//       maximum, then the weights; GQA: kv head g serves q heads g * G .. g * G + G - 1)
+//       maximum, then the weights, rounded to bfloat16 as they multiply V but summed in
+//       float32, as torch's attention; GQA: kv head g serves q heads g * G .. g * G + G - 1)
 //   h = h + a Wo^T; x = rms_norm(h)
 //   m = silu(x Wg^T) * (x Wu^T); d = m Wd^T
 // and after the last layer rms_norm(h + d) with the final norm. Float32 sums run in other orders
@@ -425,7 +426,8 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
             for (int64_t i = 0; i < group; ++i) {
               const float e = std::exp(scores[i * len + p] - best[i]);
               total[i] += e;
-              add_scaled(&acc[i * dim], e, vr, dim);
+              // bfloat16 weights times V, a float32 sum: as paged_attention.cpp (and torch).
+              add_scaled(&acc[i * dim], round_bf16(e), vr, dim);
             }
           }
           for (int64_t i = 0; i < group; ++i) {

@@ -4,7 +4,9 @@
 // K and V straight from the cache blocks its block table names (Kwon et al. 2023, "PagedAttention");
 // no contiguous copy of a context is ever made. Scores go through an online softmax (Milakov &
 // Gimelshein 2018; Dao et al. 2022, "FlashAttention"): a running max and sum per query row, so the
-// state is O(head_dim) per (query, head) whatever the context length.
+// state is O(head_dim) per (query, head) whatever the context length. In bfloat16 the weights
+// are rounded to bfloat16 as they multiply V and summed in float32 for the normaliser, as torch's
+// scaled_dot_product_attention (what transformers runs) and FlashAttention do.
 //
 // Work is split into items (sequence, kv head, tile of up to kQueriesPerTile queries). An item's rows
 // are its queries times the q heads sharing that kv head, so all of them use each 16-key chunk of
@@ -146,6 +148,10 @@ struct Float32 {
   static ZL_INLINE int64_t layout_index(int64_t i) {
     return i;
   }
+  // The softmax weights as they multiply V (see BFloat16::value_weights).
+  static ZL_INLINE VecF value_weights(VecF prob) {
+    return prob;
+  }
 };
 
 struct BFloat16 {
@@ -175,6 +181,18 @@ struct BFloat16 {
   static ZL_INLINE int64_t layout_index(int64_t i) {
     const int64_t r = i % kGroup;
     return i - r + (r & 1) * kLanes + (r >> 1);
+  }
+  // The softmax weights rounded to bfloat16 (to nearest even) before they multiply V, while
+  // their sum (the normaliser) adds the float32 values: what torch's CPU
+  // scaled_dot_product_attention does for bfloat16 (transformers' attention), as FlashAttention
+  // and the Triton kernel (triton_attention_kernel.py) do. With float32 weights here, about a
+  // quarter of the outputs differed from torch's by a bfloat16 ulp, and greedy tokens of bfloat16
+  // models parted from transformers' at near-ties (issue 29). Weights lie in [0, 1]: no sign,
+  // infinity or NaN to care for.
+  static ZL_INLINE VecF value_weights(VecF prob) {
+    VecI bits = (VecI)prob;
+    bits += 0x7fff + ((bits >> 16) & 1);
+    return (VecF)(bits & static_cast<int32_t>(0xffff0000u));
   }
 };
 
@@ -409,7 +427,9 @@ ZL_INLINE void start_rows(const Problem& p, const WorkItem& w, Scratch& s) {
 }
 
 // Online softmax over one chunk: scores in s.prob become probabilities relative to the new
-// running max, alpha rescales what was accumulated under the old one.
+// running max (as they multiply V: E::value_weights), alpha rescales what was accumulated under
+// the old one.
+template <class E>
 ZL_INLINE void update_softmax(Scratch& s, int64_t first_row, int64_t rows) {
   for (int64_t r = first_row; r < rows; ++r) {
     const VecF scores = load(s.prob.data() + r * kLanes);
@@ -417,7 +437,7 @@ ZL_INLINE void update_softmax(Scratch& s, int64_t first_row, int64_t rows) {
     const float new_max = std::max(s.m[r], max_lanes(scores));
     const VecF prob = exp_nonpositive(scores - new_max);
     const float alpha = new_max == s.m[r] ? 1.0f : std::exp(s.m[r] - new_max);
-    store(s.prob.data() + r * kLanes, prob);
+    store(s.prob.data() + r * kLanes, E::value_weights(prob));
     s.alpha[r] = alpha;
     s.l[r] = s.l[r] * alpha + sum_lanes(prob);
     s.m[r] = new_max;
@@ -479,7 +499,7 @@ ZL_INLINE void attend_tile(const Problem& p, const WorkItem& w, Scratch& s) {
                                : chunk_scores_scalar<E>(s.q.data() + r * d, k_rows, d);
       store(s.prob.data() + r * kLanes, lane < visible ? scores : VecF{} + kNegInf);
     }
-    update_softmax(s, first, rows);
+    update_softmax<E>(s, first, rows);
     float* acc = s.acc.data() + first * d;
     const float* prob = s.prob.data() + first * kLanes;
     const float* alpha = s.alpha.data() + first;

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from zerolayer.scheduler.model.kernels import KernelLoader
+
+if TYPE_CHECKING:
+    from family_checkpoints import FamilyCheckpoints
 
 
 @pytest.fixture(scope="module")
@@ -15,3 +20,16 @@ def native() -> KernelLoader:
     if not loader.native_available():
         pytest.fail(f"native kernels did not build: {loader.unavailable_reason}")
     return loader
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> FamilyCheckpoints:
+    """Every family's tiny checkpoint in float32 and bfloat16 with transformers' greedy answers
+    to :func:`test_llama_parity.make_prompts` (FAMILY_NEW_TOKENS each), each made once per
+    session on first use."""
+    # NOTE: imported here, not at the top: they import transformers (seconds), which the other
+    # model tests do not need.
+    from family_checkpoints import FAMILY_NEW_TOKENS, FamilyCheckpoints
+    from test_llama_parity import make_prompts
+
+    return FamilyCheckpoints(tmp_path_factory.mktemp("families"), make_prompts(), FAMILY_NEW_TOKENS)

@@ -82,8 +82,11 @@ def make_engine(
     return build_local_engine(model, config, model.arena_layout_of_blocks(BLOCK_SIZE, num_blocks))
 
 
-def run_engine(engine: Engine, prompts: list[list[int]]) -> dict[str, list[RequestOutput]]:
-    """Submits every prompt (greedy, ignore_eos) and steps until all finish."""
+def run_engine(
+    engine: Engine, prompts: list[list[int]], max_new_tokens: int = MAX_NEW_TOKENS
+) -> dict[str, list[RequestOutput]]:
+    """Submits every prompt (greedy, ignore_eos, ``max_new_tokens`` each) and steps until all
+    finish."""
     outputs: dict[str, list[RequestOutput]] = {str(i): [] for i in range(len(prompts))}
     errors: list[Exception] = []
 
@@ -98,7 +101,7 @@ def run_engine(engine: Engine, prompts: list[list[int]]) -> dict[str, list[Reque
 
     for i, prompt in enumerate(prompts):
         request = EngineRequest(
-            str(i), tuple(prompt), MAX_NEW_TOKENS, SamplingParams(), ignore_eos=True
+            str(i), tuple(prompt), max_new_tokens, SamplingParams(), ignore_eos=True
         )
         engine.submit(request, sink_for(str(i)))
     engine.process_commands()

@@ -53,9 +53,9 @@ STEPS = {
 HEADS = [(1, 1), (2, 2), (4, 2), (8, 2), (12, 4)]
 HEAD_DIMS = [8, 64, 128]
 FLOAT32_TOL = {"atol": 1e-5, "rtol": 1e-5}
-# bfloat16 output against a float32 reference on the same (bf16-valued) inputs: rounding the
-# output to bf16 costs up to half an ulp (2**-8 relative); accumulation is float32.
-BFLOAT16_TOL = {"atol": 1e-3, "rtol": 2**-8}
+# Contexts of one 16-key chunk each (the kernel's running max is then the final one, as in
+# torch's single block of up to 512 keys).
+SHORT_STEP = [(0, 9), (3, 1), (7, 1), (0, 16), (5, 6), (15, 1)]
 
 
 @dataclass
@@ -148,6 +148,15 @@ def run_native(loader: KernelLoader, step: Step, **overrides: torch.Tensor) -> t
     )
 
 
+def bfloat16_tol(step: Step) -> dict[str, float]:
+    """Tolerance of a bfloat16 output against the float32 reference on the same (bf16-valued)
+    inputs: rounding the output costs up to half an ulp (2**-8 relative is more), and rounding the
+    softmax weights to bfloat16 before they multiply V (as torch does) moves each weight by at
+    most 2**-9 of itself, so the output by at most 2**-9 * max|v|; accumulation is float32."""
+    max_v = max(float(seq.v.float().abs().max()) for seq in step.sequences)
+    return {"atol": 1e-3 + 2**-9 * max_v, "rtol": 2**-8}
+
+
 def float32_reference(step: Step) -> torch.Tensor:
     """The pure-torch path on float32 copies of the step's inputs."""
     return paged_attention_reference(
@@ -194,14 +203,32 @@ def test_bfloat16_matches_float32_reference(
     step = make_step(STEPS[step_name], num_q_heads, num_kv_heads, head_dim, dtype=torch.bfloat16)
     out = run_native(native, step)
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), float32_reference(step), **BFLOAT16_TOL)
+    torch.testing.assert_close(out.float(), float32_reference(step), **bfloat16_tol(step))
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), HEADS)
+def test_bfloat16_rounds_as_torch_attention(
+    native: KernelLoader, num_q_heads: int, num_kv_heads: int, head_dim: int
+) -> None:
+    """torch's scaled_dot_product_attention in bfloat16 (transformers' attention, and the
+    reference on bfloat16 inputs) rounds the softmax weights to bfloat16 before they multiply V;
+    so does the kernel (issue 29). Over contexts of one chunk the outputs are then torch's in all
+    but a few percent of values (measured: 1.3%, at most 3.1% per case; the float32 sums and expf
+    run in other orders). With float32 weights, as before, 23-29% of them differed by a bfloat16
+    rounding, and greedy tokens of bfloat16 models parted from transformers' at near-ties."""
+    step = make_step(SHORT_STEP, num_q_heads, num_kv_heads, head_dim, dtype=torch.bfloat16)
+    out = run_native(native, step)
+    torch_out = paged_attention_reference(step.q, step.k_cache, step.v_cache, step.meta, step.scale)
+    assert float((out != torch_out).float().mean()) <= 0.1
+    torch.testing.assert_close(out.float(), float32_reference(step), **bfloat16_tol(step))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [1, 4, 16, 32])
 def test_block_sizes(native: KernelLoader, block_size: int, dtype: torch.dtype) -> None:
     step = make_step(STEPS["mixed"], 4, 2, 64, block_size=block_size, dtype=dtype, seed=5)
-    tol = FLOAT32_TOL if dtype == torch.float32 else BFLOAT16_TOL
+    tol = FLOAT32_TOL if dtype == torch.float32 else bfloat16_tol(step)
     torch.testing.assert_close(run_native(native, step).float(), float32_reference(step), **tol)
 
 
