@@ -12,7 +12,7 @@ import grpc
 import pytest
 import transformers
 from e2e.stack import running_stack, text_stub
-from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, hf_generate
+from factories import MAX_NEW_TOKENS, hf_generate
 
 from zerolayer.checkpoints.byte_tokenizer import EOS_TOKEN_ID
 from zerolayer.checkpoints.dummy import ensure_dummy_model

@@ -12,9 +12,9 @@ import grpc
 import pytest
 import torch
 from e2e.stack import generate_ids, kv_stats, running_stack, scheduler_stats, text_stub
+from factories import MAX_NEW_TOKENS, generate
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, generate
 
 from zerolayer.bench.inprocess import local_engine_for_stack
 from zerolayer.checkpoints.dummy import ensure_dummy_model

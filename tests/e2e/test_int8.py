@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from e2e.stack import generate_ids, running_stack, text_stub
-from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, generate
+from factories import MAX_NEW_TOKENS, generate
 
 from zerolayer.bench.inprocess import local_engine_for_stack
 from zerolayer.checkpoints.dummy import ensure_dummy_model

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 from e2e.stack import running_stack
-from frontend.test_kserve import make_infer_request
+from factories import make_infer_request
 from tls_certs import CertSet, Pair, make_test_certs
 
 from zerolayer.checkpoints.dummy import ensure_dummy_model
