@@ -1,4 +1,5 @@
-"""Shared test helpers: where the shared test data lives, and how ``gpu``-marked tests run.
+"""Shared test helpers: where the shared test data lives, the one stack a test session shares
+(``shared_stack``), and how ``gpu``-marked tests run.
 
 Without a CUDA device ``gpu``-marked tests are deselected. ``--gpu-strict`` (what
 ``scripts/device_check.sh`` passes) runs every one of them wherever it is, and fails each that
@@ -24,6 +25,16 @@ def stories_dir() -> Path:
     if not path.exists():
         pytest.skip(f"shared test model missing: {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The session's one running stack for tests that only read (:class:`e2e.stack.SharedStack`
+    says what it serves and what a test may do with it); started on first use."""
+    from e2e.stack import shared_stack as running_shared_stack
+
+    with running_shared_stack(tmp_path_factory) as shared:
+        yield shared
 
 
 def _cuda_device_count() -> int:

@@ -1,4 +1,4 @@
-"""The KServe v2 / Triton gRPC API of the frontend, against the real four-process stack: a stub
+"""The KServe v2 / Triton gRPC API of the frontend, against the shared four-process stack: a stub
 generated from our proto, and NVIDIA's own tritonclient run from its own virtual environment."""
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from e2e.stack import kv_stats, running_stack, scheduler_stats, text_stub
+from e2e.stack import kv_stats, scheduler_stats, text_stub
 from factories import make_infer_request, pack_bytes, text_output
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as pb_grpc
 from zerolayer.v1 import generation_pb2
@@ -57,10 +56,8 @@ print(json.dumps({"messages": messages, "rpcs": rpcs}))
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory):
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
-    with running_stack(model_dir, tmp_path_factory.mktemp("logs")) as stack:
-        yield stack
+def stack(shared_stack):
+    return shared_stack.stack
 
 
 @pytest.fixture(scope="module")
