@@ -50,15 +50,27 @@ def stub(cluster: TwoSchedulers):
 
 
 @pytest.fixture(autouse=True)
-def both_serving(cluster: TwoSchedulers):
-    """Each test starts with both schedulers up (restarted while nothing is in flight)."""
+def both_serving(cluster: TwoSchedulers, stub):
+    """Each test starts with both schedulers up (restarted while nothing is in flight) and
+    taking the frontend's requests."""
     dead = [name for name in SCHEDULERS if cluster.processes[name].poll() is not None]
     for name in dead:
         cluster.start(name)
     cluster.wait_health(cluster.listen, "", SERVING, 30)
-    if dead:
-        # The frontend's health watch reconnects within MAX_RETRY_S plus the channel's backoff.
-        time.sleep(2.5)
+    for name in dead:
+        wait_until_routed_to(cluster, stub, name)
+
+
+def wait_until_routed_to(cluster: TwoSchedulers, stub, name: str, timeout_s: float = 30) -> None:
+    """Sends one-token requests through the frontend until scheduler ``name`` steps one: the
+    frontend's health watch has seen it back (it reconnects within MAX_RETRY_S plus the
+    channel's backoff), and its router picks it (the other has no outstanding tokens either)."""
+    steps = cluster.stats(name).num_steps
+    probe = pb.GenerateRequest(prompt="probe", max_new_tokens=1, cache_salt="probe")
+    deadline = time.monotonic() + timeout_s
+    while cluster.stats(name).num_steps == steps:
+        assert time.monotonic() < deadline, f"the frontend sends nothing to {name}"
+        stub.Generate(probe, timeout=30)
 
 
 failover_request = functools.partial(make_generate_request, max_new_tokens=NUM_NEW, ignore_eos=True)
