@@ -51,6 +51,15 @@ def stories_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def dummy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny dummy model (``zerolayer make-dummy``'s default preset), written once for the
+    session. Tests only read it; a test that changes a model's files writes a model of its own."""
+    from zerolayer.checkpoints.dummy import ensure_dummy_model
+
+    return ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("dummy-cache"))
+
+
+@pytest.fixture(scope="session")
 def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The session's one running stack for tests that only read (:class:`e2e.stack.SharedStack`
     says what it serves and what a test may do with it); started on first use."""

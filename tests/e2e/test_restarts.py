@@ -18,7 +18,6 @@ import pytest
 from e2e.stack import SHARED_MAX_NUM_BATCHED_TOKENS, kv_stats, running_stack, text_stub
 from factories import make_generate_request
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb2
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb
@@ -30,10 +29,9 @@ SERVED = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory):
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+def stack(dummy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     with running_stack(
-        model_dir,
+        dummy_model_dir,
         tmp_path_factory.mktemp("logs"),
         max_num_batched_tokens=SHARED_MAX_NUM_BATCHED_TOKENS,
         model_name=SERVED,

@@ -22,7 +22,6 @@ from e2e.two_schedulers import SCHEDULERS, SERVING, TwoSchedulers, start_two_sch
 from factories import make_generate_request, make_infer_request, text_output
 from grpc_health.v1 import health_pb2
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.frontend.failover import INCIDENT_WINDOW_S
 from zerolayer.frontend.scheduler_client import HUNG_AFTER_S
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
@@ -35,9 +34,8 @@ SAMPLINGS = {"greedy": {}, "seeded": {"temperature": 0.9, "top_p": 0.95, "seed":
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
-    cluster = start_two_schedulers(model_dir, tmp_path_factory.mktemp("run"))
+def cluster(dummy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    cluster = start_two_schedulers(dummy_model_dir, tmp_path_factory.mktemp("run"))
     try:
         yield cluster
     finally:
