@@ -189,10 +189,14 @@ def make_engine_without_model(
 
 
 def run_engine(
-    engine: Engine, prompts: list[list[int]], tag: str = "", max_new_tokens: int = MAX_NEW_TOKENS
+    engine: Engine,
+    prompts: list[list[int]],
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    *,
+    tag: str = "",
 ) -> dict[str, list[RequestOutput]]:
-    """Submits every prompt (greedy, ignore_eos; request id ``tag`` + its index) and steps
-    ``engine`` here until all finish; each request's outputs."""
+    """Submits every prompt (greedy, ignore_eos, ``max_new_tokens`` each; request id ``tag`` +
+    its index) and steps ``engine`` here until all finish; each request's outputs."""
     outputs: dict[str, list[RequestOutput]] = {f"{tag}{i}": [] for i in range(len(prompts))}
     errors: list[Exception] = []
 
@@ -219,10 +223,14 @@ def run_engine(
 
 
 def generate(
-    engine: Engine, prompts: list[list[int]], tag: str = "", max_new_tokens: int = MAX_NEW_TOKENS
+    engine: Engine,
+    prompts: list[list[int]],
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    *,
+    tag: str = "",
 ) -> list[list[int]]:
     """:func:`run_engine`'s new token ids of each prompt."""
-    outputs = run_engine(engine, prompts, tag, max_new_tokens)
+    outputs = run_engine(engine, prompts, max_new_tokens, tag=tag)
     return [[t for o in outputs[f"{tag}{i}"] for t in o.new_token_ids] for i in range(len(prompts))]
 
 
