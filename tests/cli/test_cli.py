@@ -1,4 +1,7 @@
-"""The ``zerolayer`` command as a user runs it: a real subprocess, real layers."""
+"""The ``zerolayer`` command as a user runs it: a real subprocess, real layers. Refusals made
+before anything starts (argument and setting checks) run the same ``main`` in this process
+(``in_process``): a fresh interpreter each would only repeat the start-up that the subprocess
+tests here already check."""
 
 from __future__ import annotations
 
@@ -34,6 +37,23 @@ def zerolayer(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess
 
 def isolated_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+def in_process(capfd: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``zerolayer ARGS`` run by the console script's ``main`` in this process: its exit code
+    and what it wrote to stderr (file descriptor 2: the layers' too, had any started). The
+    SIGINT/SIGTERM handlers ``up`` installs are put back afterwards."""
+    from zerolayer.cli.main import main
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = main(list(args))
+    except SystemExit as exit:  # argparse's usage errors
+        code = exit.code
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return code, capfd.readouterr().err
 
 
 def leftovers(run_dir: str) -> list[str]:
@@ -191,11 +211,13 @@ def test_generate_against_nothing_reports_unavailable() -> None:
         (["--generate", "hi", "--tenants", "/t.json"], "--generate: not with --tenants"),
     ],
 )
-def test_up_refuses_bad_settings_before_starting_anything(flags, message, tmp_path) -> None:
+def test_up_refuses_bad_settings_before_starting_anything(
+    flags, message, tmp_path, monkeypatch, capfd
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     started = time.monotonic()
-    proc = zerolayer("up", *flags, env=isolated_env(tmp_path))
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 2, err
+    returncode, err = in_process(capfd, "up", *flags)
+    assert returncode == 2, err
     # the refusal last, and nothing of a stack before it (the default model's line included)
     assert err.rstrip().splitlines()[-1].startswith(f"zerolayer up: error: {message}")
     assert "serving the default model" not in err and "Traceback" not in err
@@ -326,26 +348,29 @@ def test_killing_up_takes_its_layers_down(tmp_path: Path) -> None:
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="checks the message on a machine without CUDA"
 )
-def test_up_on_a_gpu_the_machine_lacks_fails_at_once(tmp_path: Path) -> None:
-    proc = zerolayer("up", "--device", "cuda:0", env=isolated_env(tmp_path))
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 2
+def test_up_on_a_gpu_the_machine_lacks_fails_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    returncode, err = in_process(capfd, "up", "--device", "cuda:0")
+    assert returncode == 2
     assert "'cuda:0' asked for, but this machine has no CUDA device" in err
     assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("layer", ["loader", "kvstore", "scheduler"])
 def test_a_layer_started_alone_on_a_missing_gpu_is_a_usage_error(
-    layer: str, tmp_path: Path
+    layer: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     required = {
         "loader": ["--model", str(tmp_path)],
         "kvstore": ["--loader", "unix:/x", "--shm-path", str(tmp_path / "kv")],
         "scheduler": ["--loader", "unix:/x", "--kvstore", "unix:/y"],
     }[layer]
-    proc = zerolayer(layer, "--address", "unix:/z", *required, "--device", "cuda:3")
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 2
+    returncode, err = in_process(
+        capfd, layer, "--address", "unix:/z", *required, "--device", "cuda:3"
+    )
+    assert returncode == 2
     assert err.startswith(f"zerolayer {layer}: error: --device: ") and "cuda:3" in err
 
 
@@ -368,11 +393,12 @@ def test_preset_names_of_the_command_line_are_the_generators() -> None:
     assert list(PRESET_NAMES) == list(PRESETS)
 
 
-def test_an_unknown_preset_is_a_usage_error(tmp_path: Path) -> None:
+def test_an_unknown_preset_is_a_usage_error(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     for args in (
         ["make-dummy", "--preset", "huge", str(tmp_path)],
         ["bench", "throughput", "--preset", "1B"],
     ):
-        proc = zerolayer(*args)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 2 and "invalid choice" in err and "Traceback" not in err
+        returncode, err = in_process(capfd, *args)
+        assert returncode == 2 and "invalid choice" in err and "Traceback" not in err

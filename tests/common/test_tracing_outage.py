@@ -15,7 +15,6 @@ import pytest
 from e2e.stack import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import loader_pb2, loader_pb2_grpc
 
 pytestmark = pytest.mark.e2e
@@ -40,8 +39,10 @@ def wait_serving(address: str, deadline: float) -> None:
             time.sleep(0.1)
 
 
-def test_a_dead_collector_is_logged_once_and_does_not_hold_up_a_stop(tmp_path: Path) -> None:
-    model_dir = ensure_dummy_model(cache_dir=tmp_path / "cache")
+def test_a_dead_collector_is_logged_once_and_does_not_hold_up_a_stop(
+    dummy_model_dir: Path, tmp_path: Path
+) -> None:
+    model_dir = str(dummy_model_dir)
     collector = f"127.0.0.1:{free_port()}"  # nothing listens there
     address = f"unix:{tmp_path / 'loader.sock'}"
     env = {

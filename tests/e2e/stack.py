@@ -1,15 +1,18 @@
-"""Helpers for end-to-end tests: run the real four-process stack on a free port."""
+"""Helpers for end-to-end tests: run the real four-process stack on a free port, and the one
+stack a test session shares (:func:`shared_stack`, the ``shared_stack`` fixture)."""
 
 from __future__ import annotations
 
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
+from e2e.trace_receiver import Receiver, running_receiver, tracing_env
 
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.stack.launcher import Stack, StackConfig
@@ -46,18 +49,70 @@ def chat_dummy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextmanager
-def running_stack(model_dir: Path, log_dir: Path, **overrides: object) -> Iterator[Stack]:
+def running_stack(
+    model_dir: Path, log_dir: Path, env: Mapping[str, str] | None = None, **overrides: object
+) -> Iterator[Stack]:
     """Starts the four layers with the same launcher the CLI uses; stops them afterwards.
 
+    ``env``: variables the layers start with (this process's environment is left as it was);
     ``overrides`` are StackConfig fields, ``kv_cache_bytes`` (16 MiB here) among them."""
     settings: dict[str, object] = {
         "listen": f"127.0.0.1:{free_port()}",
         "kv_cache_bytes": 16 * 1024 * 1024,
         **overrides,
     }
-    config = StackConfig(model_dir=str(model_dir), log_dir=str(log_dir), **settings)
-    with Stack(config) as stack:
+    stack = Stack(StackConfig(model_dir=str(model_dir), log_dir=str(log_dir), **settings))
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in (env or {}).items():
+            patch.setenv(name, value)
+        stack.start()
+    try:
         yield stack
+    finally:
+        stack.stop()
+
+
+SHARED_MAX_NUM_BATCHED_TOKENS = 48
+"""The shared stack's step budget: prompts longer than 48 tokens prefill in chunks."""
+
+
+@dataclass(frozen=True)
+class SharedStack:
+    """The one stack a test session shares (started by the first test that asks for it).
+
+    It serves :func:`chat_dummy_model` (the tiny dummy model with a chat template) under its
+    directory's name, with ``--http-listen``, Prometheus ports (``--metrics-port-base``), a
+    48-token step budget (longer prompts prefill in chunks), no tenants and no TLS; every layer
+    exports its spans to :attr:`receiver`.
+
+    A test that uses it only reads: it never stops, kills, restarts or reconfigures a layer
+    (such a test starts a stack of its own), ends with nothing in flight (it cancels what it
+    starts and waits for its blocks to be free), sends prompts or cache salts of its own where
+    the prefix cache matters, and reads counters and logs as deltas from its own start, since
+    other tests moved them before.
+    """
+
+    stack: Stack
+    model_dir: Path
+    """The served checkpoint (a copy of the tiny dummy model with a chat template)."""
+    receiver: Receiver
+    """The OTLP receiver the layers export their spans to."""
+
+
+@contextmanager
+def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedStack]:
+    """Starts the :class:`SharedStack` (and its trace receiver); stops both afterwards."""
+    model_dir = chat_dummy_model(tmp_path_factory)
+    with running_receiver() as (receiver, port):
+        with running_stack(
+            model_dir,
+            tmp_path_factory.mktemp("shared-logs"),
+            env=tracing_env(port),
+            http_listen=f"127.0.0.1:{free_port()}",
+            metrics_port_base=free_port(),
+            max_num_batched_tokens=SHARED_MAX_NUM_BATCHED_TOKENS,
+        ) as stack:
+            yield SharedStack(stack, model_dir, receiver)
 
 
 def text_stub(stack: Stack) -> generation_pb2_grpc.TextGenerationStub:

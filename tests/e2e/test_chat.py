@@ -12,10 +12,9 @@ import grpc
 import pytest
 import transformers
 from e2e.stack import running_stack, text_stub
-from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, hf_generate
+from factories import MAX_NEW_TOKENS, hf_generate
 
 from zerolayer.checkpoints.byte_tokenizer import EOS_TOKEN_ID
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.e2e
@@ -42,11 +41,13 @@ def hf_prompt_ids(model_dir: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def chat_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int], list[int]]:
+def chat_model(
+    dummy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[int], list[int]]:
     """A copy of the dummy model with CHAT_TEMPLATE and EOS ids [2, X] in generation_config.json,
     X a token of the greedy answer (not its first); (model_dir, prompt ids, expected answer)."""
     model_dir = tmp_path_factory.mktemp("chat") / "chat-dummy"
-    shutil.copytree(ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache")), model_dir)
+    shutil.copytree(dummy_model_dir, model_dir)
     (model_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     prompt_ids = hf_prompt_ids(model_dir)
     answer = hf_generate(model_dir, [prompt_ids], "cpu")[0]  # greedy, EOS ignored

@@ -20,7 +20,6 @@ import pytest
 from e2e.stack import free_port, kv_stats, running_stack, scheduler_stats, text_stub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -29,11 +28,6 @@ pytestmark = pytest.mark.e2e
 NUM_STREAMS = 8
 MAX_NEW_TOKENS = 800
 """Long enough to still run when the events arrive; 8 such streams fit the test arena."""
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
 
 
 def append(path: Path, line: str) -> None:
@@ -97,13 +91,13 @@ class Stream(threading.Thread):
 
 
 def test_gpu_events_on_the_real_stack(
-    model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    dummy_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     script = tmp_path / "gpu.jsonl"
     script.write_text("")
     caplog.set_level(logging.INFO, logger="zerolayer.stack.health_watch")
     with running_stack(
-        model_dir, tmp_path / "logs", nvml_script=str(script), metrics_port_base=free_port()
+        dummy_model_dir, tmp_path / "logs", nvml_script=str(script), metrics_port_base=free_port()
     ) as stack:
         # Polled signals: a throttled sample moves the throttle seconds and memory gauges.
         append(

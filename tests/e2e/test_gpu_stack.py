@@ -29,7 +29,8 @@ from pathlib import Path
 import grpc
 import pytest
 from e2e.stack import generate_ids, running_stack, scheduler_stats, text_stub
-from scheduler.model.test_cuda_forward import generate, make_engine
+from factories import generate
+from scheduler.model.test_cuda_forward import engine_on
 
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
@@ -82,7 +83,7 @@ def test_the_gpu_stack_gives_the_in_process_gpu_engines_greedy_ids(
     stack: Stack, reference: list[list[int]], model_dir: Path
 ) -> None:
     config = stack.config
-    engine = make_engine(
+    engine = engine_on(
         model_dir,
         "cuda:0",
         graph_sizes=None,

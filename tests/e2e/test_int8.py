@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 from e2e.stack import generate_ids, running_stack, text_stub
-from scheduler.model.test_cuda_forward import MAX_NEW_TOKENS, generate
+from factories import MAX_NEW_TOKENS, generate
 
 from zerolayer.bench.inprocess import local_engine_for_stack
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.checkpoints.quantize import quantize_checkpoint
 
 pytestmark = pytest.mark.e2e
@@ -20,8 +19,8 @@ PROMPTS = [[1, 72, 101, 108, 108, 111], [1, *range(3, 60)], [1, 50, 60], [1, *[8
 
 
 @pytest.fixture(scope="module")
-def source_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+def source_dir(dummy_model_dir: Path) -> Path:
+    return dummy_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import grpc
 import pytest
 from e2e.stack import generate_ids, kv_stats, running_stack, text_stub
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.stack.launcher import Stack
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -26,9 +25,9 @@ PROMPT = [1, *[(11 * i) % 250 + 3 for i in range(80)]]  # 81 tokens: 5 full bloc
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
-    with running_stack(model_dir, tmp_path_factory.mktemp("logs"), owner_lease_s=LEASE_S) as s:
+def stack(dummy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    logs = tmp_path_factory.mktemp("logs")
+    with running_stack(dummy_model_dir, logs, owner_lease_s=LEASE_S) as s:
         yield s
 
 

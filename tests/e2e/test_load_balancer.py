@@ -37,7 +37,6 @@ import pytest
 from e2e.stack import free_port
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
 
@@ -272,8 +271,10 @@ class HAProxy:
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Node]]:
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+def nodes(
+    dummy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Node]]:
+    model_dir = dummy_model_dir
     work_dir = tmp_path_factory.mktemp("nodes")
     base = free_port_block(16)  # 8 metrics ports per node
     started = {  # in parallel; node1 with two schedulers, for the failover inside a node

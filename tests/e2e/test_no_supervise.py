@@ -21,7 +21,6 @@ import pytest
 from e2e.stack import running_stack, scheduler_stats, text_stub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_grpc
 from zerolayer.stack.launcher import Stack
@@ -65,9 +64,8 @@ def wait_readiness(stack: Stack, serving: bool, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def test_readiness_follows_an_unsupervised_scheduler(tmp_path: Path) -> None:
-    model_dir = ensure_dummy_model(cache_dir=tmp_path / "cache")
-    with running_stack(model_dir, tmp_path / "logs", supervise=False) as stack:
+def test_readiness_follows_an_unsupervised_scheduler(dummy_model_dir: Path, tmp_path: Path) -> None:
+    with running_stack(dummy_model_dir, tmp_path / "logs", supervise=False) as stack:
         stub = text_stub(stack)
         request = pb.GenerateRequest(prompt="hello", max_new_tokens=4)
         assert readiness(stack) == ready(True)
@@ -98,12 +96,11 @@ def test_readiness_follows_an_unsupervised_scheduler(tmp_path: Path) -> None:
 
 
 def test_requests_end_with_unavailable_once_the_unsupervised_kvstore_is_gone(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    dummy_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="zerolayer.stack.launcher")
-    model_dir = ensure_dummy_model(cache_dir=tmp_path / "cache")
     with running_stack(
-        model_dir, tmp_path / "logs", supervise=False, kv_unavailable_timeout_s=TIMEOUT_S
+        dummy_model_dir, tmp_path / "logs", supervise=False, kv_unavailable_timeout_s=TIMEOUT_S
     ) as stack:
         stub = text_stub(stack)
         request = pb.GenerateRequest(prompt="hello", max_new_tokens=4)

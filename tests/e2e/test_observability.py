@@ -1,23 +1,20 @@
-"""One trace across the layers, and metrics that move: an OTLP/gRPC receiver runs in the test."""
+"""One trace across the layers, and metrics that move, on the shared stack (its layers export
+their spans to an OTLP/gRPC receiver in the test process)."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
-from e2e.stack import free_port, running_stack, scheduler_stats, text_stub
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from e2e.stack import scheduler_stats, text_stub
+from e2e.trace_receiver import Receiver
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb2
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb
@@ -29,60 +26,14 @@ CLIENT = trace_pb2.Span.SPAN_KIND_CLIENT
 INTERNAL = trace_pb2.Span.SPAN_KIND_INTERNAL
 
 
-class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """Collects exported spans as (service name, span)."""
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[str, trace_pb2.Span]] = []
-        self._lock = threading.Lock()
-
-    def Export(self, request, context):  # noqa: N802 - gRPC method name
-        with self._lock:
-            for resource_spans in request.resource_spans:
-                service = next(
-                    a.value.string_value
-                    for a in resource_spans.resource.attributes
-                    if a.key == "service.name"
-                )
-                for scope in resource_spans.scope_spans:
-                    self.spans.extend((service, s) for s in scope.spans)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def snapshot(self) -> list[tuple[str, trace_pb2.Span]]:
-        with self._lock:
-            return list(self.spans)
+@pytest.fixture(scope="module")
+def stack(shared_stack):
+    return shared_stack.stack
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[tuple[Receiver, int]]:
-    servicer = Receiver()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, port
-    server.stop(0)
-
-
-@pytest.fixture(scope="module")
-def stack(receiver, tmp_path_factory: pytest.TempPathFactory):
-    _, port = receiver
-    env = pytest.MonkeyPatch()
-    env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
-    env.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-    env.setenv("OTEL_TRACES_EXPORTER", "otlp")
-    env.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
-    try:
-        with running_stack(
-            model_dir,
-            tmp_path_factory.mktemp("logs"),
-            metrics_port_base=free_port(),
-            http_listen=f"127.0.0.1:{free_port()}",
-        ) as stack:
-            yield stack
-    finally:
-        env.undo()
+def receiver(shared_stack) -> Receiver:
+    return shared_stack.receiver
 
 
 def attrs(span: trace_pb2.Span) -> dict[str, object]:
@@ -123,7 +74,7 @@ def trace_of(
 
 
 def test_one_trace_across_layers_separates_loading_from_inference(stack, receiver) -> None:
-    rcv, _ = receiver
+    rcv = receiver
     stub = text_stub(stack)
     prompt = [1, *range(10, 60)]
     stub.Generate(
@@ -199,7 +150,7 @@ def test_one_trace_across_layers_separates_loading_from_inference(stack, receive
 
 
 def test_scheduler_start_up_is_a_weights_loading_trace(stack, receiver) -> None:
-    rcv, _ = receiver
+    rcv = receiver
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         spans = rcv.snapshot()
@@ -406,7 +357,7 @@ def test_every_expired_deadline_is_counted_as_such_and_a_client_cancel_as_cancel
 
 
 def test_model_stream_infer_calls_get_a_server_span_that_roots_their_trace(stack, receiver) -> None:
-    rcv, _ = receiver
+    rcv = receiver
     model = text_stub(stack).GetModelInfo(pb.GetModelInfoRequest()).model
     request = kserve_pb2.ModelInferRequest(model_name=model, id="stream-span")
     request.inputs.add(
@@ -453,7 +404,7 @@ def test_every_span_joins_the_trace_of_the_request_or_start_up_that_caused_it(
     """A unary, a streaming and a KServe stream call, each sent in its own client trace and
     long enough to need a block during decode: every span they cause is in that trace; the
     engine thread's kvstore calls make no trace of their own; the start-up is one trace."""
-    rcv, _ = receiver
+    rcv = receiver
     stub = text_stub(stack)
     unary, stream, kserve_id = 0xA1, 0xB2, 0xC3
     new_tokens = 2 * scheduler_stats(stack).block_size  # the decode needs another block
@@ -554,7 +505,7 @@ def test_an_http_completion_joins_the_trace_of_its_traceparent_header(stack, rec
     """The OpenAI-compatible endpoint's SERVER span is the child of the caller's span, and the
     spans it causes (tokenize, the scheduler's Generate) are in that trace; the call is counted
     with the gRPC calls."""
-    rcv, _ = receiver
+    rcv = receiver
     counted = 'zerolayer_frontend_requests_total{code="OK",method="/v1/completions"}'
     before = scrape(stack, "frontend").get(counted, 0)
     trace_id = 0xD4

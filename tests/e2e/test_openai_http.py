@@ -1,7 +1,9 @@
-"""The OpenAI-compatible HTTP endpoint (``--http-listen``) of a real stack with ``--tenants``:
-the official ``openai`` client (streamed and not), raw HTTP for the status codes and error
-bodies, a client that disconnects mid-stream (its request is aborted and its blocks freed),
-``/health`` and ``/ready``. Tracing over HTTP: tests/e2e/test_observability.py."""
+"""The OpenAI-compatible HTTP endpoint (``--http-listen``) of the shared stack (the tiny dummy
+model with a chat template): the official ``openai`` client (streamed and not), raw HTTP for the
+status codes and error bodies, a client that disconnects mid-stream (its request is aborted and
+its blocks freed), ``/health`` and ``/ready``; and a stack of its own with ``--tenants``,
+whose HTTP generations need a tenant's bearer token. Tracing over HTTP:
+tests/e2e/test_observability.py."""
 
 from __future__ import annotations
 
@@ -20,31 +22,21 @@ from zerolayer.v1 import generation_pb2 as pb
 pytestmark = pytest.mark.e2e
 
 TOKEN = "token-of-a"
-"""Bearer token of the stack's one tenant."""
+"""Bearer token of the tenants stack's one tenant."""
 MAX_MODEL_LEN = 2048
 """The tiny dummy model's context, tokens."""
 PROMPT_IDS = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory):
-    """The tiny dummy model with a chat template, behind --http-listen and --tenants."""
-    model_dir = chat_dummy_model(tmp_path_factory)
-    tenants = tmp_path_factory.mktemp("tenants") / "tenants.json"
-    tenants.write_text(json.dumps({"tenant-a": [hashlib.sha256(TOKEN.encode()).hexdigest()]}))
-    with running_stack(
-        model_dir,
-        tmp_path_factory.mktemp("logs"),
-        http_listen=f"127.0.0.1:{free_port()}",
-        tenants=str(tenants),
-    ) as stack:
-        yield stack
+def stack(shared_stack):
+    return shared_stack.stack
 
 
 @pytest.fixture(scope="module")
 def client(stack) -> openai.OpenAI:
     return openai.OpenAI(
-        base_url=f"http://{stack.config.http_listen}/v1", api_key=TOKEN, max_retries=0, timeout=60
+        base_url=f"http://{stack.config.http_listen}/v1", api_key="-", max_retries=0, timeout=60
     )
 
 
@@ -59,8 +51,9 @@ def complete(client: openai.OpenAI, model: str, **fields: object):
     return client.completions.create(**body, extra_body={"ignore_eos": True})
 
 
-def post(stack, path: str, body: object, token: str | None = TOKEN) -> tuple[int, dict]:
-    """POST ``body`` (a JSON value, or bytes sent as they are): status and JSON answer."""
+def post(stack, path: str, body: object, token: str | None = None) -> tuple[int, dict]:
+    """POST ``body`` (a JSON value, or bytes sent as they are), with bearer ``token`` if one:
+    status and JSON answer."""
     host, _, port = stack.config.http_listen.rpartition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
     headers = {"content-type": "application/json"}
@@ -85,12 +78,11 @@ def get(stack, path: str) -> tuple[int, dict]:
 
 
 def grpc_text(stack, ids: list[int], max_new_tokens: int) -> str:
-    """The text of the same greedy, ignore_eos generation over gRPC (as the same tenant)."""
+    """The text of the same greedy, ignore_eos generation over gRPC."""
     request = pb.GenerateRequest(
         prompt_token_ids=pb.TokenIds(ids=ids), max_new_tokens=max_new_tokens, ignore_eos=True
     )
-    metadata = (("authorization", f"Bearer {TOKEN}"),)
-    return text_stub(stack).Generate(request, timeout=60, metadata=metadata).text
+    return text_stub(stack).Generate(request, timeout=60).text
 
 
 def test_models_lists_the_served_model(stack, client) -> None:
@@ -153,9 +145,6 @@ def test_the_client_raises_openai_errors(client, model) -> None:
     with pytest.raises(openai.NotFoundError) as retrieved:
         client.models.retrieve("no-such-model")
     assert retrieved.value.body == missing.value.body
-    unidentified = openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0)
-    with pytest.raises(openai.AuthenticationError):
-        unidentified.completions.create(model=model, prompt="x")
 
 
 @pytest.mark.parametrize(
@@ -223,11 +212,43 @@ def test_an_unknown_model_is_a_404(stack) -> None:
     assert (status, answer["error"]["code"]) == (404, None)
 
 
+@pytest.fixture(scope="module")
+def tenants_stack(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny dummy model with a chat template, behind --http-listen and --tenants."""
+    model_dir = chat_dummy_model(tmp_path_factory)
+    tenants = tmp_path_factory.mktemp("tenants") / "tenants.json"
+    tenants.write_text(json.dumps({"tenant-a": [hashlib.sha256(TOKEN.encode()).hexdigest()]}))
+    with running_stack(
+        model_dir,
+        tmp_path_factory.mktemp("logs"),
+        http_listen=f"127.0.0.1:{free_port()}",
+        tenants=str(tenants),
+    ) as stack:
+        yield stack
+
+
 @pytest.mark.parametrize("token", [None, "wrong"])
-def test_generation_needs_a_tenants_bearer_token(stack, token) -> None:
-    status, answer = post(stack, "/v1/completions", {"prompt": "x"}, token=token)
+def test_generation_needs_a_tenants_bearer_token(tenants_stack, token) -> None:
+    status, answer = post(tenants_stack, "/v1/completions", {"prompt": "x"}, token=token)
     assert (status, answer["error"]["code"]) == (401, "invalid_api_key")
     assert "wrong" not in answer["error"]["message"]
+
+
+def test_the_official_clients_api_key_is_a_tenants_bearer_token(tenants_stack) -> None:
+    base_url = f"http://{tenants_stack.config.http_listen}/v1"
+    client = openai.OpenAI(base_url=base_url, api_key=TOKEN, max_retries=0)
+    (card,) = client.models.list().data
+    completion = complete(client, card.id, prompt=PROMPT_IDS, max_tokens=3)
+    assert completion.usage.completion_tokens == 3
+    unidentified = openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        unidentified.completions.create(model=card.id, prompt="x")
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+    request = pb.GenerateRequest(
+        prompt_token_ids=pb.TokenIds(ids=PROMPT_IDS), max_new_tokens=3, ignore_eos=True
+    )
+    grpc_answer = text_stub(tenants_stack).Generate(request, timeout=60, metadata=metadata)
+    assert completion.choices[0].text == grpc_answer.text
 
 
 def test_an_unknown_path_is_a_404_in_openais_shape(stack) -> None:
@@ -250,7 +271,7 @@ def test_a_client_that_disconnects_ends_its_request_and_frees_its_blocks(stack, 
     host, _, port = stack.config.http_listen.rpartition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
     body = {"prompt": PROMPT_IDS, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
-    headers = {"content-type": "application/json", "authorization": f"Bearer {TOKEN}"}
+    headers = {"content-type": "application/json"}
     connection.request("POST", "/v1/completions", body=json.dumps(body), headers=headers)
     if stream:
         response = connection.getresponse()

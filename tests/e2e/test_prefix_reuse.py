@@ -1,19 +1,14 @@
-"""Prefix reuse end to end: cached prompt tokens, tenant isolation, multi-turn, kvstore restart."""
+"""Prefix reuse end to end on the shared stack: cached prompt tokens, cache salts, multi-turn, the
+kvstore's counters. A kvstore killed mid-stream: tests/e2e/test_restarts.py."""
 
 from __future__ import annotations
 
-import logging
-import os
-import re
-import threading
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from e2e.stack import free_port, generate_ids, kv_stats, running_stack, text_stub
+from e2e.stack import generate_ids, kv_stats, running_stack, text_stub
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.e2e
@@ -22,16 +17,8 @@ SYSTEM_PROMPT = [1, *[(7 * i) % 250 + 3 for i in range(400)]]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
-
-
-@pytest.fixture(scope="module")
-def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    with running_stack(
-        model_dir, tmp_path_factory.mktemp("logs"), metrics_port_base=free_port()
-    ) as stack:
-        yield stack
+def stack(shared_stack):
+    return shared_stack.stack
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +60,8 @@ def test_multi_turn_reports_90_percent_cached_from_turn_two(stub) -> None:
         assert response.usage.cached_prompt_tokens >= 0.9 * response.usage.prompt_tokens
 
 
-def test_multi_turn_outputs_equal_without_prefix_caching(
-    stub, model_dir: Path, tmp_path: Path
-) -> None:
+def test_multi_turn_outputs_equal_without_prefix_caching(stack, stub, tmp_path: Path) -> None:
+    model_dir = Path(stack.config.model_dir)
     with running_stack(model_dir, tmp_path, enable_prefix_caching=False) as plain:
         plain_stub = text_stub(plain)
         uncached = chat(plain_stub, salt="chat-compare")
@@ -109,65 +95,3 @@ def test_stats_and_metrics_count_queries_and_hits(stack, stub) -> None:
     assert 0 < evictable <= after.num_blocks_cached
     assert sum(states) == values["zerolayer_kv_blocks_capacity"] == after.num_blocks_total
     assert "zerolayer_kv_prefix_hit_ratio" not in values
-
-
-def run_streams(stub, prompts: list[list[int]], on_progress=None) -> dict[int, list[int]]:
-    results: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            request = pb.GenerateRequest(
-                prompt_token_ids=pb.TokenIds(ids=prompts[i]), max_new_tokens=400, ignore_eos=True
-            )
-            ids: list[int] = []
-            for part in stub.GenerateStream(request, timeout=120):
-                ids.extend(part.token_ids)
-                if on_progress is not None:
-                    on_progress(i, len(ids))
-            results[i] = ids
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-    assert not errors, errors
-    return results
-
-
-def test_kill_9_of_the_kvstore_mid_stream_changes_nothing(stack, stub, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="zerolayer.stack.launcher")
-    prompts = [[1, *[(i * 13 + j) % 250 + 3 for j in range(20 + 5 * i)]] for i in range(8)]
-    undisturbed = run_streams(stub, prompts)
-    assert kv_stats(stack).num_blocks_used == 0
-
-    progress: dict[int, int] = {}
-    killed = threading.Event()
-    old_pid = stack.processes["kvstore"].pid
-
-    def kill_when_midway(i: int, num_tokens: int) -> None:
-        progress[i] = num_tokens
-        if len(progress) == 8 and min(progress.values()) >= 20 and not killed.is_set():
-            killed.set()
-            os.kill(old_pid, 9)
-
-    disturbed = run_streams(stub, prompts, kill_when_midway)
-    assert killed.is_set()
-    assert disturbed == undisturbed
-    assert stack.processes["kvstore"].pid != old_pid  # the supervisor restarted it
-    assert stack.num_restarts["kvstore"] == 1
-    assert any("kvstore exited with code -9; restarting" in r.getMessage() for r in caplog.records)
-    # The restarted kvstore rebuilt its counts from the scheduler's running sequences.
-    log_text = (Path(stack.config.log_dir) / "kvstore.log").read_text()
-    held = [int(m) for m in re.findall(r"reconcile: (\d+) block\(s\) held", log_text)]
-    assert held[0] == 0 and max(held[1:]) > 0
-    deadline = time.monotonic() + 10
-    while kv_stats(stack).num_blocks_used and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stats = kv_stats(stack)
-    assert stats.num_blocks_used == 0 and stats.num_blocks_free == stats.num_blocks_total
-    arena_files = sorted(p for p in os.listdir("/dev/shm") if p.startswith(stack.run_dir.name))
-    assert arena_files == [f"{stack.run_dir.name}.kv", f"{stack.run_dir.name}.kv.json"]

@@ -24,7 +24,6 @@ import grpc
 import pytest
 from e2e.stack import free_port, running_stack, text_stub
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.stack.launcher import Stack
 from zerolayer.v1 import generation_pb2 as pb
 
@@ -170,12 +169,12 @@ def mixed_load(stack: Stack, seconds: float) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def scraped(
+    dummy_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[Stack, Prometheus, dict[str, int]]]:
     """A stack with a ~50-block KV cache, scraped by Prometheus while it served mixed load."""
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
     with running_stack(
-        model_dir,
+        dummy_model_dir,
         tmp_path_factory.mktemp("logs"),
         metrics_port_base=free_port(),
         kv_cache_bytes=3 * 1024 * 1024 // 2,

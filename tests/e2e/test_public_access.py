@@ -15,10 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 from e2e.stack import running_stack
-from frontend.kserve.test_kserve import make_infer_request
+from factories import make_infer_request
 from tls_certs import CertSet, Pair, make_test_certs
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.cli.main import main as zerolayer_main
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_grpc
 from zerolayer.v1 import generation_pb2 as pb
@@ -37,15 +36,14 @@ TOKENS = {"token-of-a": "tenant-a", "token-of-c": "tenant-c"}
 
 
 @pytest.fixture(scope="module")
-def stack(certs: CertSet, tmp_path_factory: pytest.TempPathFactory):
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
+def stack(certs: CertSet, dummy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     tenants = tmp_path_factory.mktemp("tenants") / "tenants.json"
     digests: dict[str, list[str]] = {}
     for token, tenant in TOKENS.items():
         digests.setdefault(tenant, []).append(hashlib.sha256(token.encode()).hexdigest())
     tenants.write_text(json.dumps(digests))
     with running_stack(
-        model_dir,
+        dummy_model_dir,
         tmp_path_factory.mktemp("logs"),
         tls_cert=str(certs.server.cert),
         tls_key=str(certs.server.key),

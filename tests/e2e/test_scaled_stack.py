@@ -16,7 +16,6 @@ from e2e.stack import free_port, running_stack, text_stub
 from prometheus_client.parser import text_string_to_metric_families
 from sharing.test_mapped_file import smaps_entry
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.common.scheduler_role import SchedulerRole
 from zerolayer.stack.probes import is_serving
 from zerolayer.v1 import generation_pb2 as pb
@@ -28,14 +27,9 @@ SERVICE = "zerolayer.v1.Scheduler"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
-
-
-@pytest.fixture(scope="module")
-def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def stack(dummy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     with running_stack(
-        model_dir,
+        dummy_model_dir,
         tmp_path_factory.mktemp("logs"),
         max_num_batched_tokens=48,
         schedulers=2,
@@ -118,9 +112,9 @@ def test_generate_answers_on_the_shared_port(stack) -> None:
     assert generate(stack.config.listen).token_ids == first.token_ids
 
 
-def test_the_schedulers_map_one_copy_of_the_weights(stack, model_dir: Path) -> None:
+def test_the_schedulers_map_one_copy_of_the_weights(stack, dummy_model_dir: Path) -> None:
     generate(stack.config.listen)
-    (weight_file,) = [str(p.resolve()) for p in model_dir.glob("*.safetensors")]
+    (weight_file,) = [str(p.resolve()) for p in dummy_model_dir.glob("*.safetensors")]
     for name in ("scheduler", "scheduler-1", "scheduler-2"):
         entry = smaps_entry(stack.processes[name].pid, weight_file)
         assert entry["Rss"] > 0, name

@@ -9,6 +9,7 @@ released when its lease expires.
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -18,10 +19,9 @@ import grpc
 import pytest
 from e2e.stack import kv_stats, text_stub
 from e2e.two_schedulers import SCHEDULERS, SERVING, TwoSchedulers, start_two_schedulers
-from frontend.kserve.test_kserve import make_infer_request, text_output
+from factories import make_generate_request, make_infer_request, text_output
 from grpc_health.v1 import health_pb2
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.frontend.routing.failover import INCIDENT_WINDOW_S
 from zerolayer.frontend.routing.scheduler_client import HUNG_AFTER_S
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
@@ -34,9 +34,8 @@ SAMPLINGS = {"greedy": {}, "seeded": {"temperature": 0.9, "top_p": 0.95, "seed":
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
-    cluster = start_two_schedulers(model_dir, tmp_path_factory.mktemp("run"))
+def cluster(dummy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    cluster = start_two_schedulers(dummy_model_dir, tmp_path_factory.mktemp("run"))
     try:
         yield cluster
     finally:
@@ -49,20 +48,31 @@ def stub(cluster: TwoSchedulers):
 
 
 @pytest.fixture(autouse=True)
-def both_serving(cluster: TwoSchedulers):
-    """Each test starts with both schedulers up (restarted while nothing is in flight)."""
+def both_serving(cluster: TwoSchedulers, stub):
+    """Each test starts with both schedulers up (restarted while nothing is in flight) and
+    taking the frontend's requests."""
     dead = [name for name in SCHEDULERS if cluster.processes[name].poll() is not None]
     for name in dead:
         cluster.start(name)
     cluster.wait_health(cluster.listen, "", SERVING, 30)
-    if dead:
-        # The frontend's health watch reconnects within MAX_RETRY_S plus the channel's backoff.
-        time.sleep(2.5)
+    for name in dead:
+        wait_until_routed_to(cluster, stub, name)
 
 
-def make_request(prompt: str, sampling: str, **fields: object) -> pb.GenerateRequest:
-    fields = {"max_new_tokens": NUM_NEW, "ignore_eos": True, **SAMPLINGS[sampling], **fields}
-    return pb.GenerateRequest(prompt=prompt, **fields)
+def wait_until_routed_to(cluster: TwoSchedulers, stub, name: str, timeout_s: float = 30) -> None:
+    """Sends one-token requests through the frontend until scheduler ``name`` steps one: the
+    frontend's health watch has seen it back (it reconnects within MAX_RETRY_S plus the
+    channel's backoff), and its router picks it (the other has no outstanding tokens either)."""
+    steps = cluster.stats(name).num_steps
+    probe = pb.GenerateRequest(prompt="probe", max_new_tokens=1, cache_salt="probe")
+    deadline = time.monotonic() + timeout_s
+    while cluster.stats(name).num_steps == steps:
+        assert time.monotonic() < deadline, f"the frontend sends nothing to {name}"
+        stub.Generate(probe, timeout=30)
+
+
+failover_request = functools.partial(make_generate_request, max_new_tokens=NUM_NEW, ignore_eos=True)
+"""A public request of NUM_NEW tokens, EOS ignored (``fields`` override or add)."""
 
 
 def owners(cluster: TwoSchedulers) -> dict[str, object]:
@@ -94,7 +104,7 @@ def stream_killed(cluster: TwoSchedulers, stub, request: pb.GenerateRequest):
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 def test_a_unary_request_survives_the_death_of_its_scheduler(cluster, stub, sampling) -> None:
-    request = make_request(f"unary {sampling}", sampling)
+    request = failover_request(prompt=f"unary {sampling}", **SAMPLINGS[sampling])
     response = unary_killed(cluster, stub, request)
     undisturbed = stub.Generate(request, timeout=60)
     assert list(response.token_ids) == list(undisturbed.token_ids)
@@ -109,7 +119,7 @@ def test_a_unary_request_survives_the_death_of_its_scheduler(cluster, stub, samp
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 def test_a_stream_survives_the_death_of_its_scheduler(cluster, stub, sampling) -> None:
-    request = make_request(f"stream {sampling}", sampling)
+    request = failover_request(prompt=f"stream {sampling}", **SAMPLINGS[sampling])
     responses = stream_killed(cluster, stub, request)
     undisturbed = stub.Generate(request, timeout=60)
     assert [t for r in responses for t in r.token_ids] == list(undisturbed.token_ids)
@@ -124,7 +134,7 @@ def test_a_stream_survives_the_death_of_its_scheduler(cluster, stub, sampling) -
 
 def test_a_sampled_stream_without_a_seed_survives_the_death_of_its_scheduler(cluster, stub) -> None:
     # The frontend drew the seed (no undisturbed run to compare with): all tokens, no error.
-    request = make_request("unseeded", "greedy", temperature=0.9)
+    request = failover_request(prompt="unseeded", temperature=0.9)
     responses = stream_killed(cluster, stub, request)
     assert sum(len(r.token_ids) for r in responses) == NUM_NEW
     assert responses[-1].usage.completion_tokens == NUM_NEW
@@ -139,17 +149,17 @@ def test_a_kserve_model_infer_survives_the_death_of_its_scheduler(cluster, stub)
         )
         cluster.kill(cluster.carrier())
         response = future.result()
-    undisturbed = stub.Generate(make_request("kserve", "greedy"), timeout=60)
+    undisturbed = stub.Generate(failover_request(prompt="kserve"), timeout=60)
     assert text_output(response) == undisturbed.text
     assert response.parameters["num_output_tokens"].int64_param == NUM_NEW
 
 
 def test_a_stop_string_still_stops_a_stream_continued_elsewhere(cluster, stub) -> None:
-    probe = stub.Generate(make_request("stop here", "greedy"), timeout=60)
+    probe = stub.Generate(failover_request(prompt="stop here"), timeout=60)
     # NOTE: far into the text, so the stream is still running when its carrier is found and
     # killed, even on a loaded machine (a stop 24 characters in ended it first once in CI).
     stop = first_unique_text(probe.text, 100)
-    request = make_request("stop here", "greedy", stop=[stop])
+    request = failover_request(prompt="stop here", stop=[stop])
     responses = stream_killed(cluster, stub, request)
     assert "".join(r.text for r in responses) == probe.text[: probe.text.index(stop)]
     assert len(responses[0].text) < probe.text.index(stop)  # it stopped after the kill
@@ -159,7 +169,7 @@ def test_a_stop_string_still_stops_a_stream_continued_elsewhere(cluster, stub) -
 def test_the_dead_schedulers_references_are_released_and_every_block_ends_free(
     cluster, stub
 ) -> None:
-    call = stub.GenerateStream(make_request("release", "greedy"), timeout=120)
+    call = stub.GenerateStream(failover_request(prompt="release"), timeout=120)
     first = next(call)
     dead = cluster.carrier()
     owner_id = cluster.addresses[dead]
@@ -183,7 +193,7 @@ def test_a_prefix_computed_via_one_scheduler_is_a_hit_via_the_other(cluster, stu
     for _ in range(2):  # idle schedulers: ties go round robin, so the two go to different ones
         before = {name: cluster.stats(name).num_steps for name in SCHEDULERS}
         responses.append(
-            stub.Generate(make_request(prompt, "greedy", max_new_tokens=4), timeout=30)
+            stub.Generate(failover_request(prompt=prompt, max_new_tokens=4), timeout=30)
         )
         served += [n for n in SCHEDULERS if cluster.stats(n).num_steps != before[n]]
     assert len(served) == 2 and served[0] != served[1]
@@ -206,12 +216,12 @@ def test_health_follows_the_schedulers_down_and_back(cluster, stub) -> None:
     )
     cluster.start(SCHEDULERS[1])
     cluster.wait_health(cluster.listen, "", SERVING, 10)
-    response = stub.Generate(make_request("back", "greedy", max_new_tokens=4), timeout=30)
+    response = stub.Generate(failover_request(prompt="back", max_new_tokens=4), timeout=30)
     assert len(response.token_ids) == 4
 
 
 def test_a_request_lost_in_two_separate_incidents_ends_with_one_error(cluster, stub) -> None:
-    request = make_request("poison", "greedy", request_id="poison-1", max_new_tokens=1500)
+    request = failover_request(prompt="poison", request_id="poison-1", max_new_tokens=1500)
     call = stub.GenerateStream(request, timeout=120)
     next(call)
     first = cluster.carrier()
@@ -227,7 +237,7 @@ def test_a_request_lost_in_two_separate_incidents_ends_with_one_error(cluster, s
 
 
 def test_two_schedulers_killed_together_cost_a_request_one_incident(cluster, stub) -> None:
-    request = make_request("together", "greedy")
+    request = failover_request(prompt="together")
     call = stub.GenerateStream(request, timeout=120)
     responses = [next(call)]
     first = cluster.carrier()
@@ -245,20 +255,20 @@ def test_two_schedulers_killed_together_cost_a_request_one_incident(cluster, stu
 
 
 def test_a_client_id_like_a_resubmission_id_does_not_break_failover(cluster, stub) -> None:
-    request = make_request("collide", "greedy", request_id="x")
+    request = failover_request(prompt="collide", request_id="x")
     call = stub.GenerateStream(request, timeout=120)
     responses = [next(call)]
     first = cluster.carrier()
     # Another client's request, with the id "x~1", on the other scheduler (the least busy).
     other = stub.GenerateStream(
-        make_request("other", "greedy", request_id="x~1", max_new_tokens=1500), timeout=120
+        failover_request(prompt="other", request_id="x~1", max_new_tokens=1500), timeout=120
     )
     next(other)
     cluster.carrier(exclude=first)
     cluster.kill(first)
     responses += list(call)
     other.cancel()
-    undisturbed = stub.Generate(make_request("collide", "greedy"), timeout=60)
+    undisturbed = stub.Generate(failover_request(prompt="collide"), timeout=60)
     assert [t for r in responses for t in r.token_ids] == list(undisturbed.token_ids)
     assert {r.request_id for r in responses} == {"x"}  # the client only sees its own id
 
@@ -275,7 +285,7 @@ def test_requests_spread_over_both_schedulers(cluster, stub) -> None:
     watcher = threading.Thread(target=watch)
     watcher.start()
     futures = [
-        stub.Generate.future(make_request(f"spread {i}", "greedy"), timeout=60) for i in range(2)
+        stub.Generate.future(failover_request(prompt=f"spread {i}"), timeout=60) for i in range(2)
     ]
     try:
         assert [len(f.result().token_ids) for f in futures] == [NUM_NEW, NUM_NEW]
@@ -295,7 +305,7 @@ def test_a_hung_scheduler_is_taken_out_and_its_stream_continues_elsewhere(cluste
     """A scheduler stopped with SIGSTOP keeps its connection open and its health stream goes
     quiet: the frontend's pings find it hung, its stream continues on the other one, and the
     public health says NOT_SERVING once both are hung, SERVING again once they answer."""
-    request = make_request("hung", "greedy")
+    request = failover_request(prompt="hung")
     call = stub.GenerateStream(request, timeout=120)
     responses = [next(call)]
     hung = [cluster.carrier()]
@@ -314,5 +324,5 @@ def test_a_hung_scheduler_is_taken_out_and_its_stream_continues_elsewhere(cluste
         for name in hung:
             cluster.processes[name].send_signal(signal.SIGCONT)
     cluster.wait_health(cluster.listen, "", SERVING, 30)
-    response = stub.Generate(make_request("answers again", "greedy", max_new_tokens=4), timeout=30)
+    response = stub.Generate(failover_request(prompt="answers again", max_new_tokens=4), timeout=30)
     assert len(response.token_ids) == 4

@@ -12,15 +12,14 @@ from pathlib import Path
 import pytest
 from e2e.stack import running_stack
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
-
 pytestmark = pytest.mark.e2e
 
 
-def test_a_restarted_layer_is_stopped_for_good_in_order(tmp_path: Path) -> None:
-    model_dir = ensure_dummy_model(cache_dir=tmp_path / "cache")
+def test_a_restarted_layer_is_stopped_for_good_in_order(
+    dummy_model_dir: Path, tmp_path: Path
+) -> None:
     logs = tmp_path / "logs"
-    with running_stack(model_dir, logs) as stack:
+    with running_stack(dummy_model_dir, logs) as stack:
         pid = stack.processes["kvstore"].pid
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 60

@@ -1,4 +1,4 @@
-"""The example clients (examples/node, examples/python) against the real stack: same greedy answer
+"""The example clients (examples/node, examples/python) against the shared stack: same greedy answer
 as a native Generate call, and their stream text equals their unary text."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from e2e.stack import chat_dummy_model, running_stack, text_stub
+from e2e.stack import text_stub
 
 from zerolayer.v1 import generation_pb2 as pb
 
@@ -27,11 +27,9 @@ CLIENT_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory):
-    # NOTE: with a chat template (the dummy model has none; the Node client chats when there is one)
-    model_dir = chat_dummy_model(tmp_path_factory)
-    with running_stack(model_dir, tmp_path_factory.mktemp("logs")) as stack:
-        yield stack
+def stack(shared_stack):
+    # NOTE: the shared stack's model has a chat template (the Node client chats when there is one)
+    return shared_stack.stack
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,13 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
+from factories import make_engine_request, make_scheduler
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from zerolayer.common.generation import EngineRequest, FinishReason, SamplingParams
+from zerolayer.common.generation import FinishReason
 from zerolayer.common.tracing import Tracing, TracingConfig
-from zerolayer.kvstore.in_process import LocalBlockAllocator
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+from zerolayer.scheduler.core.scheduler import Scheduler
 from zerolayer.scheduler.core.trace import RequestTraceHooks
 from zerolayer.scheduler.request_trace import RequestTrace
 
@@ -55,16 +54,6 @@ class RecordingTrace:
 
     def add_event(self, name: str, attributes: Mapping[str, str | int]) -> None:
         self.calls.append(("add_event", name, dict(attributes)))
-
-
-def make_scheduler() -> Scheduler:
-    policy = SchedulingPolicy(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
-    allocator = LocalBlockAllocator(16, BLOCK_SIZE)
-    return Scheduler(policy, KVCacheManager(allocator, BLOCK_SIZE), eos_token_ids=(2,))
-
-
-def make_request(request_id: str, max_new_tokens: int = 2) -> EngineRequest:
-    return EngineRequest(request_id, PROMPT, max_new_tokens, SamplingParams(), ignore_eos=True)
 
 
 def run_to_end(scheduler: Scheduler) -> None:
@@ -107,12 +96,12 @@ def test_request_trace_has_every_hook_with_the_protocols_parameters() -> None:
 
 
 def test_the_scheduler_calls_the_hooks_in_a_requests_order_with_its_counts() -> None:
-    scheduler = make_scheduler()
+    scheduler, _ = make_scheduler(16, BLOCK_SIZE, max_num_seqs=4)
     first, second, untraced = RecordingTrace(), RecordingTrace(), None
-    scheduler.add_request(make_request("first"), first)
+    scheduler.add_request(make_engine_request("first", PROMPT, 2, ignore_eos=True), first)
     run_to_end(scheduler)
-    scheduler.add_request(make_request("second", max_new_tokens=3), second)
-    scheduler.add_request(make_request("untraced"), untraced)
+    scheduler.add_request(make_engine_request("second", PROMPT, 3, ignore_eos=True), second)
+    scheduler.add_request(make_engine_request("untraced", PROMPT, 2, ignore_eos=True), untraced)
     scheduler.schedule()  # both admitted; "second" hits the two blocks "first" committed
     scheduler.annotate("gpu event", {"xid": 79})
     scheduler.abort_request("second")
@@ -145,11 +134,11 @@ def test_the_scheduler_calls_the_hooks_in_a_requests_order_with_its_counts() -> 
 def test_request_trace_records_the_cached_tokens_on_its_context_load_span() -> None:
     exporter = InMemorySpanExporter()
     tracing = Tracing(TracingConfig("none", "test"), exporter=exporter)
-    scheduler = make_scheduler()
-    scheduler.add_request(make_request("first"))
+    scheduler, _ = make_scheduler(16, BLOCK_SIZE, max_num_seqs=4)
+    scheduler.add_request(make_engine_request("first", PROMPT, 2, ignore_eos=True))
     run_to_end(scheduler)
     trace = RequestTrace(tracing, otel_context.get_current())
-    scheduler.add_request(make_request("second"), trace)
+    scheduler.add_request(make_engine_request("second", PROMPT, 2, ignore_eos=True), trace)
     run_to_end(scheduler)
     tracing.shutdown()
     spans = {span.name: span for span in exporter.get_finished_spans()}

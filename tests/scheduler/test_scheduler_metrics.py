@@ -5,12 +5,11 @@ changes nothing another reads, and the gauges routers and autoscalers read say w
 from __future__ import annotations
 
 import pytest
-import torch
+from factories import make_engine
 from prometheus_client import CollectorRegistry
 
 from zerolayer.bench.inprocess import LocalModel
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
-from zerolayer.common.device import Device
 from zerolayer.common.generation import (
     EngineRequest,
     FinishReason,
@@ -18,15 +17,12 @@ from zerolayer.common.generation import (
     SamplingParams,
 )
 from zerolayer.common.metrics import LATENCY_BUCKETS_S
-from zerolayer.kvstore.in_process import LocalBlockAllocator, local_arena
 from zerolayer.scheduler.core.engine import Engine
-from zerolayer.scheduler.engine_factory import EngineConfig, EngineParts, assemble_engine
 from zerolayer.scheduler.metrics import register_model_info, register_serving
 
 PRESET = DummyPreset(64, 128, 2, 4, 2, 259, max_position_embeddings=100)
 BLOCK_SIZE = 4
 NUM_BLOCKS = 16
-CONFIG = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, attention_backend="reference")
 P = "zerolayer_scheduler_"
 REASONS = ("LENGTH", "EOS", "STOP", "ABORT")
 
@@ -36,13 +32,14 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> LocalModel:
     return LocalModel.load(write_dummy_model(tmp_path_factory.mktemp("dummy"), PRESET, seed=1))
 
 
-def make_engine(model: LocalModel) -> tuple[Engine, CollectorRegistry]:
-    layout = model.arena_layout_of_blocks(BLOCK_SIZE, NUM_BLOCKS)
-    allocator = LocalBlockAllocator(NUM_BLOCKS, BLOCK_SIZE)
-    arena = local_arena(layout, torch.float32)
-    parts = EngineParts(model.config, model.weights, allocator, arena, layout, Device("cpu"))
+def metered_engine(model: LocalModel) -> tuple[Engine, CollectorRegistry]:
+    """An engine (4 sequences, 32-token steps, 16 blocks of 4) whose metrics go to a registry
+    of its own."""
     registry = CollectorRegistry()
-    return assemble_engine(parts, CONFIG, registry), registry
+    engine, _ = make_engine(
+        model, NUM_BLOCKS, BLOCK_SIZE, registry=registry, max_num_seqs=4, max_num_batched_tokens=32
+    )
+    return engine, registry
 
 
 def submit(engine: Engine, request_id: str, prompt: tuple[int, ...], max_new_tokens: int, **kw):
@@ -72,7 +69,7 @@ def finished(registry: CollectorRegistry) -> dict[str, float]:
 def test_every_sequence_that_ends_is_timed_and_counted_whatever_ended_it(
     model: LocalModel,
 ) -> None:
-    engine, registry = make_engine(model)
+    engine, registry = metered_engine(model)
     prompt = tuple(range(10, 16))
     greedy = submit(engine, "greedy", prompt, 3, ignore_eos=True)
     run_until_idle(engine)
@@ -102,7 +99,7 @@ def test_every_sequence_that_ends_is_timed_and_counted_whatever_ended_it(
 
 
 def test_the_warm_up_is_not_traffic(model: LocalModel) -> None:
-    engine, registry = make_engine(model)
+    engine, registry = metered_engine(model)
     engine.warm_up(9)
     assert engine.scheduler.kv.allocator.num_cached_blocks > 0  # it did run
     for name in (
@@ -130,7 +127,7 @@ def test_the_warm_up_is_not_traffic(model: LocalModel) -> None:
 
 
 def test_a_scrape_changes_nothing_another_reads(model: LocalModel) -> None:
-    engine, registry = make_engine(model)
+    engine, registry = metered_engine(model)
     submit(engine, "r", tuple(range(10, 16)), 4)
     run_until_idle(engine)
     names = {metric.name for metric in registry.collect()}
@@ -152,7 +149,7 @@ def test_a_scrape_changes_nothing_another_reads(model: LocalModel) -> None:
 def test_the_router_gauges_count_shared_blocks_once_and_show_the_limits(
     model: LocalModel,
 ) -> None:
-    engine, registry = make_engine(model)
+    engine, registry = metered_engine(model)
     prompt = tuple(range(10, 23))  # 13 tokens: 3 full blocks, the 4th holds the last token
     submit(engine, "warm", prompt, 1)
     run_until_idle(engine)  # its 3 full blocks stay cached, held by nobody

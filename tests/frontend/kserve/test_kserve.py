@@ -1,4 +1,4 @@
-"""The KServe v2 / Triton gRPC API of the frontend, against the real four-process stack: a stub
+"""The KServe v2 / Triton gRPC API of the frontend, against the shared four-process stack: a stub
 generated from our proto, and NVIDIA's own tritonclient run from its own virtual environment."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from e2e.stack import kv_stats, running_stack, scheduler_stats, text_stub
+from e2e.stack import kv_stats, scheduler_stats, text_stub
+from factories import make_infer_request, pack_bytes, text_output
 
-from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as pb_grpc
 from zerolayer.v1 import generation_pb2
@@ -28,42 +28,6 @@ ROOT = Path(__file__).resolve().parents[3]
 TRITON_PYTHON = ROOT / ".venv-triton" / "bin" / "python"
 TRITON_CLIENT_REQUIREMENT = "tritonclient[grpc]==2.73.0"
 Tensor = pb.ModelInferRequest.InferInputTensor
-
-
-def pack_bytes(*items: bytes) -> bytes:
-    """Raw BYTES tensor contents: each element as a little-endian uint32 length, then the bytes."""
-    return b"".join(struct.pack("<I", len(item)) + item for item in items)
-
-
-def make_infer_request(model: str, prompt: str | None, **inputs: object) -> pb.ModelInferRequest:
-    """A request laid out the way tritonclient sends one: every input in raw_input_contents.
-
-    ``inputs`` values: bool -> BOOL, int -> INT32, float -> FP32, str -> BYTES, list -> BYTES.
-    """
-    request = pb.ModelInferRequest(model_name=model, id="req-1")
-    if prompt is not None:
-        inputs = {"text_input": prompt, **inputs}
-    for name, value in inputs.items():
-        if isinstance(value, bool):
-            datatype, raw, count = "BOOL", bytes([value]), 1
-        elif isinstance(value, int):
-            datatype, raw, count = "INT32", struct.pack("<i", value), 1
-        elif isinstance(value, float):
-            datatype, raw, count = "FP32", struct.pack("<f", value), 1
-        else:
-            items = [value] if isinstance(value, str) else list(value)
-            datatype, raw, count = "BYTES", pack_bytes(*(s.encode() for s in items)), len(items)
-        request.inputs.append(Tensor(name=name, datatype=datatype, shape=[count]))
-        request.raw_input_contents.append(raw)
-    return request
-
-
-def text_output(response: pb.ModelInferResponse) -> str:
-    assert [(o.name, o.datatype) for o in response.outputs] == [("text_output", "BYTES")]
-    (raw,) = response.raw_output_contents
-    (size,) = struct.unpack_from("<I", raw)
-    assert len(raw) == 4 + size
-    return raw[4:].decode()
 
 
 DESCRIBE = """
@@ -92,10 +56,8 @@ print(json.dumps({"messages": messages, "rpcs": rpcs}))
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory):
-    model_dir = ensure_dummy_model(cache_dir=tmp_path_factory.mktemp("cache"))
-    with running_stack(model_dir, tmp_path_factory.mktemp("logs")) as stack:
-        yield stack
+def stack(shared_stack):
+    return shared_stack.stack
 
 
 @pytest.fixture(scope="module")

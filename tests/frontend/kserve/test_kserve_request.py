@@ -11,7 +11,7 @@ import math
 import struct
 
 import pytest
-from frontend.kserve.test_kserve import make_infer_request
+from factories import make_infer_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -7,24 +7,16 @@ import struct
 
 import numpy as np
 import pytest
+from factories import make_tensor_request
 
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.frontend.kserve.tensors import check_dtype, pack_bytes, read_tensors
-from zerolayer.kserve.v2 import grpc_service_pb2 as pb
 
 ACCEPTED = frozenset({"text_input", "max_tokens", "temperature", "ignore_eos"})
 
 
-def make_request(*inputs: tuple[str, str, list[int]], raw: list[bytes] | None = None):
-    request = pb.ModelInferRequest(model_name="m")
-    for name, datatype, shape in inputs:
-        request.inputs.add(name=name, datatype=datatype, shape=shape)
-    request.raw_input_contents.extend(raw or [])
-    return request
-
-
 def test_raw_contents_of_each_kind_decode_to_exact_values() -> None:
-    request = make_request(
+    request = make_tensor_request(
         ("text_input", "BYTES", [1, 2]),
         ("max_tokens", "UINT16", [1]),
         ("temperature", "FP16", [1]),
@@ -46,7 +38,7 @@ def test_raw_contents_of_each_kind_decode_to_exact_values() -> None:
 
 
 def test_typed_contents_decode_without_raw() -> None:
-    request = make_request(("max_tokens", "INT64", [2]))
+    request = make_tensor_request(("max_tokens", "INT64", [2]))
     request.inputs[0].contents.int64_contents.extend([7, 9])
     assert read_tensors(request, ACCEPTED)["max_tokens"][1] == [7, 9]
 
@@ -58,21 +50,32 @@ def test_pack_bytes_prefixes_each_element_with_its_little_endian_length() -> Non
 @pytest.mark.parametrize(
     ("request_", "message"),
     [
-        (make_request(("top_k", "INT32", [1]), raw=[b"\0" * 4]), "top_k: unknown input"),
+        (make_tensor_request(("top_k", "INT32", [1]), raw=[b"\0" * 4]), "top_k: unknown input"),
         (
-            make_request(
+            make_tensor_request(
                 ("max_tokens", "INT32", [1]), ("max_tokens", "INT32", [1]), raw=[b"\0" * 4] * 2
             ),
             "max_tokens: given twice",
         ),
-        (make_request(("max_tokens", "INT32", [2]), raw=[b"\0" * 4]), "1 elements for shape"),
-        (make_request(("max_tokens", "INT32", [1]), raw=[b"\0" * 3]), "whole number of INT32"),
-        (make_request(("text_input", "BYTES", [1]), raw=[b"\x05\0\0\0ab"]), "overruns"),
-        (make_request(("text_input", "BYTES", [1]), raw=[b"\x05\0"]), "inside a length prefix"),
-        (make_request(("max_tokens", "INT32", [1])), "max_tokens: 0 elements for shape [1]"),
-        (make_request(("text_input", "FP8", [1]), raw=[b"\0"]), "FP8' not supported"),
         (
-            make_request(("max_tokens", "INT32", [1]), ("text_input", "BYTES", [1]), raw=[b""]),
+            make_tensor_request(("max_tokens", "INT32", [2]), raw=[b"\0" * 4]),
+            "1 elements for shape",
+        ),
+        (
+            make_tensor_request(("max_tokens", "INT32", [1]), raw=[b"\0" * 3]),
+            "whole number of INT32",
+        ),
+        (make_tensor_request(("text_input", "BYTES", [1]), raw=[b"\x05\0\0\0ab"]), "overruns"),
+        (
+            make_tensor_request(("text_input", "BYTES", [1]), raw=[b"\x05\0"]),
+            "inside a length prefix",
+        ),
+        (make_tensor_request(("max_tokens", "INT32", [1])), "max_tokens: 0 elements for shape [1]"),
+        (make_tensor_request(("text_input", "FP8", [1]), raw=[b"\0"]), "FP8' not supported"),
+        (
+            make_tensor_request(
+                ("max_tokens", "INT32", [1]), ("text_input", "BYTES", [1]), raw=[b""]
+            ),
             "raw_input_contents: 1 entries for 2 inputs",
         ),
     ],

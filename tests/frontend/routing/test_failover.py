@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import pytest
+from factories import make_engine_request
 
 from zerolayer.common.errors import Unavailable
-from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.common.generation import FinishReason, RequestOutput, SamplingParams
 from zerolayer.frontend.routing.failover import (
     INCIDENT_WINDOW_S,
     MAX_INCIDENTS,
@@ -19,16 +21,14 @@ from zerolayer.frontend.routing.failover import (
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=None)
 
 
-def make_request(**fields: object) -> EngineRequest:
-    values: dict[str, object] = {
-        "request_id": "r1",
-        "prompt_token_ids": (1, 10, 11, 12),
-        "max_new_tokens": 6,
-        "sampling": SamplingParams(),
-        "ignore_eos": True,
-        "cache_salt": "tenant",
-    }
-    return EngineRequest(**{**values, **fields})
+in_flight_request = functools.partial(
+    make_engine_request,
+    prompt_token_ids=(1, 10, 11, 12),
+    max_new_tokens=6,
+    ignore_eos=True,
+    cache_salt="tenant",
+)
+"""The request these tests resubmit (``fields`` override its own)."""
 
 
 def output(*token_ids: int, cached: int = 0, num_prompt: int = 4, finished: bool = False):
@@ -37,7 +37,7 @@ def output(*token_ids: int, cached: int = 0, num_prompt: int = 4, finished: bool
 
 
 def test_a_resubmission_sends_prompt_plus_generated_and_the_rest_of_the_budget() -> None:
-    request = make_request(sampling=dataclasses.replace(SAMPLED, seed=7))
+    request = in_flight_request(sampling=dataclasses.replace(SAMPLED, seed=7))
     flight = InFlight(request, max_model_len=64)
     assert flight.submission() == request
     flight.received(output(20, cached=0))
@@ -57,7 +57,7 @@ def test_a_resubmission_sends_prompt_plus_generated_and_the_rest_of_the_budget()
 
 
 def test_a_resubmission_owes_fewer_min_new_tokens_and_no_prompt_logprobs_once_answered() -> None:
-    request = make_request(min_new_tokens=4, prompt_logprobs=2)
+    request = in_flight_request(min_new_tokens=4, prompt_logprobs=2)
     flight = InFlight(request, max_model_len=64)
     flight.submission()
     flight.lost(carrying=True, at_s=0.0)
@@ -74,7 +74,7 @@ def test_a_resubmission_owes_fewer_min_new_tokens_and_no_prompt_logprobs_once_an
 def test_resubmission_ids_are_drawn_afresh_and_no_client_id_pattern() -> None:
     # A client may send "x~1" (or any other string) as its own id; a resubmission of "x" must
     # never be refused as a duplicate of it.
-    flight = InFlight(make_request(request_id="x"), max_model_len=64)
+    flight = InFlight(in_flight_request(request_id="x"), max_model_len=64)
     assert flight.submission().request_id == "x"
     ids = []
     for _ in range(3):
@@ -87,7 +87,7 @@ def test_resubmission_ids_are_drawn_afresh_and_no_client_id_pattern() -> None:
 
 
 def test_outputs_keep_the_original_prompt_length_and_first_cached_count() -> None:
-    flight = InFlight(make_request(), max_model_len=64)
+    flight = InFlight(in_flight_request(), max_model_len=64)
     flight.submission()
     first = flight.received(output(20, cached=2))
     assert (first.request_id, first.num_prompt_tokens, first.num_cached_tokens) == ("r1", 4, 2)
@@ -100,7 +100,7 @@ def test_outputs_keep_the_original_prompt_length_and_first_cached_count() -> Non
 
 
 def test_outstanding_work_is_the_prompt_until_answered_then_the_tokens_still_to_come() -> None:
-    flight = InFlight(make_request(max_new_tokens=6), max_model_len=64)
+    flight = InFlight(in_flight_request(max_new_tokens=6), max_model_len=64)
     assert flight.num_outstanding_tokens == 4 + 6
     flight.submission()
     flight.received(output(20, 21))
@@ -111,7 +111,7 @@ def test_outstanding_work_is_the_prompt_until_answered_then_the_tokens_still_to_
 
 
 def test_the_budget_ends_at_the_context_length_and_a_spent_one_finishes_with_length() -> None:
-    flight = InFlight(make_request(max_new_tokens=100), max_model_len=8)
+    flight = InFlight(in_flight_request(max_new_tokens=100), max_model_len=8)
     assert flight.num_remaining_tokens == 4
     flight.submission()
     assert flight.finish_if_spent() is None
@@ -123,7 +123,7 @@ def test_the_budget_ends_at_the_context_length_and_a_spent_one_finishes_with_len
 
 
 def test_a_request_lost_in_two_separate_incidents_is_not_retried() -> None:
-    flight = InFlight(make_request(), max_model_len=64)
+    flight = InFlight(in_flight_request(), max_model_len=64)
     flight.lost(carrying=False, at_s=0.0)
     flight.lost(carrying=True, at_s=10.0)
     assert (flight.num_losses, flight.num_incidents) == (1, 1)
@@ -138,7 +138,7 @@ def test_a_request_lost_in_two_separate_incidents_is_not_retried() -> None:
 
 def test_a_second_loss_within_the_window_is_the_same_incident_and_a_third_loss_is_not() -> None:
     # Two schedulers killed together: the request was resubmitted to the one dying second.
-    flight = InFlight(make_request(), max_model_len=64)
+    flight = InFlight(in_flight_request(), max_model_len=64)
     flight.lost(carrying=True, at_s=10.0)
     flight.lost(carrying=True, at_s=10.0 + INCIDENT_WINDOW_S)
     assert (flight.num_losses, flight.num_incidents) == (2, 1)
@@ -148,16 +148,16 @@ def test_a_second_loss_within_the_window_is_the_same_incident_and_a_third_loss_i
 
 
 def test_only_sampled_requests_without_a_seed_get_one_drawn() -> None:
-    greedy = make_request()
-    seeded = make_request(sampling=dataclasses.replace(SAMPLED, seed=5))
+    greedy = in_flight_request()
+    seeded = in_flight_request(sampling=dataclasses.replace(SAMPLED, seed=5))
     assert with_seed(greedy, lambda: 42) is greedy
     assert with_seed(seeded, lambda: 42) is seeded
-    drawn = with_seed(make_request(sampling=SAMPLED), lambda: 42)
-    assert drawn == make_request(sampling=dataclasses.replace(SAMPLED, seed=42))
+    drawn = with_seed(in_flight_request(sampling=SAMPLED), lambda: 42)
+    assert drawn == in_flight_request(sampling=dataclasses.replace(SAMPLED, seed=42))
 
 
 def test_a_request_with_n_samples_is_split_into_its_unfinished_samples_once_one_began() -> None:
-    request = make_request(sampling=dataclasses.replace(SAMPLED, seed=2**64 - 2), n=3)
+    request = in_flight_request(sampling=dataclasses.replace(SAMPLED, seed=2**64 - 2), n=3)
     flight = InFlight(request, max_model_len=64)
     flight.submission()
     flight.lost(carrying=False, at_s=0.0)  # nothing generated yet: sent again whole
@@ -181,7 +181,7 @@ def test_a_request_with_n_samples_is_split_into_its_unfinished_samples_once_one_
 
 
 def test_a_sample_is_found_where_it_runs_whole_or_split() -> None:
-    flight = InFlight(make_request(n=3), max_model_len=64)
+    flight = InFlight(in_flight_request(n=3), max_model_len=64)
     assert flight.sample_submission(1) is None  # not submitted yet
     flight.submitted_to = ("unix:/a.sock", "r1")
     assert flight.sample_submission(1) == ("unix:/a.sock", "r1", 1)

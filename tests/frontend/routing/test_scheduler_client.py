@@ -9,16 +9,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from factories import make_engine_request
 
 from zerolayer.common.errors import SchedulerLost, Unavailable
-from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.common.status import ANSWERED_METADATA
 from zerolayer.frontend.routing.scheduler_client import SCHEDULER_CHANNEL_OPTIONS, SchedulerClient
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
-
-
-def make_request() -> EngineRequest:
-    return EngineRequest("r1", (1, 2, 3), 8, SamplingParams())
 
 
 class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
@@ -52,7 +48,7 @@ async def generate_with(
         await server.start()
     client = SchedulerClient(address)
     try:
-        async for output in client.generate(make_request(), timeout_s=5):
+        async for output in client.generate(make_engine_request(), timeout_s=5):
             if token_ids is not None:
                 token_ids.extend(output.new_token_ids)
     finally:

@@ -4,12 +4,12 @@ scheduler, the poison rule, ids in flight."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import re
 from collections.abc import AsyncIterator
 
 import pytest
+from factories import make_engine_request
 
 from zerolayer.common.errors import InvalidArgument, SchedulerLost, Unavailable
 from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
@@ -68,10 +68,6 @@ class ScriptedScheduler:
         pass
 
 
-def make_request(max_new_tokens: int = 5, **sampling: object) -> EngineRequest:
-    return EngineRequest("r1", (1, 2, 3), max_new_tokens, SamplingParams(**sampling))
-
-
 def make_pool(schedulers: dict[str, ScriptedScheduler], *active: str) -> SchedulerPool:
     router = Router(tuple(schedulers))
     for address in active:
@@ -87,7 +83,7 @@ def test_a_stream_continues_on_another_scheduler_without_a_gap_or_repeat() -> No
     a = ScriptedScheduler(([7, 8], "lost"))
     b = ScriptedScheduler(([9, 10, 11], "finish"))
     pool = make_pool({A: a, B: b}, A, B)
-    request = make_request(temperature=0.7)
+    request = make_engine_request(max_new_tokens=5, sampling=SamplingParams(temperature=0.7))
     outputs = asyncio.run(run(pool, request))
     assert [o.new_token_ids for o in outputs] == [(7,), (8,), (9,), (10,), (11,)]
     assert {(o.request_id, o.num_prompt_tokens, o.num_cached_tokens) for o in outputs} == {
@@ -107,7 +103,7 @@ def test_a_stream_waits_for_the_restarted_scheduler_when_it_was_the_only_one() -
     pool = make_pool({A: a}, A)
 
     async def restart_later() -> list[RequestOutput]:
-        generation = asyncio.create_task(run(pool, make_request(max_new_tokens=3)))
+        generation = asyncio.create_task(run(pool, make_engine_request(max_new_tokens=3)))
         await asyncio.sleep(0.3)  # longer than a new request would wait
         assert not generation.done()
         pool.router.set_health(A, active=True, warm=True)
@@ -121,7 +117,7 @@ def test_a_stream_waits_for_the_restarted_scheduler_when_it_was_the_only_one() -
 async def restarted_later(pool: SchedulerPool, address: str) -> list[int]:
     """The tokens a request gets when ``address`` comes back 0.1 s after it started (every
     scheduler having died under it meanwhile); raises what the request ends with."""
-    generation = asyncio.create_task(run(pool, make_request()))
+    generation = asyncio.create_task(run(pool, make_engine_request(max_new_tokens=5)))
     await asyncio.sleep(0.1)
     pool.router.set_health(address, active=True, warm=True)
     return [t for o in await generation for t in o.new_token_ids]
@@ -164,7 +160,9 @@ def test_a_request_lost_in_two_separate_incidents_ends_with_one_error(monkeypatc
     async def poison() -> list[int]:
         received = []
         with pytest.raises(Unavailable) as info:
-            async for o in pool.generate(make_request(), timeout_s=10, max_model_len=64):
+            async for o in pool.generate(
+                make_engine_request(max_new_tokens=5), timeout_s=10, max_model_len=64
+            ):
                 received.extend(o.new_token_ids)
         assert "was in flight on 2 schedulers that died in 2 separate incidents" in str(info.value)
         return received
@@ -176,7 +174,7 @@ def test_a_scheduler_that_was_never_reached_costs_no_loss() -> None:
     a = ScriptedScheduler(([], "unreachable"))
     b = ScriptedScheduler(([5], "finish"))
     pool = make_pool({A: a, B: b}, A, B)
-    outputs = asyncio.run(run(pool, make_request(max_new_tokens=1)))
+    outputs = asyncio.run(run(pool, make_engine_request(max_new_tokens=1)))
     assert [o.new_token_ids for o in outputs] == [(5,)]
     assert re.fullmatch("r1~[0-9a-f]{32}", b.requests[0].request_id)
 
@@ -184,7 +182,7 @@ def test_a_scheduler_that_was_never_reached_costs_no_loss() -> None:
 def test_no_scheduler_is_unavailable_after_the_new_request_wait() -> None:
     pool = make_pool({A: ScriptedScheduler()})
     with pytest.raises(Unavailable, match="^scheduler: none can take requests"):
-        asyncio.run(run(pool, make_request()))
+        asyncio.run(run(pool, make_engine_request(max_new_tokens=5)))
 
 
 def test_no_scheduler_is_unavailable_with_the_reasons_the_schedulers_gave() -> None:
@@ -195,7 +193,7 @@ def test_no_scheduler_is_unavailable_with_the_reasons_the_schedulers_gave() -> N
     }
     pool = make_pool(schedulers)
     with pytest.raises(Unavailable) as refused:
-        asyncio.run(run(pool, make_request()))
+        asyncio.run(run(pool, make_engine_request(max_new_tokens=5)))
     assert str(refused.value).startswith("scheduler: none can take requests")
     assert str(refused.value).endswith(f"): {xid}")  # said once, not once per scheduler
 
@@ -209,7 +207,7 @@ def test_no_scheduler_is_unavailable_without_addresses_or_paths_and_logs_them(
     }
     pool = make_pool(schedulers)
     with pytest.raises(Unavailable) as refused:
-        asyncio.run(run(pool, make_request()))
+        asyncio.run(run(pool, make_engine_request(max_new_tokens=5)))
     assert str(refused.value) == (
         "scheduler: none can take requests (#0 down or starting; #1 down or starting): "
         "GPU fatal event: Xid 79 on <internal>"
@@ -222,10 +220,12 @@ def test_a_request_id_in_flight_is_refused() -> None:
     pool = make_pool({A: a}, A)
 
     async def twice() -> None:
-        first = pool.generate(make_request(), timeout_s=10, max_model_len=64)
+        first = pool.generate(make_engine_request(max_new_tokens=5), timeout_s=10, max_model_len=64)
         await anext(first)
         with pytest.raises(InvalidArgument, match="^request_id: 'r1' is in flight$"):
-            await anext(pool.generate(make_request(), timeout_s=10, max_model_len=64))
+            await anext(
+                pool.generate(make_engine_request(max_new_tokens=5), timeout_s=10, max_model_len=64)
+            )
         await first.aclose()
         assert pool.router.states[A].num_requests == 0
 
@@ -237,15 +237,26 @@ def test_request_ids_are_unique_per_tenant_and_never_meet_in_the_scheduler() -> 
     pool = make_pool({A: a}, A)
 
     async def two_tenants() -> None:
-        owner = pool.generate(make_request(), timeout_s=10, max_model_len=64, tenant="a")
+        owner = pool.generate(
+            make_engine_request(max_new_tokens=5), timeout_s=10, max_model_len=64, tenant="a"
+        )
         await anext(owner)
         # another tenant's id in flight neither refuses nor is told of
-        other = await run_for(pool, make_request(), "b")
+        other = await run_for(pool, make_engine_request(max_new_tokens=5), "b")
         assert [o.request_id for o in other] == ["r1"]
         with pytest.raises(InvalidArgument, match="^request_id: 'r1' is in flight$"):
-            await anext(pool.generate(make_request(), timeout_s=10, max_model_len=64, tenant="a"))
+            await anext(
+                pool.generate(
+                    make_engine_request(max_new_tokens=5),
+                    timeout_s=10,
+                    max_model_len=64,
+                    tenant="a",
+                )
+            )
         assert [o.request_id async for o in owner] == ["r1"]
-        assert [o.request_id for o in await run_for(pool, make_request(), "")] == ["r1"]
+        assert [
+            o.request_id for o in await run_for(pool, make_engine_request(max_new_tokens=5), "")
+        ] == ["r1"]
 
     asyncio.run(two_tenants())
     owner_id, other_id, untenanted_id = (r.request_id for r in a.requests)
@@ -269,7 +280,7 @@ def test_schedulers_are_described_by_what_they_say_of_themselves(caplog) -> None
     for address in (A, B):
         pool.router.set_health(address, active=False, warm=True)
     with caplog.at_level(logging.WARNING), pytest.raises(Unavailable) as refused:
-        asyncio.run(run(pool, make_request()))
+        asyncio.run(run(pool, make_engine_request(max_new_tokens=5)))
     assert str(refused.value) == (
         f"scheduler: none can take requests (#0 not serving; #1 standby): {kvstore}"
     )
@@ -324,7 +335,7 @@ class SeededScheduler:
 def test_the_samples_of_a_lost_request_go_on_one_by_one_with_their_seeds() -> None:
     a, b = SeededScheduler(die_at=3), SeededScheduler()
     pool = make_pool({A: a, B: b}, A, B)  # type: ignore[dict-item]
-    request = dataclasses.replace(make_request(max_new_tokens=6, temperature=0.7), n=3)
+    request = make_engine_request(max_new_tokens=6, sampling=SamplingParams(temperature=0.7), n=3)
     outputs = asyncio.run(run(pool, request))
     by_index = {i: [t for o in outputs if o.index == i for t in o.new_token_ids] for i in range(3)}
     assert by_index == {

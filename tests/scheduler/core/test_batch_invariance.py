@@ -14,13 +14,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from factories import make_engine, make_engine_request, make_prompt
 from scheduler.core.test_engine_prefix_reuse import Arrival, run
 
-from zerolayer.bench.inprocess import LocalModel, build_local_engine
+from zerolayer.bench.inprocess import LocalModel
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
 from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.scheduler.core.engine import Engine
-from zerolayer.scheduler.engine_factory import EngineConfig
 
 # The small preset's shapes (hidden 768, 12 heads, vocab 32000) with 2 layers.
 PRESET = DummyPreset(768, 2048, 2, 12, 4, 32000, max_position_embeddings=512, dtype="bfloat16")
@@ -43,27 +43,17 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> LocalModel:
     return LocalModel.load(write_dummy_model(tmp_path_factory.mktemp("dummy"), PRESET, seed=3))
 
 
-def make_prompt(num_tokens: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, PRESET.vocab_size, (num_tokens,), generator=g).tolist()
-
-
-def make_request(
-    request_id: str, prompt: list[int], sampling: SamplingParams, max_new_tokens: int = NUM_NEW
-) -> EngineRequest:
-    return EngineRequest(request_id, tuple(prompt), max_new_tokens, sampling, ignore_eos=True)
-
-
-def make_engine(model: LocalModel, batch_invariant: bool) -> Engine:
+def native_engine(model: LocalModel, batch_invariant: bool) -> Engine:
     """Native attention and linear; 32-token steps, so longer prompts prefill in chunks."""
-    config = EngineConfig(
+    engine, _ = make_engine(
+        model,
+        256,
+        enable_prefix_caching=False,
         max_num_seqs=24,
         max_num_batched_tokens=32,
         attention_backend="native",
         batch_invariant=batch_invariant,
     )
-    layout = model.arena_layout_of_blocks(16, 256)
-    engine, _ = build_local_engine(model, config, layout, enable_prefix_caching=False)
     return engine
 
 
@@ -72,11 +62,12 @@ def others() -> list[Arrival]:
     return [
         Arrival(
             i // 4,
-            make_request(
+            make_engine_request(
                 f"other-{i}",
-                make_prompt(2 + 2 * i, seed=100 + i),
-                SamplingParams(temperature=0.8, seed=i) if i % 2 else GREEDY,
+                make_prompt(2 + 2 * i, 100 + i, PRESET.vocab_size),
                 4 + i // 2,
+                SamplingParams(temperature=0.8, seed=i) if i % 2 else GREEDY,
+                ignore_eos=True,
             ),
         )
         for i in range(20)
@@ -84,21 +75,23 @@ def others() -> list[Arrival]:
 
 
 def tokens(model: LocalModel, request: EngineRequest, batch_invariant: bool = True) -> list[int]:
-    return run(make_engine(model, batch_invariant), [Arrival(0, request)]).token_ids[
+    return run(native_engine(model, batch_invariant), [Arrival(0, request)]).token_ids[
         request.request_id
     ]
 
 
 def batched(model: LocalModel, request: EngineRequest, batch_invariant: bool = True) -> list[int]:
     arrivals = [*others(), Arrival(2, request)]
-    return run(make_engine(model, batch_invariant), arrivals).token_ids[request.request_id]
+    return run(native_engine(model, batch_invariant), arrivals).token_ids[request.request_id]
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_a_request_gets_the_same_tokens_alone_and_in_a_batch(
     model: LocalModel, sampling: SamplingParams
 ) -> None:
-    request = make_request("r", make_prompt(40, seed=1), sampling)
+    request = make_engine_request(
+        "r", make_prompt(40, 1, PRESET.vocab_size), NUM_NEW, sampling, ignore_eos=True
+    )
     alone = tokens(model, request)
     assert len(set(alone)) > 3
     assert batched(model, request) == alone
@@ -109,9 +102,11 @@ def test_a_request_gets_the_same_tokens_alone_and_in_a_batch(
 def test_a_resubmitted_request_continues_with_the_same_tokens(
     model: LocalModel, sampling: SamplingParams, num_done: int
 ) -> None:
-    prompt = make_prompt(40, seed=1)
-    whole = batched(model, make_request("whole", prompt, sampling))
-    rest = make_request("rest", prompt + whole[:num_done], sampling, NUM_NEW - num_done)
+    prompt = make_prompt(40, 1, PRESET.vocab_size)
+    whole = batched(model, make_engine_request("whole", prompt, NUM_NEW, sampling, ignore_eos=True))
+    rest = make_engine_request(
+        "rest", prompt + whole[:num_done], NUM_NEW - num_done, sampling, ignore_eos=True
+    )
     assert tokens(model, rest) == whole[num_done:]
     assert batched(model, rest) == whole[num_done:]
 
@@ -126,6 +121,13 @@ def test_without_invariance_the_same_request_gets_different_tokens(
 ) -> None:
     """The tests above are not vacuous: with torch's GEMM for batches over 4 rows, a request's
     tokens change when it runs in a batch."""
-    prompt = make_prompt(40, seed=1)
-    whole = batched(model, make_request("whole", prompt, sampling), False)
-    assert tokens(model, make_request("whole", prompt, sampling), False) != whole
+    prompt = make_prompt(40, 1, PRESET.vocab_size)
+    whole = batched(
+        model, make_engine_request("whole", prompt, NUM_NEW, sampling, ignore_eos=True), False
+    )
+    assert (
+        tokens(
+            model, make_engine_request("whole", prompt, NUM_NEW, sampling, ignore_eos=True), False
+        )
+        != whole
+    )

@@ -3,14 +3,15 @@ right one, and anything that is not a command is refused."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 
 import pytest
+from factories import make_engine_request, make_engine_without_model
 
 from zerolayer.common.errors import InvalidArgument, Unavailable
-from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
-from zerolayer.kvstore.in_process import LocalBlockAllocator
+from zerolayer.common.generation import RequestOutput
 from zerolayer.scheduler.core.engine import Engine
 from zerolayer.scheduler.core.engine_commands import (
     AbortRequest,
@@ -19,9 +20,6 @@ from zerolayer.scheduler.core.engine_commands import (
     FailAll,
     Wake,
 )
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
-from zerolayer.scheduler.model.sampler import Sampler
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 16
@@ -45,51 +43,48 @@ class EventTrace:
         self.events.append((name, dict(attributes)))
 
 
-def make_engine() -> tuple[Engine, LocalBlockAllocator]:
-    """An engine (not started, never stepped: no runner) over a fresh in-process pool."""
-    allocator = LocalBlockAllocator(NUM_BLOCKS, BLOCK_SIZE)
-    policy = SchedulingPolicy(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
-    scheduler = Scheduler(policy, KVCacheManager(allocator, BLOCK_SIZE), eos_token_ids=(2,))
-    return Engine(scheduler, runner=None, sampler=Sampler()), allocator  # type: ignore[arg-type]
-
-
-def make_request(request_id: str, num_prompt_tokens: int = 6) -> EngineRequest:
-    prompt = tuple(range(10, 10 + num_prompt_tokens))
-    return EngineRequest(request_id, prompt, 4, SamplingParams(), ignore_eos=True)
+unstarted_engine = functools.partial(
+    make_engine_without_model, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=4
+)
+"""An engine (not started, never stepped: no runner) over a fresh in-process pool."""
+six_token_request = functools.partial(
+    make_engine_request, prompt_token_ids=range(10, 16), max_new_tokens=4, ignore_eos=True
+)
+"""A request of 6 prompt tokens (``request_id`` first) that holds 2 blocks once admitted."""
 
 
 def add_admitted(engine: Engine, *request_ids: str) -> dict[str, Outputs]:
     """Adds the requests and schedules once, so each holds 2 blocks; returns their sinks."""
     sinks = {request_id: Outputs() for request_id in request_ids}
     for request_id, sink in sinks.items():
-        engine.apply(AddRequest(make_request(request_id), sink))
+        engine.apply(AddRequest(six_token_request(request_id), sink))
     engine.scheduler.schedule()
     return sinks
 
 
 def test_add_request_queues_it_with_its_trace_and_sink() -> None:
-    engine, allocator = make_engine()
+    engine, allocator = unstarted_engine()
     sink, trace = Outputs(), EventTrace()
-    engine.apply(AddRequest(make_request("r"), sink, trace))  # type: ignore[arg-type]
+    engine.apply(AddRequest(six_token_request("r"), sink, trace))  # type: ignore[arg-type]
     assert [r.request_id for r in engine.scheduler.waiting] == ["r"]
     assert engine.scheduler.requests["r"].trace is trace
     assert (engine.num_streams, sink, allocator.num_free_blocks) == (1, [], NUM_BLOCKS)
 
 
 def test_add_request_hands_its_error_to_the_sink_and_adds_nothing() -> None:
-    engine, _ = make_engine()
+    engine, _ = unstarted_engine()
     sink = Outputs()
-    engine.apply(AddRequest(make_request("r", num_prompt_tokens=0), sink))
+    engine.apply(AddRequest(six_token_request("r", prompt_token_ids=()), sink))
     assert len(sink) == 1 and isinstance(sink[0], InvalidArgument)
     assert str(sink[0]) == "prompt_token_ids: empty"
     engine.fault = ERROR
-    engine.apply(AddRequest(make_request("s"), sink))
+    engine.apply(AddRequest(six_token_request("s"), sink))
     assert sink[1:] == [ERROR]
     assert (engine.scheduler.requests, engine.num_streams) == ({}, 0)
 
 
 def test_abort_request_frees_its_blocks_and_silences_its_sink() -> None:
-    engine, allocator = make_engine()
+    engine, allocator = unstarted_engine()
     sinks = add_admitted(engine, "a", "b")
     assert allocator.num_free_blocks == NUM_BLOCKS - 4
     engine.apply(AbortRequest("a"))
@@ -102,9 +97,9 @@ def test_abort_request_frees_its_blocks_and_silences_its_sink() -> None:
 
 
 def test_fail_all_ends_every_request_with_the_error_once_and_frees_every_block() -> None:
-    engine, allocator = make_engine()
+    engine, allocator = unstarted_engine()
     sinks = add_admitted(engine, "a", "b")
-    engine.apply(AddRequest(make_request("waiting"), waiting := Outputs()))
+    engine.apply(AddRequest(six_token_request("waiting"), waiting := Outputs()))
     engine.apply(FailAll(ERROR))
     assert sinks == {"a": [ERROR], "b": [ERROR]} and waiting == [ERROR]
     assert not engine.scheduler.has_unfinished_requests
@@ -135,9 +130,9 @@ class FailingTrace:
 
 
 def test_fail_all_drops_a_request_whose_abort_fails_and_reconciles_its_blocks() -> None:
-    engine, allocator = make_engine()
+    engine, allocator = unstarted_engine()
     sinks = add_admitted(engine, "a")
-    engine.apply(AddRequest(make_request("b"), b := Outputs(), FailingTrace()))  # type: ignore[arg-type]
+    engine.apply(AddRequest(six_token_request("b"), b := Outputs(), FailingTrace()))  # type: ignore[arg-type]
     engine.scheduler.schedule()
     assert allocator.num_free_blocks == NUM_BLOCKS - 4
     engine.apply(FailAll(ERROR))
@@ -152,18 +147,18 @@ def test_fail_all_drops_a_request_whose_abort_fails_and_reconciles_its_blocks() 
 
 
 def test_annotate_adds_the_event_to_every_traced_request_in_flight() -> None:
-    engine, _ = make_engine()
+    engine, _ = unstarted_engine()
     traces = [EventTrace(), EventTrace()]
     for request_id, trace in zip(("a", "b"), traces, strict=True):
-        engine.apply(AddRequest(make_request(request_id), Outputs(), trace))  # type: ignore[arg-type]
-    engine.apply(AddRequest(make_request("untraced"), Outputs()))
+        engine.apply(AddRequest(six_token_request(request_id), Outputs(), trace))  # type: ignore[arg-type]
+    engine.apply(AddRequest(six_token_request("untraced"), Outputs()))
     engine.apply(Annotate("gpu event", {"xid": 79, "severity": "fatal"}))
     assert [t.events for t in traces] == [[("gpu event", {"xid": 79, "severity": "fatal"})]] * 2
     assert len(engine.scheduler.requests) == 3
 
 
 def test_wake_changes_nothing() -> None:
-    engine, allocator = make_engine()
+    engine, allocator = unstarted_engine()
     sinks = add_admitted(engine, "a")
     engine.apply(Wake())
     assert list(engine.scheduler.requests) == ["a"] and sinks == {"a": []}
@@ -171,7 +166,7 @@ def test_wake_changes_nothing() -> None:
 
 
 def test_anything_else_is_refused_by_apply_and_by_send() -> None:
-    engine, _ = make_engine()
+    engine, _ = unstarted_engine()
     with pytest.raises(TypeError, match="not an engine command: \\('abort', 'a'\\)"):
         engine.apply(("abort", "a"))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not an engine command"):
@@ -181,11 +176,11 @@ def test_anything_else_is_refused_by_apply_and_by_send() -> None:
 
 
 def test_the_thread_safe_methods_queue_their_commands_until_process_commands() -> None:
-    engine, allocator = make_engine()
+    engine, allocator = unstarted_engine()
     a, b, late = Outputs(), Outputs(), Outputs()
     trace = EventTrace()
-    engine.submit(make_request("a"), a, trace)  # type: ignore[arg-type]
-    engine.submit(make_request("b"), b)
+    engine.submit(six_token_request("a"), a, trace)  # type: ignore[arg-type]
+    engine.submit(six_token_request("b"), b)
     engine.annotate("gpu event", {"xid": 13})
     engine.abort("b")
     assert engine.scheduler.requests == {}  # queued, not applied
@@ -193,7 +188,7 @@ def test_the_thread_safe_methods_queue_their_commands_until_process_commands() -
     assert list(engine.scheduler.requests) == ["a"] and engine.num_streams == 1
     assert trace.events == [("gpu event", {"xid": 13})]
     engine.fail(ERROR)
-    engine.submit(make_request("late"), late)  # refused at once, on the caller's thread
+    engine.submit(six_token_request("late"), late)  # refused at once, on the caller's thread
     assert (engine.fault, engine.not_serving_reason, late) == (ERROR, str(ERROR), [ERROR])
     assert a == []  # the fail is applied at the next step boundary
     engine.process_commands()
@@ -210,7 +205,7 @@ class BatchedOutputs(Outputs):
 
 
 def test_a_drain_of_commands_flushes_each_batched_sink_once() -> None:
-    engine, _ = make_engine()
+    engine, _ = unstarted_engine()
     flushes: list[int] = []
 
     def flush() -> None:
@@ -218,7 +213,7 @@ def test_a_drain_of_commands_flushes_each_batched_sink_once() -> None:
 
     sinks = [BatchedOutputs(flush) for _ in range(3)]
     for i, sink in enumerate(sinks):
-        engine.send(AddRequest(make_request(f"r{i}"), sink))
+        engine.send(AddRequest(six_token_request(f"r{i}"), sink))
     engine.process_commands()
     assert flushes == []  # nothing delivered yet
     engine.send(FailAll(ERROR))

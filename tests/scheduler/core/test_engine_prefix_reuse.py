@@ -14,17 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
+from factories import make_engine, make_engine_request, make_prompt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerolayer.bench.inprocess import LocalModel, build_local_engine
+from zerolayer.bench.inprocess import LocalModel
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
 from zerolayer.common.config import WARM_UP_PROMPT_TOKENS
-from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput
 from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.engine import Engine, call_in_fresh_thread
-from zerolayer.scheduler.engine_factory import EngineConfig
 
 PRESET = DummyPreset(64, 128, 2, 4, 2, 259, max_position_embeddings=512)
 MAX_STEPS = 2000
@@ -48,40 +47,6 @@ class RunResult:
     finish_reasons: dict[str, list[FinishReason]] = field(default_factory=dict)
     num_cached_tokens: dict[str, int] = field(default_factory=dict)
     num_preemptions: int = 0
-
-
-def make_prompt(num_tokens: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, PRESET.vocab_size, (num_tokens,), generator=g).tolist()
-
-
-def make_request(
-    request_id: str, prompt: list[int], max_new_tokens: int = 8, cache_salt: str = ""
-) -> EngineRequest:
-    return EngineRequest(
-        request_id,
-        tuple(prompt),
-        max_new_tokens,
-        SamplingParams(),
-        ignore_eos=True,
-        cache_salt=cache_salt,
-    )
-
-
-def make_engine(
-    model: LocalModel,
-    block_size: int,
-    num_blocks: int,
-    max_num_batched_tokens: int,
-    enable_prefix_caching: bool,
-) -> tuple[Engine, LocalBlockAllocator]:
-    """The engine as the scheduler process builds it (pure-torch attention), over an in-process
-    pool and arena of ``num_blocks`` blocks."""
-    config = EngineConfig(
-        max_num_seqs=4, max_num_batched_tokens=max_num_batched_tokens, attention_backend="reference"
-    )
-    layout = model.arena_layout_of_blocks(block_size, num_blocks)
-    return build_local_engine(model, config, layout, enable_prefix_caching=enable_prefix_caching)
 
 
 def run(engine: Engine, arrivals: list[Arrival]) -> RunResult:
@@ -133,7 +98,12 @@ def run_both(
     allocators = []
     for enable_prefix_caching in (True, False):
         engine, allocator = make_engine(
-            model, block_size, num_blocks, max_num_batched_tokens, enable_prefix_caching
+            model,
+            num_blocks,
+            block_size,
+            max_num_seqs=4,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
         )
         results.append(run(engine, arrivals))
         assert_all_free(engine, allocator)
@@ -195,11 +165,12 @@ def workloads(draw: st.DrawFn) -> tuple[int, int, int, list[Arrival]]:
         prompt = base + make_prompt(suffix_len, seed=200 + i)
         step = draw(st.integers(0, 12))
         abort_after = draw(st.sampled_from([None, None, None, 0, 1, 3, 6]))
-        request = make_request(
+        request = make_engine_request(
             str(i),
             prompt,
             max_new_tokens=draw(st.integers(1, 12)),
             cache_salt=draw(st.sampled_from(SALTS)),
+            ignore_eos=True,
         )
         arrivals.append(Arrival(step, request, None if abort_after is None else step + abort_after))
     longest = max(len(a.request.prompt_token_ids) + a.request.max_new_tokens for a in arrivals)
@@ -250,8 +221,8 @@ def test_random_shared_prefix_workloads_match_caching_off(model: LocalModel) -> 
 def test_second_identical_prompt_reuses_all_full_blocks(model: LocalModel) -> None:
     prompt = make_prompt(40, seed=1)
     arrivals = [
-        Arrival(0, make_request("first", prompt, max_new_tokens=6)),
-        Arrival(20, make_request("second", prompt, max_new_tokens=6)),
+        Arrival(0, make_engine_request("first", prompt, max_new_tokens=6, ignore_eos=True)),
+        Arrival(20, make_engine_request("second", prompt, max_new_tokens=6, ignore_eos=True)),
     ]
     on, off, allocator = run_both(model, arrivals, 16, 16, 16)
     assert on.num_cached_tokens == {"first": 0, "second": 32}
@@ -268,8 +239,8 @@ def test_request_admitted_during_a_chunked_prefill_reuses_its_computed_blocks(
 ) -> None:
     prompt = make_prompt(40, seed=1)
     arrivals = [
-        Arrival(0, make_request("first", prompt, max_new_tokens=4)),
-        Arrival(0, make_request("second", prompt, max_new_tokens=4)),
+        Arrival(0, make_engine_request("first", prompt, max_new_tokens=4, ignore_eos=True)),
+        Arrival(0, make_engine_request("second", prompt, max_new_tokens=4, ignore_eos=True)),
     ]
     # Budget 16: the first request takes steps 0 and 1 alone (blocks 0 and 1 are committed after
     # each); the second is admitted at step 2 next to the first's last 8 prompt tokens.
@@ -281,18 +252,24 @@ def test_request_admitted_during_a_chunked_prefill_reuses_its_computed_blocks(
 
 def test_follow_up_turn_reuses_the_answer_blocks(model: LocalModel) -> None:
     first_prompt = make_prompt(40, seed=2)
-    first = make_request("first", first_prompt, max_new_tokens=16)
-    engine, allocator = make_engine(model, 16, 32, 16, enable_prefix_caching=True)
+    first = make_engine_request("first", first_prompt, max_new_tokens=16, ignore_eos=True)
+    engine, allocator = make_engine(
+        model, 32, 16, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=True
+    )
     first_result = run(engine, [Arrival(0, first)])
     answer = first_result.token_ids["first"]
     assert len(answer) == 16
     # 40 prompt tokens + 15 fed answer tokens = 55 computed: blocks 0-2 (48 tokens) are cached.
     follow_up_prompt = first_prompt + answer + make_prompt(5, seed=3)
-    follow_up = make_request("follow-up", follow_up_prompt, max_new_tokens=8)
+    follow_up = make_engine_request(
+        "follow-up", follow_up_prompt, max_new_tokens=8, ignore_eos=True
+    )
     on = run(engine, [Arrival(0, follow_up)])
     assert on.num_cached_tokens == {"follow-up": 48}
     assert_all_free(engine, allocator)
-    off_engine, off_allocator = make_engine(model, 16, 32, 16, enable_prefix_caching=False)
+    off_engine, off_allocator = make_engine(
+        model, 32, 16, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False
+    )
     off = run(off_engine, [Arrival(0, follow_up)])
     assert off.num_cached_tokens == {"follow-up": 0}
     assert on.token_ids == off.token_ids
@@ -302,10 +279,25 @@ def test_follow_up_turn_reuses_the_answer_blocks(model: LocalModel) -> None:
 def test_a_different_cache_salt_reuses_nothing(model: LocalModel) -> None:
     prompt = make_prompt(40, seed=1)
     arrivals = [
-        Arrival(0, make_request("a", prompt, max_new_tokens=4, cache_salt="tenant-a")),
-        Arrival(20, make_request("b", prompt, max_new_tokens=4, cache_salt="tenant-b")),
-        Arrival(40, make_request("no-salt", prompt, max_new_tokens=4)),
-        Arrival(60, make_request("a-again", prompt, max_new_tokens=4, cache_salt="tenant-a")),
+        Arrival(
+            0,
+            make_engine_request(
+                "a", prompt, max_new_tokens=4, cache_salt="tenant-a", ignore_eos=True
+            ),
+        ),
+        Arrival(
+            20,
+            make_engine_request(
+                "b", prompt, max_new_tokens=4, cache_salt="tenant-b", ignore_eos=True
+            ),
+        ),
+        Arrival(40, make_engine_request("no-salt", prompt, max_new_tokens=4, ignore_eos=True)),
+        Arrival(
+            60,
+            make_engine_request(
+                "a-again", prompt, max_new_tokens=4, cache_salt="tenant-a", ignore_eos=True
+            ),
+        ),
     ]
     on, off, allocator = run_both(model, arrivals, 16, 32, 16)
     assert on.num_cached_tokens == {"a": 0, "b": 0, "no-salt": 0, "a-again": 32}
@@ -317,7 +309,12 @@ def test_a_different_cache_salt_reuses_nothing(model: LocalModel) -> None:
 def test_preemption_with_prefix_caching_matches_caching_off(model: LocalModel) -> None:
     system = make_prompt(23, seed=4)
     arrivals = [
-        Arrival(i, make_request(str(i), system + make_prompt(3 + 4 * i, seed=10 + i), 20))
+        Arrival(
+            i,
+            make_engine_request(
+                str(i), system + make_prompt(3 + 4 * i, seed=10 + i), 20, ignore_eos=True
+            ),
+        )
         for i in range(4)
     ]
     # Block size 4, 24 blocks: the four requests need 14 + 15 + 16 + 17 blocks at the end.
@@ -334,8 +331,10 @@ def test_a_request_preempted_before_its_first_token_reports_no_cached_tokens(
 ) -> None:
     prompt = make_prompt(10, seed=6)
     arrivals = [
-        Arrival(0, make_request("0", prompt[:7], max_new_tokens=3)),
-        Arrival(0, make_request("1", prompt, max_new_tokens=1, cache_salt="a")),
+        Arrival(0, make_engine_request("0", prompt[:7], max_new_tokens=3, ignore_eos=True)),
+        Arrival(
+            0, make_engine_request("1", prompt, max_new_tokens=1, cache_salt="a", ignore_eos=True)
+        ),
     ]
     # 5 blocks of 4: request 1 is preempted after its first block is committed; on its recompute
     # it hits that block, which it computed itself, so it is not reported as cached, nor counted
@@ -349,7 +348,9 @@ def test_a_request_preempted_before_its_first_token_reports_no_cached_tokens(
 
 
 def test_start_runs_the_warm_up_on_the_engine_thread(model: LocalModel) -> None:
-    engine, allocator = make_engine(model, 4, 64, 64, enable_prefix_caching=True)
+    engine, allocator = make_engine(
+        model, 64, 4, max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=True
+    )
     threads: list[str] = []
     execute = engine.runner.execute
 
@@ -370,7 +371,9 @@ def test_start_runs_the_warm_up_on_the_engine_thread(model: LocalModel) -> None:
 
 
 def test_start_raises_what_the_warm_up_raised(model: LocalModel) -> None:
-    engine, _ = make_engine(model, 4, 64, 64, enable_prefix_caching=True)
+    engine, _ = make_engine(
+        model, 64, 4, max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=True
+    )
 
     def broken(output):  # noqa: ANN001, ANN202
         raise RuntimeError("forward exploded")
@@ -397,7 +400,9 @@ def test_the_warm_up_fits_a_context_shorter_than_its_prompt(tmp_path: Path) -> N
     warms up on a shorter one instead of failing start-up (transformers serves such models)."""
     short = dataclasses.replace(PRESET, max_position_embeddings=16)
     model = LocalModel.load(write_dummy_model(tmp_path / "short", short, seed=5))
-    engine, allocator = make_engine(model, 4, 16, 64, enable_prefix_caching=True)
+    engine, allocator = make_engine(
+        model, 16, 4, max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=True
+    )
     try:
         assert engine.start(warm_up_tokens=WARM_UP_PROMPT_TOKENS) > 0
     finally:

@@ -6,17 +6,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from factories import make_engine_request, make_scheduler
+
 from zerolayer.common.errors import Unavailable
-from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.stats import PrefixLookup
 from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.kv_cache_manager import (
-    KVCacheManager,
     KVLeaseLost,
     KVStoreUnavailable,
 )
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+from zerolayer.scheduler.core.scheduler import Scheduler
 
 BLOCK_SIZE = 4
 TIMEOUT_S = 30.0
@@ -85,22 +85,14 @@ class DownableAllocator:
         return self.lost
 
 
-def make_request(request_id: str, num_prompt_tokens: int, max_new_tokens: int) -> EngineRequest:
-    return EngineRequest(
-        request_id=request_id,
-        prompt_token_ids=tuple(range(10, 10 + num_prompt_tokens)),
-        max_new_tokens=max_new_tokens,
-        sampling=SamplingParams(),
-        ignore_eos=True,
-    )
-
-
-def make_scheduler(num_blocks: int = 16) -> tuple[Scheduler, DownableAllocator, Clock]:
+def downable_scheduler() -> tuple[Scheduler, DownableAllocator, Clock]:
+    """A scheduler over a :class:`DownableAllocator` of 16 blocks, on a clock of its own."""
     clock = Clock()
-    allocator = DownableAllocator(num_blocks, clock)
-    policy = SchedulingPolicy(8, 64, 64, kv_unavailable_timeout_s=TIMEOUT_S)
-    kv = KVCacheManager(allocator, BLOCK_SIZE, clock=clock)
-    return Scheduler(policy, kv, eos_token_ids=(2,)), allocator, clock
+    allocator = DownableAllocator(16, clock)
+    scheduler, _ = make_scheduler(
+        16, BLOCK_SIZE, allocator=allocator, clock=clock, kv_unavailable_timeout_s=TIMEOUT_S
+    )
+    return scheduler, allocator, clock
 
 
 def step(scheduler: Scheduler) -> tuple[list[str], dict[str, Unavailable]]:
@@ -111,13 +103,13 @@ def step(scheduler: Scheduler) -> tuple[list[str], dict[str, Unavailable]]:
 
 
 def test_requests_that_need_the_kvstore_end_after_the_timeout_the_others_finish() -> None:
-    scheduler, allocator, clock = make_scheduler()
+    scheduler, allocator, clock = downable_scheduler()
     # "fits": 2 prompt tokens + 2 new fit in its first block; "grows": 4 + 4 needs a second.
-    scheduler.add_request(make_request("fits", 2, max_new_tokens=3))
-    scheduler.add_request(make_request("grows", 4, max_new_tokens=4))
+    scheduler.add_request(make_engine_request("fits", range(10, 12), 3, ignore_eos=True))
+    scheduler.add_request(make_engine_request("grows", range(10, 14), 4, ignore_eos=True))
     assert step(scheduler) == (["fits", "grows"], {})
     allocator.down = True
-    scheduler.add_request(make_request("waits", 3, max_new_tokens=2))
+    scheduler.add_request(make_engine_request("waits", range(10, 13), 2, ignore_eos=True))
 
     # Before the timeout: "fits" decodes in its block; "grows" and "waits" wait.
     assert step(scheduler) == (["fits"], {})
@@ -139,7 +131,7 @@ def test_requests_that_need_the_kvstore_end_after_the_timeout_the_others_finish(
 
     # The kvstore comes back: the scheduler declares it holds nothing, so every block is free.
     allocator.down = False
-    scheduler.add_request(make_request("after", 2, max_new_tokens=1))
+    scheduler.add_request(make_engine_request("after", range(10, 12), 1, ignore_eos=True))
     # Reconcile is tried at most once a second; before failing "after" for the old outage, the
     # scheduler probes once more and finds the kvstore back.
     assert step(scheduler) == ([], {})
@@ -151,8 +143,8 @@ def test_requests_that_need_the_kvstore_end_after_the_timeout_the_others_finish(
 
 
 def test_a_request_arriving_long_into_an_outage_ends_at_its_first_step() -> None:
-    scheduler, allocator, clock = make_scheduler()
-    scheduler.add_request(make_request("first", 2, max_new_tokens=1))
+    scheduler, allocator, clock = downable_scheduler()
+    scheduler.add_request(make_engine_request("first", range(10, 12), 1, ignore_eos=True))
     allocator.down = True
     assert step(scheduler) == ([], {})
     assert scheduler.kv.unusable_since == clock.now
@@ -160,13 +152,13 @@ def test_a_request_arriving_long_into_an_outage_ends_at_its_first_step() -> None
     clock.now += TIMEOUT_S
     assert sorted(step(scheduler)[1]) == ["first"]
     clock.now += 100
-    scheduler.add_request(make_request("late", 2, max_new_tokens=1))
+    scheduler.add_request(make_engine_request("late", range(10, 12), 1, ignore_eos=True))
     assert sorted(step(scheduler)[1]) == ["late"]
 
 
 def test_an_outage_shorter_than_the_timeout_loses_nothing_and_restarts_the_clock() -> None:
-    scheduler, allocator, clock = make_scheduler()
-    scheduler.add_request(make_request("a", 4, max_new_tokens=8))
+    scheduler, allocator, clock = downable_scheduler()
+    scheduler.add_request(make_engine_request("a", range(10, 14), 8, ignore_eos=True))
     assert step(scheduler) == (["a"], {})  # block 0 full; a's next token needs block 1
     allocator.down = True
     assert step(scheduler) == ([], {})
@@ -191,9 +183,10 @@ def test_an_outage_shorter_than_the_timeout_loses_nothing_and_restarts_the_clock
 
 
 def test_a_hung_kvstore_is_probed_once_a_second_and_timed_from_the_first_call() -> None:
-    scheduler, allocator, clock = make_scheduler()
-    scheduler.add_request(make_request("fits", 2, max_new_tokens=8))  # positions 2, 3 fit
-    scheduler.add_request(make_request("grows", 4, max_new_tokens=8))
+    scheduler, allocator, clock = downable_scheduler()
+    # "fits": its positions 2, 3 fit
+    scheduler.add_request(make_engine_request("fits", range(10, 12), 8, ignore_eos=True))
+    scheduler.add_request(make_engine_request("grows", range(10, 14), 8, ignore_eos=True))
     assert step(scheduler) == (["fits", "grows"], {})
     allocator.down, allocator.hang_s = True, 3.0
     allocator.calls.clear()
@@ -220,9 +213,9 @@ def test_a_hung_kvstore_is_probed_once_a_second_and_timed_from_the_first_call() 
 
 
 def test_a_lost_lease_recomputes_the_running_requests_without_writing_their_blocks() -> None:
-    scheduler, allocator, clock = make_scheduler()
-    scheduler.add_request(make_request("a", 6, max_new_tokens=4))
-    scheduler.add_request(make_request("b", 3, max_new_tokens=4))
+    scheduler, allocator, clock = downable_scheduler()
+    scheduler.add_request(make_engine_request("a", range(10, 16), 4, ignore_eos=True))
+    scheduler.add_request(make_engine_request("b", range(10, 13), 4, ignore_eos=True))
     assert step(scheduler) == (["a", "b"], {})
     assert step(scheduler) == (["a", "b"], {})
     # The kvstore released this scheduler's references (its lease expired): the blocks a and b
@@ -247,9 +240,9 @@ def test_a_lost_lease_recomputes_the_running_requests_without_writing_their_bloc
 
 
 def test_a_lease_found_lost_while_planning_a_step_schedules_nothing_of_it() -> None:
-    scheduler, allocator, clock = make_scheduler()
-    scheduler.add_request(make_request("fits", 2, max_new_tokens=3))
-    scheduler.add_request(make_request("grows", 4, max_new_tokens=4))
+    scheduler, allocator, clock = downable_scheduler()
+    scheduler.add_request(make_engine_request("fits", range(10, 12), 3, ignore_eos=True))
+    scheduler.add_request(make_engine_request("grows", range(10, 14), 4, ignore_eos=True))
     assert step(scheduler) == (["fits", "grows"], {})
     # "grows" needs a block: the kvstore refuses it, the lease is lost. "fits" was planned first
     # and fits its block, but that block is not its own any more: nothing runs this step.

@@ -5,12 +5,14 @@ and every block is free at the end. In-process engine on a tiny float32 dummy mo
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import defaultdict
 
 import pytest
-from scheduler.core.test_engine_prefix_reuse import PRESET, assert_all_free, make_prompt
+from factories import make_engine, make_engine_request, make_prompt
+from scheduler.core.test_engine_prefix_reuse import PRESET, assert_all_free
 
-from zerolayer.bench.inprocess import LocalModel, build_local_engine
+from zerolayer.bench.inprocess import LocalModel
 from zerolayer.checkpoints.dummy import write_dummy_model
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import (
@@ -20,10 +22,8 @@ from zerolayer.common.generation import (
     RequestOutput,
     SamplingParams,
 )
-from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.engine import Engine
 from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
-from zerolayer.scheduler.engine_factory import EngineConfig
 
 SEED = 2**64 - 2  # sample 2's seed wraps around to 0
 SAMPLING = SamplingParams(temperature=1.0, seed=SEED)
@@ -36,23 +36,15 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> LocalModel:
     return LocalModel.load(write_dummy_model(tmp_path_factory.mktemp("dummy"), PRESET, seed=5))
 
 
-def make_engine(
-    model: LocalModel,
-    num_blocks: int = 64,
-    max_num_seqs: int = 8,
-    budget: int = 8,
-    enable_prefix_caching: bool = True,
-) -> tuple[Engine, LocalBlockAllocator]:
-    config = EngineConfig(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, attention_backend="reference"
-    )
-    layout = model.arena_layout_of_blocks(BLOCK_SIZE, num_blocks)
-    return build_local_engine(model, config, layout, enable_prefix_caching=enable_prefix_caching)
+small_engine = functools.partial(
+    make_engine, num_blocks=64, block_size=BLOCK_SIZE, max_num_seqs=8, max_num_batched_tokens=8
+)
+"""An engine over 64 blocks of 4 tokens with an 8-token step budget (keywords override)."""
 
 
 def sampled(request_id: str, prompt: list[int], n: int = 1, seed: int = SEED) -> EngineRequest:
     sampling = dataclasses.replace(SAMPLING, seed=seed)
-    return EngineRequest(request_id, tuple(prompt), NUM_NEW, sampling, ignore_eos=True, n=n)
+    return make_engine_request(request_id, prompt, NUM_NEW, sampling, ignore_eos=True, n=n)
 
 
 class Recorder:
@@ -99,7 +91,7 @@ class Recorder:
 
 
 def alone(model: LocalModel, request: EngineRequest) -> list[int]:
-    engine, _ = make_engine(model)
+    engine, _ = small_engine(model)
     recorder = Recorder(engine)
     recorder.submit(request)
     recorder.run()
@@ -118,7 +110,7 @@ def test_n_samples_equal_n_separate_requests_and_the_prompt_is_computed_once(
     prompt = make_prompt(14, seed=1)  # 3 full blocks of 4 and a partial one; prefilled in 2 steps
     separate = [alone(model, sampled(f"s{i}", prompt, seed=(SEED + i) % 2**64)) for i in range(3)]
     assert len({tuple(t) for t in separate}) == 3  # the seeds draw different samples
-    engine, allocator = make_engine(model)
+    engine, allocator = small_engine(model)
     recorder = Recorder(engine)
     recorder.submit(sampled("r", prompt, n=3))
     while not engine.scheduler.requests or not engine.scheduler.requests["r"].samples:
@@ -146,7 +138,7 @@ def test_n_samples_equal_n_separate_requests_and_the_prompt_is_computed_once(
 def test_without_prefix_caching_the_samples_copy_the_whole_prompt(model: LocalModel) -> None:
     prompt = make_prompt(8, seed=5)  # two full blocks: the last one is never found by a lookup
     separate = [alone(model, sampled(f"s{i}", prompt, seed=(SEED + i) % 2**64)) for i in range(2)]
-    engine, allocator = make_engine(model, enable_prefix_caching=False)
+    engine, allocator = small_engine(model, enable_prefix_caching=False)
     recorder = Recorder(engine)
     recorder.submit(sampled("r", prompt, n=2))
     recorder.run()
@@ -162,7 +154,7 @@ def test_samples_without_room_wait_and_preempted_ones_recompute_the_same_tokens(
     separate = [alone(model, sampled(f"s{i}", prompt, seed=(SEED + i) % 2**64)) for i in range(6)]
     # 3 running slots: samples 3 to 5 wait at the fork. 10 blocks of 4 tokens cannot hold three
     # samples' 20 tokens of KV at once (2 shared blocks + 3 of each), so some are preempted.
-    engine, allocator = make_engine(model, num_blocks=10, max_num_seqs=3)
+    engine, allocator = small_engine(model, num_blocks=10, max_num_seqs=3)
     recorder = Recorder(engine)
     recorder.submit(sampled("r", prompt, n=6))
     recorder.run()
@@ -172,7 +164,7 @@ def test_samples_without_room_wait_and_preempted_ones_recompute_the_same_tokens(
 
 
 def test_aborting_a_request_aborts_every_sample_and_frees_their_blocks(model: LocalModel) -> None:
-    engine, allocator = make_engine(model)
+    engine, allocator = small_engine(model)
     recorder = Recorder(engine)
     recorder.submit(sampled("r", make_prompt(10, seed=3), n=4))
     for _ in range(5):
@@ -187,7 +179,7 @@ def test_aborting_a_request_aborts_every_sample_and_frees_their_blocks(model: Lo
 
 
 def test_the_stream_ends_with_the_last_sample(model: LocalModel) -> None:
-    engine, allocator = make_engine(model)
+    engine, allocator = small_engine(model)
     recorder = Recorder(engine)
     request = sampled("r", make_prompt(6, seed=4), n=2)
     recorder.submit(dataclasses.replace(request, max_new_tokens=1))
@@ -199,7 +191,7 @@ def test_the_stream_ends_with_the_last_sample(model: LocalModel) -> None:
 
 @pytest.mark.parametrize("n", [0, 17])
 def test_n_out_of_range_is_refused(model: LocalModel, n: int) -> None:
-    engine, _ = make_engine(model)
+    engine, _ = small_engine(model)
     with pytest.raises(InvalidArgument, match="^n: "):
         engine.scheduler.add_request(sampled("r", [5, 6], n=n))
 
@@ -207,7 +199,7 @@ def test_n_out_of_range_is_refused(model: LocalModel, n: int) -> None:
 def test_aborting_one_sample_ends_it_alone_with_an_abort_output(model: LocalModel) -> None:
     prompt = make_prompt(10, seed=6)
     separate = [alone(model, sampled(f"s{i}", prompt, seed=(SEED + i) % 2**64)) for i in (0, 2)]
-    engine, allocator = make_engine(model)
+    engine, allocator = small_engine(model)
     recorder = Recorder(engine)
     recorder.submit(sampled("r", prompt, n=3))
     while len(recorder.token_ids[("r", 1)]) < 3:
@@ -227,10 +219,10 @@ def test_aborting_one_sample_ends_it_alone_with_an_abort_output(model: LocalMode
 
 def test_each_sample_gets_the_logprobs_of_its_own_tokens(model: LocalModel) -> None:
     prompt = make_prompt(7, seed=7)
-    engine, _ = make_engine(model)
+    engine, _ = small_engine(model)
     separate = []
     for i in range(2):
-        recorder = Recorder(make_engine(model)[0])
+        recorder = Recorder(small_engine(model)[0])
         request = sampled(f"s{i}", prompt, seed=(SEED + i) % 2**64)
         recorder.submit(dataclasses.replace(request, logprobs=2))
         recorder.run()

@@ -6,17 +6,17 @@ tokens count up from 100, one per sampling request per step, in scheduling order
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
+from factories import make_engine_request, make_scheduler
 
 from zerolayer.common.errors import InvalidArgument, ResourceExhausted
-from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.common.generation import FinishReason, RequestOutput
 from zerolayer.kvstore.in_process import LocalBlockAllocator
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
 from zerolayer.scheduler.core.request import RequestStatus
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
+from zerolayer.scheduler.core.scheduler import Scheduler
 from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 
 BLOCK_SIZE = 4
@@ -25,33 +25,12 @@ EOS_TOKEN_ID = 2
 Plan = list[tuple[str, int, int, bool]]
 
 
-def make_request(
-    request_id: str,
-    num_prompt_tokens: int = 4,
-    max_new_tokens: int = 8,
-    ignore_eos: bool = False,
-) -> EngineRequest:
-    """A greedy request whose prompt is ``10, 11, ...`` (never EOS)."""
-    return EngineRequest(
-        request_id=request_id,
-        prompt_token_ids=tuple(range(10, 10 + num_prompt_tokens)),
-        max_new_tokens=max_new_tokens,
-        sampling=SamplingParams(),
-        ignore_eos=ignore_eos,
-    )
-
-
-def make_scheduler(
-    num_blocks: int = 16,
-    max_num_seqs: int = 8,
-    max_num_batched_tokens: int = 64,
-    max_model_len: int = 64,
-) -> tuple[Scheduler, LocalBlockAllocator]:
-    """A scheduler over a fresh pool of ``num_blocks`` blocks (free queue 0, 1, 2, ...), prefix
-    caching off (tests/scheduler/test_prefix_reuse.py covers it)."""
-    allocator = LocalBlockAllocator(num_blocks, BLOCK_SIZE, enable_prefix_caching=False)
-    policy = SchedulingPolicy(max_num_seqs, max_num_batched_tokens, max_model_len)
-    return Scheduler(policy, KVCacheManager(allocator, BLOCK_SIZE), (EOS_TOKEN_ID,)), allocator
+plain_scheduler = functools.partial(
+    make_scheduler, num_blocks=16, block_size=BLOCK_SIZE, enable_prefix_caching=False
+)
+"""A scheduler over a fresh pool (free queue 0, 1, 2, ...), prefix caching off
+(tests/scheduler/core/test_engine_prefix_reuse.py covers it). The requests' prompts here are
+``10, 11, ...`` (never EOS)."""
 
 
 def token_counter(start: int = 100) -> Iterator[int]:
@@ -100,10 +79,10 @@ def assert_all_free(scheduler: Scheduler, allocator: LocalBlockAllocator) -> Non
 
 
 def test_admission_in_arrival_order_with_exact_block_ids() -> None:
-    scheduler, allocator = make_scheduler()
-    a = scheduler.add_request(make_request("a", 4, max_new_tokens=3))
-    b = scheduler.add_request(make_request("b", 3, max_new_tokens=3))
-    c = scheduler.add_request(make_request("c", 5, max_new_tokens=3))
+    scheduler, allocator = plain_scheduler()
+    a = scheduler.add_request(make_engine_request("a", range(10, 14), 3))
+    b = scheduler.add_request(make_engine_request("b", range(10, 13), 3))
+    c = scheduler.add_request(make_engine_request("c", range(10, 15), 3))
     assert [r.request_id for r in scheduler.waiting] == ["a", "b", "c"]
     assert a.status == RequestStatus.WAITING
     tokens = token_counter()
@@ -147,8 +126,8 @@ def test_admission_in_arrival_order_with_exact_block_ids() -> None:
 
 
 def test_chunked_prefill_splits_prompt_and_only_last_chunk_samples() -> None:
-    scheduler, allocator = make_scheduler(max_num_batched_tokens=4)
-    request = scheduler.add_request(make_request("a", 10, max_new_tokens=4))
+    scheduler, allocator = plain_scheduler(max_num_batched_tokens=4)
+    request = scheduler.add_request(make_engine_request("a", range(10, 20), 4))
     tokens = token_counter()
 
     planned, _, results = step(scheduler, tokens)
@@ -183,9 +162,9 @@ def test_chunked_prefill_splits_prompt_and_only_last_chunk_samples() -> None:
 
 
 def test_token_budget_is_shared_between_decodes_and_a_prefill_chunk() -> None:
-    scheduler, allocator = make_scheduler(max_num_batched_tokens=8)
-    a = scheduler.add_request(make_request("a", 6, max_new_tokens=2))
-    b = scheduler.add_request(make_request("b", 5, max_new_tokens=2))
+    scheduler, allocator = plain_scheduler(max_num_batched_tokens=8)
+    a = scheduler.add_request(make_engine_request("a", range(10, 16), 2))
+    b = scheduler.add_request(make_engine_request("b", range(10, 15), 2))
     tokens = token_counter()
 
     planned, _, _ = step(scheduler, tokens)
@@ -208,9 +187,9 @@ def test_token_budget_is_shared_between_decodes_and_a_prefill_chunk() -> None:
 
 
 def test_decode_steps_schedule_one_token_per_running_request() -> None:
-    scheduler, allocator = make_scheduler()
+    scheduler, allocator = plain_scheduler()
     for request_id, num_prompt in (("a", 3), ("b", 6), ("c", 1)):
-        scheduler.add_request(make_request(request_id, num_prompt, max_new_tokens=4))
+        scheduler.add_request(make_engine_request(request_id, range(10, 10 + num_prompt), 4))
     tokens = token_counter()
     step(scheduler, tokens)
     for i in range(3):
@@ -226,9 +205,9 @@ def test_decode_steps_schedule_one_token_per_running_request() -> None:
 
 
 def test_max_num_seqs_limits_the_running_set() -> None:
-    scheduler, allocator = make_scheduler(max_num_seqs=2)
+    scheduler, allocator = plain_scheduler(max_num_seqs=2)
     for request_id in ("a", "b", "c"):
-        scheduler.add_request(make_request(request_id, 4, max_new_tokens=2))
+        scheduler.add_request(make_engine_request(request_id, range(10, 14), 2))
     tokens = token_counter()
 
     planned, _, _ = step(scheduler, tokens)
@@ -249,8 +228,8 @@ def test_max_num_seqs_limits_the_running_set() -> None:
 
 
 def test_preemption_evicts_the_most_recently_admitted_and_recomputes_it() -> None:
-    scheduler, allocator = make_scheduler(num_blocks=6, max_num_batched_tokens=16)
-    a, b, c = (scheduler.add_request(make_request(r, 4, max_new_tokens=8)) for r in "abc")
+    scheduler, allocator = plain_scheduler(num_blocks=6, max_num_batched_tokens=16)
+    a, b, c = (scheduler.add_request(make_engine_request(r, range(10, 14), 8)) for r in "abc")
     tokens = token_counter()
 
     step(scheduler, tokens)
@@ -303,9 +282,9 @@ def test_preemption_evicts_the_most_recently_admitted_and_recomputes_it() -> Non
 
 
 def test_a_request_that_cannot_grow_preempts_itself_when_admitted_last() -> None:
-    scheduler, allocator = make_scheduler(num_blocks=2)
-    a = scheduler.add_request(make_request("a", 2, max_new_tokens=2))
-    b = scheduler.add_request(make_request("b", 4, max_new_tokens=2))
+    scheduler, allocator = plain_scheduler(num_blocks=2)
+    a = scheduler.add_request(make_engine_request("a", range(10, 12), 2))
+    b = scheduler.add_request(make_engine_request("b", range(10, 14), 2))
     tokens = token_counter()
     step(scheduler, tokens)
     assert (a.block_ids, b.block_ids) == ([0], [1])
@@ -326,8 +305,8 @@ def test_a_request_that_cannot_grow_preempts_itself_when_admitted_last() -> None
 
 
 def test_eos_stops_a_request() -> None:
-    scheduler, allocator = make_scheduler()
-    request = scheduler.add_request(make_request("a", 4, max_new_tokens=8))
+    scheduler, allocator = plain_scheduler()
+    request = scheduler.add_request(make_engine_request("a", range(10, 14), 8))
     scheduler.update(scheduler.schedule(), [50])
     results = scheduler.update(scheduler.schedule(), [EOS_TOKEN_ID])
     assert results == [RequestOutput("a", (EOS_TOKEN_ID,), FinishReason.EOS, 4, 0)]
@@ -337,8 +316,8 @@ def test_eos_stops_a_request() -> None:
 
 
 def test_ignore_eos_keeps_generating_until_max_new_tokens() -> None:
-    scheduler, allocator = make_scheduler()
-    request = scheduler.add_request(make_request("a", 4, max_new_tokens=3, ignore_eos=True))
+    scheduler, allocator = plain_scheduler()
+    request = scheduler.add_request(make_engine_request("a", range(10, 14), 3, ignore_eos=True))
     reasons = [
         scheduler.update(scheduler.schedule(), [EOS_TOKEN_ID])[0].finish_reason for _ in range(3)
     ]
@@ -348,8 +327,10 @@ def test_ignore_eos_keeps_generating_until_max_new_tokens() -> None:
 
 
 def test_min_new_tokens_holds_eos_and_stop_ids_then_a_stop_id_finishes_with_stop() -> None:
-    scheduler, allocator = make_scheduler()
-    engine_request = replace(make_request("a", 4), min_new_tokens=2, stop_token_ids=(77, 78))
+    scheduler, allocator = plain_scheduler()
+    engine_request = make_engine_request(
+        "a", range(10, 14), min_new_tokens=2, stop_token_ids=(77, 78)
+    )
     request = scheduler.add_request(engine_request)
     reasons = [
         scheduler.update(scheduler.schedule(), [token])[0].finish_reason
@@ -361,8 +342,8 @@ def test_min_new_tokens_holds_eos_and_stop_ids_then_a_stop_id_finishes_with_stop
 
 
 def test_eos_after_min_new_tokens_finishes_with_eos() -> None:
-    scheduler, allocator = make_scheduler()
-    request = scheduler.add_request(replace(make_request("a", 4), min_new_tokens=1))
+    scheduler, allocator = plain_scheduler()
+    request = scheduler.add_request(make_engine_request("a", range(10, 14), min_new_tokens=1))
     reasons = [
         scheduler.update(scheduler.schedule(), [token])[0].finish_reason
         for token in (EOS_TOKEN_ID, EOS_TOKEN_ID)
@@ -373,8 +354,8 @@ def test_eos_after_min_new_tokens_finishes_with_eos() -> None:
 
 
 def test_max_model_len_stops_with_length() -> None:
-    scheduler, allocator = make_scheduler(max_model_len=8)
-    request = scheduler.add_request(make_request("a", 6, max_new_tokens=10))
+    scheduler, allocator = plain_scheduler(max_model_len=8)
+    request = scheduler.add_request(make_engine_request("a", range(10, 16), 10))
     tokens = token_counter()
     _, _, first = step(scheduler, tokens)
     _, _, second = step(scheduler, tokens)
@@ -385,10 +366,10 @@ def test_max_model_len_stops_with_length() -> None:
 
 
 def test_abort_frees_blocks_at_once() -> None:
-    scheduler, allocator = make_scheduler()
-    running = scheduler.add_request(make_request("a", 9, max_new_tokens=8))
+    scheduler, allocator = plain_scheduler()
+    running = scheduler.add_request(make_engine_request("a", range(10, 19), 8))
     step(scheduler, token_counter())
-    waiting = scheduler.add_request(make_request("b", 4))
+    waiting = scheduler.add_request(make_engine_request("b", range(10, 14)))
     assert running.block_ids == [0, 1, 2]
     assert allocator.num_free_blocks == 13
 
@@ -406,15 +387,15 @@ def test_abort_frees_blocks_at_once() -> None:
 
 
 def test_every_sequence_that_ends_is_reported_once_with_its_reason() -> None:
-    scheduler, allocator = make_scheduler()
+    scheduler, allocator = plain_scheduler()
     ended: list[tuple[str, FinishReason, int]] = []
     scheduler.on_finished = lambda r: ended.append(
         (r.request_id, r.finish_reason, len(r.output_token_ids))
     )
-    scheduler.add_request(make_request("length", 4, max_new_tokens=2))
-    scheduler.add_request(make_request("aborted", 9, max_new_tokens=8))
+    scheduler.add_request(make_engine_request("length", range(10, 14), 2))
+    scheduler.add_request(make_engine_request("aborted", range(10, 19), 8))
     step(scheduler, token_counter())
-    scheduler.add_request(make_request("waiting", 4))
+    scheduler.add_request(make_engine_request("waiting", range(10, 14)))
     assert scheduler.kv.num_blocks_in_use == scheduler.kv.num_blocks_held == 1 + 3
     scheduler.abort_request("aborted")
     scheduler.abort_request("waiting")
@@ -428,10 +409,10 @@ def test_every_sequence_that_ends_is_reported_once_with_its_reason() -> None:
 
 
 def test_add_request_rejects_duplicate_request_id() -> None:
-    scheduler, allocator = make_scheduler()
-    scheduler.add_request(make_request("a"))
+    scheduler, allocator = plain_scheduler()
+    scheduler.add_request(make_engine_request("a", range(10, 14)))
     with pytest.raises(InvalidArgument) as info:
-        scheduler.add_request(make_request("a"))
+        scheduler.add_request(make_engine_request("a", range(10, 14)))
     assert info.value.field == "request_id"
     assert len(scheduler.waiting) == 1
     scheduler.abort_request("a")
@@ -445,35 +426,37 @@ def test_add_request_rejects_duplicate_request_id() -> None:
 def test_add_request_rejects_invalid_fields(
     num_prompt_tokens: int, max_new_tokens: int, field: str
 ) -> None:
-    scheduler, allocator = make_scheduler(max_model_len=16)
+    scheduler, allocator = plain_scheduler(max_model_len=16)
     with pytest.raises(InvalidArgument) as info:
-        scheduler.add_request(make_request("a", num_prompt_tokens, max_new_tokens))
+        scheduler.add_request(
+            make_engine_request("a", range(10, 10 + num_prompt_tokens), max_new_tokens)
+        )
     assert info.value.field == field
     assert str(info.value).startswith(f"{field}: ")
     assert_all_free(scheduler, allocator)
 
 
 def test_add_request_accepts_prompt_one_below_max_model_len() -> None:
-    scheduler, allocator = make_scheduler(max_model_len=16)
-    request = scheduler.add_request(make_request("a", 15, max_new_tokens=8))
+    scheduler, allocator = plain_scheduler(max_model_len=16)
+    request = scheduler.add_request(make_engine_request("a", range(10, 25), 8))
     run_to_completion(scheduler, token_counter())
     assert (request.output_token_ids, request.finish_reason) == ([100], FinishReason.LENGTH)
     assert_all_free(scheduler, allocator)
 
 
 def test_add_request_rejects_a_request_larger_than_the_whole_arena() -> None:
-    scheduler, allocator = make_scheduler(num_blocks=4)
+    scheduler, allocator = plain_scheduler(num_blocks=4)
     # 16 prompt + 4 new tokens store KV for 19 tokens (the last one is never fed back): 5 blocks
     # of 4; the arena has 4.
     with pytest.raises(ResourceExhausted) as info:
-        scheduler.add_request(make_request("a", 16, max_new_tokens=4))
+        scheduler.add_request(make_engine_request("a", range(10, 26), 4))
     assert str(info.value) == "max_new_tokens: 19 tokens of KV need 5 blocks, the arena has 4"
     with pytest.raises(ResourceExhausted) as info:
-        scheduler.add_request(make_request("a", 17, max_new_tokens=1))
+        scheduler.add_request(make_engine_request("a", range(10, 27), 1))
     assert str(info.value).startswith("prompt: 17 tokens of KV need 5 blocks")
     assert not scheduler.requests
     # Exactly the whole arena is accepted: 13 + 4 - 1 = 16 tokens of KV.
-    request = scheduler.add_request(make_request("b", 13, max_new_tokens=4))
+    request = scheduler.add_request(make_engine_request("b", range(10, 23), 4))
     run_to_completion(scheduler, token_counter())
     assert request.output_token_ids == [100, 101, 102, 103]
     assert_all_free(scheduler, allocator)

@@ -6,13 +6,8 @@ the scheduler carrying it dies). In-process engine on a tiny float32 dummy model
 from __future__ import annotations
 
 import pytest
-from scheduler.core.test_engine_prefix_reuse import (
-    PRESET,
-    Arrival,
-    make_engine,
-    make_prompt,
-    run,
-)
+from factories import make_engine, make_engine_request, make_prompt
+from scheduler.core.test_engine_prefix_reuse import PRESET, Arrival, run
 
 from zerolayer.bench.inprocess import LocalModel
 from zerolayer.checkpoints.dummy import write_dummy_model
@@ -28,11 +23,13 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> LocalModel:
 
 
 def seeded(request_id: str, prompt: list[int], max_new_tokens: int = NUM_NEW) -> EngineRequest:
-    return EngineRequest(request_id, tuple(prompt), max_new_tokens, SAMPLING, ignore_eos=True)
+    return make_engine_request(request_id, prompt, max_new_tokens, SAMPLING, ignore_eos=True)
 
 
 def tokens_alone(model: LocalModel, request: EngineRequest) -> list[int]:
-    engine, _ = make_engine(model, 4, 64, 64, enable_prefix_caching=True)
+    engine, _ = make_engine(
+        model, 64, 4, max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=True
+    )
     return run(engine, [Arrival(0, request)]).token_ids[request.request_id]
 
 
@@ -54,7 +51,9 @@ def test_a_seeded_request_in_a_batch_draws_what_it_draws_alone(model: LocalModel
         Arrival(step, seeded(f"other-{step}", make_prompt(5 + step, seed=step), 10))
         for step in range(3)
     ]
-    engine, _ = make_engine(model, 4, 64, 64, enable_prefix_caching=True)
+    engine, _ = make_engine(
+        model, 64, 4, max_num_seqs=4, max_num_batched_tokens=64, enable_prefix_caching=True
+    )
     batched = run(engine, [*others, Arrival(1, seeded("r", prompt))])
     assert batched.token_ids["r"] == alone
 
@@ -63,7 +62,9 @@ def test_a_preempted_seeded_request_draws_what_it_draws_undisturbed(model: Local
     arrivals = [Arrival(i, seeded(str(i), make_prompt(9 + 4 * i, seed=10 + i))) for i in range(4)]
     undisturbed = {a.request.request_id: tokens_alone(model, a.request) for a in arrivals}
     # Block size 4, 24 blocks: the four requests together need more, so some are preempted.
-    engine, _ = make_engine(model, 4, 24, 8, enable_prefix_caching=True)
+    engine, _ = make_engine(
+        model, 24, 4, max_num_seqs=4, max_num_batched_tokens=8, enable_prefix_caching=True
+    )
     squeezed = run(engine, arrivals)
     assert squeezed.num_preemptions > 0
     assert squeezed.token_ids == undisturbed

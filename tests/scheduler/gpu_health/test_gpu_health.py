@@ -16,14 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from factories import make_engine_request, make_engine_without_model
 from prometheus_client import CollectorRegistry
 
 from zerolayer.common.errors import Unavailable
-from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput
 from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.engine import Engine
-from zerolayer.scheduler.core.kv_cache_manager import KVCacheManager
-from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 from zerolayer.scheduler.core.scheduler_output import SchedulerOutput
 from zerolayer.scheduler.gpu_health.events import EventKind, GpuEvent, classify_event
 from zerolayer.scheduler.gpu_health.monitor import GpuPoller
@@ -34,7 +33,6 @@ from zerolayer.scheduler.gpu_health.watch import (
     span_attributes,
     watch_gpu,
 )
-from zerolayer.scheduler.model.sampler import Sampler
 
 VOCAB = 64
 BLOCK_SIZE = 4
@@ -109,16 +107,16 @@ class Collector:
             self.done.set()
 
 
-def make_engine() -> tuple[Engine, LocalBlockAllocator]:
-    allocator = LocalBlockAllocator(NUM_BLOCKS, BLOCK_SIZE)
-    policy = SchedulingPolicy(max_num_seqs=16, max_num_batched_tokens=64, max_model_len=1024)
-    scheduler = Scheduler(policy, KVCacheManager(allocator, BLOCK_SIZE), eos_token_ids=(2,))
-    return Engine(scheduler, StubRunner(), Sampler()), allocator  # type: ignore[arg-type]
+def stub_engine() -> tuple[Engine, LocalBlockAllocator]:
+    return make_engine_without_model(
+        NUM_BLOCKS, BLOCK_SIZE, StubRunner(), max_num_seqs=16, max_model_len=1024
+    )
 
 
-def make_request(index: int, max_new_tokens: int) -> EngineRequest:
-    prompt = tuple(5 + (index * 7 + i) % 40 for i in range(9 + index))
-    return EngineRequest(f"r{index}", prompt, max_new_tokens, SamplingParams(), ignore_eos=True)
+def indexed_request(index: int, max_new_tokens: int) -> EngineRequest:
+    """Request ``r<index>``, whose prompt of 9 + index tokens differs from the others'."""
+    prompt = [5 + (index * 7 + i) % 40 for i in range(9 + index)]
+    return make_engine_request(f"r{index}", prompt, max_new_tokens, ignore_eos=True)
 
 
 def submit_all(engine: Engine, max_new_tokens: int) -> tuple[list[Collector], list[FakeTrace]]:
@@ -126,7 +124,7 @@ def submit_all(engine: Engine, max_new_tokens: int) -> tuple[list[Collector], li
     for index in range(NUM_REQUESTS):
         collectors.append(Collector(engine))
         traces.append(FakeTrace())
-        engine.submit(make_request(index, max_new_tokens), collectors[-1], traces[-1])
+        engine.submit(indexed_request(index, max_new_tokens), collectors[-1], traces[-1])
     return collectors, traces
 
 
@@ -155,7 +153,7 @@ def append(path: Path, line: str) -> None:
 
 
 def test_fatal_xid_ends_streams_within_one_step_frees_blocks_and_refuses(script: Path) -> None:
-    engine, allocator = make_engine()
+    engine, allocator = stub_engine()
     registry = CollectorRegistry()
     stopped: list[str] = []
     fault_steps: list[int] = []
@@ -196,7 +194,7 @@ def test_fatal_xid_ends_streams_within_one_step_frees_blocks_and_refuses(script:
         assert all(t.events == [expected] for t in traces)
         # New requests are refused at once, with the same message.
         late = Collector(engine)
-        engine.submit(make_request(0, 4), late)
+        engine.submit(indexed_request(0, 4), late)
         assert isinstance(late.error, Unavailable) and str(late.error) == message
         assert engine.not_serving_reason == message
         assert counter(registry, "xid", "79", "fatal") == 1.0
@@ -207,7 +205,7 @@ def test_fatal_xid_ends_streams_within_one_step_frees_blocks_and_refuses(script:
 
 
 def run_to_completion(script: Path | None, lines: list[str]) -> tuple[list[Collector], object]:
-    engine, allocator = make_engine()
+    engine, allocator = stub_engine()
     registry = CollectorRegistry()
     stopped: list[str] = []
     engine.start()

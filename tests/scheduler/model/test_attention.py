@@ -10,9 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from factories import make_request
 
-from zerolayer.common.generation import EngineRequest, SamplingParams
-from zerolayer.scheduler.core.request import Request
 from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.attention import paged_attention, write_kv
 from zerolayer.scheduler.model.model_runner import build_metadata
@@ -44,18 +43,6 @@ class Sequence:
     q: torch.Tensor  # [L, Hq, D]
     k: torch.Tensor  # [L, Hkv, D]
     v: torch.Tensor
-
-
-def make_request(request_id: str, num_tokens: int, block_ids: list[int]) -> Request:
-    engine_request = EngineRequest(
-        request_id=request_id,
-        prompt_token_ids=tuple(range(3, 3 + num_tokens)),
-        max_new_tokens=1,
-        sampling=SamplingParams(),
-    )
-    request = Request(engine_request, arrival_index=0)
-    request.block_ids = list(block_ids)
-    return request
 
 
 def make_sequences(seed: int, num_q_heads: int) -> list[Sequence]:
@@ -118,7 +105,7 @@ def test_paged_attention_matches_dense_causal_attention(gqa_ratio: int, seed: in
     output = SchedulerOutput(
         [
             ScheduledRequest(
-                make_request(str(i), s.num_cached + s.num_new, s.block_ids),
+                make_request(str(i), range(3, 3 + s.num_cached + s.num_new), s.block_ids),
                 s.num_cached,
                 s.num_new,
                 samples=True,

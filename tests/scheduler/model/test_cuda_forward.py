@@ -3,8 +3,8 @@ CPU path and to transformers on the same seeded float32 dummy checkpoint (cross-
 checked in float32 only: in bfloat16 the Triton kernel rounds the probabilities before P.V and the
 CPU kernel does not, so a near tie may flip), decode CUDA graphs replaying the same tokens as the
 eager CUDA path at several (padded) batch sizes, and sampling from device logits equal to sampling
-from the same logits on the CPU. ``make_engine`` and ``generate`` also give the GPU stack test
-(tests/e2e/test_gpu_stack.py) its in-process reference."""
+from the same logits on the CPU. ``engine_on`` and ``generate`` (tests/factories.py) also give
+the GPU stack test (tests/e2e/test_gpu_stack.py) its in-process reference."""
 
 from __future__ import annotations
 
@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
+from factories import MAX_NEW_TOKENS, generate, hf_generate, make_engine
 
-from zerolayer.bench.inprocess import LocalModel, build_local_engine
+from zerolayer.bench.inprocess import LocalModel
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
 from zerolayer.common.device import resolve_device
-from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
+from zerolayer.common.generation import SamplingParams
 from zerolayer.scheduler.core.engine import Engine
-from zerolayer.scheduler.engine_factory import EngineConfig
 from zerolayer.scheduler.model.sampler import Sampler
 from zerolayer.scheduler.model.triton_attention import triton_available
 
@@ -36,7 +35,6 @@ PRESET = DummyPreset(
 BLOCK_SIZE = 4
 NUM_BLOCKS = 128
 MAX_NUM_SEQS = 8
-MAX_NEW_TOKENS = 24
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 needs_triton = pytest.mark.skipif(
@@ -51,7 +49,7 @@ def make_prompts(num_prompts: int, seed: int = 7) -> list[list[int]]:
     return [torch.randint(3, PRESET.vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
-def make_engine(
+def engine_on(
     model_dir: Path,
     device: str,
     graph_sizes: tuple[int, ...] | None = (),
@@ -63,64 +61,15 @@ def make_engine(
     """The engine as the scheduler process builds it, over an in-process pool, with weights and
     arena (in the checkpoint's dtype) on ``device``."""
     model = LocalModel.load(model_dir, resolve_device(device))
-    config = EngineConfig(
+    engine, _ = make_engine(
+        model,
+        NUM_BLOCKS,
+        block_size,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
-        attention_backend="reference",
         graph_sizes=graph_sizes,
     )
-    engine, _ = build_local_engine(
-        model, config, model.arena_layout_of_blocks(block_size, NUM_BLOCKS)
-    )
     return engine
-
-
-def generate(engine: Engine, prompts: list[list[int]], tag: str = "") -> list[list[int]]:
-    """Greedy, ignore_eos generation of every prompt in one batch; the new token ids."""
-    outputs: dict[str, list[int]] = {f"{tag}{i}": [] for i in range(len(prompts))}
-    errors: list[Exception] = []
-
-    def sink_for(request_id: str):
-        def sink(result: RequestOutput | Exception) -> None:
-            if isinstance(result, Exception):
-                errors.append(result)
-            else:
-                outputs[request_id].extend(result.new_token_ids)
-
-        return sink
-
-    for i, prompt in enumerate(prompts):
-        request_id = f"{tag}{i}"
-        request = EngineRequest(
-            request_id, tuple(prompt), MAX_NEW_TOKENS, SamplingParams(), ignore_eos=True
-        )
-        engine.submit(request, sink_for(request_id))
-    engine.process_commands()
-    for _ in range(1000):
-        if not engine.scheduler.has_unfinished_requests:
-            break
-        engine.step()
-    assert errors == []
-    return [outputs[f"{tag}{i}"] for i in range(len(prompts))]
-
-
-def hf_generate(model_dir: Path, prompts: list[list[int]], device: str) -> list[list[int]]:
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    hf.to(device).eval()
-    hf.generation_config.eos_token_id = None
-    references = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            input_ids = torch.tensor([prompt], device=device)
-            out = hf.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                do_sample=False,
-                max_new_tokens=MAX_NEW_TOKENS,
-                min_new_tokens=MAX_NEW_TOKENS,
-            )
-            references.append(out[0, len(prompt) :].tolist())
-    return references
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +83,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @needs_cuda
 def test_cuda_greedy_ids_equal_cpu_and_transformers(model_dir: Path) -> None:
     prompts = make_prompts(5)
-    cuda_ids = generate(make_engine(model_dir, "cuda"), prompts)
-    assert cuda_ids == generate(make_engine(model_dir, "cpu"), prompts)
+    cuda_ids = generate(engine_on(model_dir, "cuda"), prompts)
+    assert cuda_ids == generate(engine_on(model_dir, "cpu"), prompts)
     assert cuda_ids == hf_generate(model_dir, prompts, "cuda")
     assert all(len(ids) == MAX_NEW_TOKENS for ids in cuda_ids)
 
@@ -144,8 +93,8 @@ def test_cuda_greedy_ids_equal_cpu_and_transformers(model_dir: Path) -> None:
 @needs_cuda
 def test_cuda_chunked_prefill_matches_cpu(model_dir: Path) -> None:
     prompts = make_prompts(4, seed=11)
-    cuda_ids = generate(make_engine(model_dir, "cuda", max_num_batched_tokens=6), prompts)
-    assert cuda_ids == generate(make_engine(model_dir, "cpu", max_num_batched_tokens=6), prompts)
+    cuda_ids = generate(engine_on(model_dir, "cuda", max_num_batched_tokens=6), prompts)
+    assert cuda_ids == generate(engine_on(model_dir, "cpu", max_num_batched_tokens=6), prompts)
 
 
 @pytest.mark.gpu
@@ -153,8 +102,8 @@ def test_cuda_chunked_prefill_matches_cpu(model_dir: Path) -> None:
 @pytest.mark.parametrize("num_prompts", [1, 2, 3, 5, 8])
 def test_cuda_graph_replay_gives_the_eager_tokens(model_dir: Path, num_prompts: int) -> None:
     prompts = make_prompts(num_prompts, seed=num_prompts)
-    eager = generate(make_engine(model_dir, "cuda"), prompts)
-    engine = make_engine(model_dir, "cuda", graph_sizes=None)
+    eager = generate(engine_on(model_dir, "cuda"), prompts)
+    engine = engine_on(model_dir, "cuda", graph_sizes=None)
     engine.warm_up(8)
     engine.capture_graphs()
     graphs = engine.runner.graphs
@@ -171,8 +120,8 @@ def test_cuda_graph_replay_gives_the_eager_tokens(model_dir: Path, num_prompts: 
 @needs_triton
 def test_graphs_follow_a_new_arena(model_dir: Path) -> None:
     prompts = make_prompts(3, seed=5)
-    eager = generate(make_engine(model_dir, "cuda"), prompts)
-    engine = make_engine(model_dir, "cuda", graph_sizes=None)
+    eager = generate(engine_on(model_dir, "cuda"), prompts)
+    engine = engine_on(model_dir, "cuda", graph_sizes=None)
     engine.capture_graphs()
     runner = engine.runner
     k_cache = runner.kv_caches[0][0]

@@ -7,10 +7,9 @@ import dataclasses
 
 import pytest
 import torch
+from factories import make_request
 
 from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.common.generation import EngineRequest, SamplingParams
-from zerolayer.scheduler.core.request import Request
 from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.decode_padding import (
     DecodeStaging,
@@ -25,19 +24,6 @@ from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.step_inputs import StepBuffers, StepInputs
 
 BLOCK_SIZE = 4
-
-
-def make_request(request_id: str, num_tokens: int, block_ids: list[int]) -> Request:
-    """A request whose prompt is tokens 100, 101, ... (``num_tokens`` of them)."""
-    engine_request = EngineRequest(
-        request_id=request_id,
-        prompt_token_ids=tuple(100 + i for i in range(num_tokens)),
-        max_new_tokens=8,
-        sampling=SamplingParams(),
-    )
-    request = Request(engine_request, arrival_index=0)
-    request.block_ids = list(block_ids)
-    return request
 
 
 TINY_CONFIG = ModelConfig.from_json(
@@ -72,7 +58,7 @@ def make_tiny_weights(seed: int | None = None) -> dict[str, torch.Tensor]:
 def make_decode_step(seq_lens: list[int], tables: list[list[int]]) -> StepInputs:
     """A decode-only step: sequence i feeds its token at position ``seq_lens[i] - 1``."""
     scheduled = [
-        ScheduledRequest(make_request(str(i), n, table), n - 1, 1, samples=True)
+        ScheduledRequest(make_request(str(i), range(100, 100 + n), table), n - 1, 1, samples=True)
         for i, (n, table) in enumerate(zip(seq_lens, tables, strict=True))
     ]
     buffers = StepBuffers(BLOCK_SIZE, max_tokens=16, max_seqs=8, max_blocks=8)
@@ -107,7 +93,7 @@ def test_bucket_is_the_smallest_batch_size_that_holds_the_step() -> None:
 
 def test_decode_only_means_one_token_per_sequence() -> None:
     assert is_decode_only(make_decode_step([5, 9], [[7, 3], [1, 2, 6]]))
-    prefill = ScheduledRequest(make_request("p", 6, [4, 5]), 0, 6, samples=True)
+    prefill = ScheduledRequest(make_request("p", range(100, 106), [4, 5]), 0, 6, samples=True)
     mixed = StepBuffers(BLOCK_SIZE).fill(SchedulerOutput([prefill]))
     assert not is_decode_only(mixed)
     assert not is_decode_only(StepBuffers(BLOCK_SIZE).fill(SchedulerOutput([])))

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
+from factories import MAX_NEW_TOKENS, hf_generate, run_engine
 from safetensors.torch import load_file, save_file
 
 from zerolayer.bench.inprocess import LocalModel, build_local_engine
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
 from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.common.generation import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from zerolayer.common.generation import FinishReason, RequestOutput
 from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.engine import Engine
 from zerolayer.scheduler.engine_factory import EngineConfig
@@ -36,7 +36,6 @@ PRESET = DummyPreset(
     dtype="float32",
 )
 BLOCK_SIZE = 4
-MAX_NEW_TOKENS = 24
 PROMPT_LENGTHS = (5, 11, 17, 3)
 LLAMA3_ROPE_SCALING = {
     "rope_type": "llama3",
@@ -80,59 +79,6 @@ def make_engine(
         max_num_seqs=4, max_num_batched_tokens=max_num_batched_tokens, attention_backend="reference"
     )
     return build_local_engine(model, config, model.arena_layout_of_blocks(BLOCK_SIZE, num_blocks))
-
-
-def run_engine(
-    engine: Engine, prompts: list[list[int]], max_new_tokens: int = MAX_NEW_TOKENS
-) -> dict[str, list[RequestOutput]]:
-    """Submits every prompt (greedy, ignore_eos, ``max_new_tokens`` each) and steps until all
-    finish."""
-    outputs: dict[str, list[RequestOutput]] = {str(i): [] for i in range(len(prompts))}
-    errors: list[Exception] = []
-
-    def sink_for(request_id: str):
-        def sink(result: RequestOutput | Exception) -> None:
-            if isinstance(result, Exception):
-                errors.append(result)
-            else:
-                outputs[request_id].append(result)
-
-        return sink
-
-    for i, prompt in enumerate(prompts):
-        request = EngineRequest(
-            str(i), tuple(prompt), max_new_tokens, SamplingParams(), ignore_eos=True
-        )
-        engine.submit(request, sink_for(str(i)))
-    engine.process_commands()
-    for _ in range(500):
-        if not engine.scheduler.has_unfinished_requests:
-            break
-        engine.step()
-    assert errors == []
-    assert not engine.scheduler.has_unfinished_requests
-    return outputs
-
-
-def hf_generate(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    hf.eval()
-    # NOTE: no EOS on the reference side: with min_new_tokens transformers would suppress EOS,
-    # while the engine's ignore_eos keeps the argmax even when it is EOS.
-    hf.generation_config.eos_token_id = None
-    references = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            input_ids = torch.tensor([prompt])
-            out = hf.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                do_sample=False,
-                max_new_tokens=MAX_NEW_TOKENS,
-                min_new_tokens=MAX_NEW_TOKENS,
-            )
-            references.append(out[0, len(prompt) :].tolist())
-    return references
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
+from factories import make_request
 
-from zerolayer.common.generation import EngineRequest, SamplingParams
+from zerolayer.common.generation import SamplingParams
 from zerolayer.scheduler.core.request import Request
 from zerolayer.scheduler.model.logits_processors import (
     apply_logits_processors,
@@ -19,44 +20,30 @@ NEG_INF = float("-inf")
 EOS_TOKEN_IDS = (2,)
 
 
-def make_request(
-    prompt: tuple[int, ...] = (0,),
-    output: tuple[int, ...] = (),
-    min_new_tokens: int = 0,
-    stop_token_ids: tuple[int, ...] = (),
-    ignore_eos: bool = False,
-    num_resumed_output_tokens: int = 0,
-    **sampling: object,
-) -> Request:
-    """A request with ``prompt`` that has generated ``output`` so far."""
-    engine_request = EngineRequest(
-        "r",
-        prompt,
-        16,
-        SamplingParams(**sampling),  # type: ignore[arg-type]
-        ignore_eos=ignore_eos,
-        min_new_tokens=min_new_tokens,
-        stop_token_ids=stop_token_ids,
-        num_resumed_output_tokens=num_resumed_output_tokens,
-    )
-    request = Request(engine_request, 0)
-    request.output_token_ids = list(output)
-    return request
-
-
 def process(rows: list[list[float]], requests: list[Request]) -> torch.Tensor:
     return apply_logits_processors(torch.tensor(rows), requests, EOS_TOKEN_IDS)
 
 
 def test_a_batch_without_controls_is_returned_as_is() -> None:
     logits = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
-    requests = [make_request(min_new_tokens=1, output=(5,), temperature=0.7, min_p=0.3)]
+    requests = [
+        make_request(
+            "r",
+            (0,),
+            output_token_ids=(5,),
+            min_new_tokens=1,
+            sampling=SamplingParams(temperature=0.7, min_p=0.3),
+        )
+    ]
     assert apply_logits_processors(logits, requests, EOS_TOKEN_IDS) is logits
 
 
 def test_logit_bias_adds_to_its_ids_and_leaves_other_rows_alone() -> None:
     logits = torch.tensor([[1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
-    requests = [make_request(logit_bias=((0, 0.5), (3, -100.0))), make_request()]
+    requests = [
+        make_request("r", (0,), sampling=SamplingParams(logit_bias=((0, 0.5), (3, -100.0)))),
+        make_request("r", (0,)),
+    ]
     out = apply_logits_processors(logits, requests, EOS_TOKEN_IDS)
     assert out.tolist() == [[1.5, 2.0, 3.0, -96.0], [1.0, 1.0, 1.0, 1.0]]
     assert logits.tolist() == [[1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]]
@@ -66,10 +53,10 @@ def test_min_new_tokens_masks_eos_and_stop_ids_until_reached() -> None:
     out = process(
         [[1.0, 2.0, 3.0, 4.0]] * 4,
         [
-            make_request(min_new_tokens=2, output=(3,), stop_token_ids=(1,)),
-            make_request(min_new_tokens=1, output=(3,), stop_token_ids=(1,)),
-            make_request(min_new_tokens=1, stop_token_ids=(0,), ignore_eos=True),
-            make_request(),
+            make_request("r", (0,), output_token_ids=(3,), min_new_tokens=2, stop_token_ids=(1,)),
+            make_request("r", (0,), output_token_ids=(3,), min_new_tokens=1, stop_token_ids=(1,)),
+            make_request("r", (0,), min_new_tokens=1, stop_token_ids=(0,), ignore_eos=True),
+            make_request("r", (0,)),
         ],
     )
     assert out.tolist() == [
@@ -83,7 +70,14 @@ def test_min_new_tokens_masks_eos_and_stop_ids_until_reached() -> None:
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_ids() -> None:
     out = process(
         [[2.0, -2.0, 4.0, -4.0, 0.0]],
-        [make_request(prompt=(0,), output=(1, 4, 1), repetition_penalty=2.0)],
+        [
+            make_request(
+                "r",
+                (0,),
+                output_token_ids=(1, 4, 1),
+                sampling=SamplingParams(repetition_penalty=2.0),
+            )
+        ],
     )
     assert out.tolist() == [[1.0, -4.0, 4.0, -4.0, 0.0]]
 
@@ -93,7 +87,10 @@ def test_presence_and_frequency_penalties_count_output_tokens_only() -> None:
         [[0.0, 0.0, 0.0, 0.0]],
         [
             make_request(
-                prompt=(0, 0), output=(1, 1, 3), presence_penalty=0.5, frequency_penalty=0.25
+                "r",
+                (0, 0),
+                output_token_ids=(1, 1, 3),
+                sampling=SamplingParams(presence_penalty=0.5, frequency_penalty=0.25),
             )
         ],
     )
@@ -104,18 +101,25 @@ def test_a_resubmitted_requests_earlier_output_counts_for_presence_and_frequency
     # After a failover the earlier output (1, 1) ends the prompt: it is penalised as output,
     # the rest of the prompt (0, 2) is not, exactly as on the scheduler that died.
     resumed = make_request(
-        prompt=(0, 2, 1, 1),
-        output=(3,),
+        "r",
+        (0, 2, 1, 1),
+        output_token_ids=(3,),
         num_resumed_output_tokens=2,
-        presence_penalty=0.5,
-        frequency_penalty=0.25,
+        sampling=SamplingParams(presence_penalty=0.5, frequency_penalty=0.25),
     )
     out = process([[1.0, 1.0, 1.0, 1.0]], [resumed])
     assert out.tolist() == [[1.0, 0.0, 1.0, 0.25]]
 
 
 def test_negative_presence_penalty_raises_the_logits_of_output_tokens() -> None:
-    out = process([[0.0, 0.0, 0.0]], [make_request(output=(2, 2), presence_penalty=-1.5)])
+    out = process(
+        [[0.0, 0.0, 0.0]],
+        [
+            make_request(
+                "r", (0,), output_token_ids=(2, 2), sampling=SamplingParams(presence_penalty=-1.5)
+            )
+        ],
+    )
     assert out.tolist() == [[0.0, 0.0, 1.5]]
 
 
@@ -126,12 +130,13 @@ def test_processors_apply_in_order_bias_min_new_tokens_repetition_presence_frequ
         [[1.0, -1.0, 5.0, 0.5]],
         [
             make_request(
-                prompt=(0,),
-                output=(1,),
+                "r",
+                (0,),
+                output_token_ids=(1,),
                 min_new_tokens=2,
-                logit_bias=((1, 2.0), (2, 50.0)),
-                repetition_penalty=2.0,
-                presence_penalty=0.25,
+                sampling=SamplingParams(
+                    logit_bias=((1, 2.0), (2, 50.0)), repetition_penalty=2.0, presence_penalty=0.25
+                ),
             )
         ],
     )
@@ -140,7 +145,12 @@ def test_processors_apply_in_order_bias_min_new_tokens_repetition_presence_frequ
 
 def test_greedy_rows_take_the_argmax_of_the_processed_logits() -> None:
     logits = torch.tensor([[1.0, 3.0, 2.0], [1.0, 3.0, 2.0]])
-    requests = [make_request(output=(1,), frequency_penalty=2.0), make_request()]
+    requests = [
+        make_request(
+            "r", (0,), output_token_ids=(1,), sampling=SamplingParams(frequency_penalty=2.0)
+        ),
+        make_request("r", (0,)),
+    ]
     processed = apply_logits_processors(logits, requests, EOS_TOKEN_IDS)
     assert Sampler()(processed, [r.sampling for r in requests], [0, 0], [2, 2]) == [2, 1]
 

@@ -7,17 +7,16 @@ import math
 
 import pytest
 import torch
+from factories import make_engine, make_engine_request
 
-from zerolayer.bench.inprocess import LocalModel, build_local_engine
+from zerolayer.bench.inprocess import LocalModel
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
 from zerolayer.common.generation import (
     EngineRequest,
     PositionLogprobs,
     RequestOutput,
-    SamplingParams,
     TokenLogprob,
 )
-from zerolayer.scheduler.engine_factory import EngineConfig
 from zerolayer.scheduler.model.logprobs import position_logprobs
 
 PRESET = DummyPreset(64, 128, 2, 4, 2, 259, max_position_embeddings=512)
@@ -48,11 +47,9 @@ def run(
     max_num_batched_tokens: int,
 ) -> tuple[dict[str, list[RequestOutput]], int]:
     """Runs the requests to the end; returns each one's outputs and the preemption count."""
-    config = EngineConfig(
-        max_num_seqs=4, max_num_batched_tokens=max_num_batched_tokens, attention_backend="reference"
+    engine, _ = make_engine(
+        model, num_blocks, 4, max_num_seqs=4, max_num_batched_tokens=max_num_batched_tokens
     )
-    layout = model.arena_layout_of_blocks(4, num_blocks)
-    engine, _ = build_local_engine(model, config, layout)
     outputs: dict[str, list[RequestOutput]] = {r.request_id: [] for r in requests}
     for request in requests:
         engine.submit(request, outputs[request.request_id].append)
@@ -64,17 +61,12 @@ def run(
     return outputs, engine.scheduler.num_preemptions
 
 
-def make_request(request_id: str, num_prompt_tokens: int, prompt_seed: int) -> EngineRequest:
+def logprobs_request(request_id: str, num_prompt_tokens: int, prompt_seed: int) -> EngineRequest:
+    """12 greedy tokens with 3 alternatives each, after a random prompt with 2 per position."""
     g = torch.Generator().manual_seed(prompt_seed)
     prompt = torch.randint(3, PRESET.vocab_size, (num_prompt_tokens,), generator=g).tolist()
-    return EngineRequest(
-        request_id,
-        tuple(prompt),
-        12,
-        SamplingParams(),
-        ignore_eos=True,
-        logprobs=3,
-        prompt_logprobs=2,
+    return make_engine_request(
+        request_id, prompt, 12, ignore_eos=True, logprobs=3, prompt_logprobs=2
     )
 
 
@@ -89,11 +81,13 @@ def assert_close(got: list[PositionLogprobs], want: list[PositionLogprobs]) -> N
 def test_prompt_logprobs_survive_chunked_prefill_preemption_and_a_cached_prefix(
     model: LocalModel,
 ) -> None:
-    requests = [make_request("a", 22, 1), make_request("b", 40, 2)]
+    requests = [logprobs_request("a", 22, 1), logprobs_request("b", 40, 2)]
     alone, _ = run(model, requests[:1], num_blocks=64, max_num_batched_tokens=64)
     # Cached first: "a" again must still get every prompt position (no prefix reuse for it).
-    warm = [make_request("warm", 22, 1), *requests]
-    warm[0] = EngineRequest("warm", warm[1].prompt_token_ids, 2, SamplingParams(), ignore_eos=True)
+    warm = [
+        make_engine_request("warm", requests[0].prompt_token_ids, 2, ignore_eos=True),
+        *requests,
+    ]
     # Chunks of at most 8 tokens, and too few blocks for both: "b" is preempted in its prefill,
     # after some of its prompt logprobs were computed (and recomputed from its first token).
     chunked, num_preemptions = run(model, warm, num_blocks=14, max_num_batched_tokens=8)

@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from factories import make_request
 
 from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model
 from zerolayer.checkpoints.model_config import ModelConfig
-from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.kvstore.in_process import local_arena
-from zerolayer.scheduler.core.request import Request
 from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.attention import (
     AttentionMetadata,
@@ -82,18 +81,6 @@ class Step:
     scale: float
 
 
-def make_request(request_id: str, num_tokens: int, block_ids: list[int]) -> Request:
-    engine_request = EngineRequest(
-        request_id=request_id,
-        prompt_token_ids=tuple(range(3, 3 + num_tokens)),
-        max_new_tokens=1,
-        sampling=SamplingParams(),
-    )
-    request = Request(engine_request, arrival_index=0)
-    request.block_ids = list(block_ids)
-    return request
-
-
 def make_step(
     step: list[tuple[int, int]],
     num_q_heads: int,
@@ -129,7 +116,7 @@ def make_step(
         )
         write_kv(k_cache, v_cache, seq.k, seq.v, slots)
         sequences.append(seq)
-        request = make_request(str(i), length, block_ids)
+        request = make_request(str(i), range(3, 3 + length), block_ids)
         scheduled.append(ScheduledRequest(request, num_cached, num_new, samples=True))
     _, _, meta, _ = build_metadata(SchedulerOutput(scheduled), block_size)
     q = torch.cat([s.q for s in sequences])
@@ -410,7 +397,7 @@ def test_model_runner_logits_match_the_reference_path(native: KernelLoader, tmp_
     ]
     lengths, pool = [23, 6, 14], iter(torch.randperm(32).tolist())
     requests = [
-        make_request(str(i), n, [next(pool) for _ in range(-(-n // BLOCK_SIZE))])
+        make_request(str(i), range(3, 3 + n), [next(pool) for _ in range(-(-n // BLOCK_SIZE))])
         for i, n in enumerate(lengths)
     ]
     steps = [

@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import torch
+from factories import make_request
 
-from zerolayer.common.generation import EngineRequest, SamplingParams
 from zerolayer.scheduler.core.request import Request
 from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model.step_inputs import StepBuffers
@@ -15,25 +15,20 @@ from zerolayer.scheduler.model.step_inputs import StepBuffers
 BLOCK_SIZE = 4
 
 
-def make_request(rng: random.Random, num_prompt: int, num_output: int) -> Request:
-    engine_request = EngineRequest(
-        request_id=str(rng.random()),
-        prompt_token_ids=tuple(rng.randrange(1000) for _ in range(num_prompt)),
-        max_new_tokens=num_output + 1,
-        sampling=SamplingParams(),
-    )
-    request = Request(engine_request, arrival_index=0)
-    request.output_token_ids = [rng.randrange(1000) for _ in range(num_output)]
-    num_blocks = -(-(num_prompt + num_output) // BLOCK_SIZE)
-    request.block_ids = rng.sample(range(200), num_blocks)
-    return request
+def random_request(rng: random.Random, num_prompt: int, num_output: int) -> Request:
+    """A request of random prompt and output tokens, holding random blocks."""
+    request_id = str(rng.random())
+    prompt = [rng.randrange(1000) for _ in range(num_prompt)]
+    output = [rng.randrange(1000) for _ in range(num_output)]
+    block_ids = rng.sample(range(200), -(-(num_prompt + num_output) // BLOCK_SIZE))
+    return make_request(request_id, prompt, block_ids, output, max_new_tokens=num_output + 1)
 
 
 def random_step(rng: random.Random, max_seqs: int = 6) -> SchedulerOutput:
     scheduled = []
     for _ in range(rng.randint(1, max_seqs)):
         num_prompt, num_output = rng.randint(1, 30), rng.randint(0, 10)
-        request = make_request(rng, num_prompt, num_output)
+        request = random_request(rng, num_prompt, num_output)
         total = num_prompt + num_output
         if rng.random() < 0.5:
             first, n = total - 1, 1  # decode
@@ -149,7 +144,7 @@ def test_a_step_larger_than_the_buffers_grows_them() -> None:
 
 def test_request_token_access_matches_the_concatenated_list() -> None:
     rng = random.Random(3)
-    request = make_request(rng, 7, 5)
+    request = random_request(rng, 7, 5)
     tokens = request.all_token_ids
     assert [request.token_at(i) for i in range(12)] == tokens
     for first in range(12):

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from factories import make_request
 
-from zerolayer.common.generation import EngineRequest, SamplingParams
-from zerolayer.scheduler.core.request import Request
 from zerolayer.scheduler.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from zerolayer.scheduler.model import triton_attention
 from zerolayer.scheduler.model.attention import (
@@ -72,18 +71,6 @@ class Step:
     scale: float
 
 
-def make_request(request_id: str, num_tokens: int, block_ids: list[int]) -> Request:
-    engine_request = EngineRequest(
-        request_id=request_id,
-        prompt_token_ids=tuple(range(3, 3 + num_tokens)),
-        max_new_tokens=1,
-        sampling=SamplingParams(),
-    )
-    request = Request(engine_request, arrival_index=0)
-    request.block_ids = list(block_ids)
-    return request
-
-
 def make_step(
     step: list[tuple[int, int]],
     num_q_heads: int,
@@ -114,7 +101,7 @@ def make_step(
         )
         write_kv(k_cache, v_cache, k.to(dtype), v.to(dtype), slots)
         queries.append(torch.randn(num_new, num_q_heads, head_dim, generator=g).to(dtype))
-        request = make_request(str(i), length, block_ids)
+        request = make_request(str(i), range(3, 3 + length), block_ids)
         scheduled.append(ScheduledRequest(request, num_cached, num_new, samples=True))
     _, _, meta, _ = build_metadata(SchedulerOutput(scheduled), block_size)
     return Step(torch.cat(queries), k_cache, v_cache, meta, free, head_dim**-0.5)
