@@ -9,13 +9,14 @@ from pathlib import Path
 
 from grpc_health.v1 import health_pb2
 
+from zerolayer.stack.probes import status_name
 from zerolayer.stack.still_starting import still_starting
 
 
 def test_it_names_the_process_its_cpu_its_health_and_its_last_log_line(tmp_path: Path) -> None:
     log = tmp_path / "scheduler.log"
     log.write_text("scheduler INFO starting\nscheduler INFO loading the model\n\n")
-    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    not_serving = status_name(health_pb2.HealthCheckResponse.NOT_SERVING)
     line = still_starting("scheduler", os.getpid(), not_serving, 180.0, log)
     assert re.fullmatch(
         rf"scheduler still starting after --startup-timeout-s 180 \(pid {os.getpid()}, "

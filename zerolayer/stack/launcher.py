@@ -47,7 +47,7 @@ from zerolayer.stack.config import SHM_DIR, StackConfig
 from zerolayer.stack.health_watch import HealthTarget
 from zerolayer.stack.kernel_build import build_native_kernels, needs_native_kernels
 from zerolayer.stack.layout import frontend_instance_id
-from zerolayer.stack.probes import SERVING, health_status
+from zerolayer.stack.probes import SERVING, health_status, status_name
 from zerolayer.stack.run_dir import RunDirError, make_run_dir, new_run_dir
 from zerolayer.stack.still_starting import still_starting
 from zerolayer.stack.supervisor import Supervisor
@@ -304,7 +304,8 @@ class Stack:
                     return
                 if time.monotonic() > deadline:
                     timeout_s = self.config.startup_timeout_s
-                    why = still_starting(name, process.pid, health, timeout_s, self._log(name))
+                    state = status_name(health)
+                    why = still_starting(name, process.pid, state, timeout_s, self._log(name))
                     raise StackError(f"{why}{self._log_tail(name)}")
                 time.sleep(0.05)
 

@@ -24,6 +24,12 @@ def health_status(channel: grpc.Channel, service: str = "", timeout_s: float = 1
         return None
 
 
+def status_name(status: int | None) -> str | None:
+    """The name of a ``grpc.health.v1`` status (``SERVING``, ``NOT_SERVING`` ...); None for
+    None (no answer)."""
+    return None if status is None else health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+
+
 def is_serving(address: str, service: str = "", timeout_s: float = 0.25) -> bool:
     """Whether the server at ``address`` reports SERVING on ``service`` now (one check on a new
     channel)."""

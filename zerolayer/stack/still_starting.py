@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from grpc_health.v1 import health_pb2
-
 from zerolayer.common.stack_settings import STARTUP_TIMEOUT_S
 
 
@@ -34,7 +32,7 @@ def last_log_line(path: Path | None) -> str:
 
 
 def still_starting(
-    name: str, pid: int, health: int | None, timeout_s: float, log_path: Path | None
+    name: str, pid: int, health: str | None, timeout_s: float, log_path: Path | None
 ) -> str:
     """``scheduler still starting after --startup-timeout-s 180 (pid 42, 3.1 s of CPU, health:
     not answering yet); its last log line: ...``.
@@ -42,14 +40,15 @@ def still_starting(
     Args:
         name: the process (``scheduler``, ``frontend-1``).
         pid: its process id.
-        health: its last ``grpc.health.v1`` status; None when it did not answer.
+        health: the name of its last ``grpc.health.v1`` status (``NOT_SERVING``); None when it
+            did not answer.
         timeout_s: the deadline it missed, seconds.
         log_path: its log file (``--log-dir``); None when its stderr is this process's.
     """
     if health is None:
         state = "health: not answering yet"
     else:
-        state = f"health: {health_pb2.HealthCheckResponse.ServingStatus.Name(health)}"
+        state = f"health: {health}"
     cpu = cpu_seconds(pid)
     used = "" if cpu is None else f", {cpu:.1f} s of CPU"
     line = f"{name} still starting after {STARTUP_TIMEOUT_S.flag} {timeout_s:g} (pid {pid}{used}, "
