@@ -49,6 +49,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "default_max_new_tokens": ("17", 17),
     "scheduler_wait_s": ("0.5", 0.5),
     "failover_wait_s": ("5", 5.0),
+    "scheduler_hung_after_s": ("2.5", 2.5),
     "routing": ("prefix-affine", "prefix-affine"),
     "tls_cert": ("/etc/zl/server.pem", "/etc/zl/server.pem"),
     "tls_key": ("/etc/zl/server.key", "/etc/zl/server.key"),

@@ -18,12 +18,17 @@ from pathlib import Path
 import grpc
 import pytest
 from e2e.stack import kv_stats, text_stub
-from e2e.two_schedulers import SCHEDULERS, SERVING, TwoSchedulers, start_two_schedulers
+from e2e.two_schedulers import (
+    HUNG_AFTER_S,
+    SCHEDULERS,
+    SERVING,
+    TwoSchedulers,
+    start_two_schedulers,
+)
 from factories import make_generate_request, make_infer_request, text_output
 from grpc_health.v1 import health_pb2
 
 from zerolayer.frontend.routing.failover import INCIDENT_WINDOW_S
-from zerolayer.frontend.routing.scheduler_client import HUNG_AFTER_S
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb
 

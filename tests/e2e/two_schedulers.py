@@ -19,6 +19,9 @@ from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 SCHEDULERS = ("scheduler-a", "scheduler-b")
 SERVING = health_pb2.HealthCheckResponse.SERVING
+HUNG_AFTER_S = 2.0
+"""The frontend's ``--scheduler-hung-after-s`` here (default 5): a scheduler stopped with SIGSTOP
+is found hung sooner; its pings are answered by gRPC's core threads even when it is busy."""
 
 
 def _replace_flag(command: list[str], flag: str, value: str) -> list[str]:
@@ -63,6 +66,8 @@ class TwoSchedulers:
                 *frontend,
                 "--failover-wait-s",
                 str(failover_wait_s),
+                "--scheduler-hung-after-s",
+                str(HUNG_AFTER_S),
                 *(["--routing", routing] if routing else []),
             ],
         }

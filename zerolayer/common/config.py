@@ -202,6 +202,7 @@ class RoutingSettings:
 
     scheduler_wait_s: float = setting_field(settings.SCHEDULER_WAIT_S)
     failover_wait_s: float = setting_field(settings.FAILOVER_WAIT_S)
+    scheduler_hung_after_s: float = setting_field(settings.SCHEDULER_HUNG_AFTER_S)
     routing: str = setting_field(settings.ROUTING)
 
 

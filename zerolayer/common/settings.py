@@ -343,6 +343,14 @@ FAILOVER_WAIT_S = seconds(
     30.0,
     FRONTEND,
 )
+SCHEDULER_HUNG_AFTER_S = seconds(
+    "--scheduler-hung-after-s",
+    "how long a scheduler may leave the frontend's keepalive ping (sent every second) unanswered "
+    "before the frontend takes it for hung (e.g. stopped with SIGSTOP): it is taken out of "
+    "routing and its streams fail over",
+    5.0,
+    FRONTEND,
+)
 ROUTING = choice(
     "--routing",
     "how a request's scheduler is chosen: least-work (the least outstanding tokens) or "

@@ -67,7 +67,10 @@ def scheduler_pool(
     """The schedulers of ``config`` behind one router that calls ``on_change`` when whether one
     can take requests may have changed (nothing connects yet)."""
     router = Router(config.scheduler_address, config.routing, on_change)
-    clients = {a: SchedulerClient(a, tracing=tracing) for a in config.scheduler_address}
+    clients = {
+        a: SchedulerClient(a, tracing=tracing, hung_after_s=config.scheduler_hung_after_s)
+        for a in config.scheduler_address
+    }
     return SchedulerPool(clients, router, Waits(config.scheduler_wait_s, config.failover_wait_s))
 
 

@@ -13,7 +13,7 @@ from factories import make_engine_request
 
 from zerolayer.common.errors import SchedulerLost, Unavailable
 from zerolayer.common.status import ANSWERED_METADATA
-from zerolayer.frontend.routing.scheduler_client import SCHEDULER_CHANNEL_OPTIONS, SchedulerClient
+from zerolayer.frontend.routing.scheduler_client import SchedulerClient, scheduler_channel_options
 from zerolayer.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -46,7 +46,7 @@ async def generate_with(
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, server)
         server.add_insecure_port(address)
         await server.start()
-    client = SchedulerClient(address)
+    client = SchedulerClient(address, hung_after_s=5.0)
     try:
         async for output in client.generate(make_engine_request(), timeout_s=5):
             if token_ids is not None:
@@ -105,7 +105,9 @@ def test_unavailable_answered_by_the_scheduler_reaches_clients_without_internals
 def test_a_scheduler_that_starts_listening_is_connected_within_100_ms() -> None:
     # NOTE: with CHANNEL_OPTIONS' 1 s, a scheduler that listens after its torch import (seconds
     # after the frontend) was seen up to a second late by ``zerolayer up`` (issue 18, cold start)
-    options = dict(SCHEDULER_CHANNEL_OPTIONS)
-    assert len(options) == len(SCHEDULER_CHANNEL_OPTIONS)  # gRPC would take the first
+    options = dict(scheduler_channel_options(hung_after_s=2.5))
+    assert len(options) == len(scheduler_channel_options(2.5))  # gRPC would take the first
     assert options["grpc.max_reconnect_backoff_ms"] == 100
     assert options["grpc.keepalive_time_ms"] == 1000
+    # --scheduler-hung-after-s: the ping timeout that ends a hung scheduler's connection
+    assert options["grpc.keepalive_timeout_ms"] == options["grpc.http2.ping_timeout_ms"] == 2500

@@ -37,33 +37,38 @@ LOST_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 connection broke (UNAVAILABLE), or the server cancelled the call as it shut down (CANCELLED)."""
 
 
-HUNG_AFTER_S = 5.0
-"""A scheduler that has not acknowledged a ping for this long is hung (e.g. stopped with SIGSTOP),
-as the supervisor also counts it; seconds."""
 PING_INTERVAL_S = 1.0
 """How often the frontend pings each scheduler connection, with or without calls, seconds (the
 servers accept pings every ``MIN_CLIENT_PING_INTERVAL_MS`` or slower)."""
 
-SCHEDULER_CHANNEL_OPTIONS = (
-    # NOTE: a scheduler that starts, or restarts, is routed to within 100 ms of listening
-    *FAST_RECONNECT_CHANNEL_OPTIONS,
-    # NOTE: a hung scheduler keeps its connection open and its health stream just goes quiet, so
-    # without pings the router kept routing to it and the public health stayed SERVING while
-    # every Generate timed out. HTTP/2 pings are answered by gRPC's core threads, not the Python
-    # loop, so a busy engine still answers them; an unanswered one closes the connection, which
-    # ends the health streams (the router takes the scheduler out) and the calls on it (their
-    # requests fail over as when the scheduler dies). Spec: gRPC A8 client-side keepalive,
-    # https://github.com/grpc/proposal/blob/master/A8-client-side-keepalive.md
-    ("grpc.keepalive_time_ms", int(PING_INTERVAL_S * 1000)),
-    ("grpc.keepalive_timeout_ms", int(HUNG_AFTER_S * 1000)),
-    # NOTE: in this gRPC (1.85) an unanswered keepalive ping ends the connection only after the
-    # ping timeout (default 1 min), whatever keepalive_timeout_ms says.
-    ("grpc.http2.ping_timeout_ms", int(HUNG_AFTER_S * 1000)),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.http2.min_time_between_pings_ms", int(PING_INTERVAL_S * 1000)),
-)
-"""Options of the frontend's channel to each scheduler: fast reconnects plus keepalive."""
+
+def scheduler_channel_options(hung_after_s: float) -> tuple[tuple[str, int], ...]:
+    """Options of the frontend's channel to each scheduler: fast reconnects plus keepalive.
+
+    Args:
+        hung_after_s: how long an unanswered ping may stay unanswered before the connection is
+            closed and the scheduler counts as hung (``--scheduler-hung-after-s``), seconds.
+    """
+    return (
+        # NOTE: a scheduler that starts, or restarts, is routed to within 100 ms of listening
+        *FAST_RECONNECT_CHANNEL_OPTIONS,
+        # NOTE: a hung scheduler keeps its connection open and its health stream just goes
+        # quiet, so without pings the router kept routing to it and the public health stayed
+        # SERVING while every Generate timed out. HTTP/2 pings are answered by gRPC's core
+        # threads, not the Python loop, so a busy engine still answers them; an unanswered one
+        # closes the connection, which ends the health streams (the router takes the scheduler
+        # out) and the calls on it (their requests fail over as when the scheduler dies). Spec:
+        # gRPC A8 client-side keepalive,
+        # https://github.com/grpc/proposal/blob/master/A8-client-side-keepalive.md
+        ("grpc.keepalive_time_ms", int(PING_INTERVAL_S * 1000)),
+        ("grpc.keepalive_timeout_ms", int(hung_after_s * 1000)),
+        # NOTE: in this gRPC (1.85) an unanswered keepalive ping ends the connection only after
+        # the ping timeout (default 1 min), whatever keepalive_timeout_ms says.
+        ("grpc.http2.ping_timeout_ms", int(hung_after_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_time_between_pings_ms", int(PING_INTERVAL_S * 1000)),
+    )
 
 
 @dataclass(frozen=True)
@@ -87,15 +92,24 @@ class SchedulerClient:
     """Streams engine outputs from one scheduler; closing the stream early cancels the call, which
     aborts the request in the scheduler and frees its KV blocks."""
 
-    def __init__(self, address: str, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        hung_after_s: float,
+        tracing: Tracing | None = None,
+    ) -> None:
         """
         Args:
             address: the scheduler's gRPC address.
             tracing: a CLIENT span around each call, its context sent in the call's metadata.
+            hung_after_s: seconds an unanswered keepalive ping takes to close the connection
+                (``--scheduler-hung-after-s``).
         """
         self.address = address
         self._tracing = tracing
-        self._channel = grpc.aio.insecure_channel(address, options=SCHEDULER_CHANNEL_OPTIONS)
+        options = scheduler_channel_options(hung_after_s)
+        self._channel = grpc.aio.insecure_channel(address, options=options)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._health: HealthWatcher | None = None
 
