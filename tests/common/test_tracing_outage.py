@@ -49,6 +49,7 @@ def test_a_dead_collector_is_logged_once_and_does_not_hold_up_a_stop(
         **os.environ,
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector}",
         "OTEL_BSP_SCHEDULE_DELAY": "50",  # export each span at once: many export tries
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "3",  # each export gives up after one retry (~1 s)
     }
     log_path = tmp_path / "loader.log"
     with log_path.open("w") as log:
@@ -62,9 +63,9 @@ def test_a_dead_collector_is_logged_once_and_does_not_hold_up_a_stop(
         wait_serving(address, time.monotonic() + 60)
         with grpc.insecure_channel(address) as channel:
             loader = loader_pb2_grpc.LoaderStub(channel)
-            # Spans for 8 s: the first export's retries (1, 2, 4 s apart; each a warning) end
-            # with an error at ~7 s, when the next retry would pass its 10 s timeout.
-            for _ in range(7):
+            # Spans for ~4 s: each export's retry (1 s later; a warning) ends with an error at
+            # ~1 s, when the next (2 s later) would pass its 3 s timeout: several failed exports.
+            for _ in range(3):
                 loader.GetManifest(loader_pb2.GetManifestRequest(), metadata=TRACEPARENT)
                 time.sleep(1.2)
         stopped = time.monotonic()

@@ -181,7 +181,7 @@ def scraped(
     ) as stack:
         prometheus = Prometheus(stack, tmp_path_factory.mktemp("prometheus"))
         try:
-            outcomes = mixed_load(stack, 12)
+            outcomes = mixed_load(stack, 7)
             time.sleep(3 * SCRAPE_INTERVAL_S)  # the last scrapes after the load
             yield stack, prometheus, outcomes
         finally:
