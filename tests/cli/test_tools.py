@@ -106,3 +106,17 @@ def test_make_dummy_writes_chatml_that_transformers_renders_as_chatml(tmp_path: 
 def test_make_dummy_writes_no_chat_template_unless_asked(tmp_path: Path) -> None:
     assert run("make-dummy", str(tmp_path / "plain"))[0] == 0
     assert not (tmp_path / "plain" / "chat_template.jinja").exists()
+
+
+def test_make_dummy_refuses_a_directory_that_is_not_empty(tmp_path: Path) -> None:
+    model_dir = tmp_path / "model"
+    assert run("make-dummy", str(model_dir))[0] == 0
+    weights = (model_dir / "model.safetensors").read_bytes()
+    code, out, err = run("make-dummy", str(model_dir), "--seed", "1")
+    assert (code, out) == (2, "")
+    assert err == (
+        f"zerolayer make-dummy: error: out_dir {model_dir}: exists and is not an empty directory\n"
+    )
+    assert (model_dir / "model.safetensors").read_bytes() == weights  # nothing overwritten
+    code, _, err = run("make-dummy", str(model_dir / "model.safetensors"))  # a file
+    assert code == 2 and err.endswith(": exists and is not an empty directory\n")

@@ -268,3 +268,37 @@ def test_the_earlier_model_name_flag_still_sets_the_served_name() -> None:
         address = ["--address", "unix:/a"] if program != "up" else []
         args = parsers[program].parse_args(["--model", "m", "--model-name", "tiny", *address])
         assert args.model_name == "tiny"
+
+
+def test_relative_paths_reach_the_layers_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The layers run in the package's directory: `up --model mymodel` from the user's own
+    # directory once gave the loader a path it could not find there.
+    from zerolayer.cli.main import main
+
+    (tmp_path / "tenants.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    flags = ["--model", "mymodel", "--tenants", "tenants.json", "--run-dir", "run"]
+    assert main(["up", "--print-commands", *flags]) == 0
+    commands = [shlex.split(line) for line in capsys.readouterr().out.splitlines()[1::2]]
+    loader = commands[0]
+    assert loader[loader.index("--model") + 1] == str(tmp_path / "mymodel")
+    frontend = next(c for c in commands if c[2] == "zerolayer.frontend")
+    assert frontend[frontend.index("--tenants") + 1] == str(tmp_path / "tenants.json")
+
+
+@pytest.mark.parametrize(
+    ("argv", "field", "at"),
+    [
+        (["generate", "\udcff\udcfeOnce"], "prompt", 0),
+        (["generate", "--message", "user=\udcff"], "--message", 5),
+        (["tokenize", "a\udcff"], "text", 1),
+        (["up", "--generate", "\udcff"], "--generate", 0),
+    ],
+)
+def test_text_that_is_not_utf8_is_a_one_line_refusal(argv: list[str], field: str, at: int) -> None:
+    # Undecodable argv bytes reach Python as lone surrogates (PEP 383); they once gave a
+    # UnicodeEncodeError traceback (for up --generate, after the whole stack had started).
+    err = usage_error(*argv)
+    assert err == f"zerolayer {argv[0]}: error: {field}: not valid UTF-8 (at character {at})\n"

@@ -47,3 +47,13 @@ def comma_separated(item: Callable[[str], object], empty_ok: bool = False) -> Ca
 
     parse.__name__ = "list"
     return parse
+
+
+def utf8_text(text: str) -> str:
+    """Text as given on the command line, refused unless it is valid UTF-8 (the API's strings
+    are; Python hands undecodable argv bytes over as lone surrogates, PEP 383)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 (at character {exc.start})") from None
+    return text

@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from zerolayer.cli.arg_types import utf8_text
 from zerolayer.cli.client import UsageError
 from zerolayer.frontend.text.sampling_controls import MAX_LOGPROBS, MAX_N
 from zerolayer.v1 import generation_pb2
@@ -37,12 +38,14 @@ def add_generate_arguments(
     p.add_argument(
         "prompt",
         nargs="?",
+        type=utf8_text,
         help="prompt text (tokenized with the model's rules, BOS included); or give --message",
     )
     p.add_argument(
         "--message",
         action="append",
         default=[],
+        type=utf8_text,
         metavar="ROLE=TEXT",
         help=f"a chat message (repeatable, in order; ROLE one of {', '.join(ROLES)}), rendered "
         "with the model's chat template instead of a prompt",

@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from zerolayer.cli import health, model_calls, tools
-from zerolayer.cli.arg_types import positive
+from zerolayer.cli.arg_types import positive, utf8_text
 from zerolayer.cli.command_parser import CommandParser
 from zerolayer.cli.generate_request import add_generate_arguments
 from zerolayer.common.setting import add_arguments, config_from_args
@@ -36,6 +36,7 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--generate",
         metavar="TEXT",
+        type=utf8_text,
         help="once healthy, send one Generate call with TEXT, print the answer and shut down",
     )
 
@@ -139,6 +140,7 @@ def _stack_config(args: argparse.Namespace, preflight: bool = True) -> StackConf
     config = config_from_args(StackConfig, up_settings(), args)
     if preflight:
         check_stack(config)
+    config = config.with_absolute_paths()  # NOTE: the layers run in the package's directory
     if default_model:  # NOTE: after the checks: a refusal is its one line alone
         print(
             f"zerolayer: no --model given, serving the default model {config.model_dir} "

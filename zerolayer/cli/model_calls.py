@@ -12,6 +12,7 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from zerolayer.cli.arg_types import utf8_text
 from zerolayer.cli.client import connect, printable, rpc_error_line
 from zerolayer.common.settings import LISTEN
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
@@ -40,7 +41,7 @@ def add_connection_arguments(p: argparse.ArgumentParser) -> None:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Adds ``tokenize`` and ``info`` to the ``zerolayer`` subcommands."""
     p = sub.add_parser("tokenize", help="call Tokenize on a running zerolayer")
-    p.add_argument("text", help="text to tokenize")
+    p.add_argument("text", type=utf8_text, help="text to tokenize")
     p.add_argument(
         "--add-special-tokens",
         action="store_true",

@@ -29,7 +29,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("out_dir", type=Path, help="directory to write (missing or empty)")
     p = sub.add_parser("make-dummy", help="write a seeded random-weight Llama directory")
-    p.add_argument("out_dir", type=Path, help="directory to write (created if missing)")
+    p.add_argument("out_dir", type=Path, help="directory to write (missing or empty)")
     p.add_argument(
         "--preset",
         default="tiny",
@@ -78,15 +78,21 @@ def run_convert_llama2c(args: argparse.Namespace) -> int:
 
 
 def run_make_dummy(args: argparse.Namespace) -> int:
-    """Runs ``make-dummy``; returns 0."""
+    """Runs ``make-dummy``; returns 0, or 2 with one line on stderr for an output directory that
+    is there and not empty (nothing is overwritten, as ``convert-llama2c`` and ``quantize``
+    refuse one) or cannot be written."""
     from zerolayer.checkpoints.chat_templates import write_chat_template
     from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
 
-    write_dummy_model(args.out_dir, PRESETS[args.preset], args.seed)
-    if args.chat_template:
-        write_chat_template(args.out_dir, args.chat_template)
-    print(f"wrote {args.out_dir}")
-    return 0
+    def write() -> None:
+        out_dir = args.out_dir
+        if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+            raise ValueError(f"out_dir {out_dir}: exists and is not an empty directory")
+        write_dummy_model(out_dir, PRESETS[args.preset], args.seed)
+        if args.chat_template:
+            write_chat_template(out_dir, args.chat_template)
+
+    return _write("make-dummy", args.out_dir, write, ValueError)
 
 
 def run_quantize(args: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zerolayer.common.config import (
     AccessSettings,
@@ -77,6 +77,15 @@ class StackConfig(
             object.__setattr__(self, "run_dir", os.path.abspath(self.run_dir))
         if self.device != "cpu":  # resolving a GPU imports torch: only when one is asked for
             object.__setattr__(self, "device", str(resolve_device(self.device)))
+
+    def with_absolute_paths(self) -> StackConfig:
+        """This config with ``--model`` and the access files (``--tls-cert``, ``--tls-key``,
+        ``--tls-client-ca``, ``--tenants``) made absolute against the current directory: the
+        layers run elsewhere (:meth:`Stack.working_dir`). Called after the pre-flight checks,
+        whose errors keep the path as the user wrote it (a hub id is told by its spelling)."""
+        names = ("model_dir", "tls_cert", "tls_key", "tls_client_ca", "tenants", "log_dir")
+        absolute = {n: os.path.abspath(getattr(self, n)) for n in names if getattr(self, n)}
+        return replace(self, **absolute)
 
     def _check_metrics_port_base(self) -> None:
         """Raises ValueError (``--metrics-port-base: ...``) unless every process's port is a TCP
