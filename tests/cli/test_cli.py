@@ -105,11 +105,12 @@ def serving_run_dir(proc: subprocess.Popen) -> str:
     return re.search(r"internal sockets in (\S+)$", line).group(1)
 
 
-def test_up_stops_every_layer_on_sigint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])  # Ctrl-C; the terminal closed
+def test_up_stops_every_layer_on_sigint(tmp_path: Path, sig: signal.Signals) -> None:
     proc = zerolayer("up", "--listen", f"127.0.0.1:{free_port()}", env=isolated_env(tmp_path))
     run_dir = serving_run_dir(proc)
     assert sorted(os.listdir(run_dir)) == ["kvstore.sock", "loader.sock", "scheduler.sock"]
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0
     # The kvstore knows the stack ends: it does not claim to keep the arena that up removes.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import signal
@@ -151,7 +152,7 @@ def _stack_config(args: argparse.Namespace, preflight: bool = True) -> StackConf
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """``zerolayer up``: start the stack, print the endpoint, serve until SIGINT/SIGTERM.
+    """``zerolayer up``: start the stack, print the endpoint, serve until SIGINT/SIGTERM/SIGHUP.
 
     Exit codes: 0; 2 for a setting that is out of range or cannot work on this machine (checked
     before any process starts); 1 when a layer fails to start or the ``--generate`` call fails;
@@ -198,7 +199,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             stack.interrupt()  # a start-up in progress ends at once
 
     # NOTE: before the checks, so that a signal at any time of start-up ends it the same way.
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP: the terminal closed; the layers are stopped in order as for Ctrl-C.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     try:
         config = _stack_config(args)
@@ -233,7 +235,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             pass
         return 0
     finally:
-        print("zerolayer: stopping", file=sys.stderr)
+        with contextlib.suppress(OSError):  # NOTE: after SIGHUP the terminal may be gone
+            print("zerolayer: stopping", file=sys.stderr)
         stack.stop()
 
 
