@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,6 +163,24 @@ def test_an_arena_in_device_memory_is_not_checked_against_the_shm_filesystem(
 def test_a_model_that_cannot_be_read_is_refused(model: str, message: str, tmp_path: Path) -> None:
     config = make_config(Path(model.format(tmp=tmp_path)))
     assert refusal(config) == message.format(tmp=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "reason"),
+    [
+        ("tokenizer.json", "{bad", "tokenizer.json: not a valid tokenizer: Expecting property"),
+        ("tokenizer.json", "{}", "tokenizer.json: not a valid tokenizer: "),
+        ("tokenizer_config.json", "[]", "tokenizer_config.json: must be a JSON object"),
+    ],
+)
+def test_a_broken_tokenizer_file_is_refused(
+    model_dir: Path, tmp_path: Path, name: str, text: str, reason: str
+) -> None:
+    # The frontend once failed on it with a traceback after the other layers had started.
+    broken = tmp_path / "model"
+    shutil.copytree(model_dir, broken)
+    (broken / name).write_text(text)
+    assert refusal(make_config(broken)).startswith(f"--model: {reason}")
 
 
 def test_a_run_dir_that_cannot_be_made_is_refused(model_dir: Path, tmp_path: Path) -> None:

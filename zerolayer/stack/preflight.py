@@ -19,6 +19,7 @@ from pathlib import Path
 
 from zerolayer.checkpoints.checkpoint import CheckpointError, read_checkpoint
 from zerolayer.checkpoints.model_config import ModelConfig
+from zerolayer.checkpoints.tokenizer_files import check_tokenizer_files
 from zerolayer.checkpoints.weight_check import check_weights
 from zerolayer.common.access import read_server_tls, read_tenants
 from zerolayer.common.config import warm_up_num_blocks
@@ -88,6 +89,7 @@ def _arena_layout(config: StackConfig) -> tuple[ArenaLayout, int]:
         manifest = read_checkpoint(Path(config.model_dir))
         model = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
         check_weights(manifest, model)
+        check_tokenizer_files(manifest.tokenizer_json, manifest.tokenizer_config_json)
         layout = model_arena_layout(manifest, config.block_size, config.kv_cache_bytes)
         return layout, model.max_model_len
     except (CheckpointError, ValueError, OSError) as exc:  # ValueError: config.json, dtype

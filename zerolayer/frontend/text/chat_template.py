@@ -31,9 +31,10 @@ import jinja2.parser
 import jinja2.sandbox
 import jinja2.utils
 
+from zerolayer.checkpoints.tokenizer_files import parse_tokenizer_config
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import ChatMessage
-from zerolayer.frontend.text.tokenizer import parse_tokenizer_config, special_token_content
+from zerolayer.frontend.text.tokenizer import special_token_content
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 """The roles a chat message may have."""

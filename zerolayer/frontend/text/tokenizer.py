@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from tokenizers import Tokenizer
+
+from zerolayer.checkpoints.tokenizer_files import parse_tokenizer_config
 
 REPLACEMENT_CHAR = "\ufffd"
 """What one maximal invalid UTF-8 byte subsequence decodes to (U+FFFD)."""
@@ -164,23 +165,6 @@ def _split_invalid_bytes(tokens: Sequence[str]) -> Iterator[str]:
         run = []
         if token:
             yield token
-
-
-def parse_tokenizer_config(tokenizer_config_json: str) -> dict[str, Any]:
-    """tokenizer_config.json's object ({} for empty text).
-
-    Raises:
-        ValueError: not valid JSON, or not a JSON object.
-    """
-    if not tokenizer_config_json.strip():
-        return {}
-    try:
-        config = json.loads(tokenizer_config_json)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"tokenizer_config_json: invalid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ValueError("tokenizer_config_json: must be a JSON object")
-    return config
 
 
 def special_token_content(token: object) -> str | None:
