@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import socket
 from pathlib import Path
 
 import pytest
+from e2e.stack import free_port
 
 from zerolayer.bench.cli import missing_requirements, scenario_modules
 from zerolayer.bench.common import integer_ticks
@@ -55,8 +57,9 @@ def test_whole_number_xs_get_whole_number_ticks() -> None:
 
 
 def test_a_refused_checkpoint_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    port = str(free_port())
     code = main(
-        ["bench", "int8", "--smoke", "--group-size", "3", "--out", str(tmp_path), "--port", "1"]
+        ["bench", "int8", "--smoke", "--group-size", "3", "--out", str(tmp_path), "--port", port]
     )
     err = capsys.readouterr().err
     assert code == 2
@@ -78,3 +81,17 @@ def test_a_long_title_is_wrapped_inside_the_figure(num_panels: int, tmp_path: Pa
     band = pixels[:60, :, :3]  # the title's rows
     assert band.min() < 0.5  # the title is drawn
     assert (band[:, :4] == 1.0).all() and (band[:, -4:] == 1.0).all()  # and no letter is cut
+
+
+def test_a_taken_port_is_one_line_before_anything_runs(tmp_path: Path, capsys) -> None:
+    # It once failed with a traceback after the baseline's whole run.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["bench", "throughput", "--smoke", "--out", str(tmp_path), "--port", str(port)])
+    assert code == 2 and not (tmp_path / "logs").exists()
+    assert capsys.readouterr().err == (
+        f"zerolayer bench throughput: error: --port {port}: the port is already in use "
+        "(another bench or stack? choose another with --port)\n"
+    )

@@ -21,6 +21,7 @@ from zerolayer.bench.checkout import baseline_for, checkout_scenarios
 from zerolayer.checkpoints.errors import CheckpointError
 from zerolayer.cli.presets import PRESET_NAMES
 from zerolayer.common.setting import parse_bytes
+from zerolayer.stack.preflight import bind_error
 
 SCENARIOS = (
     "multiturn",
@@ -116,13 +117,21 @@ def missing_requirements(scenario: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the chosen scenario and prints its results; exit code 2, before anything starts,
-    when a package it needs is missing (one line naming the packages and the extra), and when
-    the checkpoint is refused (one line)."""
+    when a package it needs is missing (one line naming the packages and the extra) or
+    ``--port`` is taken, and when the checkpoint is refused (one line)."""
     missing = missing_requirements(args.scenario)
     if missing:
         print(
             f"zerolayer bench {args.scenario}: error: needs {', '.join(missing)}, not installed: "
             f"{BENCH_EXTRA} (from a clone: .venv/bin/pip install -e '.[bench]')",
+            file=sys.stderr,
+        )
+        return 2
+    taken = bind_error("127.0.0.1", args.port)
+    if taken:  # NOTE: before the baseline runs: the stacks would fail on it after it
+        print(
+            f"zerolayer bench {args.scenario}: error: --port {args.port}: {taken} "
+            "(another bench or stack? choose another with --port)",
             file=sys.stderr,
         )
         return 2

@@ -74,6 +74,9 @@ def _float32(text: str) -> float:
     return value
 
 
+_float32.__name__ = "float"  # argparse names the type in its "invalid float value" message
+
+
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
