@@ -90,3 +90,15 @@ def test_each_layer_declares_its_program(layer: str) -> None:
     program = importlib.import_module(f"zerolayer.{layer}.__main__").PROGRAM
     assert program.layer == layer
     assert program.description.startswith(f"``python -m zerolayer.{layer} ")
+
+
+def test_the_loader_alone_refuses_a_model_it_cannot_read_in_one_line(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zerolayer.loader.__main__ import PROGRAM
+
+    flags = ["--model", str(tmp_path / "nope"), "--address", f"unix:{tmp_path / 'l.sock'}"]
+    assert main(PROGRAM, flags) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"zerolayer loader: error: --model {tmp_path / 'nope'}: ")
+    assert err.endswith(": not a directory\n") and err.count("\n") == 1

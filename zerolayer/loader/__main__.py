@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+from zerolayer.checkpoints.errors import CheckpointError
+from zerolayer.common import settings
 from zerolayer.common.config import LoaderConfig
 from zerolayer.common.device import fd_socket_path, resolve_device
 from zerolayer.common.layer_main import LayerProgram, main
@@ -70,7 +72,14 @@ async def serve(config: LoaderConfig, tracing: Tracing) -> None:
     await run_layer(server, on_start=on_start, on_stop=on_stop)
 
 
-PROGRAM = LayerProgram("loader", LoaderConfig, serve, __doc__)
+PROGRAM = LayerProgram(
+    "loader",
+    LoaderConfig,
+    serve,
+    __doc__,
+    # a model that cannot be read, alone (up refuses it before it starts the loader)
+    setting_errors=((CheckpointError, settings.MODEL_DIR),),
+)
 
 if __name__ == "__main__":
     sys.exit(main(PROGRAM))
