@@ -302,3 +302,11 @@ def test_text_that_is_not_utf8_is_a_one_line_refusal(argv: list[str], field: str
     # UnicodeEncodeError traceback (for up --generate, after the whole stack had started).
     err = usage_error(*argv)
     assert err == f"zerolayer {argv[0]}: error: {field}: not valid UTF-8 (at character {at})\n"
+
+
+def test_an_unknown_or_missing_command_is_one_line() -> None:
+    assert usage_error("nosuchcmd").startswith(
+        "zerolayer: error: command: invalid choice: 'nosuchcmd' (choose from 'up', "
+    )
+    assert usage_error("nosuchcmd").count("\n") == 1
+    assert usage_error() == "zerolayer: error: the following arguments are required: command\n"

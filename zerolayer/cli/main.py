@@ -104,7 +104,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             others then show in ``--help`` by their ``HELP`` line alone, so ``zerolayer
             generate`` starts without importing torch. None: every plugin whole.
     """
-    parser = argparse.ArgumentParser(prog="zerolayer", description=__doc__, allow_abbrev=False)
+    parser = CommandParser(prog="zerolayer", description=__doc__)
     parser.add_argument("--version", action="version", version=f"zerolayer {version('zerolayer')}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     _add_up(sub)
