@@ -206,6 +206,21 @@ def test_max_tokens_ends_the_message_with_max_tokens(client, model) -> None:
     assert (message.stop_reason, message.usage.output_tokens) == ("max_tokens", 2)
 
 
+def test_fields_that_carry_no_meaning_here_are_accepted(client, model) -> None:
+    whole = create(client, model)
+    message = create(
+        client,
+        model,
+        metadata={"user_id": "user-1"},
+        service_tier="auto",
+        speed="standard",
+        inference_geo="eu",
+        cache_control={"type": "ephemeral"},
+        thinking={"type": "adaptive"},
+    )
+    assert message.content == whole.content
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -222,6 +237,15 @@ def test_max_tokens_ends_the_message_with_max_tokens(client, model) -> None:
             {"messages": CHAT, "max_tokens": 4, "temperature": 2},
             "temperature: Input should be less than or equal to 1",
         ),
+        (
+            {
+                "messages": CHAT,
+                "max_tokens": 4,
+                "tools": [{"name": "t", "input_schema": {}, "defer_loading": True}],
+            },
+            "tools.0.defer_loading: Input should be False",
+        ),
+        ({"messages": CHAT, "max_tokens": 4, "container": "c"}, "container: not supported"),
         ({"messages": CHAT, "max_tokens": 4, "bogus": 1}, "bogus: Extra inputs are not permitted"),
         ({"messages": CHAT, "max_tokens": 4, "stop_sequences": [""] * 2000}, "stop_sequences: "),
         (

@@ -172,6 +172,8 @@ def test_thinking_disabled_is_said_to_the_template_and_unset_is_not() -> None:
     message = [{"role": "user", "content": "x"}]
     disabled = chat(messages=message, thinking={"type": "disabled"})
     assert seam_fields(disabled)["chat_template_kwargs_json"] == '{"enable_thinking": false}'
+    adaptive = chat(messages=message, thinking={"type": "adaptive", "display": "omitted"})
+    assert seam_fields(adaptive)["chat_template_kwargs_json"] == '{"enable_thinking": true}'
     assert seam_fields(chat(messages=message))["chat_template_kwargs_json"] == ""
 
 
@@ -271,6 +273,10 @@ TOOLS = [{"name": "weather", "input_schema": WEATHER}]
         (
             {"messages": [USER], "tool_choice": {"type": "any"}},
             "tool_choice: 'any' needs tools",
+        ),
+        (
+            {"messages": [USER], "output_config": {"effort": "low"}},
+            "output_config: not supported",
         ),
     ],
 )

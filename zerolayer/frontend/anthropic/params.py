@@ -55,18 +55,22 @@ class Conversation:
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     enable_thinking: bool | None = None
-    """``thinking.type`` (``enabled``: True); None: not said."""
+    """``thinking.type`` (``disabled``: False, any other: True); None: not said."""
 
 
 def conversation(body: CountTokensRequest) -> Conversation:
     """The chat of ``body`` (see the module docstring).
 
     Raises:
-        InvalidArgument: a content block of an unknown type or that is not valid, one in a role
-            that cannot send it, a ``tool_result`` whose ``tool_use_id`` no earlier ``tool_use``
-            has, tool blocks without ``tools``, two tools of one name, a ``tool_choice`` naming
-            no tool, a last message from the assistant (prefill is not supported).
+        InvalidArgument: ``output_config`` or ``container`` (not implemented), a content block
+            of an unknown type or that is not valid, one in a role that cannot send it, a
+            ``tool_result`` whose ``tool_use_id`` no earlier ``tool_use`` has, tool blocks
+            without ``tools``, two tools of one name, a ``tool_choice`` naming no tool, a last
+            message from the assistant (prefill is not supported).
     """
+    for field in ("output_config", "container"):
+        if getattr(body, field, None) is not None:
+            raise InvalidArgument(field, "not supported")
     tools = tuple(
         ToolDefinition(t.name, t.description, json.dumps(t.input_schema)) for t in body.tools or ()
     )
@@ -80,7 +84,7 @@ def conversation(body: CountTokensRequest) -> Conversation:
     if body.messages[-1].role == "assistant":
         field = f"messages.{len(body.messages) - 1}"
         raise InvalidArgument(field, "a last assistant message (prefill) is not supported")
-    thinking = None if body.thinking is None else body.thinking.type == "enabled"
+    thinking = None if body.thinking is None else body.thinking.type != "disabled"
     choice = body.tool_choice
     if choice is None:
         return Conversation(messages, tools, enable_thinking=thinking)

@@ -54,6 +54,8 @@ class ToolResultBlock(CacheControlled):
     content: StrictStr | list[TextBlock] = ""
     is_error: StrictBool = False
     """Accepted; a chat template has no place for it (the content says it)."""
+    toolset_name: StrictStr | None = None
+    """Accepted and ignored."""
 
 
 class ThinkingBlock(BaseModel):
@@ -95,6 +97,16 @@ class ToolIn(CacheControlled):
     description: StrictStr = ""
     input_schema: dict[str, Any]
     """The JSON schema of the tool's input."""
+    strict: StrictBool = False
+    """Accepted; the calls a tool-call parser returns are not checked against the schema."""
+    defer_loading: Literal[False] = False
+    """Anthropic's tool search loads such a tool later; here every tool is in the prompt."""
+    allowed_callers: list[StrictStr] | None = None
+    """Accepted and ignored (no server-side code execution here)."""
+    eager_input_streaming: StrictBool | None = None
+    """Accepted and ignored: a call's input streams as the model writes it."""
+    input_examples: list[dict[str, Any]] | None = None
+    """Accepted and ignored (a chat template has no place for them)."""
 
 
 class ToolChoiceIn(BaseModel):
@@ -110,13 +122,14 @@ class ToolChoiceIn(BaseModel):
 
 
 class ThinkingIn(BaseModel):
-    """``thinking``: whether the model reasons before it answers (``budget_tokens`` is
-    accepted and not enforced)."""
+    """``thinking``: whether the model reasons before it answers (``disabled``: no; any other
+    type: yes; ``budget_tokens`` and ``display`` are accepted and not enforced)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["enabled", "disabled"]
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: StrictInt | None = Field(default=None, ge=1)
+    display: Literal["summarized", "omitted"] | None = None
 
 
 class Metadata(BaseModel):
@@ -138,6 +151,16 @@ class CountTokensRequest(BaseModel):
     tools: list[ToolIn] | None = None
     tool_choice: ToolChoiceIn | None = None
     thinking: ThinkingIn | None = None
+    cache_control: dict[str, Any] | None = None
+    """Accepted and ignored, as on blocks."""
+    speed: Literal["standard", "fast"] | None = None
+    """Accepted and ignored (one speed here)."""
+    user_profile_id: StrictStr | None = None
+    """Accepted and ignored (Anthropic's accounts)."""
+    workspace_id: StrictStr | None = None
+    """Accepted and ignored (Anthropic's accounts)."""
+    output_config: dict[str, Any] | None = None
+    """Not implemented: set is refused."""
 
 
 class MessagesRequest(CountTokensRequest):
@@ -153,3 +176,7 @@ class MessagesRequest(CountTokensRequest):
     stream: StrictBool = False
     service_tier: Literal["auto", "standard_only"] | None = None
     """Accepted and ignored (one tier here)."""
+    inference_geo: StrictStr | None = None
+    """Accepted and ignored (it runs where it runs)."""
+    container: Any = None
+    """Not implemented (no server-side code execution): set is refused."""
