@@ -165,6 +165,17 @@ def test_the_stream_helper_gives_the_same_message(client, model) -> None:
     )
 
 
+def test_the_clients_raw_events_join_to_the_same_message(client, model) -> None:
+    whole = create(client, model)
+    events = list(client.messages.create(**greedy(model), stream=True))  # type: ignore[call-overload]
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["message_start", "content_block_start"]  # the client drops the ping
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    deltas = [event.delta for event in events if event.type == "content_block_delta"]
+    assert "".join(d.text for d in deltas) == whole.content[0].text  # type: ignore[union-attr]
+    assert events[-2].delta.stop_reason == whole.stop_reason
+
+
 def test_raw_stream_events_are_anthropics_sequence(stack, model) -> None:
     body = {"model": model, "messages": CHAT, "max_tokens": 3, "temperature": 0, "stream": True}
     status, content_type, text = post(stack, "/v1/messages", body)
