@@ -151,6 +151,16 @@ def test_system_blocks_are_joined_with_newlines(client, model, model_dir, stack)
     assert counted.input_tokens == len(prompt_ids)
 
 
+def test_an_earlier_thought_is_not_in_a_template_without_reasoning(client, model, model_dir):
+    """ChatML has no place for ``reasoning_content``: the prompt is transformers' rendering
+    of the chat without the thought."""
+    thought = {"type": "thinking", "thinking": "Say hi back.", "signature": "unchecked"}
+    turn = {"role": "assistant", "content": [thought, {"type": "text", "text": "Hi."}]}
+    chat = [CHAT[0], turn, CHAT[2]]
+    counted = client.messages.count_tokens(model=model, system=SYSTEM, messages=chat)
+    assert counted.input_tokens == len(hf_prompt_ids(model_dir, SYSTEM, CHAT))
+
+
 def test_the_stream_helper_gives_the_same_message(client, model) -> None:
     whole = create(client, model)
     with client.messages.stream(**greedy(model)) as stream:  # type: ignore[arg-type]

@@ -106,10 +106,10 @@ def generate_params(body: MessagesRequest, request_id: str) -> GenerateParams:
         InvalidArgument: see :func:`conversation`; ``tools`` (not in this build yet).
     """
     chat = conversation(body)
-    refuse_tools(chat)
     temperature = ANTHROPIC_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
     return GenerateParams(
         messages=chat.messages,  # type: ignore[arg-type]  # NOTE: the seam's ChatMessage
+        **tool_fields(chat),
         model=body.model,
         request_id=request_id,
         max_new_tokens=body.max_tokens,
@@ -127,19 +127,25 @@ def count_params(body: CountTokensRequest) -> GenerateParams:
         InvalidArgument: see :func:`generate_params`.
     """
     chat = conversation(body)
-    refuse_tools(chat)
-    return GenerateParams(messages=chat.messages, model=body.model)  # type: ignore[arg-type]
+    return GenerateParams(
+        messages=chat.messages,  # type: ignore[arg-type]  # NOTE: the seam's ChatMessage
+        **tool_fields(chat),
+        model=body.model,
+    )
 
 
-def refuse_tools(chat: Conversation) -> None:
-    """NOTE: until the tool-calling machinery (i30-tools) is merged: a request with tools is
-    refused. Then ``generate_params`` and ``count_params`` pass :func:`seam_fields` instead.
+def tool_fields(chat: Conversation) -> dict[str, Any]:
+    """The GenerateParams fields of ``chat``'s tools and thinking, by name.
+
+    NOTE: until the tool-calling machinery (i30-tools) is merged, a request with tools is
+    refused and none are set; then this returns :func:`seam_fields` (a one-line change).
 
     Raises:
         InvalidArgument: ``tools``, when the request defines some.
     """
     if chat.tools:
         raise InvalidArgument("tools", "not supported by this build (tool calling is coming)")
+    return {}
 
 
 def seam_fields(chat: Conversation) -> dict[str, Any]:
