@@ -136,7 +136,7 @@ class OpenAIRoutes:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: Request, chat: bool) -> Response:
-        call = self._call(request)
+        call = start_call(request, self._tracing, self._generator.metrics)
         try:
             tenant = self._tenant(request)
             model = ChatCompletionRequest if chat else CompletionRequest
@@ -198,10 +198,6 @@ class OpenAIRoutes:
             return call.answered(error_of(exc, encoder.head.chat))
         stream = events(call, generation, first, encoder)
         return ClosingStreamingResponse(stream, media_type="text/event-stream")
-
-    def _call(self, request: Request) -> CallRecord:
-        """The record of a generation call: a SERVER span in the caller's trace."""
-        return start_call(request, self._tracing, self._generator.metrics)
 
     def _tenant(self, request: Request) -> str:
         if not self._tenants.enabled:
