@@ -1,21 +1,32 @@
 """Test factories, defined once and imported by the tests (``pythonpath = tests``), as vLLM's
 tests/v1/core/utils.py is: requests at each edge (the public ``GenerateRequest``, KServe's
 ``ModelInferRequest``, the scheduler's ``EngineRequest`` and its ``Request``), engines over an
-in-process block pool, and greedy references (the engine's and transformers'). Defaults are the
-common case; a test passes what it depends on."""
+in-process block pool, greedy references (the engine's and transformers'), and a stand-in
+generator under the HTTP APIs. Defaults are the common case; a test passes what it depends
+on."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from prometheus_client import CollectorRegistry
 
 from zerolayer.bench.inprocess import LocalModel, build_local_engine
-from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
+from zerolayer.common.generation import (
+    EngineRequest,
+    GenerateParams,
+    GenerationChunk,
+    RequestOutput,
+    SamplingParams,
+)
+from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
+from zerolayer.frontend.text.validation import ServedModel
 from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb
 from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.engine import Engine
@@ -28,6 +39,7 @@ from zerolayer.v1 import generation_pb2 as pb
 
 MAX_NEW_TOKENS = 24
 """New tokens per prompt of :func:`generate` and :func:`hf_generate`."""
+T = TypeVar("T")
 
 
 def make_generate_request(*, ids: list[int] | None = None, **fields: object) -> pb.GenerateRequest:
@@ -261,3 +273,50 @@ def hf_generate(
             )
             references.append(out[0, len(prompt) :].tolist())
     return references
+
+
+class StandInGenerator:
+    """What the HTTP APIs use of a TextGenerator: readiness, the served model (``tiny``),
+    ``generate()`` (yields ``chunks``; an exception among them is raised there) and
+    ``count_prompt_tokens()`` (``num_prompt_tokens``); the params of every call are kept."""
+
+    def __init__(
+        self,
+        chunks: list[GenerationChunk | Exception],
+        ready: bool = True,
+        num_prompt_tokens: int = 0,
+    ) -> None:
+        self.ready = ready
+        self.served = ServedModel("tiny", 259, 64)
+        self.metrics = None
+        self.chunks = chunks
+        self.num_prompt_tokens = num_prompt_tokens
+        self.params: list[GenerateParams] = []
+
+    async def generate(
+        self, params: GenerateParams, *args: object, **kwargs: object
+    ) -> AsyncIterator:
+        self.params.append(params)
+        for chunk in self.chunks:
+            if isinstance(chunk, Exception):
+                raise chunk
+            yield chunk
+
+    async def count_prompt_tokens(self, params: GenerateParams) -> int:
+        self.params.append(params)
+        return self.num_prompt_tokens
+
+
+def serve_app(app: object, use: Callable[[int], T]) -> T:
+    """Serves the ASGI ``app`` with the frontend's HTTP server on a free port and returns
+    ``use(port)`` (run in a thread, so it may block)."""
+
+    async def scenario() -> T:
+        server = HttpServer(HttpServerConfig("127.0.0.1:0"))
+        await server.start(app)
+        try:
+            return await asyncio.to_thread(use, server.port)
+        finally:
+            await server.stop()
+
+    return asyncio.run(scenario())

@@ -23,7 +23,7 @@ LAYERS = ("loader", "kvstore", "scheduler", "frontend")
 ROOMS = ("common", "kv", "sharing", "checkpoints")
 """Shared rooms: used by the layers, never using them."""
 GENERATED = ("v1", "kserve")
-FRONTEND_APIS = ("text_generation", "openai", "kserve")
+FRONTEND_APIS = ("text_generation", "openai", "anthropic", "kserve")
 """The frontend's public APIs, a room each: none imports another."""
 FRONTEND_ROOMS: dict[str, frozenset[str]] = {
     "text": frozenset(),

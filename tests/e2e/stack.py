@@ -3,6 +3,8 @@ stack a test session shares (:func:`shared_stack`, the ``shared_stack`` fixture)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import socket
 from collections.abc import Iterator, Mapping
@@ -31,6 +33,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def tenants_file(folder: Path, tokens: Mapping[str, str]) -> Path:
+    """A ``--tenants`` file in ``folder`` listing each token of ``tokens`` (token -> tenant) by
+    its SHA-256 digest."""
+    digests: dict[str, list[str]] = {}
+    for token, tenant in tokens.items():
+        digests.setdefault(tenant, []).append(hashlib.sha256(token.encode()).hexdigest())
+    path = folder / "tenants.json"
+    path.write_text(json.dumps(digests))
+    return path
 
 
 CHAT_TEMPLATE = (

@@ -7,7 +7,6 @@ tests/e2e/test_observability.py."""
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import time
@@ -15,7 +14,14 @@ import time
 import jsonschema
 import openai
 import pytest
-from e2e.stack import chat_dummy_model, free_port, running_stack, scheduler_stats, text_stub
+from e2e.stack import (
+    chat_dummy_model,
+    free_port,
+    running_stack,
+    scheduler_stats,
+    tenants_file,
+    text_stub,
+)
 
 from zerolayer.v1 import generation_pb2 as pb
 
@@ -216,8 +222,7 @@ def test_an_unknown_model_is_a_404(stack) -> None:
 def tenants_stack(tmp_path_factory: pytest.TempPathFactory):
     """The tiny dummy model with a chat template, behind --http-listen and --tenants."""
     model_dir = chat_dummy_model(tmp_path_factory)
-    tenants = tmp_path_factory.mktemp("tenants") / "tenants.json"
-    tenants.write_text(json.dumps({"tenant-a": [hashlib.sha256(TOKEN.encode()).hexdigest()]}))
+    tenants = tenants_file(tmp_path_factory.mktemp("tenants"), {TOKEN: "tenant-a"})
     with running_stack(
         model_dir,
         tmp_path_factory.mktemp("logs"),

@@ -206,12 +206,14 @@ class GenerationChunk:
     """Which sample (0 to n - 1)."""
     logprobs: tuple[PositionLogprobs, ...] = ()
     prompt_logprobs: tuple[PositionLogprobs, ...] = ()
+    stop_string: str = ""
+    """The stop string that ended the sample (its finish reason STOP); "" otherwise."""
 
 
 def join_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
     """A whole generation of one sample from its chunks, in order: the text, token ids and
-    logprobs concatenated, the request id, index and finish reason of the last chunk, the last
-    usage given (an empty chunk for no chunks)."""
+    logprobs concatenated, the request id, index, finish reason and stop string of the last
+    chunk, the last usage given (an empty chunk for no chunks)."""
     usages = [c.usage for c in chunks if c.usage is not None]
     return GenerationChunk(
         request_id=chunks[-1].request_id if chunks else "",
@@ -222,6 +224,7 @@ def join_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
         index=chunks[-1].index if chunks else 0,
         logprobs=tuple(p for c in chunks for p in c.logprobs),
         prompt_logprobs=tuple(p for c in chunks for p in c.prompt_logprobs),
+        stop_string=chunks[-1].stop_string if chunks else "",
     )
 
 

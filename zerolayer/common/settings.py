@@ -314,7 +314,8 @@ LISTEN = offered(
 HTTP_LISTEN = offered(
     "--http-listen",
     "also serve an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
-    "/v1/models, /health, /ready) on this address, with the TLS and tenants of --listen",
+    "/v1/models, /health, /ready) and Anthropic's Messages API (/v1/messages, "
+    "/v1/messages/count_tokens) on this address, with the TLS and tenants of --listen",
     default="",
     check=host_port_or_empty,
     metavar="HOST:PORT",

@@ -42,7 +42,8 @@ instance name; its public names say SERVING only while a scheduler does), second
 
 
 def http_server(config: FrontendConfig) -> HttpServer | None:
-    """The OpenAI-compatible HTTP server of ``--http-listen``, its socket bound; None: off.
+    """The HTTP server of ``--http-listen`` (the OpenAI-compatible API and Anthropic's Messages
+    API), its socket bound; None: off.
 
     Raises:
         SettingError: the address cannot be bound, or ``--tls-client-ca`` is set (the HTTP
@@ -118,9 +119,12 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
 
     async def on_start() -> None:
         if http is not None:
+            from zerolayer.frontend.anthropic.app import add_routes
             from zerolayer.frontend.openai.app import create_app
 
-            await http.start(create_app(generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES))
+            app = create_app(generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES)
+            add_routes(app, generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES)
+            await http.start(app)
         for client in pool.clients.values():
             client.watch_health(pool.router)
         # NOTE: a frontend started with its schedulers reports SERVING once it has seen one

@@ -106,6 +106,19 @@ class TextGenerator:
             has_chat_template=self.chat_template is not None,
         )
 
+    async def count_prompt_tokens(self, params: GenerateParams) -> int:
+        """How many prompt tokens a generation of ``params`` counts (its usage's
+        ``prompt_tokens``): the prompt validated, rendered and tokenized as :meth:`generate`
+        does it; nothing is generated.
+
+        Raises:
+            InvalidArgument, NotFound: from validation.
+        """
+        request = await asyncio.to_thread(
+            validate, params, self.served, self.tokenizer, self.config, self.chat_template
+        )
+        return len(request.prompt_token_ids)
+
     async def generate(
         self,
         params: GenerateParams,
@@ -113,6 +126,7 @@ class TextGenerator:
         stream: bool = False,
         tenant: str = "",
         fit_context: bool = False,
+        usage_on_every_chunk: bool = False,
     ) -> AsyncIterator[GenerationChunk]:
         """Streams a generation: one chunk per engine step (and sample), the last with usage.
 
@@ -133,6 +147,8 @@ class TextGenerator:
                 them; "": none, ``cache_salt`` as sent.
             fit_context: refuse a ``max_new_tokens`` past the context (OpenAI's semantics, see
                 ``validation.check_fits_context``); off: generation stops at the context's end.
+            usage_on_every_chunk: every chunk carries the usage so far (Anthropic's stream
+                starts with the prompt's); off: only the stream's last chunk does.
 
         Raises:
             InvalidArgument, NotFound: from validation.
@@ -182,7 +198,7 @@ class TextGenerator:
                     )
                 telemetry.detokenized(time.perf_counter() - started)
                 finished[index] = chunk.finish_reason != FinishReason.UNSPECIFIED
-                if not all(finished):
+                if not all(finished) and not usage_on_every_chunk:
                     chunk = replace(chunk, usage=None)  # usage: on the stream's last chunk
                 if index:
                     chunk = replace(chunk, index=index)
@@ -209,9 +225,11 @@ class TextGenerator:
         text, matched = stops.feed(detokenizer.step(text_ids))
         reason = FinishReason.STOP if matched else output.finish_reason
         if reason == FinishReason.UNSPECIFIED:
-            return GenerationChunk(request_id, text, output.new_token_ids)
+            return GenerationChunk(request_id, text, output.new_token_ids, usage=usage)
         if not matched:
             tail, matched = stops.feed(detokenizer.flush())
             text += tail if matched else tail + stops.flush()
             reason = FinishReason.STOP if matched else reason
-        return GenerationChunk(request_id, text, output.new_token_ids, reason, usage)
+        return GenerationChunk(
+            request_id, text, output.new_token_ids, reason, usage, stop_string=stops.matched_stop
+        )

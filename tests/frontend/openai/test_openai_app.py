@@ -7,55 +7,27 @@ tests/e2e/test_openai_http.py."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import openai
+from factories import StandInGenerator, serve_app
 
 from zerolayer.common.errors import NotFound, Unavailable
-from zerolayer.common.generation import FinishReason, GenerateParams, GenerationChunk, Usage
-from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
+from zerolayer.common.generation import FinishReason, GenerationChunk, Usage
 from zerolayer.frontend.openai.app import create_app
 from zerolayer.frontend.text.validation import ServedModel, check_model
 
 T = TypeVar("T")
 
 
-class StandInGenerator:
-    """What the app uses of a TextGenerator: readiness, the served model, generate()."""
-
-    def __init__(self, chunks: list[GenerationChunk | Exception], ready: bool = True) -> None:
-        self.ready = ready
-        self.served = ServedModel("tiny", 259, 64)
-        self.metrics = None
-        self.chunks = chunks
-        self.params: list[GenerateParams] = []
-
-    async def generate(self, params: GenerateParams, *args: object) -> AsyncIterator:
-        self.params.append(params)
-        for chunk in self.chunks:
-            if isinstance(chunk, Exception):
-                raise chunk
-            yield chunk
-
-
 def served(generator: StandInGenerator, use: Callable[[int], T]) -> T:
     """Serves the app over ``generator`` on a free port and returns ``use(port)`` (run in a
     thread, so it may block)."""
-
-    async def scenario() -> T:
-        server = HttpServer(HttpServerConfig("127.0.0.1:0"))
-        await server.start(create_app(generator))  # type: ignore[arg-type]
-        try:
-            return await asyncio.to_thread(use, server.port)
-        finally:
-            await server.stop()
-
-    return asyncio.run(scenario())
+    return serve_app(create_app(generator), use)  # type: ignore[arg-type]
 
 
 def call(generator: StandInGenerator, path: str, body: dict | None = None) -> tuple[int, bytes]:

@@ -87,6 +87,16 @@ def test_stop_completed_first_wins_over_longer_one_starting_earlier() -> None:
     assert make_matcher("abc", "bc").feed("abc") == ("", True)
 
 
+def test_the_matched_stop_string_is_the_one_that_won() -> None:
+    matcher = make_matcher("abcd", "bc")
+    assert matcher.matched_stop == ""
+    assert feed_all(matcher, ["ab", "cd"]) == [("", False), ("a", True)]
+    assert matcher.matched_stop == "bc"
+    tie = make_matcher("abc", "bc")
+    tie.feed("abc")
+    assert tie.matched_stop == "abc"
+
+
 def test_overlapping_prefixes_hold_longest_candidate() -> None:
     matcher = make_matcher("aab", "abc")
     assert feed_all(matcher, ["xaa", "a", "b"]) == [("x", False), ("a", False), ("", True)]

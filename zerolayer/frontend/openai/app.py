@@ -15,40 +15,38 @@ scheduler, which frees its blocks.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
-from typing import Any
 
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from zerolayer.common.errors import NotFound, Unauthenticated, ZerolayerError
-from zerolayer.common.generation import GenerateParams, GenerationChunk
+from zerolayer.common.generation import GenerateParams
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.generation import TextGenerator
-from zerolayer.frontend.openai.call import CallRecord
-from zerolayer.frontend.openai.errors import HttpError, error_of, http_error, validation_error
+from zerolayer.frontend.http_call import CallRecord, HttpError, start_call
+from zerolayer.frontend.http_exchange import (
+    MAX_BODY_BYTES,
+    BodyTooLarge,
+    ClientGone,
+    ClosingStreamingResponse,
+    first_chunk,
+    read_json,
+    whole_generation,
+)
+from zerolayer.frontend.openai.errors import error_of, http_error, validation_error
 from zerolayer.frontend.openai.params import chat_params, completion_params, new_request_id
 from zerolayer.frontend.openai.response import ResponseHead, StreamEncoder, whole_response
 from zerolayer.frontend.openai.schema import ChatCompletionRequest, CompletionRequest
-from zerolayer.frontend.openai.stream import ClosingStreamingResponse, events
+from zerolayer.frontend.openai.stream import events
 from zerolayer.frontend.tenants import TenantPolicy
 from zerolayer.frontend.text.validation import check_model
 
 OWNED_BY = "zerolayer"
 """``owned_by`` of the served model in ``/v1/models``."""
-MAX_BODY_BYTES = 8 * 1024 * 1024
-"""Default largest request body, bytes (the gRPC port's limit is the same)."""
-DISCONNECT_POLL_S = 0.5
-"""How often a request waiting for its whole response, or for a stream's first chunk, looks
-whether its client is still there, seconds (a stream that has started learns it at once:
-Starlette listens for the disconnect while it sends)."""
 
 
 def create_app(
@@ -138,11 +136,11 @@ class OpenAIRoutes:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: Request, chat: bool) -> Response:
-        call = self._call(request)
+        call = start_call(request, self._tracing, self._generator.metrics)
         try:
             tenant = self._tenant(request)
             model = ChatCompletionRequest if chat else CompletionRequest
-            body = await _parsed(request, model, self._max_body_bytes)
+            body = await read_json(request, model, self._max_body_bytes)
             request_id = new_request_id()
             params = chat_params(body, request_id) if chat else completion_params(body, request_id)
         except (ZerolayerError, ValueError) as exc:
@@ -174,13 +172,9 @@ class OpenAIRoutes:
         head: ResponseHead,
         logprobs: bool,
     ) -> Response:
-        async def collect() -> list[GenerationChunk]:
-            with call.current():
-                generation = self._generator.generate(params, None, False, tenant, True)
-                return [chunk async for chunk in generation]
-
+        generation = self._generator.generate(params, None, False, tenant, True)
         try:
-            chunks = await _unless_disconnected(request, asyncio.ensure_future(collect()))
+            chunks = await whole_generation(request, call, generation)
         except ClientGone:
             return call.answered(http_error(499, "client disconnected"))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
@@ -196,36 +190,14 @@ class OpenAIRoutes:
         encoder: StreamEncoder,
     ) -> Response:
         generation = self._generator.generate(params, None, True, tenant, True)
-
-        async def first_chunk() -> GenerationChunk:
-            with call.current():
-                return await anext(generation)
-
-        # NOTE: the first chunk before the headers: a request refused by validation (or with
-        # no scheduler) gets its error status, not a 200 stream holding an error.
         try:
-            first = await _unless_disconnected(request, asyncio.ensure_future(first_chunk()))
+            first = await first_chunk(request, call, generation)
         except ClientGone:
-            await generation.aclose()
             return call.answered(http_error(499, "client disconnected"))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
-            await generation.aclose()
             return call.answered(error_of(exc, encoder.head.chat))
         stream = events(call, generation, first, encoder)
         return ClosingStreamingResponse(stream, media_type="text/event-stream")
-
-    def _call(self, request: Request) -> CallRecord:
-        """The record of a generation call: a SERVER span in the caller's trace."""
-        path = request.url.path
-        span: trace.Span = trace.INVALID_SPAN
-        if self._tracing is not None:
-            span = self._tracing.tracer.start_span(
-                f"POST {path}",
-                context=self._tracing.extract(list(request.headers.items())),
-                kind=SpanKind.SERVER,
-                attributes={"http.request.method": "POST", "url.path": path},
-            )
-        return CallRecord(span, path, self._generator.metrics)
 
     def _tenant(self, request: Request) -> str:
         if not self._tenants.enabled:
@@ -234,60 +206,6 @@ class OpenAIRoutes:
         if len(authorizations) > 1:
             raise Unauthenticated("authorization: sent more than once (one token a call)")
         return self._tenants.tenant(authorizations[0] if authorizations else None, None)
-
-
-async def _parsed(request: Request, model: type[BaseModel], max_bytes: int) -> Any:
-    """The request's JSON body as ``model``.
-
-    Raises:
-        BodyTooLarge: over ``max_bytes`` (said by its Content-Length, or found while reading).
-        ValueError: not JSON (``json.JSONDecodeError``, not UTF-8, nested too deeply).
-        ValidationError: not a valid ``model``.
-    """
-    length = request.headers.get("content-length", "")
-    if length.isascii() and length.isdigit() and int(length) > max_bytes:
-        raise BodyTooLarge(max_bytes)
-    data = bytearray()
-    async for piece in request.stream():
-        data += piece
-        if len(data) > max_bytes:
-            raise BodyTooLarge(max_bytes)
-    try:
-        value = json.loads(data)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    return model.model_validate(value)
-
-
-class BodyTooLarge(ValueError):
-    """A request body over the limit."""
-
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(f"request body: over {max_bytes} bytes")
-
-
-class ClientGone(Exception):
-    """The client disconnected before its (whole) response was ready."""
-
-
-async def _unless_disconnected(request: Request, task: asyncio.Future[Any]) -> Any:
-    """The result of ``task``; checked for the client's disconnect every DISCONNECT_POLL_S
-    while it runs (it is then cancelled: cancelling a generation aborts it in the scheduler).
-
-    Raises:
-        ClientGone: the client disconnected first.
-        Exception: what ``task`` raised.
-    """
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                raise ClientGone
-        return task.result()
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
 
 def _request_error(exc: Exception, chat: bool) -> HttpError:

@@ -5,28 +5,14 @@ gRPC port (``zerolayer.common.status``), mapped as google.rpc.Code documents
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import grpc
 from pydantic import ValidationError
 
 from zerolayer.common.errors import InvalidArgument, ZerolayerError
 from zerolayer.common.status import answer_status
+from zerolayer.frontend.http_call import HTTP_STATUS, HttpError, grpc_code_of
 from zerolayer.frontend.openai.params import openai_param
 
-HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.FAILED_PRECONDITION: 400,
-    grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.CANCELLED: 499,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-}
-"""HTTP status of a gRPC status code; any other: 500."""
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -43,16 +29,6 @@ UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 """Names pydantic gives the members of a union in an error's location."""
 
 
-@dataclass(frozen=True)
-class HttpError:
-    """An error answer: its HTTP status and OpenAI body."""
-
-    status: int
-    body: dict
-    grpc_code: str
-    """The name of the gRPC status code the same error has (the frontend's request metrics)."""
-
-
 def http_error(
     status: int,
     message: str,
@@ -63,8 +39,7 @@ def http_error(
     """OpenAI's error body with ``status``'s ``type``; ``grpc_code`` None: the first code of
     :data:`HTTP_STATUS` with that status (INTERNAL if none)."""
     if grpc_code is None:
-        found = (c for c, s in HTTP_STATUS.items() if s == status)
-        grpc_code = next(found, grpc.StatusCode.INTERNAL)
+        grpc_code = grpc_code_of(status)
     error = {
         "message": message,
         "type": ERROR_TYPES.get(

@@ -8,11 +8,9 @@ import json
 from collections.abc import AsyncIterator
 
 import anyio
-from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from zerolayer.common.generation import GenerationChunk
-from zerolayer.frontend.openai.call import CallRecord
+from zerolayer.frontend.http_call import CallRecord
 from zerolayer.frontend.openai.errors import error_of
 from zerolayer.frontend.openai.response import StreamEncoder
 
@@ -58,15 +56,3 @@ async def events(
         with anyio.CancelScope(shield=True):
             await generation.aclose()  # type: ignore[attr-defined]
         call.ended(200, code, error)
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """A StreamingResponse that closes its body iterator however the response ends (Starlette
-    leaves it to the garbage collector when sending fails)."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]

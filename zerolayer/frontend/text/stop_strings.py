@@ -24,11 +24,16 @@ class StopStringMatcher:
         self._stops = tuple(dict.fromkeys(s for s in stop if s))
         self._max_hold = max((len(s) for s in self._stops), default=1) - 1
         self._pending = ""
-        self._matched = False
+        self._matched = ""
 
     @property
     def matched(self) -> bool:
         """True once a stop string has been found."""
+        return bool(self._matched)
+
+    @property
+    def matched_stop(self) -> str:
+        """The stop string found ("" while none is)."""
         return self._matched
 
     def feed(self, text: str) -> tuple[str, bool]:
@@ -43,9 +48,9 @@ class StopStringMatcher:
         if self._matched:
             raise RuntimeError("StopStringMatcher.feed called after a stop string matched")
         pending = self._pending + text
-        stop_start = self._first_stop_start(pending)
-        if stop_start is not None:
-            self._matched = True
+        found = self._first_stop(pending)
+        if found is not None:
+            stop_start, self._matched = found
             self._pending = ""
             return pending[:stop_start], True
         num_held = self._num_held(pending)
@@ -57,16 +62,17 @@ class StopStringMatcher:
         tail, self._pending = self._pending, ""
         return tail
 
-    def _first_stop_start(self, text: str) -> int | None:
-        """Start of the stop occurrence that ends first in ``text`` (ties: earliest start)."""
-        best: tuple[int, int] | None = None
+    def _first_stop(self, text: str) -> tuple[int, str] | None:
+        """Start and stop string of the stop occurrence that ends first in ``text`` (ties:
+        earliest start)."""
+        best: tuple[int, int, str] | None = None
         for stop in self._stops:
             start = text.find(stop)
             if start >= 0:
-                candidate = (start + len(stop), start)
+                candidate = (start + len(stop), start, stop)
                 if best is None or candidate < best:
                     best = candidate
-        return None if best is None else best[1]
+        return None if best is None else (best[1], best[2])
 
     def _num_held(self, text: str) -> int:
         """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""

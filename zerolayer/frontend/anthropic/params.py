@@ -1,0 +1,277 @@
+"""Anthropic request bodies (``zerolayer.frontend.anthropic.schema``) to the chat the model's
+template renders (:class:`Conversation`) and to :class:`GenerateParams`.
+
+How Anthropic's shape maps onto a chat template's messages (transformers' semantics, as the
+OpenAI chat API passes them): ``system`` becomes a first ``system`` message; an assistant message
+becomes one ``assistant`` message (its text blocks, its ``thinking`` blocks as
+``reasoning_content``, its ``tool_use`` blocks as ``tool_calls``); a user message becomes, in
+block order, one ``tool`` message per ``tool_result`` block (``tool_call_id``: its
+``tool_use_id``; ``name``: the tool called) and one ``user`` message per run of text blocks.
+Text blocks of one message (and of ``system``) are joined with a newline. What validation checks
+(the model, ranges, the context) is left to ``zerolayer.frontend.text.validation``; errors here
+name the field as Anthropic does (``messages.1.content.0.tool_use_id``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.common.generation import GenerateParams
+from zerolayer.frontend.anthropic.schema import (
+    BLOCKS,
+    CountTokensRequest,
+    MessageIn,
+    MessagesRequest,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+# NOTE: the seam's types (issue 30); after i30-tools merges: zerolayer.common.generation.
+from zerolayer.frontend.anthropic.seam import ChatMessage, ToolCall, ToolChoice, ToolDefinition
+
+ANTHROPIC_DEFAULT_TEMPERATURE = 1.0
+"""Temperature of a request that leaves it unset (Anthropic's default; gRPC's is greedy)."""
+TOOL_CHOICE_MODES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
+"""The seam's ToolChoice.mode of Anthropic's ``tool_choice.type``."""
+FIELD_NAMES = {"max_new_tokens": "max_tokens", "prompt": "messages"}
+"""GenerateParams field -> the Anthropic field a client sent it as (the rest are the same)."""
+UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+"""Names pydantic gives the members of a union in an error's location."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """What a Messages request asks the chat template to render."""
+
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolDefinition, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    enable_thinking: bool | None = None
+    """``thinking.type`` (``disabled``: False, any other: True); None: not said."""
+
+
+def conversation(body: CountTokensRequest) -> Conversation:
+    """The chat of ``body`` (see the module docstring).
+
+    Raises:
+        InvalidArgument: ``output_config`` or ``container`` (not implemented), a content block
+            of an unknown type or that is not valid, one in a role that cannot send it, a
+            ``tool_result`` whose ``tool_use_id`` no earlier ``tool_use`` has, tool blocks
+            without ``tools``, two tools of one name, a ``tool_choice`` naming no tool, a last
+            message from the assistant (prefill is not supported).
+    """
+    for field in ("output_config", "container"):
+        if getattr(body, field, None) is not None:
+            raise InvalidArgument(field, "not supported")
+    tools = tuple(
+        ToolDefinition(t.name, t.description, json.dumps(t.input_schema)) for t in body.tools or ()
+    )
+    names = [t.name for t in tools]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise InvalidArgument(f"tools.{i}.name", f"{name!r}: two tools of this name")
+    messages, used_tools = _messages(body)
+    if used_tools and not tools:
+        raise InvalidArgument("tools", "tool_use and tool_result blocks need tools defined")
+    if body.messages[-1].role == "assistant":
+        field = f"messages.{len(body.messages) - 1}"
+        raise InvalidArgument(field, "a last assistant message (prefill) is not supported")
+    thinking = None if body.thinking is None else body.thinking.type != "disabled"
+    choice = body.tool_choice
+    if choice is None:
+        return Conversation(messages, tools, enable_thinking=thinking)
+    if choice.type != "none" and not tools:
+        raise InvalidArgument("tool_choice", f"{choice.type!r} needs tools")
+    if choice.type == "tool" and choice.name not in names:
+        raise InvalidArgument("tool_choice.name", f"{choice.name!r} is not one of the tools")
+    mode = TOOL_CHOICE_MODES[choice.type]
+    tool_choice = ToolChoice(mode, choice.name if mode == "function" else "")
+    return Conversation(
+        messages, tools, tool_choice, not choice.disable_parallel_tool_use, thinking
+    )
+
+
+def generate_params(body: MessagesRequest, request_id: str) -> GenerateParams:
+    """The generation a ``/v1/messages`` body asks for.
+
+    Raises:
+        InvalidArgument: see :func:`conversation`; ``tools`` (not in this build yet).
+    """
+    chat = conversation(body)
+    temperature = ANTHROPIC_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
+    return GenerateParams(
+        messages=chat.messages,  # type: ignore[arg-type]  # NOTE: the seam's ChatMessage
+        **tool_fields(chat),
+        model=body.model,
+        request_id=request_id,
+        max_new_tokens=body.max_tokens,
+        temperature=temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        stop=tuple(body.stop_sequences or ()),
+    )
+
+
+def count_params(body: CountTokensRequest) -> GenerateParams:
+    """A generation of ``body``'s prompt, whose prompt tokens are what count_tokens counts.
+
+    Raises:
+        InvalidArgument: see :func:`generate_params`.
+    """
+    chat = conversation(body)
+    return GenerateParams(
+        messages=chat.messages,  # type: ignore[arg-type]  # NOTE: the seam's ChatMessage
+        **tool_fields(chat),
+        model=body.model,
+    )
+
+
+def tool_fields(chat: Conversation) -> dict[str, Any]:
+    """The GenerateParams fields of ``chat``'s tools and thinking, by name.
+
+    NOTE: until the tool-calling machinery (i30-tools) is merged, a request with tools is
+    refused and none are set; then this returns :func:`seam_fields` (a one-line change).
+
+    Raises:
+        InvalidArgument: ``tools``, when the request defines some.
+    """
+    if chat.tools:
+        raise InvalidArgument("tools", "not supported by this build (tool calling is coming)")
+    return {}
+
+
+def seam_fields(chat: Conversation) -> dict[str, Any]:
+    """The GenerateParams fields of the seam that ``chat`` sets, by name: ``tools``,
+    ``tool_choice``, ``parallel_tool_calls``, ``chat_template_kwargs_json`` (``enable_thinking``
+    when ``thinking`` was sent) and ``parse_output`` (always: the answer's thought and calls
+    come back apart)."""
+    kwargs = {} if chat.enable_thinking is None else {"enable_thinking": chat.enable_thinking}
+    return {
+        "tools": chat.tools,
+        "tool_choice": chat.tool_choice,
+        "parallel_tool_calls": chat.parallel_tool_calls,
+        "chat_template_kwargs_json": json.dumps(kwargs) if kwargs else "",
+        "parse_output": True,
+    }
+
+
+def _messages(body: CountTokensRequest) -> tuple[tuple[ChatMessage, ...], bool]:
+    """The chat messages of ``body`` and whether any block was a tool block."""
+    out = []
+    if body.system is not None:
+        system = body.system
+        text = system if isinstance(system, str) else "\n".join(b.text for b in system)
+        out.append(ChatMessage("system", text))
+    calls: dict[str, str] = {}  # tool_use id -> the tool's name, in order
+    used_tools = False
+    for i, message in enumerate(body.messages):
+        blocks = _blocks(message, f"messages.{i}.content")
+        used_tools |= any(isinstance(b, ToolUseBlock | ToolResultBlock) for b in blocks)
+        if message.role == "assistant":
+            out.append(_assistant(blocks, f"messages.{i}.content", calls))
+        else:
+            out.extend(_user(blocks, f"messages.{i}.content", calls))
+    return tuple(out), used_tools
+
+
+def _blocks(message: MessageIn, field: str) -> list[BaseModel]:
+    """The content blocks of ``message``, each checked by its type (text: one text block)."""
+    if isinstance(message.content, str):
+        return [TextBlock(type="text", text=message.content)]
+    if not message.content:
+        raise InvalidArgument(field, "empty (send at least one content block)")
+    blocks = []
+    for j, block in enumerate(message.content):
+        kind = block.get("type")
+        model = BLOCKS.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            raise InvalidArgument(
+                f"{field}.{j}.type",
+                f"{str(kind)[:64]!r} blocks are not supported (only {', '.join(BLOCKS)})",
+            )
+        try:
+            blocks.append(model.model_validate(block))
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            raise InvalidArgument(dotted(f"{field}.{j}", first["loc"]), first["msg"]) from None
+    return blocks
+
+
+def _assistant(blocks: list[BaseModel], field: str, calls: dict[str, str]) -> ChatMessage:
+    texts, thoughts, tool_calls = [], [], []
+    for j, block in enumerate(blocks):
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ThinkingBlock):
+            thoughts.append(block.thinking)
+        elif isinstance(block, ToolUseBlock):
+            if block.id in calls:
+                raise InvalidArgument(f"{field}.{j}.id", f"{block.id[:64]!r} is used twice")
+            calls[block.id] = block.name
+            arguments = json.dumps(block.input, ensure_ascii=False)
+            tool_calls.append(ToolCall(block.id, block.name, arguments))
+        else:
+            raise InvalidArgument(f"{field}.{j}.type", "an assistant sends no tool_result")
+    return ChatMessage(
+        "assistant",
+        "\n".join(texts),
+        tool_calls=tuple(tool_calls),
+        reasoning_content="\n".join(thoughts),
+    )
+
+
+def _user(blocks: list[BaseModel], field: str, calls: dict[str, str]) -> list[ChatMessage]:
+    out: list[ChatMessage] = []
+    texts: list[str] = []
+    for j, block in enumerate(blocks):
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+            continue
+        if not isinstance(block, ToolResultBlock):
+            kind = "tool_use" if isinstance(block, ToolUseBlock) else "thinking"
+            raise InvalidArgument(f"{field}.{j}.type", f"a user sends no {kind} block")
+        if block.tool_use_id not in calls:
+            raise InvalidArgument(
+                f"{field}.{j}.tool_use_id",
+                f"{block.tool_use_id[:64]!r}: no earlier tool_use block has this id",
+            )
+        if texts:
+            out.append(ChatMessage("user", "\n".join(texts)))
+            texts = []
+        content = block.content
+        text = content if isinstance(content, str) else "\n".join(b.text for b in content)
+        out.append(
+            ChatMessage("tool", text, calls[block.tool_use_id], tool_call_id=block.tool_use_id)
+        )
+    if texts:
+        out.append(ChatMessage("user", "\n".join(texts)))
+    return out
+
+
+def dotted(prefix: str, loc: tuple[int | str, ...]) -> str:
+    """Anthropic's name of a field pydantic located at ``loc`` below ``prefix`` (""): the parts
+    joined with dots, the names pydantic gives the members of a union left out
+    (``messages.0.content.2.input``)."""
+    parts = [prefix] if prefix else []
+    for part in loc:
+        if isinstance(part, str) and (part in UNION_TAGS or "[" in part or "-" in part):
+            continue
+        parts.append(str(part))
+    return ".".join(parts)
+
+
+def anthropic_field(field: str) -> str:
+    """The Anthropic name of the GenerateParams ``field`` an error names (``stop`` and
+    ``stop[2]`` -> ``stop_sequences``, ``max_new_tokens`` -> ``max_tokens``, ``prompt`` ->
+    ``messages``)."""
+    if field == "stop" or field.startswith("stop["):
+        return "stop_sequences"
+    return FIELD_NAMES.get(field, field)

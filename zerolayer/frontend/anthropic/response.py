@@ -1,0 +1,131 @@
+"""Generation chunks to Anthropic's message object (a plain dict, serialized as JSON).
+
+Shape: https://docs.anthropic.com/en/api/messages (the response). Content blocks come in the
+order a model writes them: its thought (``thinking``), its text (``text``), its calls
+(``tool_use``, ``input`` the parsed arguments). ``usage`` follows Anthropic's accounting: the
+prompt's tokens read from the prefix cache are ``cache_read_input_tokens`` and the rest
+``input_tokens`` (their sum is the prompt's length, what count_tokens counts);
+``cache_creation_input_tokens`` is 0 (no ``cache_control`` is honoured yet).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from zerolayer.common.errors import Unavailable
+from zerolayer.common.generation import FinishReason, GenerationChunk, Usage, join_chunks
+
+# NOTE: the seam's types (issue 30); after i30-tools merges: zerolayer.common.generation.
+from zerolayer.frontend.anthropic.seam import ToolCall, reasoning_text, tool_call_deltas
+
+STOP_REASONS = {
+    "EOS": "end_turn",
+    "STOP": "end_turn",
+    "LENGTH": "max_tokens",
+    "TOOL_CALLS": "tool_use",
+}
+"""Anthropic's ``stop_reason`` by the name of our FinishReason (a stop string that matched is
+``stop_sequence``; TOOL_CALLS is the seam's). ABORT (the scheduler gave the request up) has none:
+it answers an error."""
+
+
+@dataclass(frozen=True)
+class MessageHead:
+    """What every body of one response carries."""
+
+    id: str
+    """``msg_<request id>``."""
+    model: str
+
+
+def stop_reason(finish_reason: FinishReason, stop_string: str) -> tuple[str, str | None]:
+    """Anthropic's ``stop_reason`` and ``stop_sequence`` of a finished generation.
+
+    Raises:
+        Unavailable: the scheduler gave the request up (FinishReason.ABORT).
+    """
+    if finish_reason == FinishReason.STOP and stop_string:
+        return "stop_sequence", stop_string
+    reason = STOP_REASONS.get(finish_reason.name)
+    if reason is None:
+        raise Unavailable(
+            f"scheduler: the generation ended without an answer ({finish_reason.name})"
+        )
+    return reason, None
+
+
+def usage_body(usage: Usage | None) -> dict:
+    """Anthropic's ``usage`` (zeros for None)."""
+    usage = usage or Usage(0, 0, 0)
+    return {
+        "input_tokens": usage.prompt_tokens - usage.cached_prompt_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": usage.cached_prompt_tokens,
+        "output_tokens": usage.completion_tokens,
+    }
+
+
+def join_tool_calls(chunks: Sequence[GenerationChunk]) -> tuple[ToolCall, ...]:
+    """The whole calls of a generation from its chunks' tool-call deltas, by index: the id and
+    name of each call's first delta, its arguments' pieces concatenated. NOTE: the seam's
+    ``join_tool_calls`` of zerolayer.common.generation takes its place after the merge."""
+    calls: dict[int, list[str]] = {}
+    for chunk in chunks:
+        for delta in tool_call_deltas(chunk):
+            call = calls.setdefault(delta.index, ["", "", ""])
+            call[0] = call[0] or delta.id
+            call[1] = call[1] or delta.name
+            call[2] += delta.arguments
+    return tuple(ToolCall(*calls[i]) for i in sorted(calls))
+
+
+def tool_use_block(call: ToolCall) -> dict:
+    """A ``tool_use`` content block of ``call`` (its arguments parsed: Anthropic's ``input`` is
+    an object; arguments that are not JSON come as ``{}``, which the tool-call parsers
+    never give)."""
+    try:
+        arguments = json.loads(call.arguments) if call.arguments else {}
+    except json.JSONDecodeError:
+        arguments = {}
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
+
+
+def message_body(head: MessageHead, chunks: Sequence[GenerationChunk]) -> dict:
+    """The body of a non-streamed response (the chunks of one sample, in order).
+
+    Raises:
+        Unavailable: see :func:`stop_reason`.
+    """
+    whole = join_chunks(chunks)
+    reason, sequence = stop_reason(whole.finish_reason, whole.stop_string)
+    thought = "".join(reasoning_text(c) for c in chunks)
+    calls = join_tool_calls(chunks)
+    content: list[dict] = []
+    if thought:
+        content.append({"type": "thinking", "thinking": thought, "signature": ""})
+    if whole.text or not calls:
+        content.append({"type": "text", "text": whole.text})
+    content += [tool_use_block(call) for call in calls]
+    return {
+        **message_start_body(head),
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage_body(whole.usage),
+    }
+
+
+def message_start_body(head: MessageHead, usage: Usage | None = None) -> dict:
+    """A message as ``message_start`` sends it (no content or stop reason yet)."""
+    return {
+        "id": head.id,
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "model": head.model,
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage_body(usage),
+    }
