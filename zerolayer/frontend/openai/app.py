@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -174,13 +175,8 @@ class OpenAIRoutes:
         head: ResponseHead,
         logprobs: bool,
     ) -> Response:
-        async def collect() -> list[GenerationChunk]:
-            with call.current():
-                generation = self._generator.generate(params, None, False, tenant, True)
-                return [chunk async for chunk in generation]
-
         try:
-            chunks = await _unless_disconnected(request, asyncio.ensure_future(collect()))
+            chunks = await self._collect(request, call, params, tenant)
         except ClientGone:
             return call.answered(http_error(499, "client disconnected"))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
@@ -195,6 +191,41 @@ class OpenAIRoutes:
         tenant: str,
         encoder: StreamEncoder,
     ) -> Response:
+        try:
+            generation, first = await self._opened(request, call, params, tenant)
+        except ClientGone:
+            return call.answered(http_error(499, "client disconnected"))
+        except Exception as exc:  # noqa: BLE001 - the edge answers everything
+            return call.answered(error_of(exc, encoder.head.chat))
+        stream = events(call, generation, first, encoder)
+        return ClosingStreamingResponse(stream, media_type="text/event-stream")
+
+    async def _collect(
+        self, request: Request, call: CallRecord, params: GenerateParams, tenant: str
+    ) -> list[GenerationChunk]:
+        """The chunks of a whole generation, for a response sent after its last one.
+
+        Raises:
+            ClientGone: the client disconnected first (the generation is aborted).
+            Exception: what the generation raised.
+        """
+
+        async def collect() -> list[GenerationChunk]:
+            with call.current():
+                generation = self._generator.generate(params, None, False, tenant, True)
+                return [chunk async for chunk in generation]
+
+        return await _unless_disconnected(request, asyncio.ensure_future(collect()))
+
+    async def _opened(
+        self, request: Request, call: CallRecord, params: GenerateParams, tenant: str
+    ) -> tuple[AsyncIterator[GenerationChunk], GenerationChunk]:
+        """A streamed generation and its first chunk.
+
+        Raises:
+            ClientGone: the client disconnected first.
+            Exception: what the generation raised before its first chunk (it is closed then).
+        """
         generation = self._generator.generate(params, None, True, tenant, True)
 
         async def first_chunk() -> GenerationChunk:
@@ -205,14 +236,10 @@ class OpenAIRoutes:
         # no scheduler) gets its error status, not a 200 stream holding an error.
         try:
             first = await _unless_disconnected(request, asyncio.ensure_future(first_chunk()))
-        except ClientGone:
-            await generation.aclose()
-            return call.answered(http_error(499, "client disconnected"))
-        except Exception as exc:  # noqa: BLE001 - the edge answers everything
-            await generation.aclose()
-            return call.answered(error_of(exc, encoder.head.chat))
-        stream = events(call, generation, first, encoder)
-        return ClosingStreamingResponse(stream, media_type="text/event-stream")
+        except Exception:
+            await generation.aclose()  # type: ignore[attr-defined]
+            raise
+        return generation, first
 
     def _call(self, request: Request) -> CallRecord:
         """The record of a generation call: a SERVER span in the caller's trace."""
