@@ -9,13 +9,20 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from prometheus_client import CollectorRegistry
 
 from zerolayer.bench.inprocess import LocalModel, build_local_engine
-from zerolayer.common.generation import EngineRequest, RequestOutput, SamplingParams
+from zerolayer.common.generation import (
+    EngineRequest,
+    GenerationChunk,
+    RequestOutput,
+    SamplingParams,
+)
+from zerolayer.frontend.responses.seam import ToolCallDelta
 from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb
 from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.engine import Engine
@@ -261,3 +268,28 @@ def hf_generate(
             )
             references.append(out[0, len(prompt) :].tolist())
     return references
+
+
+@dataclass(frozen=True)
+class SeamChunk(GenerationChunk):
+    """A generation chunk with the seam's reasoning and tool-call fields (what TextGenerator
+    gives once it parses the output).
+
+    NOTE: GenerationChunk itself once issue 30's tool machinery is merged."""
+
+    reasoning_text: str = ""
+    tool_call_deltas: tuple[ToolCallDelta, ...] = ()
+
+
+def responses_event_schema(event_type: str) -> str:
+    """The name of the schema of a Responses stream event's ``type`` in OpenAI's OpenAPI
+    document (``response.output_item.added`` -> ``ResponseOutputItemAddedEvent``)."""
+    names = {
+        "response.output_text.delta": "ResponseTextDeltaEvent",
+        "response.output_text.done": "ResponseTextDoneEvent",
+        "error": "ResponseErrorEvent",
+    }
+    if event_type in names:
+        return names[event_type]
+    words = event_type.removeprefix("response.").replace(".", "_").split("_")
+    return "Response" + "".join(word.capitalize() for word in words) + "Event"
