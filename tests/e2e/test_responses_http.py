@@ -20,6 +20,19 @@ pytestmark = pytest.mark.e2e
 STORY = "Tell me a story about a small red fox who lived under an old oak tree, please."
 """A prompt of several blocks (one token a byte), for the prefix cache."""
 TOKENS = {"tenant-a": "token-of-a", "tenant-b": "token-of-b"}
+PICK_FORMAT = {
+    "format": {
+        "type": "json_schema",
+        "name": "pick",
+        "schema": {
+            "type": "object",
+            "properties": {"colour": {"enum": ["red", "green"]}},
+            "required": ["colour"],
+            "additionalProperties": False,
+        },
+    }
+}
+"""A ``text`` whose answer is short and ends (the grammar ends it)."""
 
 
 def make_client(stack, api_key: str = "-") -> openai.OpenAI:
@@ -134,6 +147,17 @@ def test_a_stream_sends_the_responses_events_in_order(client, model, openai_spec
     assert whole.output_text == text and whole.usage.output_tokens == final.usage.output_tokens
 
 
+def test_the_clients_stream_helper_assembles_a_completed_response(client, model) -> None:
+    """(The helper wants ``response.completed``: a JSON schema makes the answer end.)"""
+    with client.responses.stream(
+        model=model, input="Pick", text=PICK_FORMAT, max_output_tokens=30, store=False
+    ) as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.output_text == text
+    assert json.loads(text)["colour"] in ("red", "green")
+
+
 def test_previous_response_id_continues_the_stored_conversation(client, model) -> None:
     first = client.responses.create(model=model, input=STORY, max_output_tokens=8, temperature=0)
     assert client.responses.retrieve(first.id).model_dump() == first.model_dump()
@@ -182,16 +206,10 @@ def test_a_deleted_response_is_gone(client, model) -> None:
 
 
 def test_a_json_schema_format_gives_json_of_the_schema(client, model) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"colour": {"enum": ["red", "green"]}},
-        "required": ["colour"],
-        "additionalProperties": False,
-    }
     response = client.responses.create(
         model=model,
         input="Pick a colour",
-        text={"format": {"type": "json_schema", "name": "pick", "schema": schema}},
+        text=PICK_FORMAT,
         max_output_tokens=30,
         store=False,
     )

@@ -60,6 +60,7 @@ def response_request(
     )
     choice = _tool_choice(body.tool_choice, {t.name for t in tools})
     temperature = OPENAI_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
+    effort = body.reasoning.effort if body.reasoning else None
     params = GenerateParams(
         messages=messages,
         max_new_tokens=body.max_output_tokens or 0,
@@ -68,7 +69,7 @@ def response_request(
         request_id=request_id,
         model=body.model,
         structured_output=_structured_output(body.text.format if body.text else None),
-        **tool_params(tools, choice, body.parallel_tool_calls is not False),
+        **tool_params(tools, choice, body.parallel_tool_calls is not False, effort),
     )
     return ResponseRequest(params, input_items, conversation)
 

@@ -11,6 +11,7 @@ machinery (tools, function calls in the input) is refused naming its field.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -95,9 +96,14 @@ def join_tool_calls(deltas: Sequence[ToolCallDelta]) -> tuple[ToolCall, ...]:
 
 
 def tool_params(
-    tools: tuple[ToolDefinition, ...], tool_choice: ToolChoice | None, parallel: bool
+    tools: tuple[ToolDefinition, ...],
+    tool_choice: ToolChoice | None,
+    parallel: bool,
+    reasoning_effort: str | None = None,
 ) -> dict:
-    """The GenerateParams fields of a request's tools (by name; parse the output always).
+    """The GenerateParams fields of a request's tools and reasoning (by name; the output is
+    always parsed). ``reasoning_effort`` reaches the chat template as the variable of that name
+    (as chat completions' ``reasoning_effort``); None: not set.
 
     Raises:
         InvalidArgument: ``tools`` (unless ``tool_choice`` is "none"), while the machinery is
@@ -107,10 +113,12 @@ def tool_params(
         if tools and (tool_choice is None or tool_choice.mode != "none"):
             raise InvalidArgument("tools", "not supported by this build")
         return {}
+    kwargs = {"reasoning_effort": reasoning_effort} if reasoning_effort else {}
     return {  # pragma: no cover - the seam's fields
         "tools": tools,
         "tool_choice": tool_choice,
         "parallel_tool_calls": parallel,
+        "chat_template_kwargs_json": json.dumps(kwargs) if kwargs else "",
         "parse_output": True,
     }
 
