@@ -234,11 +234,12 @@ def test_a_json_schema_format_gives_json_of_the_schema(client, model) -> None:
         ({"bogus": 1}, "bogus"),
     ],
 )
-def test_bad_input_is_a_400_naming_the_field(client, model, fields, param) -> None:
+def test_bad_input_is_a_400_naming_the_field(client, model, openai_spec, fields, param) -> None:
     body = {"model": model, "input": "x", **fields}
     with pytest.raises(openai.BadRequestError) as bad:
         client.responses.create(model=model, extra_body=body)
     assert bad.value.body["param"] == param, bad.value.body
+    openai_spec("ErrorResponse", {"error": bad.value.body})
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import weakref
+
 import pytest
 
 from zerolayer.frontend.responses.store import (
@@ -85,3 +89,29 @@ def test_a_deleted_entry_is_gone_and_its_drop_told() -> None:
         store.get("a", "resp_1")
     with pytest.raises(ResponseNotFound):
         store.delete("a", "resp_1")
+
+
+def test_a_dropped_entry_is_freed() -> None:
+    store, _, dropped = make_store(max_responses=1)
+    store.put(entry(store, "resp_1"))
+    held = weakref.ref(store.get("a", "resp_1"))
+    store.put(entry(store, "resp_2"))
+    gc.collect()
+    assert held() is None and dropped == [("resp_1", DropReason.EVICTED)]
+
+
+def test_inside_an_event_loop_an_idle_store_drops_an_expired_entry_on_time() -> None:
+    async def scenario() -> list:
+        expired = asyncio.Event()
+        dropped = []
+
+        def on_drop(e: StoredResponse, reason: DropReason) -> None:
+            dropped.append((e.response_id, reason))
+            expired.set()
+
+        store = ResponseStore(4, 0.05, on_drop=on_drop)
+        store.put(entry(store, "resp_1"))
+        await asyncio.wait_for(expired.wait(), timeout=10)
+        return dropped
+
+    assert asyncio.run(scenario()) == [("resp_1", DropReason.EXPIRED)]

@@ -6,10 +6,13 @@ response is found only on the one that stored it. Bounded in number and age (``-
 stored``, ``--responses-max-age-s``): the oldest goes first. Each belongs to its tenant; to anyone
 else it does not exist (the same NotFound as a missing one). A dropped entry is no longer
 referenced by the store (what it held is freed), and :attr:`ResponseStore.on_drop` is told why.
+Entries past the max age are dropped by every call of the store and, inside an event loop, by a
+timer set for the oldest one's expiry, so that an idle frontend frees them too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
 from collections import OrderedDict
@@ -17,6 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from zerolayer.common.errors import NotFound
+
+EXPIRY_SLACK_S = 0.01
+"""How long after an entry's expiry its timer fires, seconds (the loop's clock and the store's
+may differ by rounding)."""
 
 
 class ResponseNotFound(NotFound):
@@ -82,6 +89,7 @@ class ResponseStore:
         self.on_drop = on_drop
         self._clock = clock
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._timer: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
         self._expire()
@@ -99,6 +107,7 @@ class ResponseStore:
         while len(self._entries) > self.max_responses:
             _, oldest = self._entries.popitem(last=False)
             self._dropped(oldest, DropReason.EVICTED)
+        self._set_timer()
 
     def get(self, tenant: str, response_id: str, param: str = "response_id") -> StoredResponse:
         """The entry ``response_id`` of ``tenant``.
@@ -132,6 +141,24 @@ class ResponseStore:
                 return
             del self._entries[entry.response_id]
             self._dropped(entry, DropReason.EXPIRED)
+
+    def _set_timer(self) -> None:
+        """Sets the timer of the oldest entry's expiry, unless one is set, the store is empty,
+        or no event loop runs here (then the next call drops it)."""
+        if self._timer is not None or not self._entries:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        oldest = next(iter(self._entries.values()))
+        delay = oldest.stored_at + self.max_age_s - self._clock()
+        self._timer = loop.call_later(max(delay, 0.0) + EXPIRY_SLACK_S, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._expire()
+        self._set_timer()
 
     def _dropped(self, entry: StoredResponse, reason: DropReason) -> None:
         if self.on_drop is not None:
