@@ -178,18 +178,17 @@ def output_items(
 
 def whole_response(head: ResponseHead, chunks: Sequence[GenerationChunk]) -> dict:
     """The response object of a whole (not streamed) generation of one sample."""
-    texts, thoughts, deltas = [], [], []
+    texts, thoughts = [], []
     num_reasoning_tokens = 0
     for chunk in chunks:
         text, reasoning, tool_deltas = chunk_parts(chunk)
         texts.append(text)
         thoughts.append(reasoning)
-        deltas += tool_deltas
         if reasoning and not text and not tool_deltas:
             num_reasoning_tokens += len(chunk.token_ids)
     whole = join_chunks(chunks)
     status = status_of(whole.finish_reason)
     item_status = "completed" if status == "completed" else "incomplete"
-    calls = join_tool_calls(deltas)
+    calls = join_tool_calls(chunks)
     output = output_items("".join(texts), "".join(thoughts), calls, item_status)
     return response_body(head, status, output, usage_body(whole.usage, num_reasoning_tokens))

@@ -83,15 +83,16 @@ def chunk_parts(chunk: GenerationChunk) -> tuple[str, str, tuple[ToolCallDelta, 
     return chunk.text, reasoning, tuple(getattr(chunk, "tool_call_deltas", ()))
 
 
-def join_tool_calls(deltas: Sequence[ToolCallDelta]) -> tuple[ToolCall, ...]:
-    """The whole calls of a generation's deltas, in order: by ``index``, the first delta's id
-    and name, the arguments' pieces joined."""
+def join_tool_calls(chunks: Sequence[GenerationChunk]) -> tuple[ToolCall, ...]:
+    """The whole calls of a generation's chunks, in order: by the deltas' ``index``, the first
+    delta's id and name, the arguments' pieces joined."""
     calls: dict[int, list[str]] = {}
-    for delta in deltas:
-        call = calls.setdefault(delta.index, ["", "", ""])
-        call[0] = call[0] or delta.id
-        call[1] = call[1] or delta.name
-        call[2] += delta.arguments
+    for chunk in chunks:
+        for delta in chunk_parts(chunk)[2]:
+            call = calls.setdefault(delta.index, ["", "", ""])
+            call[0] = call[0] or delta.id
+            call[1] = call[1] or delta.name
+            call[2] += delta.arguments
     return tuple(ToolCall(*calls[i]) for i in sorted(calls))
 
 
