@@ -1,11 +1,12 @@
 """The tool and reasoning types of issue 30's seam (``zerolayer.common.generation``, added by the
 tool-calling work), as this room uses them.
 
-NOTE: stand-ins until the seam is merged: this module then shrinks to the import of the real
-``ChatMessage, ToolCall, ToolCallDelta, ToolChoice, ToolDefinition, join_tool_calls`` from
-``zerolayer.common.generation`` (one line; :data:`TOOLS_IN_THIS_BUILD` follows by itself) and
-:func:`chunk_parts` reads the chunk's fields directly. Until then a request that needs the tool
-machinery (tools, function calls in the input) is refused naming its field.
+NOTE: stand-ins until the seam is merged: the classes and ``join_tool_calls`` below then give
+way to the import of the real ``ChatMessage, ToolCall, ToolCallDelta, ToolChoice,
+ToolDefinition, join_tool_calls`` from ``zerolayer.common.generation`` (``__all__`` keeps them
+exported), :data:`TOOLS_IN_THIS_BUILD` turns true by itself, and :func:`chunk_parts` may read the
+chunk's fields directly. Until then a request that needs the tool machinery (tools, function
+calls in the input) is refused naming its field.
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ from dataclasses import dataclass
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import ChatMessage as _BaseChatMessage
 from zerolayer.common.generation import GenerationChunk
+
+__all__ = [
+    "ChatMessage",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolChoice",
+    "ToolDefinition",
+    "chunk_parts",
+    "join_tool_calls",
+    "needs_tools",
+    "tool_params",
+]
 
 
 @dataclass(frozen=True)
