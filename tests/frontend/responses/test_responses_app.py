@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 import openai
+import pytest
 from factories import SeamChunk
 
 from zerolayer.common.generation import FinishReason, GenerateParams, Usage
@@ -89,3 +90,24 @@ def test_a_whole_response_has_the_same_items() -> None:
     assert [item.type for item in response.output] == ["reasoning", "message", "function_call"]
     assert response.output[2].arguments == '{"x":2}'
     assert response.usage.total_tokens == 11
+
+
+def test_input_items_are_listed_in_pages() -> None:
+    items = [{"role": "user", "content": text} for text in ("a", "b", "c")]
+
+    def use(client: openai.OpenAI):
+        response = client.responses.create(model="tiny", input=items)
+        first = client.responses.input_items.list(response.id, limit=2, order="asc")
+        rest = client.responses.input_items.list(
+            response.id, limit=2, order="asc", after=first.last_id
+        )
+        newest = client.responses.input_items.list(response.id)
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.get(f"/responses/{response.id}/input_items?limit=abc", cast_to=object)
+        return first, rest, newest, bad.value.body
+
+    first, rest, newest, error = served(use)
+    assert [i.content[0].text for i in first.data] == ["a", "b"] and first.has_more
+    assert [i.content[0].text for i in rest.data] == ["c"] and not rest.has_more
+    assert [i.content[0].text for i in newest.data] == ["c", "b", "a"]
+    assert error["param"] == "limit"

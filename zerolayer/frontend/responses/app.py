@@ -20,7 +20,13 @@ from fastapi.responses import JSONResponse, Response
 from zerolayer.common.generation import GenerationChunk
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.generation import TextGenerator
-from zerolayer.frontend.openai.app import ClientGone, OpenAIRoutes, _parsed, error_response
+from zerolayer.frontend.openai.app import (
+    MAX_BODY_BYTES,
+    ClientGone,
+    OpenAIRoutes,
+    _parsed,
+    error_response,
+)
 from zerolayer.frontend.openai.call import CallRecord
 from zerolayer.frontend.openai.errors import http_error
 from zerolayer.frontend.openai.params import new_request_id
@@ -44,7 +50,7 @@ def add_responses_routes(
     store: ResponseStore,
     tenants: TenantPolicy | None = None,
     tracing: Tracing | None = None,
-    max_body_bytes: int = 8 * 1024 * 1024,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> None:
     """Adds the Responses API's routes to ``app`` (the OpenAI app of
     ``zerolayer.frontend.openai.app.create_app``), keeping stored responses in ``store``."""
@@ -89,7 +95,7 @@ class ResponsesRoutes(OpenAIRoutes):
         self,
         request: Request,
         response_id: str,
-        limit: int = 20,
+        limit: str = "20",
         order: str = "desc",
         after: str = "",
     ) -> Response:
@@ -98,20 +104,23 @@ class ResponsesRoutes(OpenAIRoutes):
             entry = self._store.get(self._tenant(request), response_id)
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
             return error_response(responses_error(exc))
-        if not 1 <= limit <= MAX_INPUT_ITEMS_LIMIT or order not in ("asc", "desc"):
-            param = "order" if order not in ("asc", "desc") else "limit"
-            return error_response(http_error(400, f"{param}: out of range", param))
+        if order not in ("asc", "desc"):
+            return error_response(http_error(400, "order: 'asc' or 'desc'", "order"))
+        if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= MAX_INPUT_ITEMS_LIMIT):
+            reason = f"limit: an integer from 1 to {MAX_INPUT_ITEMS_LIMIT}"
+            return error_response(http_error(400, reason, "limit"))
+        size = int(limit)
         items = list(entry.input_items if order == "asc" else reversed(entry.input_items))
         ids = [item["id"] for item in items]
         start = ids.index(after) + 1 if after in ids else 0
-        page = items[start : start + limit]
+        page = items[start : start + size]
         return JSONResponse(
             {
                 "object": "list",
                 "data": page,
                 "first_id": page[0]["id"] if page else None,
                 "last_id": page[-1]["id"] if page else None,
-                "has_more": start + limit < len(items),
+                "has_more": start + size < len(items),
             }
         )
 
