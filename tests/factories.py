@@ -11,6 +11,7 @@ import asyncio
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -26,6 +27,7 @@ from zerolayer.common.generation import (
     SamplingParams,
 )
 from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
+from zerolayer.frontend.responses.seam import ToolCallDelta
 from zerolayer.frontend.text.validation import ServedModel
 from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb
 from zerolayer.kvstore.in_process import LocalBlockAllocator
@@ -320,3 +322,28 @@ def serve_app(app: object, use: Callable[[int], T]) -> T:
             await server.stop()
 
     return asyncio.run(scenario())
+
+
+@dataclass(frozen=True)
+class SeamChunk(GenerationChunk):
+    """A generation chunk with the seam's reasoning and tool-call fields (what TextGenerator
+    gives once it parses the output).
+
+    NOTE: GenerationChunk itself once issue 30's tool machinery is merged."""
+
+    reasoning_text: str = ""
+    tool_call_deltas: tuple[ToolCallDelta, ...] = ()
+
+
+def responses_event_schema(event_type: str) -> str:
+    """The name of the schema of a Responses stream event's ``type`` in OpenAI's OpenAPI
+    document (``response.output_item.added`` -> ``ResponseOutputItemAddedEvent``)."""
+    names = {
+        "response.output_text.delta": "ResponseTextDeltaEvent",
+        "response.output_text.done": "ResponseTextDoneEvent",
+        "error": "ResponseErrorEvent",
+    }
+    if event_type in names:
+        return names[event_type]
+    words = event_type.removeprefix("response.").replace(".", "_").split("_")
+    return "Response" + "".join(word.capitalize() for word in words) + "Event"

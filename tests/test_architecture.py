@@ -30,12 +30,14 @@ FRONTEND_ROOMS: dict[str, frozenset[str]] = {
     "routing": frozenset(),
     "": frozenset({"text", "routing"}),
     **{api: frozenset({"", "text"}) for api in FRONTEND_APIS},
+    "responses": frozenset({"", "text", "openai"}),
 }
 """The frontend's rooms and the other rooms each may import: the text side of a request and the
 routing to schedulers import no other room; the layer's top modules ("": the domain object
 ``generation.TextGenerator``, tenants, metrics, the gRPC and HTTP edges) use both; a public API
-uses the top modules and the text room, never routing or another API. Only the program
-(``__main__``) wires them all."""
+uses the top modules and the text room, never routing or another API, except OpenAI's Responses
+API, whose routes live on the OpenAI app and share its errors and HTTP edge (nothing imports
+``responses``). Only the program (``__main__``) wires them all."""
 
 
 def room_of(module: str) -> str:
@@ -175,6 +177,8 @@ def test_the_frontends_rooms_import_only_what_the_picture_allows() -> None:
         ("zerolayer.frontend.text.tokenizer", "zerolayer.frontend.tenants"),
         ("zerolayer.frontend.generation", "zerolayer.frontend.openai.app"),
         ("zerolayer.frontend.metrics", "zerolayer.frontend.kserve"),
+        ("zerolayer.frontend.openai.app", "zerolayer.frontend.responses.app"),
+        ("zerolayer.frontend.responses.app", "zerolayer.frontend.routing.router"),
     ],
 )
 def test_a_wrong_arrow_between_the_frontends_rooms_is_found(arrow: tuple[str, str]) -> None:
@@ -188,6 +192,7 @@ def test_a_wrong_arrow_between_the_frontends_rooms_is_found(arrow: tuple[str, st
         ("zerolayer.frontend.openai.app", "zerolayer.frontend.openai.errors"),
         ("zerolayer.frontend.kserve.server", "zerolayer.frontend.tenants"),
         ("zerolayer.frontend.routing.scheduler_client", "zerolayer.common.status"),
+        ("zerolayer.frontend.responses.errors", "zerolayer.frontend.openai.errors"),
     ],
 )
 def test_a_right_arrow_between_the_frontends_rooms_passes(arrow: tuple[str, str]) -> None:

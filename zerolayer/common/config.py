@@ -175,6 +175,8 @@ class ApiSettings:
     listen: str = setting_field(settings.LISTEN)
     http_listen: str = setting_field(settings.HTTP_LISTEN)
     default_max_new_tokens: int = setting_field(settings.DEFAULT_MAX_NEW_TOKENS)
+    responses_max_stored: int = setting_field(settings.RESPONSES_MAX_STORED)
+    responses_max_age_s: float = setting_field(settings.RESPONSES_MAX_AGE_S)
 
 
 @documented

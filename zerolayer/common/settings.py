@@ -330,6 +330,28 @@ DEFAULT_MAX_NEW_TOKENS = tokens(
     FRONTEND,
 )
 
+MAX_STORED_RESPONSE_AGE_S = 30 * 24 * 3600
+"""Longest ``--responses-max-age-s``, seconds (OpenAI keeps a stored response 30 days)."""
+RESPONSES_MAX_STORED = offered(
+    "--responses-max-stored",
+    "most responses the HTTP API's /v1/responses keeps (store: true) for previous_response_id "
+    "and GET, in the frontend's memory; storing one more drops the oldest",
+    default=1024,
+    check=AtMost(positive, MAX_UINT32),
+    unit="responses",
+    metavar="N",
+    layers=(FRONTEND,),
+)
+RESPONSES_MAX_AGE_S = offered(
+    "--responses-max-age-s",
+    "how long the HTTP API's /v1/responses keeps a stored response before it drops it",
+    default=3600.0,
+    check=AtMost(positive, MAX_STORED_RESPONSE_AGE_S),
+    unit="s",
+    metavar="S",
+    layers=(FRONTEND,),
+)
+
 SCHEDULER_WAIT_S = seconds(
     "--scheduler-wait-s",
     "how long a new request waits for a scheduler that can take it (all down, restarting or "

@@ -121,9 +121,15 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         if http is not None:
             from zerolayer.frontend.anthropic.app import add_routes
             from zerolayer.frontend.openai.app import create_app
+            from zerolayer.frontend.responses.app import add_responses_routes
+            from zerolayer.frontend.responses.store import ResponseStore
 
             app = create_app(generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES)
             add_routes(app, generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES)
+            store = ResponseStore(config.responses_max_stored, config.responses_max_age_s)
+            add_responses_routes(
+                app, generator, store, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES
+            )
             await http.start(app)
         for client in pool.clients.values():
             client.watch_health(pool.router)
