@@ -38,6 +38,7 @@ from zerolayer.frontend.openai.params import chat_params, completion_params, new
 from zerolayer.frontend.openai.response import ResponseHead, StreamEncoder, whole_response
 from zerolayer.frontend.openai.schema import ChatCompletionRequest, CompletionRequest
 from zerolayer.frontend.openai.stream import ClosingStreamingResponse, events
+from zerolayer.frontend.openai.unicode_text import check_unicode
 from zerolayer.frontend.tenants import TenantPolicy
 from zerolayer.frontend.text.validation import check_model
 
@@ -243,6 +244,7 @@ async def _parsed(request: Request, model: type[BaseModel], max_bytes: int) -> A
         BodyTooLarge: over ``max_bytes`` (said by its Content-Length, or found while reading).
         ValueError: not JSON (``json.JSONDecodeError``, not UTF-8, nested too deeply).
         ValidationError: not a valid ``model``.
+        InvalidArgument: a string that is not Unicode text (a lone surrogate).
     """
     length = request.headers.get("content-length", "")
     if length.isascii() and length.isdigit() and int(length) > max_bytes:
@@ -256,6 +258,7 @@ async def _parsed(request: Request, model: type[BaseModel], max_bytes: int) -> A
         value = json.loads(data)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    check_unicode(value)
     return model.model_validate(value)
 
 
