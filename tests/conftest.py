@@ -10,12 +10,16 @@ or cuda-bindings does not import, no NVML) is a failure, not a pass.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from zerolayer.scheduler.openmp_waiting import SPIN_COUNT_ENV, default_openmp_waiting
+
+if TYPE_CHECKING:
+    from openai_conformance import OpenAISpec
 
 
 def _import_torch_with_the_schedulers_openmp_waiting() -> None:
@@ -51,23 +55,19 @@ def stories_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def openai_spec() -> Callable[[str, object], None]:
-    """``openai_spec(name, value)`` checks ``value`` against the schema ``name`` of OpenAI's
-    published API (../shared/specs/openai/openapi-subset.yaml, pinned; e.g. "ErrorResponse"),
-    raising jsonschema's ValidationError that says what differs (skips when the file is absent)."""
-    import jsonschema
-    import yaml
+def openai_spec() -> OpenAISpec:
+    """OpenAI's published schemas (../shared/specs/openai/openapi-subset.yaml, pinned), as an
+    :class:`openai_conformance.OpenAISpec`: ``openai_spec(name, value)`` checks ``value``
+    against the schema ``name`` (e.g. "ErrorResponse"), raising jsonschema's ValidationError
+    that says what differs; ``openai_spec.check_answer(...)`` checks an HTTP answer by its route
+    and ``openai_spec.client(base_url)`` is the official client checking every answer it reads
+    (skips when the file is absent)."""
+    from openai_conformance import SPEC_PATH, load_spec
 
-    path = SHARED / "specs" / "openai" / "openapi-subset.yaml"
-    if not path.exists():
-        pytest.skip(f"shared API specification missing: {path}")
-    components = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)["components"]
-
-    def check(name: str, value: object) -> None:
-        schema = {"$ref": f"#/components/schemas/{name}", "components": components}
-        jsonschema.Draft202012Validator(schema).validate(value)
-
-    return check
+    spec = load_spec()
+    if spec is None:
+        pytest.skip(f"shared API specification missing: {SPEC_PATH}")
+    return spec
 
 
 @pytest.fixture(scope="session")

@@ -114,7 +114,12 @@ class TokenLogprob:
     token_id: int
     logprob: float
     token: str = ""
-    """Its text piece (set by the frontend)."""
+    """Its text piece: the vocab entry (``"Ġthe"``, ``"▁the"``; set by the frontend)."""
+    text: str = ""
+    """The text it stands for where it is (set by the frontend; see
+    zerolayer.frontend.text.logprob_tokens)."""
+    token_bytes: bytes = b""
+    """The bytes it stands for, UTF-8 (set by the frontend)."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from zerolayer.frontend.telemetry import GenerationTelemetry
 from zerolayer.frontend.tenants import scoped_cache_salt
 from zerolayer.frontend.text.chat_template import ChatTemplate
 from zerolayer.frontend.text.detokenizer import IncrementalDetokenizer
-from zerolayer.frontend.text.logprob_tokens import with_token_texts
+from zerolayer.frontend.text.logprob_tokens import GeneratedTokenTexts, with_token_texts
 from zerolayer.frontend.text.stop_strings import StopStringMatcher
 from zerolayer.frontend.text.tokenizer import TextTokenizer
 from zerolayer.frontend.text.validation import (
@@ -171,6 +171,10 @@ class TextGenerator:
             for _ in range(request.n)
         ]
         stops = [StopStringMatcher(params.stop) for _ in range(request.n)]
+        token_texts = [
+            GeneratedTokenTexts(self.tokenizer, request.prompt_token_ids)
+            for _ in range(request.n if params.logprobs is not None else 0)
+        ]
         finished = [False] * request.n
         num_generated = 0
         num_cached = 0
@@ -191,9 +195,11 @@ class TextGenerator:
                     request.request_id, output, usage, detokenizers[index], stops[index]
                 )
                 if output.logprobs or output.prompt_logprobs:
+                    final = chunk.finish_reason != FinishReason.UNSPECIFIED
+                    logprobs = output.logprobs
                     chunk = replace(
                         chunk,
-                        logprobs=with_token_texts(output.logprobs, self.tokenizer),
+                        logprobs=token_texts[index].named(logprobs, final) if logprobs else (),
                         prompt_logprobs=with_token_texts(output.prompt_logprobs, self.tokenizer),
                     )
                 telemetry.detokenized(time.perf_counter() - started)

@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from zerolayer.common.generation import GenerationChunk
 from zerolayer.frontend.http_call import CallRecord
+from zerolayer.frontend.unicode_text import check_unicode
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """Default largest request body, bytes (the gRPC port's limit is the same)."""
@@ -33,6 +34,7 @@ async def read_json(request: Request, model: type[BaseModel], max_bytes: int) ->
         BodyTooLarge: over ``max_bytes`` (said by its Content-Length, or found while reading).
         ValueError: not JSON (``json.JSONDecodeError``, not UTF-8, nested too deeply).
         ValidationError: not a valid ``model``.
+        InvalidArgument: a string that is not Unicode text (a lone surrogate), naming its field.
     """
     length = request.headers.get("content-length", "")
     if length.isascii() and length.isdigit() and int(length) > max_bytes:
@@ -46,6 +48,7 @@ async def read_json(request: Request, model: type[BaseModel], max_bytes: int) ->
         value = json.loads(data)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    check_unicode(value)
     return model.model_validate(value)
 
 

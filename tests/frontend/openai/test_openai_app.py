@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import openai
 from factories import StandInGenerator, serve_app
+from openai_conformance import load_spec
 
 from zerolayer.common.errors import NotFound, Unavailable
 from zerolayer.common.generation import FinishReason, GenerationChunk, Usage
@@ -49,7 +50,7 @@ def client_error(generator: StandInGenerator, request: Callable[[openai.OpenAI],
     """The error the official client raises for ``request`` to the app over ``generator``."""
 
     def send(port: int) -> Exception:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+        client = load_spec().client(f"http://127.0.0.1:{port}/v1")  # answers checked
         try:
             request(client)
         except openai.APIError as exc:

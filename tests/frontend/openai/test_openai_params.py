@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import ChatMessage, GenerateParams, StructuredOutput
@@ -158,6 +159,15 @@ def test_chat_messages_logprobs_and_max_completion_tokens() -> None:
             {"messages": [{"role": "assistant", "tool_calls": [{"id": "1"}]}]},
             "messages[0].tool_calls",
         ),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"moderation": {"mode": "block"}}, "moderation"),
+        ({"messages": [{"role": "assistant", "audio": {"id": "a"}}]}, "messages[0].audio"),
+        (
+            {"messages": [{"role": "assistant", "function_call": {"name": "f", "arguments": ""}}]},
+            "messages[0].function_call",
+        ),
     ],
 )
 def test_what_chat_does_not_implement_is_refused_naming_the_field(body, field) -> None:
@@ -182,3 +192,54 @@ def test_what_chat_does_not_implement_is_refused_naming_the_field(body, field) -
 )
 def test_error_fields_are_named_as_openai_names_them(field, chat_request, param) -> None:
     assert openai_param(field, chat_request) == param
+
+
+OPENAI_ECHO = {
+    "content": "Hi!",
+    "refusal": None,
+    "role": "assistant",
+    "annotations": None,
+    "audio": None,
+    "function_call": None,
+    "tool_calls": None,
+}
+"""``resp.choices[0].message.model_dump()`` of the official client (openai 3.57)."""
+
+
+def test_the_official_clients_echo_of_its_answer_is_an_assistant_message() -> None:
+    messages = [{"role": "user", "content": "hi"}, OPENAI_ECHO, {"role": "user", "content": "?"}]
+    assert chat(messages=messages).messages[1] == ChatMessage("assistant", "Hi!")
+    refused = {**OPENAI_ECHO, "content": None, "refusal": "No."}
+    assert chat(messages=[refused]).messages[0] == ChatMessage("assistant", "No.")
+    parts = [{"type": "text", "text": "a"}, {"type": "refusal", "refusal": "b"}]
+    assert chat(messages=[{"role": "assistant", "content": parts}]).messages[0].content == "ab"
+
+
+def test_null_is_each_fields_default() -> None:
+    nullable = ["n", "stream", "logprobs", "top_logprobs", "stop", "seed", "temperature",
+                "top_p", "logit_bias", "max_tokens", "max_completion_tokens", "stream_options",
+                "response_format", "store", "metadata", "service_tier", "modalities",
+                "presence_penalty", "frequency_penalty", "user"]  # fmt: skip
+    assert chat(**dict.fromkeys(nullable)) == chat()
+    assert completion(**dict.fromkeys(["n", "echo", "best_of", "suffix", "logprobs"])) == (
+        completion()
+    )
+    with pytest.raises(ValidationError):  # null is no message role
+        chat(messages=[{"role": None, "content": "x"}])
+
+
+def test_metadata_only_fields_change_nothing() -> None:
+    tagged = chat(
+        metadata={"k": "v"},
+        store=True,
+        service_tier="flex",
+        safety_identifier="s",
+        prompt_cache_key="p",
+        prompt_cache_retention="in_memory",
+        prompt_cache_options={"ttl": "5m"},
+        modalities=["text"],
+        verbosity="high",
+        prediction={"type": "content", "content": "x"},
+        stream_options={"include_obfuscation": False},
+    )
+    assert tagged == chat()

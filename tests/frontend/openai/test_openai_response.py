@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from zerolayer.common.generation import (
     FinishReason,
     GenerationChunk,
@@ -22,10 +24,13 @@ USAGE_BODY = {
 }
 
 
+def named(token_id: int, logprob: float, text: str) -> TokenLogprob:
+    """A token whose vocab piece (``"Ġ..."``) is not its text, as on byte-level vocabularies."""
+    return TokenLogprob(token_id, logprob, f"Ġ{text}", text, text.encode())
+
+
 def position(token: str, logprob: float, *top: tuple[str, float]) -> PositionLogprobs:
-    return PositionLogprobs(
-        TokenLogprob(1, logprob, token), 1, tuple(TokenLogprob(2, lp, t) for t, lp in top)
-    )
+    return PositionLogprobs(named(1, logprob, token), 1, tuple(named(2, lp, t) for t, lp in top))
 
 
 def chunks() -> list[GenerationChunk]:
@@ -39,8 +44,9 @@ def chunks() -> list[GenerationChunk]:
     ]
 
 
-def test_a_whole_completion_has_a_choice_per_index_and_the_usage() -> None:
+def test_a_whole_completion_has_a_choice_per_index_and_the_usage(openai_spec) -> None:
     body = whole_response(COMPLETION, chunks(), logprobs=True)
+    openai_spec("CreateCompletionResponse", body)
     assert body == {
         "id": "cmpl-r",
         "object": "text_completion",
@@ -74,23 +80,54 @@ def test_a_whole_completion_has_a_choice_per_index_and_the_usage() -> None:
     }
 
 
-def test_a_whole_chat_completion_has_messages_and_chat_logprobs() -> None:
+def test_a_whole_chat_completion_has_messages_and_chat_logprobs(openai_spec) -> None:
     body = whole_response(CHAT, chunks()[:1] + chunks()[2:], logprobs=True)
+    openai_spec("CreateChatCompletionResponse", body)
     assert body["object"] == "chat.completion"
     (choice,) = body["choices"]
-    assert choice["message"] == {"role": "assistant", "content": "Hey"}
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": "Hey",
+        "refusal": None,
+        "annotations": [],
+    }
     assert choice["logprobs"]["content"][0] == {
         "token": "He",
         "logprob": -0.5,
         "bytes": [72, 101],
         "top_logprobs": [{"token": "He", "logprob": -0.5, "bytes": [72, 101]}],
     }
-    assert whole_response(CHAT, chunks(), logprobs=False)["choices"][0]["logprobs"] is None
+    assert choice["logprobs"]["refusal"] is None
+    without = whole_response(CHAT, chunks(), logprobs=False)
+    openai_spec("CreateChatCompletionResponse", without)
+    assert without["choices"][0]["logprobs"] is None
 
 
-def test_a_completion_stream_offsets_logprobs_per_choice_and_ends_with_usage() -> None:
+def test_the_tokens_of_chat_logprobs_join_to_the_content_and_their_bytes_to_its_utf8() -> None:
+    """A character split over two tokens: the first adds no text, its bytes are its own."""
+    euro = "€".encode()
+    split = [
+        PositionLogprobs(TokenLogprob(1, -0.1, "Ġa", "a", b"a"), 1),
+        PositionLogprobs(TokenLogprob(2, -0.2, "â", "", euro[:1]), 1),
+        PositionLogprobs(TokenLogprob(3, -0.3, "Ĥ¬", "€", euro[1:]), 1),
+    ]
+    chunk = GenerationChunk("r", "a€", (1, 2, 3), FinishReason.LENGTH, USAGE, 0, tuple(split))
+    content = whole_response(CHAT, [chunk], logprobs=True)["choices"][0]["logprobs"]["content"]
+    assert "".join(c["token"] for c in content) == "a€"
+    assert bytes(b for c in content for b in c["bytes"]).decode() == "a€"
+
+
+def test_a_completion_stream_offsets_logprobs_per_choice_and_ends_with_usage(openai_spec) -> None:
     encoder = StreamEncoder(COMPLETION, logprobs=True, include_usage=True)
     events = [encoder.chunk(c) for c in chunks()]
+    for event in [*events, encoder.usage()]:
+        openai_spec.check_answer(
+            "POST",
+            "/v1/completions",
+            200,
+            "text/event-stream",
+            f"data: {json.dumps(event)}\n\n".encode(),
+        )
     assert [e["choices"][0]["text"] for e in events] == ["He", "Yo", "y"]
     assert [e["choices"][0]["finish_reason"] for e in events] == [None, "stop", "length"]
     assert events[2]["choices"][0]["logprobs"]["text_offset"] == [2]
@@ -105,7 +142,7 @@ def test_a_completion_stream_offsets_logprobs_per_choice_and_ends_with_usage() -
     }
 
 
-def test_a_chat_stream_sends_the_role_first_and_an_empty_last_delta() -> None:
+def test_a_chat_stream_sends_the_role_first_and_an_empty_last_delta(openai_spec) -> None:
     encoder = StreamEncoder(CHAT, logprobs=False)
     stream = [
         GenerationChunk("r", "Hi", (1,)),
@@ -113,6 +150,8 @@ def test_a_chat_stream_sends_the_role_first_and_an_empty_last_delta() -> None:
         GenerationChunk("r", "", (), FinishReason.STOP, USAGE),
     ]
     events = [encoder.chunk(c) for c in stream]
+    for event in events:
+        openai_spec("CreateChatCompletionStreamResponse", event)
     assert [e["choices"][0]["delta"] for e in events] == [
         {"role": "assistant", "content": "Hi"},
         {"content": " there"},
@@ -129,8 +168,8 @@ def test_continuous_usage_is_on_every_chunk_once_known() -> None:
 
 
 def test_prompt_logprobs_are_vllms_after_a_null_first_position() -> None:
-    second = PositionLogprobs(TokenLogprob(7, -2.0, "b"), 3, (TokenLogprob(9, -0.1, "x"),))
-    third = PositionLogprobs(TokenLogprob(8, -0.2, "c"), 1, (TokenLogprob(8, -0.2, "c"),))
+    second = PositionLogprobs(named(7, -2.0, "b"), 3, (named(9, -0.1, "x"),))
+    third = PositionLogprobs(named(8, -0.2, "c"), 1, (named(8, -0.2, "c"),))
     stream = [
         GenerationChunk("r", "", (), prompt_logprobs=(second,)),
         GenerationChunk("r", "y", (3,), FinishReason.LENGTH, USAGE, prompt_logprobs=(third,)),

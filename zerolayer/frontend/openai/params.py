@@ -64,9 +64,11 @@ def chat_params(body: ChatCompletionRequest, request_id: str) -> GenerateParams:
     the model's chat template by validation.
 
     Raises:
-        InvalidArgument: tools or function calls, non-text content, ``top_logprobs`` without
-            ``logprobs``, or see :func:`_sampling_fields`; the field is OpenAI's name.
+        InvalidArgument: tools or function calls, non-text content, audio output, web search,
+            moderation, ``top_logprobs`` without ``logprobs``, or see :func:`_sampling_fields`;
+            the field is OpenAI's name.
     """
+    _refuse_what_cannot_be_done(body)
     if body.tools or body.functions or body.function_call is not None:
         field = "tools" if body.tools else "functions" if body.functions else "function_call"
         raise InvalidArgument(field, "tool and function calls are not supported")
@@ -82,6 +84,20 @@ def chat_params(body: ChatCompletionRequest, request_id: str) -> GenerateParams:
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         **_sampling_fields(body, max_tokens, request_id),
     )
+
+
+def _refuse_what_cannot_be_done(body: ChatCompletionRequest) -> None:
+    """Refuses the chat fields whose value asks for what zerolayer does not do.
+
+    Raises:
+        InvalidArgument: audio output (``modalities``, ``audio``), ``web_search_options``,
+            ``moderation``.
+    """
+    if body.modalities is not None and body.modalities != ["text"]:
+        raise InvalidArgument("modalities", 'only ["text"] is supported (no audio output)')
+    for field in ("audio", "web_search_options", "moderation"):
+        if getattr(body, field) is not None:
+            raise InvalidArgument(field, "not supported")
 
 
 def _one_prompt(
@@ -102,12 +118,16 @@ def _chat_message(index: int, message: ChatMessageIn) -> ChatMessage:
     field = f"messages[{index}]"
     if message.tool_calls:
         raise InvalidArgument(f"{field}.tool_calls", "tool calls are not supported")
+    for unsupported in ("function_call", "audio"):
+        if getattr(message, unsupported) is not None:
+            raise InvalidArgument(f"{field}.{unsupported}", "not supported")
     content = message.content
     if isinstance(content, list):
-        kinds = sorted({part.type for part in content} - {"text"})
+        kinds = sorted({part.type for part in content} - {"text", "refusal"})
         if kinds:
             raise InvalidArgument(f"{field}.content", f"only text parts are supported, not {kinds}")
-        content = "".join(part.text for part in content)
+        content = "".join(part.text or part.refusal for part in content)
+    content = content or message.refusal
     # NOTE: OpenAI's "developer" role is the system prompt of newer models; chat templates
     # know "system".
     role = "system" if message.role == "developer" else message.role

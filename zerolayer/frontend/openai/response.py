@@ -56,15 +56,16 @@ def usage_body(usage: Usage | None) -> dict | None:
 
 
 def completion_logprobs(positions: Sequence[PositionLogprobs], text_offset: int) -> dict:
-    """Completions' ``logprobs``: ``tokens``, ``token_logprobs``, ``top_logprobs`` (token text
-    -> logprob; tokens of the same text keep the likeliest) and ``text_offset`` (each token's
+    """Completions' ``logprobs``: ``tokens`` (the text each token adds: they join to the
+    choice's text), ``token_logprobs``, ``top_logprobs`` (token text, see :func:`_top_key`, ->
+    logprob; tokens of the same text keep the likeliest) and ``text_offset`` (each token's
     offset in characters in the choice's text, the first at ``text_offset``)."""
     offsets = []
     for p in positions:
         offsets.append(text_offset)
-        text_offset += len(p.chosen.token)
+        text_offset += len(p.chosen.text)
     return {
-        "tokens": [p.chosen.token for p in positions],
+        "tokens": [p.chosen.text for p in positions],
         "token_logprobs": [p.chosen.logprob for p in positions],
         "top_logprobs": [_top_dict(p.top) for p in positions],
         "text_offset": offsets,
@@ -74,23 +75,34 @@ def completion_logprobs(positions: Sequence[PositionLogprobs], text_offset: int)
 def _top_dict(top: Sequence[TokenLogprob]) -> dict[str, float]:
     found: dict[str, float] = {}
     for t in top:  # most likely first: the first of a text is its likeliest
-        found.setdefault(t.token, t.logprob)
+        found.setdefault(_top_key(t), t.logprob)
     return found
 
 
+def _top_key(t: TokenLogprob) -> str:
+    """An alternative's key: its text; for one that adds no text here, ``bytes:`` and its
+    bytes as ``\\xNN`` escapes (it ends inside a character; OpenAI writes such tokens so), or
+    its vocab piece (a special token, ``</s>``)."""
+    if t.text or not t.token_bytes:
+        return t.text or t.token
+    return "bytes:" + "".join(f"\\x{b:02x}" for b in t.token_bytes)
+
+
 def chat_logprobs(positions: Sequence[PositionLogprobs]) -> dict:
-    """Chat's ``logprobs``: ``content``, one entry per token, with its UTF-8 ``bytes`` and
-    ``top_logprobs``."""
+    """Chat's ``logprobs``: ``content``, one entry per token, with its text as ``token`` (the
+    texts join to the message's content), its UTF-8 ``bytes`` (they join to the content's) and
+    ``top_logprobs``; ``refusal`` null (none is ever generated)."""
     return {
         "content": [
             {**_chat_token(p.chosen), "top_logprobs": [_chat_token(t) for t in p.top]}
             for p in positions
-        ]
+        ],
+        "refusal": None,
     }
 
 
 def _chat_token(t: TokenLogprob) -> dict:
-    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())}
+    return {"token": t.text, "logprob": t.logprob, "bytes": list(t.token_bytes)}
 
 
 def whole_response(head: ResponseHead, chunks: Sequence[GenerationChunk], logprobs: bool) -> dict:
@@ -105,7 +117,12 @@ def whole_response(head: ResponseHead, chunks: Sequence[GenerationChunk], logpro
         whole = join_chunks(by_index[index])
         choice: dict = {"index": index}
         if head.chat:
-            choice["message"] = {"role": "assistant", "content": whole.text}
+            choice["message"] = {
+                "role": "assistant",
+                "content": whole.text,
+                "refusal": None,
+                "annotations": [],
+            }
             choice["logprobs"] = chat_logprobs(whole.logprobs) if logprobs else None
         else:
             choice["text"] = whole.text
@@ -132,7 +149,7 @@ def prompt_logprobs(positions: Sequence[PositionLogprobs]) -> list[dict]:
 
 
 def _vllm_logprob(t: TokenLogprob, rank: int) -> dict:
-    return {"logprob": t.logprob, "rank": rank, "decoded_token": t.token}
+    return {"logprob": t.logprob, "rank": rank, "decoded_token": t.text}
 
 
 def _delta(chunk: GenerationChunk, first: bool) -> dict:

@@ -62,6 +62,16 @@ class IncrementalDetokenizer:
         self._token_ids.extend(new_token_ids)
         return self._emit(allow_incomplete=False)
 
+    def peek(self, token_id: int) -> str:
+        """What ``step([token_id])`` would return now, without appending it (the text a token
+        the model did not choose would have added here)."""
+        window = self._token_ids[self._prefix_offset :]
+        prefix_text = self._tokenizer.decode(window[: self._read_offset - self._prefix_offset])
+        full_text = self._tokenizer.decode([*window, token_id])
+        if len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT_CHAR):
+            return ""
+        return full_text[len(prefix_text) :]
+
     def flush(self) -> str:
         """Return whatever is still held at the end: "" normally, U+FFFD for an incomplete tail."""
         return self._emit(allow_incomplete=True)

@@ -8,12 +8,17 @@ from collections.abc import Iterator, Sequence
 
 from tokenizers import Tokenizer
 
+from zerolayer.checkpoints.byte_tokenizer import bytes_to_unicode
 from zerolayer.checkpoints.tokenizer_files import parse_tokenizer_config
 
 REPLACEMENT_CHAR = "\ufffd"
 """What one maximal invalid UTF-8 byte subsequence decodes to (U+FFFD)."""
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 """A byte-fallback token, as the ``tokenizers`` ByteFallback decoder recognises one."""
+SENTENCEPIECE_SPACE = "\u2581"
+"""``▁``, the space of sentencepiece (Metaspace) pieces."""
+_UNICODE_TO_BYTE = {c: b for b, c in bytes_to_unicode().items()}
+"""GPT-2's byte table reversed: a byte-level piece's character -> its byte."""
 
 
 class TextTokenizer:
@@ -47,8 +52,9 @@ class TextTokenizer:
         self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         added = tokenizer.get_added_tokens_decoder()
         self._special_ids = frozenset(i for i, token in added.items() if token.special)
-        decoder = json.loads(tokenizer.to_str()).get("decoder")
-        self._byte_fallback = '"type": "ByteFallback"' in json.dumps(decoder)
+        decoder = json.dumps(json.loads(tokenizer.to_str()).get("decoder"))
+        self._byte_fallback = '"type": "ByteFallback"' in decoder
+        self._byte_level = '"type": "ByteLevel"' in decoder
 
     @classmethod
     def from_json(cls, tokenizer_json: str, tokenizer_config_json: str = "") -> TextTokenizer:
@@ -118,6 +124,21 @@ class TextTokenizer:
             ValueError: an id is outside ``[0, vocab_size)``.
         """
         return [self._tokenizer.id_to_token(token_id) for token_id in self._checked_ids(token_ids)]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for, as UTF-8 (a piece of a character, for a
+        token that ends or starts inside one): a byte-level piece (``"Ġhi"``) mapped back
+        through GPT-2's byte table, a byte-fallback ``<0xNN>`` its byte, sentencepiece's ``▁``
+        a space; b"" for a special token (decoding skips it) and an id the tokenizer does not
+        know."""
+        if not self._known(token_id) or token_id in self._special_ids:
+            return b""
+        piece = self._tokenizer.id_to_token(token_id)
+        if self._byte_level and all(c in _UNICODE_TO_BYTE for c in piece):
+            return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+        if self._byte_fallback and _BYTE_TOKEN.fullmatch(piece):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace(SENTENCEPIECE_SPACE, " ").encode()
 
     @property
     def vocab_size(self) -> int:

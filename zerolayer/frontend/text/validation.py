@@ -110,6 +110,8 @@ def _prompt_token_ids(
         if not params.prompt_token_ids:
             raise InvalidArgument("prompt_token_ids", "empty")
         for i, token_id in enumerate(params.prompt_token_ids):
+            if token_id < 0:
+                raise InvalidArgument("prompt_token_ids", f"id {token_id} at index {i} is negative")
             if token_id >= model.vocab_size:
                 raise InvalidArgument(
                     "prompt_token_ids",
