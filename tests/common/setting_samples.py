@@ -47,6 +47,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "listen": ("127.0.0.1:50999", "127.0.0.1:50999"),
     "http_listen": ("127.0.0.1:8000", "127.0.0.1:8000"),
     "default_max_new_tokens": ("17", 17),
+    "max_grammar_bytes": ("64K", 65536),
     "scheduler_wait_s": ("0.5", 0.5),
     "failover_wait_s": ("5", 5.0),
     "scheduler_hung_after_s": ("2.5", 2.5),

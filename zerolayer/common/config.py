@@ -175,6 +175,7 @@ class ApiSettings:
     listen: str = setting_field(settings.LISTEN)
     http_listen: str = setting_field(settings.HTTP_LISTEN)
     default_max_new_tokens: int = setting_field(settings.DEFAULT_MAX_NEW_TOKENS)
+    max_grammar_bytes: int = setting_field(settings.MAX_GRAMMAR_BYTES)
 
 
 @documented

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
-from zerolayer.common.structured_output import grammar_of
+from zerolayer.common.structured_output import check_size, grammar_of
 from zerolayer.frontend.text.chat_template import ChatTemplate, check_messages
 from zerolayer.frontend.text.sampling_controls import (
     MAX_N,
@@ -84,6 +84,7 @@ def validate(
     sampling = with_sampling_controls(_sampling(params), params, model.vocab_size)
     _check_strings(params, config)
     if params.structured_output is not None:
+        check_size(params.structured_output, config.max_grammar_bytes)
         grammar_of(params.structured_output)
     request = EngineRequest(
         request_id=params.request_id or uuid.uuid4().hex,
