@@ -287,7 +287,9 @@ class EngineCore:
         if not errors:
             return results
         for request_id, error in errors.items():
-            log.warning("request %s: %s", request_id, error)
+            # NOTE: a grammar at fault (InvalidArgument) is the client's event, not the server's
+            level = logging.INFO if isinstance(error, InvalidArgument) else logging.WARNING
+            log.log(level, "request %s: %s", request_id, error)
             sink = self._sinks.pop(request_id, None)
             if sink is not None:
                 self._deliver(sink, error)
