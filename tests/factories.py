@@ -228,11 +228,11 @@ def run_engine(
         engine.submit(request, sink_for(request.request_id))
     engine.process_commands()
     for _ in range(1000):
-        if not engine.scheduler.has_unfinished_requests:
+        if not engine.has_unfinished_requests:
             break
         engine.step()
     assert errors == []
-    assert not engine.scheduler.has_unfinished_requests
+    assert not engine.has_unfinished_requests
     return outputs
 
 

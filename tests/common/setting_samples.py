@@ -49,6 +49,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "default_max_new_tokens": ("17", 17),
     "responses_max_stored": ("8", 8),
     "responses_max_age_s": ("90", 90.0),
+    "max_grammar_bytes": ("64K", 65536),
     "scheduler_wait_s": ("0.5", 0.5),
     "failover_wait_s": ("5", 5.0),
     "scheduler_hung_after_s": ("2.5", 2.5),

@@ -177,6 +177,7 @@ class ApiSettings:
     default_max_new_tokens: int = setting_field(settings.DEFAULT_MAX_NEW_TOKENS)
     responses_max_stored: int = setting_field(settings.RESPONSES_MAX_STORED)
     responses_max_age_s: float = setting_field(settings.RESPONSES_MAX_AGE_S)
+    max_grammar_bytes: int = setting_field(settings.MAX_GRAMMAR_BYTES)
 
 
 @documented

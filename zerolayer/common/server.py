@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor, descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -121,6 +122,33 @@ def _bind_failure(address: str) -> str:
     return "in use, or not a local address"
 
 
+def reflection_pool(service_names: Sequence[str]) -> descriptor_pool.DescriptorPool:
+    """A descriptor pool of the files that define ``service_names`` and of their dependencies,
+    and nothing else: what this server's reflection describes. The process's default pool also
+    holds every other proto it imports (the frontend's: the scheduler's and the loader's, its
+    clients), which a caller of the public port must not be shown.
+
+    Raises:
+        KeyError: a service name the default pool does not know.
+    """
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(file: descriptor.FileDescriptor) -> None:
+        if file.name in added:
+            return
+        for dependency in file.dependencies:
+            add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        pool.Add(proto)
+        added.add(file.name)
+
+    for name in service_names:
+        add(descriptor_pool.Default().FindServiceByName(name).file)
+    return pool
+
+
 def instance_health_name(instance_id: str) -> str:
     """The health service name under which a layer started with ``instance_id`` reports."""
     return f"zerolayer.instance.{instance_id}"
@@ -223,15 +251,12 @@ class LayerServer:
         for binding in self._bindings:
             binding.add(binding.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = [b.service_name for b in self._bindings]
-        reflection.enable_server_reflection(
-            [
-                *names,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ],
-            self.server,
-        )
+        names = [
+            *(b.service_name for b in self._bindings),
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ]
+        reflection.enable_server_reflection(names, self.server, pool=reflection_pool(names))
         self._listen(self.server, self.address, self.credentials)
         if self.credentials is not None and self.private_address:
             await self._start_private_health()

@@ -39,6 +39,8 @@ MAX_WAIT_S = 3600
 milliseconds as a uint32, and the waits become timers."""
 MAX_UINT32 = 2**32 - 1
 """Largest value of a protobuf ``uint32`` field."""
+PUBLIC_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+"""Largest request the public API reads (a gRPC message, an HTTP body), bytes."""
 MAX_BLOCK_SIZE = 256
 """Largest ``--block-size``, tokens (as vLLM's): a prompt reuses a cached prefix only in whole
 blocks, so a larger block would rarely be reused."""
@@ -349,6 +351,20 @@ RESPONSES_MAX_AGE_S = offered(
     check=AtMost(positive, MAX_STORED_RESPONSE_AGE_S),
     unit="s",
     metavar="S",
+    layers=(FRONTEND,),
+)
+MAX_GRAMMAR_BYTES = offered(
+    "--max-grammar-bytes",
+    "largest structured-output constraint a request may carry (a JSON schema, regex or Lark "
+    "grammar, e.g. response_format's json_schema), in bytes or with a binary unit (64K, 1M); a "
+    "larger one is refused with INVALID_ARGUMENT before it compiles, since compile time grows "
+    "faster than the text (docs/structured-output.md, Limits)",
+    default=128 * 1024,
+    parse=parse_bytes,
+    check=AtMost(positive, PUBLIC_MAX_MESSAGE_BYTES),
+    unit="bytes",
+    metavar="SIZE",
+    default_note="128 KiB",
     layers=(FRONTEND,),
 )
 

@@ -16,7 +16,7 @@ from zerolayer.common.layer_main import LayerProgram, main
 from zerolayer.common.metrics import serve_metrics
 from zerolayer.common.server import run_layer
 from zerolayer.common.setting import SettingError
-from zerolayer.common.settings import HTTP_LISTEN, TLS_CLIENT_CA
+from zerolayer.common.settings import HTTP_LISTEN, PUBLIC_MAX_MESSAGE_BYTES, TLS_CLIENT_CA
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.generation import TextGenerator
 from zerolayer.frontend.kserve.server import kserve_binding
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PUBLIC_MAX_RECEIVE_BYTES = 8 * 1024 * 1024
+PUBLIC_MAX_RECEIVE_BYTES = PUBLIC_MAX_MESSAGE_BYTES
 """Largest public request accepted; prompts are far smaller (see
 text.validation.check_text_length)."""
 STARTUP_SCHEDULER_WAIT_S = 30.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import replace
 
@@ -24,6 +25,7 @@ from zerolayer.common.generation import (
     TokenizeResult,
     Usage,
 )
+from zerolayer.common.structured_output import grammar_of
 from zerolayer.frontend.metrics import FrontendMetrics
 from zerolayer.frontend.routing.scheduler_pool import SchedulerPool
 from zerolayer.frontend.telemetry import GenerationTelemetry
@@ -71,6 +73,9 @@ class TextGenerator:
             manifest.model, self.model_config.vocab_size, self.model_config.max_model_len
         )
         self.scheduler = scheduler
+        self._grammar_checks = ThreadPoolExecutor(1, thread_name_prefix="grammar-check")
+        """Where structured-output constraints compile, one at a time (llguidance releases the
+        GIL meanwhile)."""
 
     @property
     def ready(self) -> bool:
@@ -151,7 +156,8 @@ class TextGenerator:
                 starts with the prompt's); off: only the stream's last chunk does.
 
         Raises:
-            InvalidArgument, NotFound: from validation.
+            InvalidArgument, NotFound: from validation (a structured-output constraint's compile
+                included: ``zerolayer.common.structured_output.grammar_of``).
             Unavailable: no scheduler can take the request, or schedulers died under it in two
                 separate incidents (see ``zerolayer.frontend.routing.failover``).
         """
@@ -161,6 +167,12 @@ class TextGenerator:
             request = await asyncio.to_thread(
                 validate, params, self.served, self.tokenizer, self.config, self.chat_template
             )
+            if request.structured_output is not None:
+                # NOTE: on a thread of its own: a large grammar's compile (up to seconds) then
+                # delays only the constrained requests behind it, not other requests' tokenizing
+                await asyncio.get_running_loop().run_in_executor(
+                    self._grammar_checks, grammar_of, request.structured_output
+                )
             if fit_context:
                 check_fits_context(params, request, self.served)
         request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))

@@ -288,17 +288,18 @@ def test_n_above_16_is_refused(n: int) -> None:
     assert str(error) == f"n: must be an integer from 0 to 16, got {n}"
 
 
-@pytest.mark.parametrize(
-    ("constraint", "field"),
-    [
-        (StructuredOutput("json_schema", '{"type": "foo"}'), "structured_output.json_schema"),
-        (StructuredOutput("json_schema", "{"), "structured_output.json_schema"),
-        (StructuredOutput("regex", "(a"), "structured_output.regex"),
-        (StructuredOutput("grammar", "start: missing"), "structured_output.grammar"),
-    ],
-)
-def test_an_invalid_structured_output_is_named(constraint: StructuredOutput, field: str) -> None:
-    assert_invalid(make_params(structured_output=constraint), field)
+@pytest.mark.parametrize("kind", ["json_schema", "regex", "grammar"])
+def test_a_structured_output_over_max_grammar_bytes_is_named(kind: str) -> None:
+    limit = make_config().max_grammar_bytes
+    assert limit == 128 * 1024
+    constraint = StructuredOutput(kind, "a" * (limit + 1))
+    error = assert_invalid(make_params(structured_output=constraint), f"structured_output.{kind}")
+    assert str(error).endswith(f"{limit + 1} bytes; at most {limit} (--max-grammar-bytes)")
+
+
+def test_validation_leaves_the_compile_of_a_constraint_to_the_caller() -> None:
+    constraint = StructuredOutput("grammar", "start: missing")  # refused by grammar_of
+    assert run(make_params(structured_output=constraint)).structured_output == constraint
 
 
 def test_a_valid_structured_output_reaches_the_engine_request() -> None:

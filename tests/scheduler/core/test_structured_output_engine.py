@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from zerolayer.bench.inprocess import LocalModel, build_local_engine
 from zerolayer.checkpoints.default_model import write_default_model
-from zerolayer.common.errors import InvalidArgument
+from zerolayer.common.errors import InvalidArgument, Unavailable
 from zerolayer.common.generation import (
     EngineRequest,
     FinishReason,
@@ -20,7 +20,7 @@ from zerolayer.common.generation import (
     SamplingParams,
     StructuredOutput,
 )
-from zerolayer.scheduler.core.engine_commands import AddRequest
+from zerolayer.scheduler.core.engine_commands import AbortRequest, AddRequest, FailAll
 from zerolayer.scheduler.engine_factory import EngineConfig
 
 BLOCK_SIZE = 16
@@ -42,7 +42,7 @@ def run(model_dir: Path, num_blocks: int, requests: list[EngineRequest]):
     for request in requests:
         engine.apply(AddRequest(request, outputs[request.request_id].append))
     for _ in range(2000):
-        if not engine.scheduler.has_unfinished_requests:
+        if not engine.has_unfinished_requests:
             break
         engine.step()
     assert engine.grammar is not None
@@ -134,3 +134,23 @@ def test_a_resubmitted_request_continues_the_grammar_where_it_was(model_dir: Pat
     _, rest = run(model_dir, 64, [resumed])
     assert [t for o in rest["r2"] for t in o.new_token_ids] == ids[10:]
     assert rest["r2"][-1].finish_reason == FinishReason.EOS
+
+
+def test_a_request_waits_outside_the_batch_while_its_grammar_compiles(model_dir: Path) -> None:
+    """Until its grammar is compiled the request is not in the scheduler; an abort then
+    forgets it (its sink gets nothing) and a failure of the engine ends it with the error."""
+    model = LocalModel.load(model_dir)
+    layout = model.arena_layout_of_blocks(BLOCK_SIZE, 16)
+    engine, _ = build_local_engine(model, EngineConfig(), layout, enable_prefix_caching=False)
+    assert engine.grammar is not None
+    outputs: dict[str, list] = {"aborted": [], "failed": []}
+    for request_id in outputs:
+        engine.apply(AddRequest(constrained(request_id, (1, 403), 1), outputs[request_id].append))
+    assert len(engine.compiling) == 2 and engine.scheduler.num_waiting == 0
+    assert engine.has_unfinished_requests and engine.num_streams == 2
+    engine.apply(AbortRequest("aborted"))
+    engine.apply(FailAll(Unavailable("gpu lost")))
+    assert not engine.has_unfinished_requests and engine.num_streams == 0
+    assert outputs["aborted"] == []
+    assert [str(e) for e in outputs["failed"]] == ["gpu lost"]
+    engine.grammar.close()

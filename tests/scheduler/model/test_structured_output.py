@@ -15,7 +15,11 @@ from zerolayer.common.errors import InvalidArgument, ZerolayerError
 from zerolayer.common.generation import SamplingParams, StructuredOutput
 from zerolayer.common.structured_output import grammar_of
 from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.model.structured_output import GrammarBackend, allowed_tokens
+from zerolayer.scheduler.model.structured_output import (
+    GrammarBackend,
+    GrammarMatcher,
+    allowed_tokens,
+)
 
 VOCAB_SIZE = 512
 EOS_TOKEN_IDS = (2, 1)
@@ -46,6 +50,11 @@ def vocab_ids(tokenizer_json: str, pieces: str) -> list[int]:
     return [vocab[p] for p in pieces if p in vocab]
 
 
+def matcher_of(backend: GrammarBackend, constraint: StructuredOutput) -> GrammarMatcher:
+    """A request's matcher: ``constraint`` compiled (waited for), then copied."""
+    return backend.matcher(backend.compile(constraint).result())
+
+
 def piece_bytes(backend: GrammarBackend, token_id: int) -> bytes:
     return backend.tokenizer().decode_bytes([token_id])
 
@@ -53,7 +62,7 @@ def piece_bytes(backend: GrammarBackend, token_id: int) -> bytes:
 def test_the_first_mask_of_a_regex_allows_exactly_the_digit_pieces(
     backend, tokenizer_json: str
 ) -> None:
-    matcher = backend.matcher(StructuredOutput("regex", "[0-9]{3}-[a-z]+"))
+    matcher = matcher_of(backend, StructuredOutput("regex", "[0-9]{3}-[a-z]+"))
     mask = matcher.allowed()
     assert mask is not None and mask.shape == (VOCAB_SIZE,)
     # The byte pieces <0x30>..<0x39> and the single-digit pieces "0".."9" (no longer digit run
@@ -65,7 +74,7 @@ def test_the_first_mask_of_a_regex_allows_exactly_the_digit_pieces(
 def test_the_mask_follows_the_consumed_tokens_and_allows_eos_once_complete(
     backend, tokenizer_json: str
 ) -> None:
-    matcher = backend.matcher(StructuredOutput("regex", "[0-9]{3}-[a-z]+"))
+    matcher = matcher_of(backend, StructuredOutput("regex", "[0-9]{3}-[a-z]+"))
     for char in "123":
         matcher.allowed()
         matcher.accept(byte_id(char))
@@ -87,7 +96,7 @@ def test_the_mask_follows_the_consumed_tokens_and_allows_eos_once_complete(
 
 
 def test_a_grammar_that_allows_nothing_more_is_done_without_eos(backend) -> None:
-    matcher = backend.matcher(StructuredOutput("regex", "ab"))
+    matcher = matcher_of(backend, StructuredOutput("regex", "ab"))
     matcher.allowed()
     matcher.accept(byte_id("a"))
     matcher.allowed()
@@ -96,7 +105,7 @@ def test_a_grammar_that_allows_nothing_more_is_done_without_eos(backend) -> None
 
 
 def test_a_token_outside_the_mask_fails_the_matcher(backend) -> None:
-    matcher = backend.matcher(StructuredOutput("regex", "[0-9]+"))
+    matcher = matcher_of(backend, StructuredOutput("regex", "[0-9]+"))
     matcher.allowed()
     matcher.accept(byte_id("x"))
     assert matcher.is_done
@@ -107,7 +116,7 @@ def test_a_token_outside_the_mask_fails_the_matcher(backend) -> None:
 def test_allowed_tokens_stacks_the_constrained_rows_and_leaves_the_others_free(
     backend, tokenizer_json: str
 ) -> None:
-    matcher = backend.matcher(StructuredOutput("regex", "7"))
+    matcher = matcher_of(backend, StructuredOutput("regex", "7"))
     assert allowed_tokens([None, None], VOCAB_SIZE) is None
     allowed = allowed_tokens([None, matcher], VOCAB_SIZE)
     assert allowed is not None and allowed.dtype == torch.bool
@@ -163,17 +172,17 @@ def test_valid_constraints_compile(backend) -> None:
         StructuredOutput("regex", "[a-z]+"),
         StructuredOutput("grammar", 'start: "yes" | "no"'),
     ):
-        matcher = backend.matcher(constraint)
+        matcher = matcher_of(backend, constraint)
         assert matcher.allowed() is not None and matcher.error is None
 
 
-def test_a_grammar_this_tokenizer_cannot_serve_fails_as_invalid_argument(backend) -> None:
+def test_a_grammar_this_tokenizer_cannot_serve_fails_to_compile_as_invalid_argument(
+    backend,
+) -> None:
     # Valid without a tokenizer (what the frontend checks), but id 9999 is past this vocabulary.
     constraint = StructuredOutput("grammar", 'start: <[9999]> "a"')
     grammar_of(constraint)
-    matcher = backend.matcher(constraint)
-    assert matcher.allowed() is None
-    assert matcher.is_done
-    assert isinstance(matcher.error, InvalidArgument)
-    assert matcher.error.field == "structured_output.grammar"
-    assert "9999" in str(matcher.error)
+    with pytest.raises(InvalidArgument) as info:
+        backend.compile(constraint).result()
+    assert info.value.field == "structured_output.grammar"
+    assert "9999" in str(info.value)

@@ -15,6 +15,7 @@ scheduler, which frees its blocks.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import grpc
@@ -22,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from zerolayer.common.errors import NotFound, Unauthenticated, ZerolayerError
 from zerolayer.common.generation import GenerateParams
@@ -44,6 +46,8 @@ from zerolayer.frontend.openai.schema import ChatCompletionRequest, CompletionRe
 from zerolayer.frontend.openai.stream import events
 from zerolayer.frontend.tenants import TenantPolicy
 from zerolayer.frontend.text.validation import check_model
+
+log = logging.getLogger(__name__)
 
 OWNED_BY = "zerolayer"
 """``owned_by`` of the served model in ``/v1/models``."""
@@ -72,7 +76,21 @@ def create_app(
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
     app.add_exception_handler(HTTPException, _http_exception)
+    app.add_exception_handler(ClientDisconnect, _client_disconnected)
     return app
+
+
+async def _client_disconnected(request: Request, exc: Exception) -> Response:
+    """A client that went away before its request's body ended (its Content-Length promised
+    more): a client event, one INFO line; the 499 answers nobody (uvicorn drops it)."""
+    return error_response(body_cut_short(request))
+
+
+def body_cut_short(request: Request) -> HttpError:
+    """The 499 of a request whose client disconnected before its body ended, logged in one INFO
+    line (a client event, not the server's error)."""
+    log.info("%s %s: client disconnected before the body ended", request.method, request.url.path)
+    return http_error(499, "client disconnected before the body ended")
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -143,6 +161,8 @@ class OpenAIRoutes:
             body = await read_json(request, model, self._max_body_bytes)
             request_id = new_request_id()
             params = chat_params(body, request_id) if chat else completion_params(body, request_id)
+        except ClientDisconnect:
+            return call.answered(body_cut_short(request))
         except (ZerolayerError, ValueError) as exc:
             return call.answered(_request_error(exc, chat))
         head = ResponseHead(

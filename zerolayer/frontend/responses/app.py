@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from zerolayer.common.generation import GenerationChunk
 from zerolayer.common.tracing import Tracing
@@ -29,7 +30,7 @@ from zerolayer.frontend.http_exchange import (
     read_json,
     whole_generation,
 )
-from zerolayer.frontend.openai.app import OpenAIRoutes, error_response
+from zerolayer.frontend.openai.app import OpenAIRoutes, body_cut_short, error_response
 from zerolayer.frontend.openai.errors import http_error
 from zerolayer.frontend.openai.params import new_request_id
 from zerolayer.frontend.openai.stream import sse
@@ -138,6 +139,8 @@ class ResponsesRoutes(OpenAIRoutes):
                 )
             request_id = new_request_id()
             asked = response_request(body, request_id, previous)
+        except ClientDisconnect:
+            return call.answered(body_cut_short(request))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
             return call.answered(responses_error(exc))
         head = response_head(body, request_id, self._generator.served.name)

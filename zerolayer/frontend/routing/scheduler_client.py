@@ -4,6 +4,7 @@ its health, which it follows for the router (:mod:`zerolayer.frontend.routing.he
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from zerolayer.common.convert import (
     role_from_stats_pb,
     scheduler_stats_request_to_pb,
 )
-from zerolayer.common.errors import SchedulerLost, Unavailable
+from zerolayer.common.errors import InvalidArgument, SchedulerLost, Unavailable
 from zerolayer.common.generation import EngineRequest, RequestOutput
 from zerolayer.common.scheduler_role import SchedulerRole
 from zerolayer.common.server import FAST_RECONNECT_CHANNEL_OPTIONS
@@ -194,6 +195,10 @@ class SchedulerClient:
         await self._channel.close()
 
 
+_NAMED_FIELD = re.compile(r"(?P<field>[a-z_][a-z0-9_.]*(?:\[\d+\])?): (?P<reason>.*)", re.DOTALL)
+"""An InvalidArgument's message: the field (``structured_output.grammar``), then why."""
+
+
 def _error_of(exc: grpc.aio.AioRpcError, address: str, carrying: bool) -> Exception:
     """What a failed Generate call raises (see :meth:`SchedulerClient.generate`). The message of
     an UNAVAILABLE the scheduler answered reaches public clients: it is made a
@@ -202,6 +207,10 @@ def _error_of(exc: grpc.aio.AioRpcError, address: str, carrying: bool) -> Except
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             log.warning("scheduler %s answered UNAVAILABLE: %s", address, exc.details())
             return Unavailable(public_message("scheduler", exc.details() or ""))
+        named = _NAMED_FIELD.match(exc.details() or "")
+        if exc.code() == grpc.StatusCode.INVALID_ARGUMENT and named:
+            # NOTE: the field named again, for the public APIs that say it apart (OpenAI's param)
+            return InvalidArgument(named["field"], named["reason"])
         return exc
     if exc.code() in LOST_CODES:
         return SchedulerLost(f"scheduler {address}: {exc.details()}", carrying)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
-from zerolayer.common.structured_output import grammar_of
+from zerolayer.common.structured_output import check_size
 from zerolayer.frontend.text.chat_template import ChatTemplate, check_messages
 from zerolayer.frontend.text.sampling_controls import (
     MAX_N,
@@ -65,7 +65,10 @@ def validate(
 
     Raises:
         NotFound: ``model`` names another model.
-        InvalidArgument: any field out of range; the message names the field.
+        InvalidArgument: any field out of range; the message names the field. A
+            structured-output constraint is only checked for size here: its compile is the
+            caller's (``zerolayer.common.structured_output.grammar_of``, seconds for a large
+            one), on a thread where it delays nobody else.
     """
     check_model(params.model, model)
     prompt_token_ids = _prompt_token_ids(params, model, tokenizer, chat_template)
@@ -84,7 +87,7 @@ def validate(
     sampling = with_sampling_controls(_sampling(params), params, model.vocab_size)
     _check_strings(params, config)
     if params.structured_output is not None:
-        grammar_of(params.structured_output)
+        check_size(params.structured_output, config.max_grammar_bytes)
     request = EngineRequest(
         request_id=params.request_id or uuid.uuid4().hex,
         prompt_token_ids=tuple(prompt_token_ids),

@@ -56,6 +56,7 @@ class Engine(EngineCore):
     ) -> None:
         super().__init__(scheduler, runner, sampler, metrics, grammar)
         self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
+        self.compiling.on_compiled = lambda: self.send(commands.Wake())
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._ready = threading.Event()

@@ -22,6 +22,7 @@ from zerolayer.common.generation import (
     RequestOutput,
     SamplingParams,
 )
+from zerolayer.scheduler.core.compiling import CompilingRequests
 from zerolayer.scheduler.core.engine_commands import (
     AbortRequest,
     AbortSample,
@@ -44,7 +45,11 @@ from zerolayer.scheduler.model.logprobs import (
 )
 from zerolayer.scheduler.model.model_runner import ModelRunner
 from zerolayer.scheduler.model.sampler import Sampler
-from zerolayer.scheduler.model.structured_output import GrammarBackend, allowed_tokens
+from zerolayer.scheduler.model.structured_output import (
+    CompiledGrammar,
+    GrammarBackend,
+    allowed_tokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +92,10 @@ class EngineCore:
         self.num_steps = 0
         self._last_step_end: float | None = None
         self._sinks: dict[str, Sink] = {}
+        self.compiling = CompilingRequests(lambda: None)
+        """Constrained requests whose grammar compiles, not in the scheduler yet; its
+        ``on_compiled`` is called on the compile thread when one is done (the :class:`Engine`
+        wakes its thread, which then admits the request: :meth:`admit_compiled`)."""
         self._unflushed: set[Callable[[], None]] = set()
         self.fault: Unavailable | None = None
         """The error every request gets once the GPU failed (:meth:`Engine.fail`); None while
@@ -96,6 +105,11 @@ class EngineCore:
     def not_serving_reason(self) -> str:
         """Why the engine stopped serving; empty while it serves."""
         return "" if self.fault is None else str(self.fault)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        """Requests in the scheduler, or compiling their grammar before they join it."""
+        return self.scheduler.has_unfinished_requests or bool(self.compiling)
 
     @property
     def num_streams(self) -> int:
@@ -128,6 +142,7 @@ class EngineCore:
                 self._add(command)
             case AbortRequest(request_id=request_id):
                 self._sinks.pop(request_id, None)
+                self.compiling.discard(request_id)
                 self.scheduler.abort_request(request_id)
             case AbortSample(request_id=request_id, index=index):
                 self._abort_sample(request_id, index)
@@ -136,7 +151,7 @@ class EngineCore:
             case Annotate(name=name, attributes=attributes):
                 self.scheduler.annotate(name, attributes)
             case Wake():
-                pass
+                self.admit_compiled()
             case _:
                 raise TypeError(f"not an engine command: {command!r}")
 
@@ -144,31 +159,46 @@ class EngineCore:
         if self.fault is not None:
             self._deliver(command.sink, self.fault)
             return
-        constraint = command.request.structured_output
-        if constraint is not None and self.grammar is None:
-            self._deliver(
-                command.sink,
-                InvalidArgument("structured_output", "this scheduler has no tokenizer"),
-            )
+        request = command.request
+        if request.structured_output is None:
+            self._admit(command, None)
             return
+        if self.grammar is None:
+            error = InvalidArgument("structured_output", "this scheduler has no tokenizer")
+            self._deliver(command.sink, error)
+            return
+        if request.request_id in self._sinks:
+            error = InvalidArgument("request_id", f"{request.request_id!r} is in flight")
+            self._deliver(command.sink, error)
+            return
+        self.compiling.add(command, self.grammar)
+        self._sinks[request.request_id] = command.sink
+
+    def admit_compiled(self) -> None:
+        """Moves the requests whose grammar compiled into the scheduler (each with its matcher),
+        and ends those whose grammar failed with the error (one INFO line); the others keep
+        compiling. Called on the thread that steps: at each :class:`Wake` and before each
+        step."""
+        for command, compiled in self.compiling.done():
+            if isinstance(compiled, ZerolayerError):
+                log.info("request %s: refused: %s", command.request.request_id, compiled)
+                self._sinks.pop(command.request.request_id, None)
+                self._deliver(command.sink, compiled)
+            else:
+                self._admit(command, compiled)
+
+    def _admit(self, command: AddRequest, compiled: CompiledGrammar | None) -> None:
+        """Adds the request to the scheduler, with a matcher copied from ``compiled`` (None:
+        unconstrained); an error the scheduler raises goes to its sink."""
         try:
             request = self.scheduler.add_request(command.request, command.trace)
         except ZerolayerError as exc:
+            self._sinks.pop(command.request.request_id, None)
             self._deliver(command.sink, exc)
             return
-        self._attach_grammar(request)
+        if compiled is not None and self.grammar is not None:
+            request.grammar = self.grammar.matcher(compiled)
         self._sinks[command.request.request_id] = command.sink
-
-    def _attach_grammar(self, request: Request) -> None:
-        """Gives a constrained request its structured-output matcher, which first consumes the
-        earlier output that ends a failover resubmission's prompt (``num_resumed_output_tokens``)
-        so the grammar continues where the lost scheduler left it."""
-        constraint = request.engine_request.structured_output
-        if constraint is None or self.grammar is None:
-            return
-        num_prompt = request.num_prompt_tokens
-        resumed = request.token_slice(num_prompt - request.num_resumed_output_tokens, num_prompt)
-        request.grammar = self.grammar.matcher(constraint, resumed)
 
     def _abort_sample(self, request_id: str, index: int) -> None:
         """Ends one sample and delivers its last output (the stream ends with the last one)."""
@@ -183,7 +213,8 @@ class EngineCore:
 
     def _fail_all(self, error: Unavailable) -> None:
         """Aborts every request in flight (frees its blocks) and ends it with ``error``."""
-        for request_id in self.scheduler.abort_all_requests():
+        compiling = self.compiling.clear()
+        for request_id in [*compiling, *self.scheduler.abort_all_requests()]:
             sink = self._sinks.pop(request_id, None)
             if sink is not None:
                 self._deliver(sink, error)
@@ -256,7 +287,9 @@ class EngineCore:
         if not errors:
             return results
         for request_id, error in errors.items():
-            log.warning("request %s: %s", request_id, error)
+            # NOTE: a grammar at fault (InvalidArgument) is the client's event, not the server's
+            level = logging.INFO if isinstance(error, InvalidArgument) else logging.WARNING
+            log.log(level, "request %s: %s", request_id, error)
             sink = self._sinks.pop(request_id, None)
             if sink is not None:
                 self._deliver(sink, error)
@@ -284,9 +317,15 @@ class EngineCore:
         self._last_step_end = None
 
     def step(self) -> None:
-        """Runs one schedule -> forward -> sample -> update cycle and delivers the outputs (batched
-        sinks are flushed at its end, even when it raises)."""
+        """Admits the requests whose grammar compiled (waiting for one when nothing else is in
+        flight), then runs one schedule -> forward -> sample -> update cycle and delivers the
+        outputs (batched sinks are flushed at its end, even when it raises)."""
         try:
+            if not self.scheduler.has_unfinished_requests:
+                # NOTE: a driver that steps by itself, with only compiles in flight; the engine
+                # thread steps only when the scheduler has requests
+                self.compiling.wait(1.0)
+            self.admit_compiled()
             self._step()
         finally:
             self.flush_deliveries()
@@ -347,7 +386,10 @@ class EngineCore:
         from it with their own seed)."""
         fork = self.scheduler.fork_samples(output)
         for sample in fork.samples:
-            self._attach_grammar(sample)  # each sample follows the grammar on its own
+            parent = self.scheduler.requests[sample.request_id].grammar
+            if parent is not None and self.grammar is not None:
+                # each sample follows the grammar on its own, from the request's compiled one
+                sample.grammar = self.grammar.matcher(parent.compiled)
         if fork.block_copies:
             self.runner.copy_blocks(fork.block_copies)
         if not fork.parent_rows:

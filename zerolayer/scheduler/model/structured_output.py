@@ -1,9 +1,15 @@
-"""Structured output in the scheduler: one llguidance matcher per constrained request, whose mask
-of allowed next tokens is computed on a worker thread while the engine runs the step before.
+"""Structured output in the scheduler: one llguidance matcher per constrained request, compiled
+on a thread of its own before the request joins the batch, whose mask of allowed next tokens is
+computed on a worker thread while the engine runs the step before.
 
 Pipeline of a constrained request (one matcher, touched by one thread at a time):
 
-- at admission, a worker compiles the grammar and computes the mask of the first token;
+- at admission, the compile thread compiles the grammar (:meth:`GrammarBackend.compile`: up to
+  seconds for a large grammar) while the request waits outside the batch, so no other request's
+  token waits for it (the engine admits it once compiled:
+  :meth:`zerolayer.scheduler.core.engine_core.EngineCore.admit_compiled`);
+- the request's matcher (and each sample's, n > 1) is a copy of the compiled one, whose first
+  mask a mask worker computes;
 - before sampling, the engine waits on that mask (it should be ready: it was computed during the
   forward) and the sampler sets the disallowed logits to -inf;
 - after sampling, the engine thread consumes the token (:meth:`GrammarMatcher.accept`); at the end
@@ -20,10 +26,13 @@ Source: llguidance's ``LLMatcher`` (https://github.com/guidance-ai/llguidance, d
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,13 +40,18 @@ from llguidance import LLMatcher, LLTokenizer
 
 from zerolayer.common.errors import InvalidArgument, ZerolayerError
 from zerolayer.common.generation import StructuredOutput
-from zerolayer.common.structured_output import grammar_of
+from zerolayer.common.structured_output import bounded, grammar_of, parser_limits
 
 MASK_WORKERS = 1
 """Threads computing masks. One: a mask takes 10 to 70 us (docs/benchmarks.md), so one thread
 keeps up with hundreds of constrained rows per step; it runs while the forward's OpenMP threads
 compute and takes a core from them only for those microseconds (their short spin,
 :mod:`zerolayer.scheduler.openmp_waiting`, lets it in)."""
+COMPILE_WORKERS = 1
+"""Threads compiling grammars, apart from the mask workers: a compile that takes seconds delays
+only the constrained requests admitted after it, never a mask or a step."""
+COMPILE_NICENESS = 10
+"""Nice value of the compile thread (the engine's is the process's, usually 0)."""
 
 
 class GrammarBackend:
@@ -68,8 +82,11 @@ class GrammarBackend:
         self._lock = threading.Lock()
         self._num_workers = num_workers
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="grammar-mask")
+        self._compile_pool = ThreadPoolExecutor(
+            COMPILE_WORKERS, thread_name_prefix="grammar-compile", initializer=_yield_the_cpu
+        )
         # NOTE: a failure here is raised again, to the request, by the next call.
-        self._pool.submit(self.tokenizer)
+        self._compile_pool.submit(self.tokenizer)
         self.mask_wait_s = 0.0
         """Total seconds the engine waited on masks before sampling (ideally about 0)."""
         self.num_masks = 0
@@ -90,11 +107,40 @@ class GrammarBackend:
                 )
             return self._tokenizer
 
-    def matcher(self, constraint: StructuredOutput, resumed: Sequence[int] = ()) -> GrammarMatcher:
-        """A matcher for one request; its grammar compiles, consumes ``resumed`` (output the
-        request generated before a failover, now at the end of its prompt) and computes its first
-        mask on a worker (errors surface as :attr:`GrammarMatcher.error`, never raised here)."""
-        return GrammarMatcher(self, constraint, tuple(resumed))
+    def compile(self, constraint: StructuredOutput, resumed: Sequence[int] = ()) -> Future:
+        """Compiles ``constraint`` on the compile thread (llguidance under
+        :func:`~zerolayer.common.structured_output.parser_limits`) and consumes ``resumed``
+        (output a request generated before a failover, now at the end of its prompt).
+
+        Returns:
+            A future of the compiled ``LLMatcher``, never to be advanced itself: each matcher
+            (:meth:`matcher`) copies it. Its exception: InvalidArgument
+            (``structured_output.<kind>``, a bounded message) for a constraint this tokenizer
+            cannot serve (a special token it lacks, a grammar that matches no text), a plain
+            ZerolayerError for a resumed token the grammar rejects.
+        """
+        return self._compile_pool.submit(self._compile, constraint, tuple(resumed))
+
+    def _compile(self, constraint: StructuredOutput, resumed: tuple[int, ...]) -> CompiledGrammar:
+        field = f"structured_output.{constraint.kind}"
+        # NOTE: log_level 0: llguidance would print its warnings to stderr, the scheduler's log
+        grammar = grammar_of(constraint)
+        matcher = LLMatcher(self.tokenizer(), grammar, log_level=0, limits=parser_limits())
+        # NOTE: some grammars fail only at the first mask (one that matches no text)
+        allows_a_token = not matcher.is_error() and any(matcher.compute_bitmask())
+        if matcher.is_error():
+            raise InvalidArgument(field, f"not servable: {bounded(matcher.get_error())}")
+        if not allows_a_token:
+            raise InvalidArgument(field, "the grammar allows no token of this vocabulary")
+        for token_id in resumed:
+            if not matcher.consume_token(token_id):
+                raise ZerolayerError(f"structured output: resumed token {token_id} rejected")
+        return CompiledGrammar(matcher, field)
+
+    def matcher(self, compiled: CompiledGrammar) -> GrammarMatcher:
+        """A matcher for one request (or sample): a copy of ``compiled`` (:meth:`compile`'s
+        result), whose first mask a worker computes."""
+        return GrammarMatcher(self, compiled)
 
     def submit(self, fn, *args) -> Future:  # noqa: ANN001 - a ThreadPoolExecutor.submit
         """Runs ``fn(*args)`` on a mask worker."""
@@ -117,47 +163,58 @@ class GrammarBackend:
                 self._pool.submit(_compute_masks, job)
 
     def close(self) -> None:
-        """Stops the workers (pending masks are dropped)."""
+        """Stops the workers (pending masks and compiles are dropped)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._compile_pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """A constraint compiled for this tokenizer (:meth:`GrammarBackend.compile`)."""
+
+    matcher: LLMatcher
+    """In the state to start from; never advanced itself: each request's matcher copies it."""
+    field: str
+    """The request field it came from (``structured_output.<kind>``), for errors."""
+
+
+REJECTED_TOKEN = "doesn't satisfy the grammar"
+"""How llguidance's error says that a consumed token was not allowed (llguidance 1.x)."""
 
 
 class GrammarMatcher:
     """One request's grammar state: advances only when a token is appended to its output (so a
     request recomputed after preemption does not consume its tokens twice)."""
 
-    def __init__(
-        self, backend: GrammarBackend, constraint: StructuredOutput, resumed: tuple[int, ...] = ()
-    ) -> None:
+    def __init__(self, backend: GrammarBackend, compiled: CompiledGrammar) -> None:
         self._backend = backend
+        self.compiled = compiled
+        """The compiled grammar this matcher copied (a sample forked from the request copies it
+        too)."""
         self._matcher: LLMatcher | None = None
         self.error: ZerolayerError | None = None
-        """Why the matcher failed: InvalidArgument (``structured_output.<kind>``) for a grammar
-        this tokenizer cannot serve (e.g. a special token it lacks, which the frontend cannot
-        check), a plain ZerolayerError (INTERNAL) for a library failure or a rejected token;
-        None while it works."""
+        """Why the matcher failed: InvalidArgument (``structured_output.<kind>``) when llguidance
+        stopped it (the grammar past its limits at this point of the output, e.g. more than
+        ``max_items_in_row`` alternatives open at once: every sampled token was one its mask
+        allowed, so the grammar is at fault), a plain ZerolayerError (INTERNAL) for any other
+        failure; None while it works."""
         self.is_done = False
         """The grammar is complete and allows nothing more (or the matcher failed): the request
         ends."""
         self.needs_mask = False
         """It consumed a token whose next mask is not asked for yet (:meth:`GrammarBackend.prefetch`
         asks)."""
-        self._mask: Future = backend.submit(self._start, constraint, resumed)
+        self._mask: Future = backend.submit(self._start)
 
-    def _start(self, constraint: StructuredOutput, resumed: tuple[int, ...]) -> np.ndarray | None:
-        matcher = LLMatcher(self._backend.tokenizer(), grammar_of(constraint))
-        if matcher.is_error():
-            raise InvalidArgument(f"structured_output.{constraint.kind}", matcher.get_error())
-        for token_id in resumed:
-            if not matcher.consume_token(token_id):
-                raise ValueError(f"the resumed output's token {token_id} was rejected")
-        self._matcher = matcher
+    def _start(self) -> np.ndarray | None:
+        self._matcher = self.compiled.matcher.deep_copy()
         return self._compute_mask()
 
     def _compute_mask(self) -> np.ndarray | None:
         assert self._matcher is not None
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         if self._matcher.is_error():
-            raise ValueError(self._matcher.get_error())
+            raise self._matcher_error()
         return np.unpackbits(bits, count=self._backend.vocab_size, bitorder="little").view(bool)
 
     def allowed(self) -> np.ndarray | None:
@@ -168,7 +225,7 @@ class GrammarMatcher:
         started = time.perf_counter()
         try:
             mask = self._mask.result()
-        except InvalidArgument as exc:
+        except ZerolayerError as exc:
             self._fail(exc)
             mask = None
         except Exception as exc:  # noqa: BLE001 - a library error: the request fails
@@ -194,19 +251,35 @@ class GrammarMatcher:
             self._fail(f"{type(exc).__name__}: {exc}")
             return
         if self._matcher is None or not self._matcher.consume_token(token_id):
-            reason = self._matcher.get_error() if self._matcher is not None else "not compiled"
-            self._fail(reason or f"token {token_id} rejected")
+            self._fail(self._matcher_error() if self._matcher else f"token {token_id} rejected")
         elif self._matcher.is_stopped():
             self.is_done = True
         else:
             self.needs_mask = True
         self._backend.consume_s += time.perf_counter() - started
 
+    def _matcher_error(self) -> ZerolayerError:
+        """What the failed matcher says, bounded: a rejected token is the engine's fault
+        (INTERNAL: it samples from the masks), anything else the grammar's."""
+        assert self._matcher is not None
+        message = bounded(self._matcher.get_error()) or self._matcher.stop_reason()
+        if REJECTED_TOKEN in message:
+            return ZerolayerError(f"structured output: {message}")
+        return InvalidArgument(self.compiled.field, f"failed while generating: {message}")
+
     def _fail(self, reason: str | ZerolayerError) -> None:
         if self.error is None:
             failure = ZerolayerError(f"structured output: {reason}")
             self.error = reason if isinstance(reason, ZerolayerError) else failure
         self.is_done = True
+
+
+def _yield_the_cpu() -> None:
+    """Lowers the calling thread's CPU priority (Linux: a thread's nice value is its own) to
+    :data:`COMPILE_NICENESS`, so a long compile takes the cores the engine leaves idle rather
+    than delaying its steps where cores are few; a system that refuses leaves it as it was."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICENESS)
 
 
 def _compute_masks(job: list[tuple[GrammarMatcher, Future]]) -> None:
