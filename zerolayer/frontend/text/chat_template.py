@@ -10,9 +10,19 @@ Rendering follows transformers' ``apply_chat_template`` (``render_jinja_template
 extension and the ``generation`` tag (rendered as its body); a ``tojson`` filter that does not
 escape HTML; the globals ``raise_exception``, ``strftime_now``, ``dict`` and ``namespace``
 (refusing underscore attributes); the variables ``messages``,
-``tools`` (None), ``documents`` (None), ``add_generation_prompt`` and the special tokens of
-tokenizer_config.json (``bos_token``, ``eos_token``...). Message keys that are unset are left
-out, as transformers drops keys whose value is None. The rendered text is tokenized without
+``tools`` (None without tools), ``documents`` (None), ``add_generation_prompt``, the special
+tokens of tokenizer_config.json (``bos_token``, ``eos_token``...) and the caller's further
+variables (``chat_template_kwargs``: ``enable_thinking``...), which win over the special tokens
+as transformers' ``**kwargs`` do. Message keys that are unset are left out, as transformers drops
+keys whose value is None.
+
+Tools and calls take the shapes transformers documents for templates
+(https://huggingface.co/docs/transformers/main/en/chat_extras): ``tools`` is a list of
+``{"type": "function", "function": {"name", "description", "parameters"}}`` (the schema a dict);
+an assistant message's ``tool_calls`` a list of ``{"id", "type": "function", "function":
+{"name", "arguments"}}`` with ``arguments`` a dict (templates write it with ``tojson``; a text
+that is not a JSON object stays text); a tool message carries ``tool_call_id``; an assistant
+message's ``reasoning_content`` is given when set. The rendered text is tokenized without
 adding special tokens again (the template writes BOS itself), as ``apply_chat_template(...,
 tokenize=True)`` does.
 """
@@ -20,7 +30,7 @@ tokenize=True)`` does.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -32,7 +42,7 @@ import jinja2.sandbox
 import jinja2.utils
 
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.common.generation import ChatMessage
+from zerolayer.common.generation import ChatMessage, ToolDefinition
 from zerolayer.frontend.text.tokenizer import parse_tokenizer_config, special_token_content
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -99,8 +109,18 @@ class ChatTemplate:
                 special_tokens[name] = token
         return cls(source, special_tokens)
 
-    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolDefinition] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """The prompt text of ``messages``.
+
+        Args:
+            tools: the template's ``tools`` (None when empty).
+            template_kwargs: further template variables (see :func:`template_kwargs`).
 
         Raises:
             InvalidArgument: ``messages``: the template does not compile, or fails while rendering
@@ -110,13 +130,14 @@ class ChatTemplate:
             raise InvalidArgument(
                 "messages", f"the model's chat template is invalid: {self._error}"
             )
+        variables = {**self.special_tokens, **(template_kwargs or {})}
         try:
             return self._template.render(
                 messages=[_message_dict(m) for m in messages],
-                tools=None,
+                tools=[tool_dict(t) for t in tools] if tools else None,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
-                **self.special_tokens,
+                **variables,
             )
         except jinja2.TemplateError as exc:
             raise InvalidArgument(
@@ -125,19 +146,71 @@ class ChatTemplate:
 
 
 def check_messages(messages: Sequence[ChatMessage]) -> None:
-    """Refuses an empty conversation or a message of an unknown role.
+    """Refuses an empty conversation, a message of an unknown role, tool calls on a message that
+    is not the assistant's and, in a conversation with tool calls, a tool message that answers
+    no earlier call.
 
     Raises:
-        InvalidArgument: ``messages`` (empty) or ``messages[i].role``.
+        InvalidArgument: ``messages`` (empty), ``messages[i].role``, ``messages[i].tool_calls``
+            or ``messages[i].tool_call_id``.
     """
     if not messages:
         raise InvalidArgument("messages", "empty (set at least one message)")
+    with_calls = any(m.tool_calls for m in messages)
+    called: set[str] = set()
     for i, message in enumerate(messages):
         if message.role not in CHAT_ROLES:
             raise InvalidArgument(
                 f"messages[{i}].role",
                 f"must be one of {', '.join(CHAT_ROLES)}, got {message.role[:64]!r}",
             )
+        if message.tool_calls and message.role != "assistant":
+            raise InvalidArgument(f"messages[{i}].tool_calls", "only assistant messages call tools")
+        called.update(call.id for call in message.tool_calls)
+        if with_calls and message.role == "tool" and message.tool_call_id not in called:
+            raise InvalidArgument(
+                f"messages[{i}].tool_call_id",
+                f"{message.tool_call_id[:64]!r} answers no earlier assistant message's tool call",
+            )
+
+
+RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
+"""Variables the renderer sets itself: ``chat_template_kwargs`` cannot set them."""
+
+
+def template_kwargs(chat_template_kwargs_json: str) -> dict[str, Any]:
+    """The further template variables of a request's ``chat_template_kwargs_json`` ("": none).
+
+    Raises:
+        InvalidArgument: ``chat_template_kwargs``: not a JSON object, or setting one of
+            :data:`RESERVED_TEMPLATE_VARIABLES`.
+    """
+    if not chat_template_kwargs_json:
+        return {}
+    try:
+        value = json.loads(chat_template_kwargs_json)
+    except (json.JSONDecodeError, RecursionError):
+        raise InvalidArgument("chat_template_kwargs", "not JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidArgument("chat_template_kwargs", "must be a JSON object")
+    reserved = sorted(set(value) & set(RESERVED_TEMPLATE_VARIABLES))
+    if reserved:
+        raise InvalidArgument("chat_template_kwargs", f"cannot set {', '.join(reserved)}")
+    return value
+
+
+def tool_dict(tool: ToolDefinition) -> dict[str, Any]:
+    """A tool as templates take it: ``{"type": "function", "function": {"name",
+    "description" (when set), "parameters"}}``.
+
+    Raises:
+        ValueError: ``parameters_json`` is not JSON (checked before: tool_request).
+    """
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        function["description"] = tool.description
+    function["parameters"] = json.loads(tool.parameters_json)
+    return {"type": "function", "function": function}
 
 
 def _config_template(value: object) -> str:
@@ -158,13 +231,34 @@ def _config_template(value: object) -> str:
     )
 
 
-def _message_dict(message: ChatMessage) -> dict[str, str]:
-    fields = {"role": message.role, "content": message.content}
+def _message_dict(message: ChatMessage) -> dict[str, Any]:
+    fields: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.name:
         fields["name"] = message.name
     if message.tool_call_id:
         fields["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        fields["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.reasoning_content:
+        fields["reasoning_content"] = message.reasoning_content
     return fields
+
+
+def _arguments(arguments: str) -> Any:
+    """A call's arguments as templates expect them: the JSON object as a dict (vLLM and SGLang
+    do the same for OpenAI's JSON text), other text as is."""
+    try:
+        value = json.loads(arguments)
+    except (json.JSONDecodeError, RecursionError):
+        return arguments
+    return value if isinstance(value, dict) else arguments
 
 
 def _describe(exc: jinja2.TemplateError) -> str:
