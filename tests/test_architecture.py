@@ -28,12 +28,14 @@ FRONTEND_APIS = ("text_generation", "openai", "kserve")
 FRONTEND_ROOMS: dict[str, frozenset[str]] = {
     "text": frozenset(),
     "routing": frozenset(),
-    "": frozenset({"text", "routing"}),
+    "chat": frozenset(),
+    "": frozenset({"text", "routing", "chat"}),
     **{api: frozenset({"", "text"}) for api in FRONTEND_APIS},
 }
-"""The frontend's rooms and the other rooms each may import: the text side of a request and the
-routing to schedulers import no other room; the layer's top modules ("": the domain object
-``generation.TextGenerator``, tenants, metrics, the gRPC and HTTP edges) use both; a public API
+"""The frontend's rooms and the other rooms each may import: the text side of a request, the
+routing to schedulers and the chat output's parsers import no other room; the layer's top modules
+("": the domain object ``generation.TextGenerator``, tenants, metrics, the gRPC and HTTP edges)
+use them; a public API
 uses the top modules and the text room, never routing or another API. Only the program
 (``__main__``) wires them all."""
 

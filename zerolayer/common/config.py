@@ -250,6 +250,7 @@ class FrontendConfig(
     instance_id: str = setting_field(settings.INSTANCE_ID)
     reuse_port: bool = setting_field(settings.REUSE_PORT)
     private_address: str = setting_field(settings.PRIVATE_ADDRESS)
+    tool_call_parser: str = setting_field(settings.TOOL_CALL_PARSER)
     max_stop_strings: int = 16
     """Most stop strings per request (a limit of the API, not a flag)."""
     max_cache_salt_bytes: int = 256

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.common.generation import ChatMessage, GenerateParams, StructuredOutput
+from zerolayer.common.generation import ChatMessage, GenerateParams, StructuredOutput, ToolCall
 from zerolayer.frontend.openai.params import chat_params, completion_params, openai_param
 from zerolayer.frontend.openai.schema import ChatCompletionRequest, CompletionRequest
 
@@ -120,7 +120,13 @@ def test_chat_messages_logprobs_and_max_completion_tokens() -> None:
                 "role": "user",
                 "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
             },
-            {"role": "assistant", "content": None},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "t1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
             {"role": "tool", "content": "42", "tool_call_id": "t1"},
         ],
         max_tokens=3,
@@ -133,7 +139,7 @@ def test_chat_messages_logprobs_and_max_completion_tokens() -> None:
     assert params.messages == (
         ChatMessage("system", "be brief"),
         ChatMessage("user", "ab"),
-        ChatMessage("assistant", ""),
+        ChatMessage("assistant", "", tool_calls=(ToolCall("t1", "f", "{}"),)),
         ChatMessage("tool", "42", tool_call_id="t1"),
     )
     assert (params.prompt, params.max_new_tokens, params.logprobs) == (None, 5, 4)
@@ -147,16 +153,25 @@ def test_chat_messages_logprobs_and_max_completion_tokens() -> None:
     ("body", "field"),
     [
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
-        ({"functions": [{"name": "f"}]}, "functions"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "functions": [{"name": "g"}],
+            },
+            "functions",
+        ),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             "messages[0].content",
         ),
         (
-            {"messages": [{"role": "assistant", "tool_calls": [{"id": "1"}]}]},
-            "messages[0].tool_calls",
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "tool", "content": "42", "tool_call_id": "nope"},
+                ]
+            },
+            "messages[1].tool_call_id",
         ),
     ],
 )
@@ -178,6 +193,8 @@ def test_what_chat_does_not_implement_is_refused_naming_the_field(body, field) -
         ("temperature", True, "temperature"),
         ("structured_output.json_schema", False, "response_format"),
         ("structured_output.json_schema", True, "response_format"),
+        ("tools[2].parameters_json", True, "tools[2].function.parameters"),
+        ("tools[0].name", True, "tools[0].function.name"),
     ],
 )
 def test_error_fields_are_named_as_openai_names_them(field, chat_request, param) -> None:

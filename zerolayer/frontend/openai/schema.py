@@ -106,6 +106,26 @@ class ContentPart(BaseModel):
     text: StrictStr = ""
 
 
+class FunctionCallIn(BaseModel):
+    """``tool_calls[i].function`` of an assistant message: the call's name and arguments."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: StrictStr
+    arguments: StrictStr
+    """JSON text."""
+
+
+class ToolCallIn(BaseModel):
+    """One of an assistant message's ``tool_calls``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(BaseModel):
     """One message of ``messages``."""
 
@@ -115,8 +135,55 @@ class ChatMessageIn(BaseModel):
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr = ""
     tool_call_id: StrictStr = ""
-    tool_calls: list[dict[str, Any]] | None = None
-    """Not implemented: a non-empty list is refused."""
+    tool_calls: list[ToolCallIn] | None = None
+    """An assistant message's calls (its content may then be null)."""
+    reasoning_content: StrictStr | None = None
+    """An assistant message's thought (vLLM's field; templates such as Qwen3's render it)."""
+    # NOTE: what the official client echoes back of an answer (``message.model_dump()``) carries
+    # these as null; they say nothing to the model.
+    refusal: StrictStr | None = None
+    annotations: list[Any] | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
+
+
+class FunctionDefinition(BaseModel):
+    """A function the model may call (``tools[i].function``, or one of legacy ``functions``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: StrictStr
+    description: StrictStr = ""
+    parameters: dict[str, Any] | None = None
+    """Its arguments' JSON schema; None: no arguments (``{"type": "object"}``)."""
+    strict: StrictBool | None = None
+    """Accepted; calls are always valid against the schema when constrained (required, named)."""
+
+
+class ToolIn(BaseModel):
+    """One of ``tools``: only function tools exist in chat completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    """``{"name": ...}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice`` naming the function to call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -130,13 +197,19 @@ class ChatCompletionRequest(SamplingFields):
     """Alternatives per token; needs ``logprobs``."""
     add_generation_prompt: StrictBool | None = None
     """vLLM's: end the rendered chat with the assistant's turn (None: yes)."""
-    tools: list[dict[str, Any]] | None = None
-    """Not implemented: a non-empty list is refused."""
-    tool_choice: Any = None
-    """Not implemented: anything but "none" is refused."""
-    functions: list[dict[str, Any]] | None = None
-    """Not implemented (OpenAI's deprecated tools): set is refused."""
-    function_call: Any = None
-    """Not implemented: set is refused."""
+    tools: list[ToolIn] | None = None
+    """Functions the model may call (see docs/tools-and-reasoning.md)."""
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    """None: "auto" with tools, else "none"."""
+    functions: list[FunctionDefinition] | None = None
+    """OpenAI's deprecated form of ``tools`` (taken as tools; not both)."""
+    function_call: Literal["none", "auto"] | FunctionName | None = None
+    """OpenAI's deprecated form of ``tool_choice``."""
     parallel_tool_calls: StrictBool | None = None
-    """Ignored (no tools)."""
+    """False: at most one call. None: true."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's: further variables of the chat template (e.g. ``enable_thinking``)."""
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
+    """Given to the chat template as ``reasoning_effort`` (templates that read it use it)."""
