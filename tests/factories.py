@@ -261,3 +261,22 @@ def hf_generate(
             )
             references.append(out[0, len(prompt) :].tolist())
     return references
+
+
+FAMILY_TEMPLATES = Path(__file__).parent / "frontend" / "chat" / "templates"
+"""The published chat templates of the tool-calling families (llama3.1.jinja, qwen3.jinja,
+mistral-nemo.jinja: each the ``chat_template`` of its model's tokenizer_config.json)."""
+
+
+def family_chat_model(dummy_model_dir: Path, out_dir: Path, template: str) -> Path:
+    """A copy of the tiny dummy model whose tokenizer_config.json carries the published chat
+    template ``template`` (a file name in :data:`FAMILY_TEMPLATES`); its tokenizer stays the
+    byte-level one, so every character of a rendered prompt is a token."""
+    import json
+    import shutil
+
+    shutil.copytree(dummy_model_dir, out_dir)
+    config = json.loads((out_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = (FAMILY_TEMPLATES / template).read_text()
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return out_dir

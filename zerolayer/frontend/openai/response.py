@@ -160,10 +160,10 @@ def _message(chunks: Sequence[GenerationChunk], whole: GenerationChunk) -> dict:
 def _delta(chunk: GenerationChunk, first: bool) -> dict:
     """A chat stream's ``delta``: the role with a choice's first piece; the content, the
     thought's piece (``reasoning_content``) and the tool calls' pieces (``tool_calls``) it has;
-    empty on a last chunk with none (as OpenAI ends a choice)."""
+    empty when it has none (text held back, the tags around a tool call, a last chunk), as
+    OpenAI ends a choice."""
     delta: dict = {"role": "assistant"} if first else {}
-    parsed = chunk.reasoning_text or chunk.tool_call_deltas
-    if chunk.text or (not parsed and (first or chunk.finish_reason == FinishReason.UNSPECIFIED)):
+    if chunk.text or (first and not (chunk.reasoning_text or chunk.tool_call_deltas)):
         delta["content"] = chunk.text
     if chunk.reasoning_text:
         delta["reasoning_content"] = chunk.reasoning_text
