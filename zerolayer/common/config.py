@@ -175,6 +175,7 @@ class ApiSettings:
     listen: str = setting_field(settings.LISTEN)
     http_listen: str = setting_field(settings.HTTP_LISTEN)
     default_max_new_tokens: int = setting_field(settings.DEFAULT_MAX_NEW_TOKENS)
+    tool_call_parser: str = setting_field(settings.TOOL_CALL_PARSER)
 
 
 @documented
@@ -250,7 +251,6 @@ class FrontendConfig(
     instance_id: str = setting_field(settings.INSTANCE_ID)
     reuse_port: bool = setting_field(settings.REUSE_PORT)
     private_address: str = setting_field(settings.PRIVATE_ADDRESS)
-    tool_call_parser: str = setting_field(settings.TOOL_CALL_PARSER)
     max_stop_strings: int = 16
     """Most stop strings per request (a limit of the API, not a flag)."""
     max_cache_salt_bytes: int = 256
