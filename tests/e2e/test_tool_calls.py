@@ -298,3 +298,42 @@ def test_grpc_generate_returns_the_calls_and_reasoning(family) -> None:
         )
         answer = text_stub(stack).Generate(thought, timeout=60)
         assert (answer.reasoning_text, answer.text) == ("\nabc\n", "ok")
+
+
+def doc_example(language: str, index: int = 0) -> str:
+    """The ``index``-th ``language`` code block of docs/tools-and-reasoning.md."""
+    doc = (Path(__file__).parents[2] / "docs" / "tools-and-reasoning.md").read_text()
+    return re.findall(rf"```{language}\n(.*?)```", doc, re.S)[index]
+
+
+def test_the_docs_examples_run(family, capsys) -> None:
+    template, _, stack = family
+    if template != "qwen3.jinja":
+        pytest.skip("one family runs the docs' examples")
+    url = f"http://{stack.config.http_listen}/v1"
+    exec(doc_example("python", 0).replace("http://127.0.0.1:8000/v1", url), {})  # noqa: S102
+    answer = capsys.readouterr().out
+    assert answer.strip()
+    exec(doc_example("python", 1), {"stub": text_stub(stack)})  # noqa: S102
+    calls, reason = capsys.readouterr().out.rsplit(" ", 1)
+    assert calls.startswith("[('get_time', ") and int(reason) == pb.FINISH_REASON_TOOL_CALLS
+
+
+def test_zerolayer_generate_prints_the_calls(family, tmp_path, capsys) -> None:
+    from zerolayer.cli.main import main as zerolayer_main
+
+    template, model_dir, stack = family
+    (tmp_path / "chat.json").write_text(json.dumps(QUESTION))
+    (tmp_path / "tools.json").write_text(json.dumps(TOOLS))
+    argv = ["generate", "--messages", str(tmp_path / "chat.json"), "--tools"]
+    argv += [str(tmp_path / "tools.json"), "--tool-choice", "get_time", "--max-new-tokens=200"]
+    for stream in ([], ["--stream"]):
+        assert zerolayer_main([*argv, *stream, "--address", stack.config.listen]) == 0
+        out, err = capsys.readouterr()
+        call = json.loads(out.strip())
+        assert (call["name"], json.loads(call["arguments"])["tz"] in ("UTC", "CET")) == (
+            "get_time",
+            True,
+        )
+        prompt_tokens = len(hf_prompt_ids(model_dir, QUESTION, TOOLS))
+        assert f"finish_reason tool_calls; prompt_tokens {prompt_tokens}," in err
