@@ -17,6 +17,7 @@ import json
 import re
 from pathlib import Path
 
+import grpc
 import openai
 import pytest
 import transformers
@@ -286,6 +287,13 @@ def test_grpc_generate_returns_the_calls_and_reasoning(family) -> None:
     )
     response = text_stub(stack).Generate(request, timeout=60)
     assert response.finish_reason == pb.FINISH_REASON_TOOL_CALLS
+    bad = pb.GenerateRequest(
+        messages=chat_messages, tools=[pb.ToolDefinition(name="f", parameters_json="[1]")]
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        text_stub(stack).Generate(bad, timeout=60)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith("tools[0].parameters_json: ")
     assert [(d.index, d.name) for d in response.tool_call_deltas] == [(0, "get_weather")]
     assert json.loads(response.tool_call_deltas[0].arguments).keys() == {"city", "unit"}
     if template == "qwen3.jinja":
@@ -337,3 +345,13 @@ def test_zerolayer_generate_prints_the_calls(family, tmp_path, capsys) -> None:
         )
         prompt_tokens = len(hf_prompt_ids(model_dir, QUESTION, TOOLS))
         assert f"finish_reason tool_calls; prompt_tokens {prompt_tokens}," in err
+
+
+def test_tools_on_a_template_without_a_call_format_are_a_400(shared_stack) -> None:
+    url = f"http://{shared_stack.stack.config.http_listen}/v1"
+    client = openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat(client, QUESTION)
+    assert refused.value.body["param"] == "tools"
+    assert "no tool-call format" in refused.value.body["message"]
+    assert chat(client, QUESTION, tools=None, max_tokens=2).choices[0].finish_reason == "length"

@@ -199,3 +199,32 @@ def test_what_chat_does_not_implement_is_refused_naming_the_field(body, field) -
 )
 def test_error_fields_are_named_as_openai_names_them(field, chat_request, param) -> None:
     assert openai_param(field, chat_request) == param
+
+
+def test_tools_legacy_functions_and_template_variables_become_the_requests() -> None:
+    from zerolayer.common.generation import ToolChoice, ToolDefinition
+
+    tool = {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}
+    params = chat(
+        tools=[{"type": "function", "function": tool}],
+        tool_choice={"type": "function", "function": {"name": "f"}},
+        parallel_tool_calls=False,
+        chat_template_kwargs={"enable_thinking": False},
+        reasoning_effort="low",
+    )
+    assert params.tools == (ToolDefinition("f", "d", '{"type": "object", "properties": {}}'),)
+    assert (params.tool_choice, params.parallel_tool_calls, params.parse_output) == (
+        ToolChoice("function", "f"),
+        False,
+        True,
+    )
+    assert json.loads(params.chat_template_kwargs_json) == {
+        "enable_thinking": False,
+        "reasoning_effort": "low",
+    }
+    legacy = chat(functions=[{"name": "g"}], function_call={"name": "g"})
+    assert legacy.tools == (ToolDefinition("g", "", '{"type": "object"}'),)
+    assert legacy.tool_choice == ToolChoice("function", "g")
+    assert chat(functions=[{"name": "g"}], function_call="none").tool_choice == ToolChoice("none")
+    plain = chat()
+    assert (plain.tools, plain.tool_choice, plain.chat_template_kwargs_json) == ((), None, "")
