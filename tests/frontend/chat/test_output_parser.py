@@ -55,6 +55,10 @@ CASES = [
         [("a", '{"k": "v"}'), ("b", "{}")],
     ),
     ("mistral", "[TOOL_CALL] is not [TOOL_CALLS", "[TOOL_CALL] is not [TOOL_CALLS", []),
+    # [TOOL_CALLS] dropped by the detokenizer (a special token): the answer starts with the array
+    ("mistral", '[{"name": "a", "arguments": {"k": [1]}}]', "", [("a", '{"k": [1]}')]),
+    ("mistral", '[1, 2] {"name": "a"}', '[1, 2] {"name": "a"}', []),
+    ("mistral", ' [{"x": 1}]', ' [{"x": 1}]', []),
 ]
 
 

@@ -62,7 +62,7 @@ def test_required_and_named_constrain_to_the_formats_calls(choice, parallel, too
     )
     grammar = tool_call_grammar(FORMATS["hermes"], tools, parallel=max_calls is None)
     assert request.structured_output == StructuredOutput("grammar", grammar)
-    assert plan.max_calls == max_calls
+    assert (plan.max_calls, plan.thinks) == (max_calls, False)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,9 @@ read them):
   ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``, several calls
   separated by ``;``.
 - ``mistral`` (Mistral 7B v0.3, Mistral Nemo, Mixtral 8x22B: the v3 tokenizers): ``[TOOL_CALLS]``
-  then a JSON array of ``{"name": ..., "arguments": {...}}``.
+  then a JSON array of ``{"name": ..., "arguments": {...}}``. ``[TOOL_CALLS]`` is a special token
+  of those tokenizers, which the detokenizer drops as it drops EOS: an answer that starts with
+  the array is taken as its calls too.
 
 The format is chosen from what the template writes (:func:`format_of_template`), or by the
 ``--tool-call-parser`` flag; never from the model's name.
@@ -38,8 +40,10 @@ class ToolFormat:
     """Texts that start the calls (the answer's text before them is content)."""
     arguments_key: str
     """The key of a call object that holds the arguments."""
-    leading_object: bool = False
-    """An answer that starts with a JSON object whose first key is "name" is a call (Llama)."""
+    leading: str = ""
+    """An answer that starts with this and then a JSON object whose first key is "name" is
+    calls: "{" (Llama's JSON), "[" (Mistral's array when the detokenizer dropped its special
+    ``[TOOL_CALLS]`` token); "": none."""
     grammar_open: str = ""
     """What a constrained answer writes before its calls (a Lark string literal's content)."""
     grammar_between: str = ""
@@ -73,13 +77,14 @@ FORMATS = {
         "llama3_json",
         ("<|python_tag|>",),
         "parameters",
-        leading_object=True,
+        leading="{",
         grammar_between="; ",
     ),
     "mistral": ToolFormat(
         "mistral",
         ("[TOOL_CALLS]",),
         "arguments",
+        leading="[",
         grammar_open="[TOOL_CALLS][",
         grammar_between=", ",
         grammar_close="]",

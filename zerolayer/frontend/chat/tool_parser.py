@@ -19,8 +19,17 @@ from dataclasses import dataclass, field
 from zerolayer.common.generation import ToolCallDelta
 from zerolayer.frontend.chat.tool_formats import ToolFormat
 
-_LEADING_KEY = re.compile(r'\s*\{\s*"((?:[^"\\]|\\.)*)"')
-_LEADING_MAYBE = re.compile(r'\s*(\{\s*("(?:[^"\\]|\\.)*\\?)?)?')
+_KEY = r'"((?:[^"\\]|\\.)*)"'
+_LEADING_KEY = {
+    "{": re.compile(r"\s*\{\s*" + _KEY),
+    "[": re.compile(r"\s*\[\s*\{\s*" + _KEY),
+}
+"""The first key of an answer that starts with a call object (or an array of them)."""
+_LEADING_MAYBE = {
+    "{": re.compile(r'\s*(\{\s*("(?:[^"\\]|\\.)*\\?)?)?'),
+    "[": re.compile(r'\s*(\[\s*(\{\s*("(?:[^"\\]|\\.)*\\?)?)?)?'),
+}
+"""An answer that may still become one (its first key not yet whole)."""
 
 
 @dataclass
@@ -53,7 +62,7 @@ class ToolCallParser:
         self.max_calls = max_calls
         self.num_calls = 0
         """Calls begun so far."""
-        self._mode = "start" if fmt.leading_object else "content"
+        self._mode = "start" if fmt.leading else "content"
         self._pending = ""
         self._object = _CallObject(fmt.arguments_key)
         self._skipping = False
@@ -78,14 +87,15 @@ class ToolCallParser:
             stripped = self._pending.lstrip()
             if not stripped:
                 return
-            self._mode = "leading" if stripped.startswith("{") else "content"
+            self._mode = "leading" if stripped.startswith(self.fmt.leading) else "content"
         if self._mode == "leading":
-            if _LEADING_KEY.match(self._pending):
-                key = json.loads(f'"{_LEADING_KEY.match(self._pending).group(1)}"')
+            first_key = _LEADING_KEY[self.fmt.leading].match(self._pending)
+            if first_key:
+                key = json.loads(f'"{first_key.group(1)}"')
                 self._mode = "calls" if key == "name" else "content"
                 if self._mode == "calls":
                     self._pending = self._pending.lstrip()
-            elif not _LEADING_MAYBE.fullmatch(self._pending):
+            elif not _LEADING_MAYBE[self.fmt.leading].fullmatch(self._pending):
                 self._mode = "content"
             else:
                 return

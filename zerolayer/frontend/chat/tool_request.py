@@ -67,11 +67,13 @@ def plan_output(
             f"llama3_json, mistral; --tool-call-parser is {parser_flag!r})",
         )
     one = not params.parallel_tool_calls or choice.mode == "function"
-    if fmt is not None and choice.mode in ("required", "function"):
+    constrained = fmt is not None and choice.mode in ("required", "function")
+    if constrained:
         tools = [t for t in params.tools if choice.mode == "required" or t.name == choice.name]
         grammar = tool_call_grammar(fmt, tools, parallel=not one)
         params = replace(params, structured_output=StructuredOutput("grammar", grammar))
-    plan = OutputPlan(fmt, 1 if one else None, template_thinks(source))
+    # NOTE: a constrained output is the calls alone, even after a prompt that opened a thought.
+    plan = OutputPlan(fmt, 1 if one else None, template_thinks(source) and not constrained)
     return params, plan
 
 
