@@ -15,7 +15,8 @@ from factories import FAMILY_TEMPLATES
 from zerolayer.checkpoints.byte_tokenizer import write_byte_level_tokenizer
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import ChatMessage, ToolCall, ToolDefinition
-from zerolayer.frontend.text.chat_template import ChatTemplate, check_messages, template_kwargs
+from zerolayer.frontend.text.chat_template import ChatTemplate, check_messages
+from zerolayer.frontend.text.chat_variables import template_kwargs
 
 TEMPLATES = {
     "llama3.1": (FAMILY_TEMPLATES / "llama3.1.jinja").read_text(),

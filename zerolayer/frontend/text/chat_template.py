@@ -13,16 +13,8 @@ escape HTML; the globals ``raise_exception``, ``strftime_now``, ``dict`` and ``n
 ``tools`` (None without tools), ``documents`` (None), ``add_generation_prompt``, the special
 tokens of tokenizer_config.json (``bos_token``, ``eos_token``...) and the caller's further
 variables (``chat_template_kwargs``: ``enable_thinking``...), which win over the special tokens
-as transformers' ``**kwargs`` do. Message keys that are unset are left out, as transformers drops
-keys whose value is None.
-
-Tools and calls take the shapes transformers documents for templates
-(https://huggingface.co/docs/transformers/main/en/chat_extras): ``tools`` is a list of
-``{"type": "function", "function": {"name", "description", "parameters"}}`` (the schema a dict);
-an assistant message's ``tool_calls`` a list of ``{"id", "type": "function", "function":
-{"name", "arguments"}}`` with ``arguments`` a dict (templates write it with ``tojson``; a text
-that is not a JSON object stays text); a tool message carries ``tool_call_id``; an assistant
-message's ``reasoning_content`` is given when set. The rendered text is tokenized without
+as transformers' ``**kwargs`` do. The messages and tools take the shapes of
+:mod:`zerolayer.frontend.text.chat_variables`. The rendered text is tokenized without
 adding special tokens again (the template writes BOS itself), as ``apply_chat_template(...,
 tokenize=True)`` does.
 """
@@ -43,6 +35,7 @@ import jinja2.utils
 
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import ChatMessage, ToolDefinition
+from zerolayer.frontend.text.chat_variables import message_dict, tool_dict
 from zerolayer.frontend.text.tokenizer import parse_tokenizer_config, special_token_content
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -120,7 +113,8 @@ class ChatTemplate:
 
         Args:
             tools: the template's ``tools`` (None when empty).
-            template_kwargs: further template variables (see :func:`template_kwargs`).
+            template_kwargs: further template variables
+                (:func:`zerolayer.frontend.text.chat_variables.template_kwargs`).
 
         Raises:
             InvalidArgument: ``messages``: the template does not compile, or fails while rendering
@@ -133,7 +127,7 @@ class ChatTemplate:
         variables = {**self.special_tokens, **(template_kwargs or {})}
         try:
             return self._template.render(
-                messages=[_message_dict(m) for m in messages],
+                messages=[message_dict(m) for m in messages],
                 tools=[tool_dict(t) for t in tools] if tools else None,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
@@ -174,45 +168,6 @@ def check_messages(messages: Sequence[ChatMessage]) -> None:
             )
 
 
-RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
-"""Variables the renderer sets itself: ``chat_template_kwargs`` cannot set them."""
-
-
-def template_kwargs(chat_template_kwargs_json: str) -> dict[str, Any]:
-    """The further template variables of a request's ``chat_template_kwargs_json`` ("": none).
-
-    Raises:
-        InvalidArgument: ``chat_template_kwargs``: not a JSON object, or setting one of
-            :data:`RESERVED_TEMPLATE_VARIABLES`.
-    """
-    if not chat_template_kwargs_json:
-        return {}
-    try:
-        value = json.loads(chat_template_kwargs_json)
-    except (json.JSONDecodeError, RecursionError):
-        raise InvalidArgument("chat_template_kwargs", "not JSON") from None
-    if not isinstance(value, dict):
-        raise InvalidArgument("chat_template_kwargs", "must be a JSON object")
-    reserved = sorted(set(value) & set(RESERVED_TEMPLATE_VARIABLES))
-    if reserved:
-        raise InvalidArgument("chat_template_kwargs", f"cannot set {', '.join(reserved)}")
-    return value
-
-
-def tool_dict(tool: ToolDefinition) -> dict[str, Any]:
-    """A tool as templates take it: ``{"type": "function", "function": {"name",
-    "description" (when set), "parameters"}}``.
-
-    Raises:
-        ValueError: ``parameters_json`` is not JSON (checked before: tool_request).
-    """
-    function: dict[str, Any] = {"name": tool.name}
-    if tool.description:
-        function["description"] = tool.description
-    function["parameters"] = json.loads(tool.parameters_json)
-    return {"type": "function", "function": function}
-
-
 def _config_template(value: object) -> str:
     if value is None:
         return ""
@@ -229,36 +184,6 @@ def _config_template(value: object) -> str:
     raise ValueError(
         "tokenizer_config_json: chat_template must be a string or a list of {name, template}"
     )
-
-
-def _message_dict(message: ChatMessage) -> dict[str, Any]:
-    fields: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.name:
-        fields["name"] = message.name
-    if message.tool_call_id:
-        fields["tool_call_id"] = message.tool_call_id
-    if message.tool_calls:
-        fields["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
-            }
-            for call in message.tool_calls
-        ]
-    if message.reasoning_content:
-        fields["reasoning_content"] = message.reasoning_content
-    return fields
-
-
-def _arguments(arguments: str) -> Any:
-    """A call's arguments as templates expect them: the JSON object as a dict (vLLM and SGLang
-    do the same for OpenAI's JSON text), other text as is."""
-    try:
-        value = json.loads(arguments)
-    except (json.JSONDecodeError, RecursionError):
-        return arguments
-    return value if isinstance(value, dict) else arguments
 
 
 def _describe(exc: jinja2.TemplateError) -> str:

@@ -17,7 +17,8 @@ from zerolayer.common.config import FrontendConfig
 from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
 from zerolayer.common.structured_output import grammar_of
-from zerolayer.frontend.text.chat_template import ChatTemplate, check_messages, template_kwargs
+from zerolayer.frontend.text.chat_template import ChatTemplate, check_messages
+from zerolayer.frontend.text.chat_variables import template_kwargs
 from zerolayer.frontend.text.sampling_controls import (
     MAX_N,
     with_request_controls,
