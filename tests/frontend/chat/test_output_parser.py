@@ -47,6 +47,7 @@ CASES = [
     ),
     ("llama3_json", ' {"answer": {"name": 1}}', ' {"answer": {"name": 1}}', []),
     ("llama3_json", "Plain {text}", "Plain {text}", []),
+    ("llama3_json", '{"\\u12": 1}', '{"\\u12": 1}', []),
     (
         "mistral",
         'Sure [TOOL_CALLS][{"name": "a", "arguments": {"k": "v"}}, '

@@ -91,7 +91,7 @@ class ToolCallParser:
         if self._mode == "leading":
             first_key = _LEADING_KEY[self.fmt.leading].match(self._pending)
             if first_key:
-                key = json.loads(f'"{first_key.group(1)}"')
+                key = _json_string(f'"{first_key.group(1)}"')
                 self._mode = "calls" if key == "name" else "content"
                 if self._mode == "calls":
                     self._pending = self._pending.lstrip()
