@@ -179,8 +179,12 @@ class TextGenerator:
         request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))
         telemetry.validated(request)
         # One detokenizer and stop-string matcher per sample (n > 1: outputs carry its index).
+        # NOTE: a tool-call format's marker may be a special token (Mistral's [TOOL_CALLS],
+        # Llama's <|python_tag|>): its text is kept for the parser.
+        markers = plan.tool_format.markers if plan and plan.tool_format else ()
+        keep = self.tokenizer.special_token_ids(markers)
         detokenizers = [
-            IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+            IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, keep)
             for _ in range(request.n)
         ]
         stops = [StopStringMatcher(params.stop) for _ in range(request.n)]

@@ -13,8 +13,8 @@ read them):
   separated by ``;``.
 - ``mistral`` (Mistral 7B v0.3, Mistral Nemo, Mixtral 8x22B: the v3 tokenizers): ``[TOOL_CALLS]``
   then a JSON array of ``{"name": ..., "arguments": {...}}``. ``[TOOL_CALLS]`` is a special token
-  of those tokenizers, which the detokenizer drops as it drops EOS: an answer that starts with
-  the array is taken as its calls too.
+  of those tokenizers (the frontend's detokenizer keeps a format's markers); an answer that
+  starts with the array is taken as its calls too.
 
 The format is chosen from what the template writes (:func:`format_of_template`), or by the
 ``--tool-call-parser`` flag; never from the model's name.
@@ -42,8 +42,7 @@ class ToolFormat:
     """The key of a call object that holds the arguments."""
     leading: str = ""
     """An answer that starts with this and then a JSON object whose first key is "name" is
-    calls: "{" (Llama's JSON), "[" (Mistral's array when the detokenizer dropped its special
-    ``[TOOL_CALLS]`` token); "": none."""
+    calls: "{" (Llama's JSON), "[" (Mistral's array without its ``[TOOL_CALLS]``); "": none."""
     grammar_open: str = ""
     """What a constrained answer writes before its calls (a Lark string literal's content)."""
     grammar_between: str = ""
