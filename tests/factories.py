@@ -11,7 +11,6 @@ import asyncio
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -27,7 +26,6 @@ from zerolayer.common.generation import (
     SamplingParams,
 )
 from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
-from zerolayer.frontend.responses.seam import ToolCallDelta
 from zerolayer.frontend.text.validation import ServedModel
 from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb
 from zerolayer.kvstore.in_process import LocalBlockAllocator
@@ -324,17 +322,6 @@ def serve_app(app: object, use: Callable[[int], T]) -> T:
     return asyncio.run(scenario())
 
 
-@dataclass(frozen=True)
-class SeamChunk(GenerationChunk):
-    """A generation chunk with the seam's reasoning and tool-call fields (what TextGenerator
-    gives once it parses the output).
-
-    NOTE: GenerationChunk itself once issue 30's tool machinery is merged."""
-
-    reasoning_text: str = ""
-    tool_call_deltas: tuple[ToolCallDelta, ...] = ()
-
-
 def responses_event_schema(event_type: str) -> str:
     """The name of the schema of a Responses stream event's ``type`` in OpenAI's OpenAPI
     document (``response.output_item.added`` -> ``ResponseOutputItemAddedEvent``)."""
@@ -347,3 +334,22 @@ def responses_event_schema(event_type: str) -> str:
         return names[event_type]
     words = event_type.removeprefix("response.").replace(".", "_").split("_")
     return "Response" + "".join(word.capitalize() for word in words) + "Event"
+
+
+FAMILY_TEMPLATES = Path(__file__).parent / "frontend" / "chat" / "templates"
+"""The published chat templates of the tool-calling families (llama3.1.jinja, qwen3.jinja,
+mistral-nemo.jinja: each the ``chat_template`` of its model's tokenizer_config.json)."""
+
+
+def family_chat_model(dummy_model_dir: Path, out_dir: Path, template: str) -> Path:
+    """A copy of the tiny dummy model whose tokenizer_config.json carries the published chat
+    template ``template`` (a file name in :data:`FAMILY_TEMPLATES`); its tokenizer stays the
+    byte-level one, so every character of a rendered prompt is a token."""
+    import json
+    import shutil
+
+    shutil.copytree(dummy_model_dir, out_dir)
+    config = json.loads((out_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = (FAMILY_TEMPLATES / template).read_text()
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return out_dir

@@ -28,16 +28,17 @@ FRONTEND_APIS = ("text_generation", "openai", "anthropic", "kserve")
 FRONTEND_ROOMS: dict[str, frozenset[str]] = {
     "text": frozenset(),
     "routing": frozenset(),
-    "": frozenset({"text", "routing"}),
+    "chat": frozenset(),
+    "": frozenset({"text", "routing", "chat"}),
     **{api: frozenset({"", "text"}) for api in FRONTEND_APIS},
     "responses": frozenset({"", "text", "openai"}),
 }
-"""The frontend's rooms and the other rooms each may import: the text side of a request and the
-routing to schedulers import no other room; the layer's top modules ("": the domain object
-``generation.TextGenerator``, tenants, metrics, the gRPC and HTTP edges) use both; a public API
-uses the top modules and the text room, never routing or another API, except OpenAI's Responses
-API, whose routes live on the OpenAI app and share its errors and HTTP edge (nothing imports
-``responses``). Only the program (``__main__``) wires them all."""
+"""The frontend's rooms and the other rooms each may import: the text side of a request, the
+routing to schedulers and the chat output's parsers import no other room; the layer's top modules
+("": the domain object ``generation.TextGenerator``, tenants, metrics, the gRPC and HTTP edges)
+use them; a public API uses the top modules and the text room, never routing or another API,
+except OpenAI's Responses API, whose routes live on the OpenAI app and share its errors and HTTP
+edge (nothing imports ``responses``). Only the program (``__main__``) wires them all."""
 
 
 def room_of(module: str) -> str:

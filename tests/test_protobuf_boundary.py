@@ -33,6 +33,7 @@ OUTSIDE_CLIENTS = (
     "stack/health_watch.py",
     "cli/client.py",
     "cli/generate_request.py",
+    "cli/chat_request.py",
     "cli/generate_output.py",
     "cli/model_calls.py",
     "cli/health.py",

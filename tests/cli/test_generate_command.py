@@ -196,3 +196,91 @@ def test_a_stream_of_several_samples_prints_each_when_it_ends(capsys) -> None:
     out = io.StringIO()
     print_stream(parts, 2, as_json=True, out=out)
     assert [json.loads(line).get("index", 0) for line in out.getvalue().splitlines()] == [1, 0, 1]
+
+
+def test_chat_flags_set_tools_calls_and_template_variables(tmp_path) -> None:
+    messages = tmp_path / "messages.json"
+    messages.write_text(
+        json.dumps(
+            [
+                {"role": "user", "content": "Time?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "t", "arguments": "{}"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+            ]
+        )
+    )
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"type": "function", "function": {"name": "t"}}]))
+    request = request_from_args(
+        parse(
+            f"--messages={messages}",
+            f"--tools={tools}",
+            "--tool-choice=t",
+            "--no-parallel-tool-calls",
+            '--chat-template-kwargs={"enable_thinking": false}',
+        )
+    )
+    assert [m.role for m in request.messages.messages] == ["user", "assistant", "tool"]
+    assert request.messages.messages[1].tool_calls == [
+        pb.ToolCall(id="c1", name="t", arguments="{}")
+    ]
+    assert list(request.tools) == [
+        pb.ToolDefinition(name="t", parameters_json='{"type": "object"}')
+    ]
+    assert request.tool_choice == pb.ToolChoice(mode="function", name="t")
+    assert (request.parallel_tool_calls, request.chat_template_kwargs_json) == (
+        False,
+        '{"enable_thinking": false}',
+    )
+    assert not request.HasField("prompt")
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["hi", "--tool-choice=required"], "--tool-choice"),
+        (["hi", "--chat-template-kwargs=[1]"], "--chat-template-kwargs"),
+        (["--messages=/nonexistent.json"], "--messages"),
+        (["hi", "--messages=/nonexistent.json"], "--messages"),
+    ],
+)
+def test_bad_chat_flags_are_refused_naming_the_flag(argv, flag) -> None:
+    with pytest.raises(UsageError, match=f"^{flag}:"):
+        request_from_args(parse(*argv))
+
+
+def test_tool_calls_and_reasoning_are_printed_after_and_before_the_answer() -> None:
+    response = pb.GenerateResponse(
+        text="ok",
+        reasoning_text="hm",
+        finish_reason=pb.FINISH_REASON_TOOL_CALLS,
+        tool_call_deltas=[pb.ToolCallDelta(index=0, id="c1", name="t", arguments="{}")],
+    )
+    out = io.StringIO()
+    print_response(response, as_json=False, out=out)
+    assert out.getvalue() == (
+        '--- reasoning ---\nhm\n--- answer ---\nok\n{"id": "c1", "name": "t", "arguments": "{}"}\n'
+    )
+    parts = [
+        pb.GenerateResponse(tool_call_deltas=[pb.ToolCallDelta(index=0, id="c1", name="t")]),
+        pb.GenerateResponse(
+            tool_call_deltas=[pb.ToolCallDelta(index=0, arguments="{}")],
+            finish_reason=pb.FINISH_REASON_TOOL_CALLS,
+        ),
+    ]
+    out = io.StringIO()
+    print_stream(parts, 1, as_json=False, out=out)
+    assert out.getvalue() == '\n{"id": "c1", "name": "t", "arguments": "{}"}\n'
+    assert summary_line([pb.FINISH_REASON_TOOL_CALLS], pb.Usage(), [""]).startswith(
+        "zerolayer generate: finish_reason tool_calls;"
+    )

@@ -54,6 +54,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "failover_wait_s": ("5", 5.0),
     "scheduler_hung_after_s": ("2.5", 2.5),
     "routing": ("prefix-affine", "prefix-affine"),
+    "tool_call_parser": ("hermes", "hermes"),
     "tls_cert": ("/etc/zl/server.pem", "/etc/zl/server.pem"),
     "tls_key": ("/etc/zl/server.key", "/etc/zl/server.key"),
     "tls_client_ca": ("/etc/zl/clients.pem", "/etc/zl/clients.pem"),

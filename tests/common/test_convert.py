@@ -143,3 +143,49 @@ def test_join_chunks_is_the_whole_generation() -> None:
     assert join_chunks(chunks) == GenerationChunk("r", "abc", (1, 2, 3), FinishReason.LENGTH, usage)
     assert join_chunks([]) == GenerationChunk("", "", ())
     assert convert.chunk_to_pb(join_chunks([])) == generation_pb2.GenerateResponse()
+
+
+def test_tools_tool_calls_and_reasoning_cross_the_public_api() -> None:
+    from zerolayer.common.generation import ChatMessage, ToolCall, ToolCallDelta, ToolChoice
+
+    call = generation_pb2.ToolCall(id="c1", name="f", arguments='{"a": 1}')
+    request = generation_pb2.GenerateRequest(
+        messages=generation_pb2.ChatMessages(
+            messages=[
+                generation_pb2.ChatMessage(
+                    role="assistant", tool_calls=[call], reasoning_content="r"
+                )
+            ]
+        ),
+        tools=[generation_pb2.ToolDefinition(name="f", description="d")],
+        tool_choice=generation_pb2.ToolChoice(mode="function", name="f"),
+        parallel_tool_calls=False,
+        chat_template_kwargs_json='{"enable_thinking": false}',
+    )
+    params = convert.generate_params_from_pb(request)
+    assert params.messages == (
+        ChatMessage(
+            "assistant", "", tool_calls=(ToolCall("c1", "f", '{"a": 1}'),), reasoning_content="r"
+        ),
+    )
+    assert params.tools[0] == dataclasses.replace(params.tools[0], name="f", description="d")
+    assert params.tools[0].parameters_json == '{"type": "object"}'
+    assert (params.tool_choice, params.parallel_tool_calls) == (ToolChoice("function", "f"), False)
+    assert (params.chat_template_kwargs_json, params.parse_output) == (
+        '{"enable_thinking": false}',
+        True,
+    )
+    plain = convert.generate_params_from_pb(generation_pb2.GenerateRequest(prompt="p"))
+    assert (plain.tool_choice, plain.parallel_tool_calls, plain.parse_output) == (None, True, False)
+    chunk = GenerationChunk(
+        "r",
+        "",
+        (),
+        FinishReason.TOOL_CALLS,
+        reasoning_text="t",
+        tool_call_deltas=(ToolCallDelta(0, "c1", "f", "{}"),),
+    )
+    wire = convert.chunk_to_pb(chunk)
+    assert wire.finish_reason == generation_pb2.FINISH_REASON_TOOL_CALLS
+    assert (wire.reasoning_text, wire.tool_call_deltas[0].arguments) == ("t", "{}")
+    assert [(d.index, d.id, d.name) for d in wire.tool_call_deltas] == [(0, "c1", "f")]

@@ -5,6 +5,7 @@ message) as JSON instead."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TextIO
@@ -50,6 +51,18 @@ def logprob_lines(entries: Iterable[generation_pb2.TokenLogprobs]) -> list[str]:
     return lines
 
 
+def tool_call_lines(deltas: Iterable[generation_pb2.ToolCallDelta]) -> list[str]:
+    """One JSON line ``{"id", "name", "arguments"}`` per tool call of ``deltas`` (joined by
+    index)."""
+    joined: dict[int, dict[str, str]] = {}
+    for d in deltas:
+        call = joined.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+        call["id"] = call["id"] or d.id
+        call["name"] = call["name"] or d.name
+        call["arguments"] += d.arguments
+    return [json.dumps(joined[i]) for i in sorted(joined)]
+
+
 def json_line(message: generation_pb2.GenerateResponse) -> str:
     """A response as one line of JSON (proto field names; fields at their default values are
     written too, e.g. ``"cached_prompt_tokens": 0``, except unset optional ones)."""
@@ -76,11 +89,19 @@ def print_response(
             token_ids=response.token_ids,
             finish_reason=response.finish_reason,
             logprobs=response.logprobs,
+            reasoning_text=response.reasoning_text,
+            tool_call_deltas=response.tool_call_deltas,
         )
     ]
     _print_prompt_logprobs(response.prompt_logprobs, out)
     for choice in choices:
+        if choice.reasoning_text:
+            print(
+                f"--- reasoning ---\n{printable(choice.reasoning_text)}\n--- answer ---", file=out
+            )
         _print_sample(choice.index, len(choices), choice.text, choice.logprobs, out)
+        for line in tool_call_lines(choice.tool_call_deltas):
+            print(line, file=out)
     reasons = [c.finish_reason for c in choices]
     print(summary_line(reasons, response.usage, [c.text for c in choices]), file=sys.stderr)
 
@@ -97,12 +118,16 @@ def print_stream(
     texts: dict[int, list[str]] = {}
     logprobs: dict[int, list[generation_pb2.TokenLogprobs]] = {}
     reasons: dict[int, int] = {}
+    calls: dict[int, list[generation_pb2.ToolCallDelta]] = {}
     usage = generation_pb2.Usage()
     for part in parts:
         if as_json:
             print(json_line(part), file=out, flush=True)
             continue
         _print_prompt_logprobs(part.prompt_logprobs, out)
+        calls.setdefault(part.index, []).extend(part.tool_call_deltas)
+        if part.reasoning_text and num_samples <= 1:
+            out.write(printable(part.reasoning_text))  # the thought comes before the answer
         texts.setdefault(part.index, []).append(part.text)
         logprobs.setdefault(part.index, []).extend(part.logprobs)
         if part.HasField("usage"):
@@ -121,6 +146,9 @@ def print_stream(
         out.write("\n")
         if logprobs.get(0):
             print("\n".join(logprob_lines(logprobs[0])), file=out)
+    for index in sorted(calls):
+        for line in tool_call_lines(calls[index]):
+            print(line, file=out)
     order = sorted(reasons)
     joined = ["".join(texts.get(i, [])) for i in order]
     print(summary_line([reasons[i] for i in order], usage, joined), file=sys.stderr)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zerolayer.cli.arg_types import utf8_text
+from zerolayer.cli.chat_request import add_chat_arguments, apply_chat_args
 from zerolayer.cli.client import UsageError
 from zerolayer.frontend.text.sampling_controls import MAX_LOGPROBS, MAX_N
 from zerolayer.v1 import generation_pb2
@@ -170,6 +171,7 @@ def add_generate_arguments(
     )
     p.add_argument("--request-id", default="", help="id echoed in the response, logs and traces")
     p.add_argument("--model", default="", help="model name to check against the served one")
+    add_chat_arguments(p)
 
 
 def request_from_args(args: argparse.Namespace) -> generation_pb2.GenerateRequest:
@@ -193,12 +195,14 @@ def request_from_args(args: argparse.Namespace) -> generation_pb2.GenerateReques
     )
     if args.message and args.prompt is not None:
         raise UsageError("--message: give messages or a prompt, not both")
-    if args.no_generation_prompt and not args.message:
-        raise UsageError("--no-generation-prompt: only with --message")
+    if args.no_generation_prompt and not (args.message or args.messages):
+        raise UsageError("--no-generation-prompt: only with --message or --messages")
     if args.message:
         request.messages.messages.extend(_message(text) for text in args.message)
         if args.no_generation_prompt:
             request.messages.add_generation_prompt = False
+    elif args.messages is not None:
+        pass  # apply_chat_args reads the file
     elif args.prompt is None:
         raise UsageError("prompt: missing (give a prompt, or chat messages with --message)")
     else:
@@ -234,6 +238,7 @@ def request_from_args(args: argparse.Namespace) -> generation_pb2.GenerateReques
         request.structured_output.regex = args.regex
     elif args.grammar is not None:
         request.structured_output.grammar = _text_or_file("--grammar", args.grammar)
+    apply_chat_args(request, args)
     return request
 
 

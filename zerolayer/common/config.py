@@ -178,6 +178,7 @@ class ApiSettings:
     responses_max_stored: int = setting_field(settings.RESPONSES_MAX_STORED)
     responses_max_age_s: float = setting_field(settings.RESPONSES_MAX_AGE_S)
     max_grammar_bytes: int = setting_field(settings.MAX_GRAMMAR_BYTES)
+    tool_call_parser: str = setting_field(settings.TOOL_CALL_PARSER)
 
 
 @documented

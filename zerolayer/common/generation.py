@@ -26,6 +26,8 @@ class FinishReason(enum.IntEnum):
     EOS = 2
     STOP = 3
     ABORT = 4
+    TOOL_CALLS = 5
+    """The model called tools (its output parsed into calls: GenerateParams.parse_output)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,41 @@ class StructuredOutput:
 
 
 @dataclass(frozen=True)
+class ToolDefinition:
+    """One function tool the model may call (OpenAI's ``tools[i].function``)."""
+
+    name: str
+    description: str = ""
+    parameters_json: str = '{"type": "object"}'
+    """The JSON schema of its arguments, as JSON text."""
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """Which tools the model may, or must, call."""
+
+    mode: str = "auto"
+    """"auto" (the model decides), "none" (no call), "required" (one call or more) or
+    "function" (a call of ``name``)."""
+    name: str = ""
+    """The function, when ``mode`` is "function"."""
+
+
+TOOL_CHOICE_MODES = ("auto", "none", "required", "function")
+"""The values of :attr:`ToolChoice.mode`."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call of a tool, in a message of the history or in the output."""
+
+    id: str
+    name: str
+    arguments: str
+    """The arguments, as JSON text (an object)."""
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     """One message of a chat (as OpenAI's and transformers' chat templates take it)."""
 
@@ -105,6 +142,10 @@ class ChatMessage:
     content: str
     name: str = ""
     tool_call_id: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """An assistant message's calls."""
+    reasoning_content: str = ""
+    """An assistant message's thought (templates that render it: Qwen3's)."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +228,18 @@ class GenerateParams:
     n: int = 0
     """0: 1."""
     structured_output: StructuredOutput | None = None
+    tools: tuple[ToolDefinition, ...] = ()
+    """Chat only: the functions the model may call (the template's ``tools``)."""
+    tool_choice: ToolChoice | None = None
+    """Chat only; None: "auto" with tools, else "none"."""
+    parallel_tool_calls: bool = True
+    """False: at most one call."""
+    chat_template_kwargs_json: str = ""
+    """Chat only: a JSON object of further template variables (e.g. ``{"enable_thinking":
+    false}``); "": none."""
+    parse_output: bool = False
+    """Split the output into answer text, reasoning and tool calls (GenerationChunk's
+    ``text``, ``reasoning_text``, ``tool_call_deltas``); chat APIs set it."""
 
 
 @dataclass(frozen=True)
@@ -211,14 +264,47 @@ class GenerationChunk:
     """Which sample (0 to n - 1)."""
     logprobs: tuple[PositionLogprobs, ...] = ()
     prompt_logprobs: tuple[PositionLogprobs, ...] = ()
+    reasoning_text: str = ""
+    """With parse_output: the next piece of the model's thought (``text`` is then the answer
+    only)."""
+    tool_call_deltas: tuple[ToolCallDelta, ...] = ()
+    """With parse_output: the next pieces of the tool calls."""
     stop_string: str = ""
     """The stop string that ended the sample (its finish reason STOP); "" otherwise."""
 
 
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a streamed tool call (OpenAI's ``delta.tool_calls[i]``)."""
+
+    index: int
+    """Which call of this sample (0, 1, ...)."""
+    id: str = ""
+    """On the call's first delta only."""
+    name: str = ""
+    """On the call's first delta only."""
+    arguments: str = ""
+    """The next piece of the arguments' JSON text."""
+
+
+def join_tool_calls(chunks: Sequence[GenerationChunk]) -> tuple[ToolCall, ...]:
+    """The whole tool calls of one sample's chunks, by call index: each call's id and name from
+    its deltas, its arguments' pieces concatenated in order."""
+    calls: dict[int, list[str]] = {}
+    for chunk in chunks:
+        for delta in chunk.tool_call_deltas:
+            call = calls.setdefault(delta.index, ["", "", ""])
+            call[0] = call[0] or delta.id
+            call[1] = call[1] or delta.name
+            call[2] += delta.arguments
+    return tuple(ToolCall(*calls[i]) for i in sorted(calls))
+
+
 def join_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
-    """A whole generation of one sample from its chunks, in order: the text, token ids and
-    logprobs concatenated, the request id, index, finish reason and stop string of the last
-    chunk, the last usage given (an empty chunk for no chunks)."""
+    """A whole generation of one sample from its chunks, in order: the text, reasoning, token
+    ids and logprobs concatenated, one tool call delta per whole call (:func:`join_tool_calls`),
+    the request id, index, finish reason and stop string of the last chunk, the last usage given
+    (an empty chunk for no chunks)."""
     usages = [c.usage for c in chunks if c.usage is not None]
     return GenerationChunk(
         request_id=chunks[-1].request_id if chunks else "",
@@ -230,6 +316,11 @@ def join_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
         logprobs=tuple(p for c in chunks for p in c.logprobs),
         prompt_logprobs=tuple(p for c in chunks for p in c.prompt_logprobs),
         stop_string=chunks[-1].stop_string if chunks else "",
+        reasoning_text="".join(c.reasoning_text for c in chunks),
+        tool_call_deltas=tuple(
+            ToolCallDelta(i, call.id, call.name, call.arguments)
+            for i, call in enumerate(join_tool_calls(chunks))
+        ),
     )
 
 

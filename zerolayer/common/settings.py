@@ -397,6 +397,15 @@ ROUTING = choice(
     ("least-work", "prefix-affine"),
     FRONTEND,
 )
+TOOL_CALL_PARSER = choice(
+    "--tool-call-parser",
+    "how chat output is parsed into tool calls: auto (the format the model's chat template "
+    "writes calls in), hermes (<tool_call> tags: Hermes, Qwen2.5, Qwen3), llama3_json "
+    "(Llama 3.x JSON), mistral ([TOOL_CALLS]) or none (no tool calls: requests with tools are "
+    "refused)",
+    ("auto", "hermes", "llama3_json", "mistral", "none"),
+    FRONTEND,
+)
 
 TLS_CERT = access_file(
     "--tls-cert",

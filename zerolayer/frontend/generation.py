@@ -26,6 +26,9 @@ from zerolayer.common.generation import (
     Usage,
 )
 from zerolayer.common.structured_output import grammar_of
+from zerolayer.frontend.chat.output_parser import OutputParser, OutputPlan
+from zerolayer.frontend.chat.reasoning import prompt_opens_thought
+from zerolayer.frontend.chat.tool_request import plan_output
 from zerolayer.frontend.metrics import FrontendMetrics
 from zerolayer.frontend.routing.scheduler_pool import SchedulerPool
 from zerolayer.frontend.telemetry import GenerationTelemetry
@@ -43,6 +46,26 @@ from zerolayer.frontend.text.validation import (
     validate,
 )
 from zerolayer.sharing.manifest import WeightManifest, model_dtype_name
+
+PROMPT_TAIL_TOKENS = 32
+"""The prompt's last tokens read for an open ``<think>`` (a generation prompt's end)."""
+
+
+def _parsed(chunk: GenerationChunk, parser: OutputParser) -> GenerationChunk:
+    """``chunk`` with its text split by ``parser`` (the rest of it on the sample's last chunk,
+    whose finish reason is TOOL_CALLS when it called tools and ended by EOS or a stop)."""
+    piece = parser.feed(chunk.text)
+    text, thought, deltas = piece.text, piece.reasoning_text, piece.tool_call_deltas
+    reason = chunk.finish_reason
+    if reason != FinishReason.UNSPECIFIED:
+        rest = parser.finish()
+        text, thought = text + rest.text, thought + rest.reasoning_text
+        deltas += rest.tool_call_deltas
+        if parser.num_calls and reason in (FinishReason.EOS, FinishReason.STOP):
+            reason = FinishReason.TOOL_CALLS
+    return replace(
+        chunk, text=text, reasoning_text=thought, tool_call_deltas=deltas, finish_reason=reason
+    )
 
 
 class TextGenerator:
@@ -155,14 +178,21 @@ class TextGenerator:
             usage_on_every_chunk: every chunk carries the usage so far (Anthropic's stream
                 starts with the prompt's); off: only the stream's last chunk does.
 
+        With ``params.parse_output`` (chat), each chunk's text is the answer only, its thought in
+        ``reasoning_text`` and its tool calls in ``tool_call_deltas`` (zerolayer.frontend.chat);
+        a sample that called tools and ended by EOS or a stop finishes with TOOL_CALLS.
+
         Raises:
             InvalidArgument, NotFound: from validation (a structured-output constraint's compile
-                included: ``zerolayer.common.structured_output.grammar_of``).
+                included: ``zerolayer.common.structured_output.grammar_of``) and
+                zerolayer.frontend.chat.tool_request.
             Unavailable: no scheduler can take the request, or schedulers died under it in two
                 separate incidents (see ``zerolayer.frontend.routing.failover``).
         """
         telemetry = GenerationTelemetry(self.tracer, self.metrics, self.served.name, stream)
         with telemetry.tokenize_span():
+            source = self.chat_template.source if self.chat_template is not None else None
+            params, plan = plan_output(params, source, self.config.tool_call_parser)
             # Tokenizing a long prompt takes a while: keep the event loop free for other calls.
             request = await asyncio.to_thread(
                 validate, params, self.served, self.tokenizer, self.config, self.chat_template
@@ -178,8 +208,12 @@ class TextGenerator:
         request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))
         telemetry.validated(request)
         # One detokenizer and stop-string matcher per sample (n > 1: outputs carry its index).
+        # NOTE: a tool-call format's marker may be a special token (Mistral's [TOOL_CALLS],
+        # Llama's <|python_tag|>): its text is kept for the parser.
+        markers = plan.tool_format.markers if plan and plan.tool_format else ()
+        keep = self.tokenizer.special_token_ids(markers)
         detokenizers = [
-            IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+            IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, keep)
             for _ in range(request.n)
         ]
         stops = [StopStringMatcher(params.stop) for _ in range(request.n)]
@@ -187,6 +221,7 @@ class TextGenerator:
             GeneratedTokenTexts(self.tokenizer, request.prompt_token_ids)
             for _ in range(request.n if params.logprobs is not None else 0)
         ]
+        parsers = self._output_parsers(plan, request.prompt_token_ids, request.n)
         finished = [False] * request.n
         num_generated = 0
         num_cached = 0
@@ -206,6 +241,8 @@ class TextGenerator:
                 chunk = self._chunk(
                     request.request_id, output, usage, detokenizers[index], stops[index]
                 )
+                if parsers:
+                    chunk = _parsed(chunk, parsers[index])
                 if output.logprobs or output.prompt_logprobs:
                     final = chunk.finish_reason != FinishReason.UNSPECIFIED
                     logprobs = output.logprobs
@@ -228,6 +265,19 @@ class TextGenerator:
                     # A stop string ended this sample only: end it in the scheduler too.
                     await self.scheduler.abort_sample(request.request_id, index, tenant)
         raise Unavailable("scheduler: stream ended without a finished output")
+
+    def _output_parsers(
+        self, plan: OutputPlan | None, prompt_token_ids: tuple[int, ...], n: int
+    ) -> list[OutputParser]:
+        """One output parser per sample (none without a plan)."""
+        if plan is None:
+            return []
+        # NOTE: a template may open the thought in the generation prompt (DeepSeek-R1's).
+        tail = self.tokenizer.decode(
+            list(prompt_token_ids[-PROMPT_TAIL_TOKENS:]), skip_special_tokens=False
+        )
+        in_thought = plan.thinks and prompt_opens_thought(tail)
+        return [plan.parser(in_thought) for _ in range(n)]
 
     @staticmethod
     def _chunk(

@@ -10,7 +10,15 @@ import json
 import pytest
 
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.common.generation import GenerateParams
+
+# NOTE: the seam's types (issue 30); after i30-tools merges: zerolayer.common.generation.
+from zerolayer.common.generation import (
+    ChatMessage,
+    GenerateParams,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+)
 from zerolayer.frontend.anthropic.params import (
     Conversation,
     conversation,
@@ -19,9 +27,6 @@ from zerolayer.frontend.anthropic.params import (
     seam_fields,
 )
 from zerolayer.frontend.anthropic.schema import CountTokensRequest, MessagesRequest
-
-# NOTE: the seam's types (issue 30); after i30-tools merges: zerolayer.common.generation.
-from zerolayer.frontend.anthropic.seam import ChatMessage, ToolCall, ToolChoice, ToolDefinition
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}}
 TOOL_LOOP = [
@@ -72,7 +77,7 @@ def test_every_sampling_field_maps_onto_generate_params() -> None:
         service_tier="auto",
     )
     assert params == GenerateParams(
-        messages=(ChatMessage("user", "x"),),  # type: ignore[arg-type]
+        messages=(ChatMessage("user", "x"),),
         model="m",
         request_id="rid",
         max_new_tokens=7,
@@ -80,6 +85,7 @@ def test_every_sampling_field_maps_onto_generate_params() -> None:
         top_p=0.9,
         top_k=40,
         stop=("\n\n", "END"),
+        parse_output=True,  # the answer's thought and tool calls come back apart
     )
 
 
@@ -177,20 +183,15 @@ def test_thinking_disabled_is_said_to_the_template_and_unset_is_not() -> None:
     assert seam_fields(chat(messages=message))["chat_template_kwargs_json"] == ""
 
 
-def test_tools_are_refused_until_tool_calling_is_merged() -> None:
-    with pytest.raises(InvalidArgument) as refused:
-        messages_params(tools=[{"name": "weather", "input_schema": WEATHER}])
-    assert str(refused.value) == "tools: not supported by this build (tool calling is coming)"
-    with pytest.raises(InvalidArgument, match="^tools: not supported"):
-        count_params(
-            CountTokensRequest.model_validate(
-                {
-                    "model": "m",
-                    "messages": TOOL_LOOP,
-                    "tools": [{"name": "weather", "input_schema": WEATHER}],
-                }
-            )
-        )
+def test_tools_reach_the_generation_for_messages_and_count_tokens_alike() -> None:
+    tools = [{"name": "weather", "input_schema": WEATHER}]
+    params = messages_params(tools=tools, tool_choice={"type": "tool", "name": "weather"})
+    assert params.tools == (ToolDefinition("weather", "", json.dumps(WEATHER)),)
+    assert (params.tool_choice, params.parse_output) == (ToolChoice("function", "weather"), True)
+    counted = count_params(
+        CountTokensRequest.model_validate({"model": "m", "messages": TOOL_LOOP, "tools": tools})
+    )
+    assert counted.tools == params.tools
 
 
 USER = {"role": "user", "content": "x"}

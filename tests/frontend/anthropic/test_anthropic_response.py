@@ -4,26 +4,16 @@ exact events of a stream, text only and with a thought and tool calls (the seam'
 
 from __future__ import annotations
 
-import enum
-
 import pytest
 
 from zerolayer.common.errors import Unavailable
-from zerolayer.common.generation import FinishReason, Usage
-from zerolayer.frontend.anthropic.response import MessageHead, message_body, stop_reason
 
 # NOTE: the seam's types (issue 30); after i30-tools merges: zerolayer.common.generation.
-from zerolayer.frontend.anthropic.seam import GenerationChunk, ToolCallDelta
+from zerolayer.common.generation import FinishReason, GenerationChunk, ToolCallDelta, Usage
+from zerolayer.frontend.anthropic.response import MessageHead, message_body, stop_reason
 from zerolayer.frontend.anthropic.stream import MessageStreamEncoder, sse
 
 HEAD = MessageHead("msg_1", "tiny")
-
-
-class SeamFinishReason(enum.IntEnum):
-    """NOTE: FinishReason with the seam's TOOL_CALLS, until i30-tools adds it."""
-
-    UNSPECIFIED = 0
-    TOOL_CALLS = 5
 
 
 def tool_chunks() -> list[GenerationChunk]:
@@ -43,7 +33,7 @@ def tool_chunks() -> list[GenerationChunk]:
                 ToolCallDelta(0, arguments='ty": "Paris"}'),
                 ToolCallDelta(1, "toolu_b", "time", "{}"),
             ),
-            finish_reason=SeamFinishReason.TOOL_CALLS,  # type: ignore[arg-type]
+            finish_reason=FinishReason.TOOL_CALLS,
             usage=Usage(9, 6, 4),
         ),
     ]
@@ -78,7 +68,7 @@ def test_a_text_message_has_one_text_block_and_anthropics_usage() -> None:
         (FinishReason.LENGTH, "", ("max_tokens", None)),
         (FinishReason.STOP, "END", ("stop_sequence", "END")),
         (FinishReason.STOP, "", ("end_turn", None)),  # a stop token id: no sequence
-        (SeamFinishReason.TOOL_CALLS, "", ("tool_use", None)),
+        (FinishReason.TOOL_CALLS, "", ("tool_use", None)),
     ],
 )
 def test_stop_reasons(reason, stop_string, expected) -> None:

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.common.generation import ChatMessage, GenerateParams, StructuredOutput
+from zerolayer.common.generation import ChatMessage, GenerateParams, StructuredOutput, ToolCall
 from zerolayer.frontend.openai.params import chat_params, completion_params, openai_param
 from zerolayer.frontend.openai.schema import ChatCompletionRequest, CompletionRequest
 
@@ -121,7 +121,13 @@ def test_chat_messages_logprobs_and_max_completion_tokens() -> None:
                 "role": "user",
                 "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
             },
-            {"role": "assistant", "content": None},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "t1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
             {"role": "tool", "content": "42", "tool_call_id": "t1"},
         ],
         max_tokens=3,
@@ -134,7 +140,7 @@ def test_chat_messages_logprobs_and_max_completion_tokens() -> None:
     assert params.messages == (
         ChatMessage("system", "be brief"),
         ChatMessage("user", "ab"),
-        ChatMessage("assistant", ""),
+        ChatMessage("assistant", "", tool_calls=(ToolCall("t1", "f", "{}"),)),
         ChatMessage("tool", "42", tool_call_id="t1"),
     )
     assert (params.prompt, params.max_new_tokens, params.logprobs) == (None, 5, 4)
@@ -148,16 +154,25 @@ def test_chat_messages_logprobs_and_max_completion_tokens() -> None:
     ("body", "field"),
     [
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
-        ({"functions": [{"name": "f"}]}, "functions"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "functions": [{"name": "g"}],
+            },
+            "functions",
+        ),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             "messages[0].content",
         ),
         (
-            {"messages": [{"role": "assistant", "tool_calls": [{"id": "1"}]}]},
-            "messages[0].tool_calls",
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "tool", "content": "42", "tool_call_id": "nope"},
+                ]
+            },
+            "messages[1].tool_call_id",
         ),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
@@ -188,6 +203,8 @@ def test_what_chat_does_not_implement_is_refused_naming_the_field(body, field) -
         ("temperature", True, "temperature"),
         ("structured_output.json_schema", False, "response_format"),
         ("structured_output.json_schema", True, "response_format"),
+        ("tools[2].parameters_json", True, "tools[2].function.parameters"),
+        ("tools[0].name", True, "tools[0].function.name"),
     ],
 )
 def test_error_fields_are_named_as_openai_names_them(field, chat_request, param) -> None:
@@ -243,3 +260,32 @@ def test_metadata_only_fields_change_nothing() -> None:
         stream_options={"include_obfuscation": False},
     )
     assert tagged == chat()
+
+
+def test_tools_legacy_functions_and_template_variables_become_the_requests() -> None:
+    from zerolayer.common.generation import ToolChoice, ToolDefinition
+
+    tool = {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}
+    params = chat(
+        tools=[{"type": "function", "function": tool}],
+        tool_choice={"type": "function", "function": {"name": "f"}},
+        parallel_tool_calls=False,
+        chat_template_kwargs={"enable_thinking": False},
+        reasoning_effort="low",
+    )
+    assert params.tools == (ToolDefinition("f", "d", '{"type": "object", "properties": {}}'),)
+    assert (params.tool_choice, params.parallel_tool_calls, params.parse_output) == (
+        ToolChoice("function", "f"),
+        False,
+        True,
+    )
+    assert json.loads(params.chat_template_kwargs_json) == {
+        "enable_thinking": False,
+        "reasoning_effort": "low",
+    }
+    legacy = chat(functions=[{"name": "g"}], function_call={"name": "g"})
+    assert legacy.tools == (ToolDefinition("g", "", '{"type": "object"}'),)
+    assert legacy.tool_choice == ToolChoice("function", "g")
+    assert chat(functions=[{"name": "g"}], function_call="none").tool_choice == ToolChoice("none")
+    plain = chat()
+    assert (plain.tools, plain.tool_choice, plain.chat_template_kwargs_json) == ((), None, "")

@@ -9,6 +9,7 @@ from zerolayer.common.generation import (
     GenerationChunk,
     PositionLogprobs,
     TokenLogprob,
+    ToolCallDelta,
     Usage,
 )
 from zerolayer.frontend.openai.response import ResponseHead, StreamEncoder, whole_response
@@ -188,3 +189,67 @@ def test_prompt_logprobs_are_vllms_after_a_null_first_position() -> None:
     events = [encoder.chunk(c)["choices"][0]["prompt_logprobs"] for c in stream]
     assert events == [expected[:2], expected[2:]]
     assert "prompt_logprobs" not in whole_response(COMPLETION, chunks(), False)["choices"][0]
+
+
+def tool_stream() -> list[GenerationChunk]:
+    """A thought, then two calls whose arguments come in pieces."""
+    return [
+        GenerationChunk("r", "", (1,), reasoning_text="Hm."),
+        GenerationChunk("r", "", (2,), tool_call_deltas=(ToolCallDelta(0, "call_a", "f", "{"),)),
+        GenerationChunk("r", "", (3,)),
+        GenerationChunk(
+            "r",
+            "",
+            (4,),
+            FinishReason.TOOL_CALLS,
+            USAGE,
+            tool_call_deltas=(ToolCallDelta(0, arguments="}"), ToolCallDelta(1, "call_b", "g")),
+        ),
+    ]
+
+
+def test_a_chat_answer_carries_its_calls_and_thought() -> None:
+    choice = whole_response(CHAT, tool_stream(), logprobs=False)["choices"][0]
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": None,
+        "refusal": None,
+        "annotations": [],
+        "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "call_b", "type": "function", "function": {"name": "g", "arguments": ""}},
+        ],
+        "reasoning_content": "Hm.",
+    }
+    assert choice["finish_reason"] == "tool_calls"
+
+
+def test_a_chat_stream_sends_calls_as_openais_deltas() -> None:
+    encoder = StreamEncoder(CHAT, logprobs=False)
+    events = [encoder.chunk(c) for c in tool_stream()]
+    assert [e["choices"][0]["delta"] for e in events] == [
+        {"role": "assistant", "reasoning_content": "Hm."},
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": "{"},
+                }
+            ]
+        },
+        {},
+        {
+            "tool_calls": [
+                {"index": 0, "function": {"arguments": "}"}},
+                {
+                    "index": 1,
+                    "id": "call_b",
+                    "type": "function",
+                    "function": {"name": "g", "arguments": ""},
+                },
+            ]
+        },
+    ]
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"

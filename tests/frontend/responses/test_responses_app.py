@@ -13,9 +13,8 @@ from typing import TypeVar
 
 import openai
 import pytest
-from factories import SeamChunk
 
-from zerolayer.common.generation import FinishReason, GenerateParams, Usage
+from zerolayer.common.generation import FinishReason, GenerateParams, GenerationChunk, Usage
 from zerolayer.frontend.http_server import HttpServer, HttpServerConfig
 from zerolayer.frontend.openai.app import create_app
 from zerolayer.frontend.responses.app import add_responses_routes
@@ -25,11 +24,11 @@ from zerolayer.frontend.text.validation import ServedModel
 
 T = TypeVar("T")
 CHUNKS = [
-    SeamChunk("r", "", (1,), reasoning_text="Use f."),
-    SeamChunk("r", "Calling.", (2,)),
-    SeamChunk("r", "", (3,), tool_call_deltas=(ToolCallDelta(0, "call_1", "f", '{"x":'),)),
-    SeamChunk("r", "", (4,), tool_call_deltas=(ToolCallDelta(0, arguments="2}"),)),
-    SeamChunk("r", "", (5,), FinishReason.EOS, Usage(6, 5, 0)),
+    GenerationChunk("r", "", (1,), reasoning_text="Use f."),
+    GenerationChunk("r", "Calling.", (2,)),
+    GenerationChunk("r", "", (3,), tool_call_deltas=(ToolCallDelta(0, "call_1", "f", '{"x":'),)),
+    GenerationChunk("r", "", (4,), tool_call_deltas=(ToolCallDelta(0, arguments="2}"),)),
+    GenerationChunk("r", "", (5,), FinishReason.EOS, Usage(6, 5, 0)),
 ]
 
 

@@ -6,7 +6,7 @@ limit and when given up, every body and event valid against OpenAI's published s
 from __future__ import annotations
 
 import pytest
-from factories import SeamChunk, responses_event_schema
+from factories import responses_event_schema
 
 from zerolayer.common.generation import FinishReason, GenerationChunk, Usage
 from zerolayer.frontend.responses.events import ResponseEvents
@@ -22,9 +22,11 @@ def head(**fields: object) -> ResponseHead:
     return response_head(body, "abc", "tiny")
 
 
-def chunk(text: str = "", finish: FinishReason = FinishReason.UNSPECIFIED, **seam) -> SeamChunk:
+def chunk(
+    text: str = "", finish: FinishReason = FinishReason.UNSPECIFIED, **seam
+) -> GenerationChunk:
     usage = USAGE if finish != FinishReason.UNSPECIFIED else None
-    return SeamChunk("abc", text, (1,), finish, usage, **seam)
+    return GenerationChunk("abc", text, (1,), finish, usage, **seam)
 
 
 def stream(chunks: list[GenerationChunk]) -> tuple[list[dict], ResponseEvents]:

@@ -117,7 +117,6 @@ def test_text_format_is_the_structured_output(text: dict, expected) -> None:
         ({"input": "x", "top_logprobs": 2}, "top_logprobs"),
         ({"input": "x", "conversation": "conv_1"}, "conversation"),
         ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
-        ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
         (
             {
                 "input": "x",
@@ -139,16 +138,6 @@ def test_tools_with_tool_choice_none_are_accepted() -> None:
     tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
     asked = ask(input="x", tools=tools, tool_choice="none")
     assert asked.params.messages == (ChatMessage("user", "x"),)
-
-
-def test_function_calls_in_the_input_are_refused_by_this_build() -> None:
-    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
-    with pytest.raises(InvalidArgument) as refused:
-        ask(input=[{"role": "user", "content": "x"}, call])
-    assert (refused.value.field, str(refused.value)) == (
-        "input[1]",
-        "input[1]: function calls are not supported by this build",
-    )
 
 
 @pytest.fixture

@@ -335,3 +335,27 @@ def test_stream_chunks_truncate_at_a_stop_string_as_the_full_decode(
         if result.finish_reason != FinishReason.UNSPECIFIED:
             break
     assert "".join(texts) == expected
+
+
+@pytest.mark.parametrize("byte_fallback", [False, True])
+def test_kept_special_tokens_are_output_and_the_others_dropped(byte_fallback: bool) -> None:
+    """A tool-call format's marker that is a special token (Mistral's ``[TOOL_CALLS]``) is text
+    for its parser; EOS stays dropped."""
+    if byte_fallback:
+        raw = Tokenizer.from_str(tokenizer_json_of_sentencepiece_like())
+    else:
+        raw = build_byte_level_tokenizer()
+    raw.add_special_tokens(["[TOOL_CALLS]"])
+    tokenizer = TextTokenizer.from_json(raw.to_str(), '{"bos_token": "<s>"}')
+    marker = raw.token_to_id("[TOOL_CALLS]")
+    assert tokenizer.special_token_ids(["[TOOL_CALLS]", "<tool_call>"]) == {marker}
+    ids = [HELLO, WORLD] if byte_fallback else tokenizer.encode("ab", add_special_tokens=False)
+    text = tokenizer.decode(ids)
+    output = [*ids, marker, *ids, EOS]
+    kept = IncrementalDetokenizer(tokenizer, [BOS], frozenset({marker}))
+    joined = "".join(kept.step([i]) for i in output) + kept.flush()
+    assert joined == tokenizer.decode(output, keep_special_ids=frozenset({marker}))
+    assert joined.startswith(text) and "[TOOL_CALLS]" in joined and "</s>" not in joined
+    dropped = IncrementalDetokenizer(tokenizer, [BOS])
+    assert "".join(dropped.step([i]) for i in output) + dropped.flush() == tokenizer.decode(output)
+    assert "[TOOL_CALLS]" not in tokenizer.decode(output)

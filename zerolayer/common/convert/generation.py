@@ -14,6 +14,10 @@ from zerolayer.common.generation import (
     TokenizeParams,
     TokenizeResult,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolDefinition,
 )
 from zerolayer.v1 import generation_pb2
 
@@ -51,6 +55,20 @@ def generate_params_from_pb(pb: generation_pb2.GenerateRequest) -> GenerateParam
         prompt_logprobs=_optional(pb, "prompt_logprobs"),
         n=pb.n,
         structured_output=structured_output_from_pb(pb.structured_output),
+        tools=tuple(
+            ToolDefinition(t.name, t.description, t.parameters_json or '{"type": "object"}')
+            for t in pb.tools
+        ),
+        tool_choice=(
+            ToolChoice(pb.tool_choice.mode, pb.tool_choice.name)
+            if pb.HasField("tool_choice")
+            else None
+        ),
+        parallel_tool_calls=(
+            pb.parallel_tool_calls if pb.HasField("parallel_tool_calls") else True
+        ),
+        chat_template_kwargs_json=pb.chat_template_kwargs_json,
+        parse_output=pb.parse_output or bool(pb.tools),
     )
 
 
@@ -59,7 +77,24 @@ def _optional(pb: generation_pb2.GenerateRequest, name: str) -> float | int | No
 
 
 def _messages_from_pb(pb: generation_pb2.ChatMessages) -> tuple[ChatMessage, ...]:
-    return tuple(ChatMessage(m.role, m.content, m.name, m.tool_call_id) for m in pb.messages)
+    return tuple(
+        ChatMessage(
+            m.role,
+            m.content,
+            m.name,
+            m.tool_call_id,
+            tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+            m.reasoning_content,
+        )
+        for m in pb.messages
+    )
+
+
+def _deltas_to_pb(deltas: Sequence[ToolCallDelta]) -> list[generation_pb2.ToolCallDelta]:
+    return [
+        generation_pb2.ToolCallDelta(index=d.index, id=d.id, name=d.name, arguments=d.arguments)
+        for d in deltas
+    ]
 
 
 def structured_output_from_pb(pb: generation_pb2.StructuredOutput) -> StructuredOutput | None:
@@ -105,6 +140,8 @@ def chunk_to_pb(c: GenerationChunk) -> generation_pb2.GenerateResponse:
         index=c.index,
         logprobs=[position_logprobs_to_pb(p) for p in c.logprobs],
         prompt_logprobs=[position_logprobs_to_pb(p) for p in c.prompt_logprobs],
+        reasoning_text=c.reasoning_text,
+        tool_call_deltas=_deltas_to_pb(c.tool_call_deltas),
     )
     if c.usage is not None:
         pb.usage.CopyFrom(
@@ -133,6 +170,8 @@ def choices_to_pb(samples: Sequence[GenerationChunk]) -> generation_pb2.Generate
                 token_ids=s.token_ids,
                 finish_reason=int(s.finish_reason),
                 logprobs=[position_logprobs_to_pb(p) for p in s.logprobs],
+                reasoning_text=s.reasoning_text,
+                tool_call_deltas=_deltas_to_pb(s.tool_call_deltas),
             )
         )
     return pb

@@ -21,7 +21,13 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.common.generation import GenerateParams
+from zerolayer.common.generation import (
+    ChatMessage,
+    GenerateParams,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+)
 from zerolayer.frontend.anthropic.schema import (
     BLOCKS,
     CountTokensRequest,
@@ -32,9 +38,6 @@ from zerolayer.frontend.anthropic.schema import (
     ToolResultBlock,
     ToolUseBlock,
 )
-
-# NOTE: the seam's types (issue 30); after i30-tools merges: zerolayer.common.generation.
-from zerolayer.frontend.anthropic.seam import ChatMessage, ToolCall, ToolChoice, ToolDefinition
 
 ANTHROPIC_DEFAULT_TEMPERATURE = 1.0
 """Temperature of a request that leaves it unset (Anthropic's default; gRPC's is greedy)."""
@@ -108,7 +111,7 @@ def generate_params(body: MessagesRequest, request_id: str) -> GenerateParams:
     chat = conversation(body)
     temperature = ANTHROPIC_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
     return GenerateParams(
-        messages=chat.messages,  # type: ignore[arg-type]  # NOTE: the seam's ChatMessage
+        messages=chat.messages,
         **tool_fields(chat),
         model=body.model,
         request_id=request_id,
@@ -128,24 +131,16 @@ def count_params(body: CountTokensRequest) -> GenerateParams:
     """
     chat = conversation(body)
     return GenerateParams(
-        messages=chat.messages,  # type: ignore[arg-type]  # NOTE: the seam's ChatMessage
+        messages=chat.messages,
         **tool_fields(chat),
         model=body.model,
     )
 
 
 def tool_fields(chat: Conversation) -> dict[str, Any]:
-    """The GenerateParams fields of ``chat``'s tools and thinking, by name.
-
-    NOTE: until the tool-calling machinery (i30-tools) is merged, a request with tools is
-    refused and none are set; then this returns :func:`seam_fields` (a one-line change).
-
-    Raises:
-        InvalidArgument: ``tools``, when the request defines some.
-    """
-    if chat.tools:
-        raise InvalidArgument("tools", "not supported by this build (tool calling is coming)")
-    return {}
+    """The GenerateParams fields of ``chat``'s tools and thinking, by name
+    (:func:`seam_fields`)."""
+    return seam_fields(chat)
 
 
 def seam_fields(chat: Conversation) -> dict[str, Any]:

@@ -15,10 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zerolayer.common.errors import Unavailable
-from zerolayer.common.generation import FinishReason, GenerationChunk, Usage, join_chunks
-
-# NOTE: the seam's types (issue 30); after i30-tools merges: zerolayer.common.generation.
-from zerolayer.frontend.anthropic.seam import ToolCall, reasoning_text, tool_call_deltas
+from zerolayer.common.generation import (
+    FinishReason,
+    GenerationChunk,
+    ToolCall,
+    Usage,
+    join_chunks,
+    join_tool_calls,
+)
 
 STOP_REASONS = {
     "EOS": "end_turn",
@@ -67,20 +71,6 @@ def usage_body(usage: Usage | None) -> dict:
     }
 
 
-def join_tool_calls(chunks: Sequence[GenerationChunk]) -> tuple[ToolCall, ...]:
-    """The whole calls of a generation from its chunks' tool-call deltas, by index: the id and
-    name of each call's first delta, its arguments' pieces concatenated. NOTE: the seam's
-    ``join_tool_calls`` of zerolayer.common.generation takes its place after the merge."""
-    calls: dict[int, list[str]] = {}
-    for chunk in chunks:
-        for delta in tool_call_deltas(chunk):
-            call = calls.setdefault(delta.index, ["", "", ""])
-            call[0] = call[0] or delta.id
-            call[1] = call[1] or delta.name
-            call[2] += delta.arguments
-    return tuple(ToolCall(*calls[i]) for i in sorted(calls))
-
-
 def tool_use_block(call: ToolCall) -> dict:
     """A ``tool_use`` content block of ``call`` (its arguments parsed: Anthropic's ``input`` is
     an object; arguments that are not JSON come as ``{}``, which the tool-call parsers
@@ -100,7 +90,7 @@ def message_body(head: MessageHead, chunks: Sequence[GenerationChunk]) -> dict:
     """
     whole = join_chunks(chunks)
     reason, sequence = stop_reason(whole.finish_reason, whole.stop_string)
-    thought = "".join(reasoning_text(c) for c in chunks)
+    thought = "".join(c.reasoning_text for c in chunks)
     calls = join_tool_calls(chunks)
     content: list[dict] = []
     if thought:

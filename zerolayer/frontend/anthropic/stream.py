@@ -27,7 +27,6 @@ from zerolayer.frontend.anthropic.response import (
 )
 
 # NOTE: the seam's types (issue 30); after i30-tools merges: zerolayer.common.generation.
-from zerolayer.frontend.anthropic.seam import reasoning_text, tool_call_deltas
 from zerolayer.frontend.http_call import CallRecord
 
 Event = tuple[str, dict]
@@ -63,7 +62,7 @@ class MessageStreamEncoder:
             start = message_start_body(self.head, chunk.usage)
             events.append(("message_start", {"type": "message_start", "message": start}))
         self._usage = chunk.usage or self._usage or Usage(0, 0, 0)
-        if thought := reasoning_text(chunk):
+        if thought := chunk.reasoning_text:
             if self._open != "thinking":
                 events += self._start({"type": "thinking", "thinking": "", "signature": ""})
             events.append(self._delta({"type": "thinking_delta", "thinking": thought}))
@@ -71,7 +70,7 @@ class MessageStreamEncoder:
             if self._open != "text":
                 events += self._start({"type": "text", "text": ""})
             events.append(self._delta({"type": "text_delta", "text": chunk.text}))
-        for delta in tool_call_deltas(chunk):
+        for delta in chunk.tool_call_deltas:
             if self._open != "tool_use" or delta.index != self._tool_index:
                 block = {"type": "tool_use", "id": delta.id, "name": delta.name, "input": {}}
                 events += self._start(block)

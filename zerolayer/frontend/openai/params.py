@@ -12,11 +12,19 @@ import json
 import uuid
 
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.common.generation import ChatMessage, GenerateParams, StructuredOutput
+from zerolayer.common.generation import (
+    ChatMessage,
+    GenerateParams,
+    StructuredOutput,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+)
 from zerolayer.frontend.openai.schema import (
     ChatCompletionRequest,
     ChatMessageIn,
     CompletionRequest,
+    FunctionDefinition,
     ResponseFormat,
     SamplingFields,
 )
@@ -63,25 +71,31 @@ def chat_params(body: ChatCompletionRequest, request_id: str) -> GenerateParams:
     """The generation a ``/v1/chat/completions`` body asks for: the messages are rendered with
     the model's chat template by validation.
 
+    The output is parsed (``parse_output``): reasoning and tool calls apart from the content.
+
     Raises:
-        InvalidArgument: tools or function calls, non-text content, audio output, web search,
-            moderation, ``top_logprobs`` without ``logprobs``, or see :func:`_sampling_fields`;
-            the field is OpenAI's name.
+        InvalidArgument: both ``tools`` and ``functions``, a tool message that answers no earlier
+            call, non-text content, audio output, web search, moderation, ``top_logprobs``
+            without ``logprobs``, or see :func:`_sampling_fields`; the field is OpenAI's name.
     """
     _refuse_what_cannot_be_done(body)
-    if body.tools or body.functions or body.function_call is not None:
-        field = "tools" if body.tools else "functions" if body.functions else "function_call"
-        raise InvalidArgument(field, "tool and function calls are not supported")
-    if body.tool_choice not in (None, "none"):
-        raise InvalidArgument("tool_choice", "not supported (only 'none')")
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidArgument("top_logprobs", "needs logprobs: true")
     messages = tuple(_chat_message(i, m) for i, m in enumerate(body.messages))
+    _check_tool_answers(messages)
     max_tokens = body.max_completion_tokens or body.max_tokens
+    kwargs = dict(body.chat_template_kwargs or {})
+    if body.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
     return GenerateParams(
         messages=messages,
         add_generation_prompt=body.add_generation_prompt,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        tools=_tools(body),
+        tool_choice=_tool_choice(body),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        chat_template_kwargs_json=json.dumps(kwargs) if kwargs else "",
+        parse_output=True,
         **_sampling_fields(body, max_tokens, request_id),
     )
 
@@ -100,6 +114,42 @@ def _refuse_what_cannot_be_done(body: ChatCompletionRequest) -> None:
             raise InvalidArgument(field, "not supported")
 
 
+def _tools(body: ChatCompletionRequest) -> tuple[ToolDefinition, ...]:
+    """``tools``, or the legacy ``functions`` taken as tools."""
+    if body.tools and body.functions:
+        raise InvalidArgument("functions", "give tools or functions, not both")
+    functions = [t.function for t in body.tools or ()] or list(body.functions or ())
+    return tuple(_tool(f) for f in functions)
+
+
+def _tool(function: FunctionDefinition) -> ToolDefinition:
+    parameters = {"type": "object"} if function.parameters is None else function.parameters
+    return ToolDefinition(function.name, function.description, json.dumps(parameters))
+
+
+def _tool_choice(body: ChatCompletionRequest) -> ToolChoice | None:
+    """``tool_choice``, or the legacy ``function_call`` (``{"name"}``: that function)."""
+    choice = body.tool_choice if body.tool_choice is not None else body.function_call
+    if choice is None:
+        return None
+    if isinstance(choice, str):
+        return ToolChoice(choice)
+    name = choice.function.name if hasattr(choice, "function") else choice.name
+    return ToolChoice("function", name)
+
+
+def _check_tool_answers(messages: tuple[ChatMessage, ...]) -> None:
+    """Refuses a tool message whose ``tool_call_id`` no earlier assistant message called."""
+    called: set[str] = set()
+    for i, message in enumerate(messages):
+        called.update(call.id for call in message.tool_calls)
+        if message.role == "tool" and message.tool_call_id not in called:
+            raise InvalidArgument(
+                f"messages[{i}].tool_call_id",
+                f"{message.tool_call_id[:64]!r} answers no earlier assistant message's tool call",
+            )
+
+
 def _one_prompt(
     prompt: str | list[int] | list[str] | list[list[int]],
 ) -> tuple[str | None, tuple[int, ...] | None]:
@@ -116,8 +166,6 @@ def _one_prompt(
 
 def _chat_message(index: int, message: ChatMessageIn) -> ChatMessage:
     field = f"messages[{index}]"
-    if message.tool_calls:
-        raise InvalidArgument(f"{field}.tool_calls", "tool calls are not supported")
     for unsupported in ("function_call", "audio"):
         if getattr(message, unsupported) is not None:
             raise InvalidArgument(f"{field}.{unsupported}", "not supported")
@@ -131,7 +179,11 @@ def _chat_message(index: int, message: ChatMessageIn) -> ChatMessage:
     # NOTE: OpenAI's "developer" role is the system prompt of newer models; chat templates
     # know "system".
     role = "system" if message.role == "developer" else message.role
-    return ChatMessage(role, content or "", message.name, message.tool_call_id)
+    calls = tuple(
+        ToolCall(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or ()
+    )
+    reasoning = message.reasoning_content or ""
+    return ChatMessage(role, content or "", message.name, message.tool_call_id, calls, reasoning)
 
 
 def _sampling_fields(body: SamplingFields, max_tokens: int | None, request_id: str) -> dict:
@@ -201,6 +253,10 @@ def openai_param(field: str, chat: bool) -> str:
         return "stop"
     if field.startswith("structured_output"):  # structured_output.json_schema and the like
         return "response_format"
+    if field.startswith("tools[") and field.endswith(".parameters_json"):
+        return field.removesuffix(".parameters_json").replace("]", "].function.parameters", 1)
+    if field.startswith("tools[") and field.endswith(".name"):
+        return field.replace("].name", "].function.name", 1)
     if chat and field in CHAT_PARAM_NAMES:
         return CHAT_PARAM_NAMES[field]
     return PARAM_NAMES.get(field, field)

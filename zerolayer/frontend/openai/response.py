@@ -16,8 +16,10 @@ from zerolayer.common.generation import (
     GenerationChunk,
     PositionLogprobs,
     TokenLogprob,
+    ToolCallDelta,
     Usage,
     join_chunks,
+    join_tool_calls,
 )
 
 FINISH_REASONS = {
@@ -26,6 +28,7 @@ FINISH_REASONS = {
     FinishReason.STOP: "stop",
     FinishReason.LENGTH: "length",
     FinishReason.ABORT: "abort",
+    FinishReason.TOOL_CALLS: "tool_calls",
 }
 """OpenAI's ``finish_reason`` of ours; "abort" (the scheduler gave the request up) is vLLM's,
 not OpenAI's."""
@@ -117,12 +120,7 @@ def whole_response(head: ResponseHead, chunks: Sequence[GenerationChunk], logpro
         whole = join_chunks(by_index[index])
         choice: dict = {"index": index}
         if head.chat:
-            choice["message"] = {
-                "role": "assistant",
-                "content": whole.text,
-                "refusal": None,
-                "annotations": [],
-            }
+            choice["message"] = _message(by_index[index], whole)
             choice["logprobs"] = chat_logprobs(whole.logprobs) if logprobs else None
         else:
             choice["text"] = whole.text
@@ -152,14 +150,52 @@ def _vllm_logprob(t: TokenLogprob, rank: int) -> dict:
     return {"logprob": t.logprob, "rank": rank, "decoded_token": t.text}
 
 
+def _message(chunks: Sequence[GenerationChunk], whole: GenerationChunk) -> dict:
+    """A chat answer's ``message``: its content (null when it only called tools), ``refusal``
+    (null) and ``annotations`` (none) as the spec requires, its ``tool_calls`` and
+    ``reasoning_content`` (vLLM's name) when it has them."""
+    calls = join_tool_calls(chunks)
+    message: dict = {
+        "role": "assistant",
+        "content": whole.text or (None if calls else ""),
+        "refusal": None,
+        "annotations": [],
+    }
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in calls
+        ]
+    if whole.reasoning_text:
+        message["reasoning_content"] = whole.reasoning_text
+    return message
+
+
 def _delta(chunk: GenerationChunk, first: bool) -> dict:
-    """A chat stream's ``delta``: the role with a choice's first text; empty on a last chunk
-    without text (as OpenAI ends a choice)."""
-    if first:
-        return {"role": "assistant", "content": chunk.text}
-    if not chunk.text and chunk.finish_reason != FinishReason.UNSPECIFIED:
-        return {}
-    return {"content": chunk.text}
+    """A chat stream's ``delta``: the role with a choice's first piece; the content, the
+    thought's piece (``reasoning_content``) and the tool calls' pieces (``tool_calls``) it has;
+    empty when it has none (text held back, the tags around a tool call, a last chunk), as
+    OpenAI ends a choice."""
+    delta: dict = {"role": "assistant"} if first else {}
+    if chunk.text or (first and not (chunk.reasoning_text or chunk.tool_call_deltas)):
+        delta["content"] = chunk.text
+    if chunk.reasoning_text:
+        delta["reasoning_content"] = chunk.reasoning_text
+    if chunk.tool_call_deltas:
+        delta["tool_calls"] = [_tool_call_delta(d) for d in chunk.tool_call_deltas]
+    return delta
+
+
+def _tool_call_delta(delta: ToolCallDelta) -> dict:
+    """OpenAI's ``delta.tool_calls[i]``: the index; id, type and name on a call's first piece."""
+    if delta.id or delta.name:
+        function = {"name": delta.name, "arguments": delta.arguments}
+        return {"index": delta.index, "id": delta.id, "type": "function", "function": function}
+    return {"index": delta.index, "function": {"arguments": delta.arguments}}
 
 
 def _head(head: ResponseHead, kind: str) -> dict:

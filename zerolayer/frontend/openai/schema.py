@@ -145,6 +145,26 @@ class ContentPart(OpenAIBody):
     """A ``refusal`` part's text (an assistant's earlier refusal)."""
 
 
+class FunctionCallIn(BaseModel):
+    """``tool_calls[i].function`` of an assistant message: the call's name and arguments."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: StrictStr
+    arguments: StrictStr
+    """JSON text."""
+
+
+class ToolCallIn(BaseModel):
+    """One of an assistant message's ``tool_calls``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(OpenAIBody):
     """One message of ``messages``; an assistant message as the official client gives it back
     (``message.model_dump()``, its nulls included) is one."""
@@ -161,8 +181,49 @@ class ChatMessageIn(OpenAIBody):
     """Not implemented: set is refused (null is the official client's echo)."""
     name: StrictStr = ""
     tool_call_id: StrictStr = ""
-    tool_calls: list[dict[str, Any]] | None = None
-    """Not implemented: a non-empty list is refused."""
+    tool_calls: list[ToolCallIn] | None = None
+    """An assistant message's calls (its content may then be null)."""
+    reasoning_content: StrictStr | None = None
+    """An assistant message's thought (vLLM's field; templates such as Qwen3's render it)."""
+
+
+class FunctionDefinition(BaseModel):
+    """A function the model may call (``tools[i].function``, or one of legacy ``functions``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: StrictStr
+    description: StrictStr = ""
+    parameters: dict[str, Any] | None = None
+    """Its arguments' JSON schema; None: no arguments (``{"type": "object"}``)."""
+    strict: StrictBool | None = None
+    """Accepted; calls are always valid against the schema when constrained (required, named)."""
+
+
+class ToolIn(BaseModel):
+    """One of ``tools``: only function tools exist in chat completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    """``{"name": ...}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice`` naming the function to call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -202,13 +263,19 @@ class ChatCompletionRequest(SamplingFields):
     """Not implemented (audio output): set is refused."""
     moderation: dict[str, Any] | None = None
     """Not implemented (moderation of the answer): set is refused."""
-    tools: list[dict[str, Any]] | None = None
-    """Not implemented: a non-empty list is refused."""
-    tool_choice: Any = None
-    """Not implemented: anything but "none" is refused."""
-    functions: list[dict[str, Any]] | None = None
-    """Not implemented (OpenAI's deprecated tools): set is refused."""
-    function_call: Any = None
-    """Not implemented: set is refused."""
+    tools: list[ToolIn] | None = None
+    """Functions the model may call (see docs/tools-and-reasoning.md)."""
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    """None: "auto" with tools, else "none"."""
+    functions: list[FunctionDefinition] | None = None
+    """OpenAI's deprecated form of ``tools`` (taken as tools; not both)."""
+    function_call: Literal["none", "auto"] | FunctionName | None = None
+    """OpenAI's deprecated form of ``tool_choice``."""
     parallel_tool_calls: StrictBool | None = None
-    """Ignored (no tools)."""
+    """False: at most one call. None: true."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's: further variables of the chat template (e.g. ``enable_thinking``)."""
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
+    """Given to the chat template as ``reasoning_effort`` (templates that read it use it)."""

@@ -10,9 +10,11 @@ Rendering follows transformers' ``apply_chat_template`` (``render_jinja_template
 extension and the ``generation`` tag (rendered as its body); a ``tojson`` filter that does not
 escape HTML; the globals ``raise_exception``, ``strftime_now``, ``dict`` and ``namespace``
 (refusing underscore attributes); the variables ``messages``,
-``tools`` (None), ``documents`` (None), ``add_generation_prompt`` and the special tokens of
-tokenizer_config.json (``bos_token``, ``eos_token``...). Message keys that are unset are left
-out, as transformers drops keys whose value is None. The rendered text is tokenized without
+``tools`` (None without tools), ``documents`` (None), ``add_generation_prompt``, the special
+tokens of tokenizer_config.json (``bos_token``, ``eos_token``...) and the caller's further
+variables (``chat_template_kwargs``: ``enable_thinking``...), which win over the special tokens
+as transformers' ``**kwargs`` do. The messages and tools take the shapes of
+:mod:`zerolayer.frontend.text.chat_variables`. The rendered text is tokenized without
 adding special tokens again (the template writes BOS itself), as ``apply_chat_template(...,
 tokenize=True)`` does.
 """
@@ -20,7 +22,7 @@ tokenize=True)`` does.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -33,7 +35,8 @@ import jinja2.utils
 
 from zerolayer.checkpoints.tokenizer_files import parse_tokenizer_config
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.common.generation import ChatMessage
+from zerolayer.common.generation import ChatMessage, ToolDefinition
+from zerolayer.frontend.text.chat_variables import message_dict, tool_dict
 from zerolayer.frontend.text.tokenizer import special_token_content
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -100,8 +103,19 @@ class ChatTemplate:
                 special_tokens[name] = token
         return cls(source, special_tokens)
 
-    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolDefinition] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """The prompt text of ``messages``.
+
+        Args:
+            tools: the template's ``tools`` (None when empty).
+            template_kwargs: further template variables
+                (:func:`zerolayer.frontend.text.chat_variables.template_kwargs`).
 
         Raises:
             InvalidArgument: ``messages``: the template does not compile, or fails while rendering
@@ -111,13 +125,14 @@ class ChatTemplate:
             raise InvalidArgument(
                 "messages", f"the model's chat template is invalid: {self._error}"
             )
+        variables = {**self.special_tokens, **(template_kwargs or {})}
         try:
             return self._template.render(
-                messages=[_message_dict(m) for m in messages],
-                tools=None,
+                messages=[message_dict(m) for m in messages],
+                tools=[tool_dict(t) for t in tools] if tools else None,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
-                **self.special_tokens,
+                **variables,
             )
         except jinja2.TemplateError as exc:
             raise InvalidArgument(
@@ -126,18 +141,31 @@ class ChatTemplate:
 
 
 def check_messages(messages: Sequence[ChatMessage]) -> None:
-    """Refuses an empty conversation or a message of an unknown role.
+    """Refuses an empty conversation, a message of an unknown role, tool calls on a message that
+    is not the assistant's and, in a conversation with tool calls, a tool message that answers
+    no earlier call.
 
     Raises:
-        InvalidArgument: ``messages`` (empty) or ``messages[i].role``.
+        InvalidArgument: ``messages`` (empty), ``messages[i].role``, ``messages[i].tool_calls``
+            or ``messages[i].tool_call_id``.
     """
     if not messages:
         raise InvalidArgument("messages", "empty (set at least one message)")
+    with_calls = any(m.tool_calls for m in messages)
+    called: set[str] = set()
     for i, message in enumerate(messages):
         if message.role not in CHAT_ROLES:
             raise InvalidArgument(
                 f"messages[{i}].role",
                 f"must be one of {', '.join(CHAT_ROLES)}, got {message.role[:64]!r}",
+            )
+        if message.tool_calls and message.role != "assistant":
+            raise InvalidArgument(f"messages[{i}].tool_calls", "only assistant messages call tools")
+        called.update(call.id for call in message.tool_calls)
+        if with_calls and message.role == "tool" and message.tool_call_id not in called:
+            raise InvalidArgument(
+                f"messages[{i}].tool_call_id",
+                f"{message.tool_call_id[:64]!r} answers no earlier assistant message's tool call",
             )
 
 
@@ -157,15 +185,6 @@ def _config_template(value: object) -> str:
     raise ValueError(
         "tokenizer_config_json: chat_template must be a string or a list of {name, template}"
     )
-
-
-def _message_dict(message: ChatMessage) -> dict[str, str]:
-    fields = {"role": message.role, "content": message.content}
-    if message.name:
-        fields["name"] = message.name
-    if message.tool_call_id:
-        fields["tool_call_id"] = message.tool_call_id
-    return fields
 
 
 def _describe(exc: jinja2.TemplateError) -> str:

@@ -42,9 +42,19 @@ class IncrementalDetokenizer:
     character is not emitted.
     """
 
-    def __init__(self, tokenizer: TextTokenizer, prompt_token_ids: Sequence[int]) -> None:
-        """Start after ``prompt_token_ids`` (may be empty); does not modify either argument."""
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        prompt_token_ids: Sequence[int],
+        keep_special_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        """Start after ``prompt_token_ids`` (may be empty); does not modify either argument.
+
+        ``keep_special_ids``: special tokens whose text is output (see
+        :meth:`TextTokenizer.decode`); the others are dropped.
+        """
         self._tokenizer = tokenizer
+        self._keep_special_ids = keep_special_ids
         self._token_ids = list(prompt_token_ids[-NUM_PREFIX_CONTEXT_TOKENS:])
         self._read_offset = len(self._token_ids)
         self._prefix_offset = 0
@@ -82,10 +92,13 @@ class IncrementalDetokenizer:
         return "".join(self._pieces)
 
     def _emit(self, allow_incomplete: bool) -> str:
+        keep = self._keep_special_ids
         prefix_text = self._tokenizer.decode(
-            self._token_ids[self._prefix_offset : self._read_offset]
+            self._token_ids[self._prefix_offset : self._read_offset], keep_special_ids=keep
         )
-        full_text = self._tokenizer.decode(self._token_ids[self._prefix_offset :])
+        full_text = self._tokenizer.decode(
+            self._token_ids[self._prefix_offset :], keep_special_ids=keep
+        )
         if len(full_text) <= len(prefix_text):
             return ""
         if full_text.endswith(REPLACEMENT_CHAR) and not allow_incomplete:

@@ -52,6 +52,7 @@ class TextTokenizer:
         self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         added = tokenizer.get_added_tokens_decoder()
         self._special_ids = frozenset(i for i, token in added.items() if token.special)
+        self._special_by_text = {t.content: i for i, t in added.items() if t.special}
         decoder = json.dumps(json.loads(tokenizer.to_str()).get("decoder"))
         self._byte_fallback = '"type": "ByteFallback"' in decoder
         self._byte_level = '"type": "ByteLevel"' in decoder
@@ -94,8 +95,16 @@ class TextTokenizer:
             token_ids.insert(0, self._bos_token_id)
         return token_ids
 
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(
+        self,
+        token_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        keep_special_ids: frozenset[int] = frozenset(),
+    ) -> str:
         """Text of ``token_ids``, as ``tokenizers`` decodes it, except for invalid UTF-8.
+
+        ``keep_special_ids``: special tokens whose text is kept although ``skip_special_tokens``
+        drops the others (a tool-call format's marker, e.g. Mistral's ``[TOOL_CALLS]``).
 
         Invalid bytes: each maximal subpart of an ill-formed UTF-8 byte sequence (an incomplete
         tail included) decodes to one U+FFFD, the rest to its characters, as
@@ -110,12 +119,19 @@ class TextTokenizer:
         tokenizer's, so it can emit ids that have no text).
         """
         ids = [i for i in token_ids if self._known(i)]
+        if skip_special_tokens and keep_special_ids:
+            ids = [i for i in ids if i not in self._special_ids or i in keep_special_ids]
+            skip_special_tokens = False
         if not self._byte_fallback:
             return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
         if skip_special_tokens:
             ids = [i for i in ids if i not in self._special_ids]
         tokens = [self._tokenizer.id_to_token(i) for i in ids]
         return self._tokenizer.decoder.decode(list(_split_invalid_bytes(tokens)))
+
+    def special_token_ids(self, texts: Sequence[str]) -> frozenset[int]:
+        """The ids of those of ``texts`` that are special tokens of the tokenizer."""
+        return frozenset(self._special_by_text[t] for t in texts if t in self._special_by_text)
 
     def pieces(self, token_ids: Sequence[int]) -> list[str]:
         """The vocab string of each id (``id_to_token``), e.g. ``"Ġhi"`` or ``"▁the"``.

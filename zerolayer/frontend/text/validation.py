@@ -18,6 +18,7 @@ from zerolayer.common.errors import InvalidArgument, NotFound
 from zerolayer.common.generation import EngineRequest, GenerateParams, SamplingParams
 from zerolayer.common.structured_output import check_size
 from zerolayer.frontend.text.chat_template import ChatTemplate, check_messages
+from zerolayer.frontend.text.chat_variables import template_kwargs
 from zerolayer.frontend.text.sampling_controls import (
     MAX_N,
     with_request_controls,
@@ -141,7 +142,12 @@ def _chat_token_ids(
         raise InvalidArgument(
             "messages", "the model has no chat template (send prompt or prompt_token_ids)"
         )
-    text = chat_template.render(params.messages or (), params.add_generation_prompt is not False)
+    text = chat_template.render(
+        params.messages or (),
+        params.add_generation_prompt is not False,
+        params.tools,
+        template_kwargs(params.chat_template_kwargs_json),
+    )
     check_text_length("messages", text, model)
     # NOTE: the template writes BOS itself (transformers' apply_chat_template does the same)
     token_ids = tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,1 @@
+"""Chat output: tool-call and reasoning parsers, and the constraint of required tool calls."""
