@@ -17,6 +17,7 @@ import json
 import re
 from pathlib import Path
 
+import anthropic
 import grpc
 import openai
 import pytest
@@ -81,9 +82,10 @@ def family(request, dummy_model_dir: Path, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture(scope="module")
-def client(family) -> openai.OpenAI:
-    url = f"http://{family[2].config.http_listen}/v1"
-    return openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=60)
+def client(family, openai_spec) -> openai.OpenAI:
+    """The official client; every answer it reads (each stream chunk too) is checked against
+    OpenAI's pinned specification (tests/openai_conformance.py)."""
+    return openai_spec.client(f"http://{family[2].config.http_listen}/v1", timeout=60)
 
 
 def hf_prompt_ids(model_dir: Path, messages: list[dict], tools: list[dict] | None) -> list[int]:
@@ -393,3 +395,87 @@ def test_auto_parses_a_call_the_model_wrote(family, client) -> None:
         assert (contents, finish_reason) == ("", "tool_calls")
         assert len(calls) == 1 and calls[0][0] == "get_time"
         assert json.loads(calls[0][1])["tz"] in ("UTC", "CET")
+
+
+def anthropic_tools(tools: list[dict]) -> list[dict]:
+    """``tools`` (OpenAI's shape) in Anthropic's: name, description, input_schema."""
+    return [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "input_schema": t["function"]["parameters"],
+        }
+        for t in tools
+    ]
+
+
+def test_anthropic_tool_use_is_the_same_call_whole_streamed_and_in_a_loop(family, client) -> None:
+    """Anthropic's Messages API on the same family: a named tool (``tool_choice: tool``) is the
+    call OpenAI's named call gives, its ``input_json_delta`` pieces join to it, and a tool loop
+    (the ``tool_use`` echoed back, a ``tool_result``) renders as transformers renders it."""
+    template, model_dir, stack = family
+    url = f"http://{stack.config.http_listen}"
+    messages = anthropic.Anthropic(base_url=url, api_key="-", max_retries=0, timeout=60).messages
+    model = client.models.list().data[0].id
+    body = {
+        "model": model,
+        "max_tokens": MAX_TOKENS,
+        "messages": QUESTION,
+        "tools": anthropic_tools(TOOLS),
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "extra_body": {"temperature": 0},  # NOTE: anthropic 2.15's create takes no temperature
+    }
+    answer = messages.create(**body)
+    openai_call = chat(
+        client, QUESTION, tool_choice=named("get_weather"), parallel_tool_calls=False
+    )
+    [expected] = openai_call.choices[0].message.tool_calls
+    [tool_use] = answer.content
+    assert (answer.stop_reason, tool_use.type, tool_use.name) == (
+        "tool_use",
+        "tool_use",
+        "get_weather",
+    )
+    assert tool_use.input == json.loads(expected.function.arguments)
+    assert answer.usage.input_tokens + (answer.usage.cache_read_input_tokens or 0) == len(
+        hf_prompt_ids(model_dir, QUESTION, TOOLS)
+    )
+    pieces = []
+    with messages.stream(**body) as stream:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                pieces.append(event.delta.partial_json)
+        streamed = stream.get_final_message()
+    assert json.loads("".join(pieces)) == tool_use.input
+    assert streamed.content[0].input == tool_use.input and streamed.stop_reason == "tool_use"
+    loop = [
+        *QUESTION,
+        {"role": "assistant", "content": [tool_use.model_dump(exclude_none=True)]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "Sunny"}],
+        },
+    ]
+    after = messages.create(
+        **{**body, "messages": loop, "tool_choice": {"type": "none"}, "max_tokens": 8}
+    )
+    assert after.stop_reason in ("end_turn", "max_tokens")
+    history = [
+        *QUESTION,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": tool_use.id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps(tool_use.input)},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": tool_use.id, "content": "Sunny"},
+    ]
+    usage = after.usage
+    assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == len(
+        hf_prompt_ids(model_dir, history, TOOLS)
+    )
