@@ -102,11 +102,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run every gpu-marked test even without a CUDA device, and fail each one that skips "
         "or xfails and each module skipped at collection (scripts/device_check.sh)",
     )
+    parser.addoption(
+        "--every-scenario",
+        action="store_true",
+        help="also run the bench smoke tests marked every_scenario (one scenario of each family "
+        "runs by default: tests/bench/test_smoke.py)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Runs the tests of the shared stack last, and deselects ``gpu``-marked tests on a machine
-    without a CUDA device (unless ``--gpu-strict``).
+    """Runs the tests of the shared stack last, deselects the ``every_scenario`` bench smoke
+    tests (unless ``--every-scenario``) and ``gpu``-marked tests on a machine without a CUDA
+    device (unless ``--gpu-strict``).
 
     The shared stack's tests run one after another at the end (otherwise in their order): the
     stack starts for the first of them and stops with the session right after the last, instead
@@ -124,6 +131,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=interpreted)
             config.stash[_DESELECTED_INTERPRETER] = len(interpreted)
             items[:] = [i for i in items if i.get_closest_marker("triton_interpreter") is None]
+    if not config.getoption("--every-scenario"):
+        more = [i for i in items if i.get_closest_marker("every_scenario") is not None]
+        if more:
+            config.hook.pytest_deselected(items=more)
+            config.stash[_DESELECTED_SCENARIOS] = len(more)
+            items[:] = [i for i in items if i.get_closest_marker("every_scenario") is None]
     gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu or config.getoption("--gpu-strict") or _cuda_device_count() > 0:
         return
@@ -134,6 +147,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 _DESELECTED_GPU = pytest.StashKey[int]()
 _DESELECTED_INTERPRETER = pytest.StashKey[int]()
+_DESELECTED_SCENARIOS = pytest.StashKey[int]()
 
 
 # NOTE: old-style hook wrappers: the GPU machine's pytest is not ours (any pytest >= 7 works).
@@ -179,6 +193,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line(
             f"{interpreted} triton_interpreter tests deselected here: they ran in the process "
             "test_interpreter_cases_in_their_own_process starts (TRITON_INTERPRET=1)"
+        )
+    scenarios = config.stash.get(_DESELECTED_SCENARIOS, 0)
+    if scenarios:
+        terminalreporter.write_line(
+            f"{scenarios} bench smoke tests deselected: one scenario of each family ran "
+            "(--every-scenario runs them all)"
         )
     count = config.stash.get(_DESELECTED_GPU, 0)
     if count:

@@ -95,3 +95,17 @@ def test_a_taken_port_is_one_line_before_anything_runs(tmp_path: Path, capsys) -
         f"zerolayer bench throughput: error: --port {port}: the port is already in use "
         "(another bench or stack? choose another with --port)\n"
     )
+
+
+@pytest.mark.parametrize("scenario", list(scenario_modules()))
+def test_each_scenarios_smoke_overrides_are_its_own_flags(scenario: str) -> None:
+    # What the smoke runs of one scenario per family leave to this check for the others: their
+    # --smoke settings still name flags they have.
+    from zerolayer.bench.checkout import baseline_for
+    from zerolayer.cli.main import build_parser
+
+    args = build_parser("bench").parse_args(["bench", scenario, "--smoke"])
+    module = importlib.import_module(scenario_modules()[scenario])
+    baseline = baseline_for(scenario)
+    overrides = {**module.SMOKE, **(baseline.SMOKE if baseline else {})}
+    assert overrides and all(hasattr(args, name) for name in overrides), overrides

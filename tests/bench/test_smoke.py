@@ -1,4 +1,8 @@
-"""Benchmarks are not tests: CI only proves each scenario runs and writes valid results.
+"""Benchmarks are not tests: CI only proves a scenario of each family runs and writes valid
+results. The families: requests through the stack (chat; also throughput, latency, multiturn),
+the engine on this machine (split; also roofline, threads, int8), start-up and failure (failover;
+also coldstart) and other systems (llamacpp). The others are marked ``every_scenario`` and run
+with ``--every-scenario`` (they share the same harness: zerolayer.bench.scenario and common).
 
 Each scenario runs as ``zerolayer bench SCENARIO --smoke`` in this process (its stacks are real
 processes), so the interpreter, torch, transformers and matplotlib load once for all of them;
@@ -67,6 +71,7 @@ def run_smoke(
     return results
 
 
+@pytest.mark.every_scenario
 def test_multiturn_smoke_writes_json_and_png(
     tmp_path: Path, cache_dir, monkeypatch, capsys
 ) -> None:
@@ -91,6 +96,7 @@ def test_chat_smoke_renders_the_same_prompts_as_transformers(
         assert len(system["ttft_s_per_turn"]) == 2 and system["output_tokens_per_s"] > 0
 
 
+@pytest.mark.every_scenario
 def test_throughput_smoke_writes_json_and_png(
     tmp_path: Path, cache_dir, monkeypatch, capsys
 ) -> None:
@@ -119,6 +125,7 @@ def test_throughput_smoke_writes_json_and_png(
     )
 
 
+@pytest.mark.every_scenario
 def test_latency_smoke_writes_json_and_png(tmp_path: Path, cache_dir, monkeypatch, capsys) -> None:
     results = run_smoke(tmp_path, "latency", cache_dir, monkeypatch, capsys)
     assert results["workload"]["rates_per_s"] == [4.0, 8.0, 16.0]
@@ -136,6 +143,7 @@ def test_latency_smoke_writes_json_and_png(tmp_path: Path, cache_dir, monkeypatc
     assert isolated["zerolayer_vs_hf"] == isolated["zerolayer_s"] / isolated["hf_in_process_s"]
 
 
+@pytest.mark.every_scenario
 def test_coldstart_smoke_writes_json_and_png(
     tmp_path: Path, cache_dir, monkeypatch, capsys
 ) -> None:
@@ -175,6 +183,7 @@ def test_split_smoke_writes_json_and_png(tmp_path: Path, cache_dir, monkeypatch,
         assert all(v >= 0 for v in cpu.values())
 
 
+@pytest.mark.every_scenario
 def test_roofline_smoke_writes_json_and_png(tmp_path: Path, cache_dir, monkeypatch, capsys) -> None:
     results = run_smoke(tmp_path, "roofline", cache_dir, monkeypatch, capsys)
     rates = results["machine_rates"]
@@ -225,6 +234,7 @@ def test_failover_smoke_writes_json_and_png(tmp_path: Path, cache_dir, monkeypat
     assert results["goals_met"] == SMOKE_VERDICT
 
 
+@pytest.mark.every_scenario
 def test_threads_smoke_compares_the_default_with_explicit_counts(
     tmp_path: Path, cache_dir, monkeypatch, capsys
 ) -> None:
@@ -239,6 +249,7 @@ def test_threads_smoke_compares_the_default_with_explicit_counts(
     assert verdict["default_vs_best_quiet"] > 0 and verdict["default_busy_vs_quiet"] > 0
 
 
+@pytest.mark.every_scenario
 def test_int8_smoke_compares_decode_speed_and_agreement(
     tmp_path: Path, cache_dir, monkeypatch, capsys
 ) -> None:
