@@ -479,3 +479,51 @@ def test_anthropic_tool_use_is_the_same_call_whole_streamed_and_in_a_loop(family
     assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == len(
         hf_prompt_ids(model_dir, history, TOOLS)
     )
+
+
+def test_a_stop_string_inside_a_call_ends_it_with_stop_not_tool_calls(family, client) -> None:
+    # Found from outside: the cut call came back as a finished one (finish_reason tool_calls,
+    # arguments '{"'), and an agent would have run the tool with them.
+    answer = chat(client, QUESTION, tool_choice=named("get_time"), stop=["tz"])
+    assert answer.choices[0].finish_reason == "stop"
+    url = f"http://{family[2].config.http_listen}"
+    messages = anthropic.Anthropic(base_url=url, api_key="-", max_retries=0, timeout=60).messages
+    cut = messages.create(
+        model=client.models.list().data[0].id,
+        max_tokens=MAX_TOKENS,
+        messages=QUESTION,
+        tools=anthropic_tools(TOOLS[1:]),
+        tool_choice={"type": "any"},
+        stop_sequences=["tz"],
+        extra_body={"temperature": 0},
+    )
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", "tz")
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"tz": ' + "9" * 5000 + "}", '{"tz": "\\ud800"}'],
+    ids=["an integer over 4300 digits", "a lone surrogate"],
+)
+def test_odd_arguments_in_the_history_are_never_a_500(family, client, arguments) -> None:
+    # Found from outside: both were a 500 with an ERROR traceback.
+    history = [
+        *QUESTION,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_time", "arguments": arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+    ]
+    body = {"model": client.models.list().data[0].id, "messages": history, "max_tokens": 2}
+    # A 400 either way: the digits overflow the tiny model's context, the surrogate is no text.
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.post("/chat/completions", body=body, cast_to=object)
+    assert refused.value.body["param"] in ("messages", "max_tokens")

@@ -53,7 +53,8 @@ PROMPT_TAIL_TOKENS = 32
 
 def _parsed(chunk: GenerationChunk, parser: OutputParser) -> GenerationChunk:
     """``chunk`` with its text split by ``parser`` (the rest of it on the sample's last chunk,
-    whose finish reason is TOOL_CALLS when it called tools and ended by EOS or a stop)."""
+    whose finish reason is TOOL_CALLS when it called tools and ended by EOS or a stop token, not
+    a stop string)."""
     piece = parser.feed(chunk.text)
     text, thought, deltas = piece.text, piece.reasoning_text, piece.tool_call_deltas
     reason = chunk.finish_reason
@@ -61,7 +62,12 @@ def _parsed(chunk: GenerationChunk, parser: OutputParser) -> GenerationChunk:
         rest = parser.finish()
         text, thought = text + rest.text, thought + rest.reasoning_text
         deltas += rest.tool_call_deltas
-        if parser.num_calls and reason in (FinishReason.EOS, FinishReason.STOP):
+        # NOTE: a stop string cut the answer (inside a call, as likely as not): STOP, as it is,
+        # so that no client runs a tool with arguments cut short.
+        ended_by_itself = reason == FinishReason.EOS or (
+            reason == FinishReason.STOP and not chunk.stop_string
+        )
+        if parser.num_calls and ended_by_itself:
             reason = FinishReason.TOOL_CALLS
     return replace(
         chunk, text=text, reasoning_text=thought, tool_call_deltas=deltas, finish_reason=reason
@@ -180,7 +186,8 @@ class TextGenerator:
 
         With ``params.parse_output`` (chat), each chunk's text is the answer only, its thought in
         ``reasoning_text`` and its tool calls in ``tool_call_deltas`` (zerolayer.frontend.chat);
-        a sample that called tools and ended by EOS or a stop finishes with TOOL_CALLS.
+        a sample that called tools and ended by EOS or a stop token (not a stop string) finishes
+        with TOOL_CALLS.
 
         Raises:
             InvalidArgument, NotFound: from validation (a structured-output constraint's compile

@@ -285,3 +285,11 @@ def test_bad_blocks_and_tools_are_refused_naming_the_field(body, message) -> Non
     with pytest.raises(InvalidArgument) as refused:
         chat(**body)
     assert str(refused.value) == message
+
+
+def test_a_tools_field_is_named_as_anthropic_names_it() -> None:
+    from zerolayer.frontend.anthropic.params import anthropic_field
+
+    assert anthropic_field("tools[2].parameters_json") == "tools.2.input_schema"
+    assert anthropic_field("tools[0].name") == "tools.0.name"
+    assert anthropic_field("stop[1]") == "stop_sequences"

@@ -202,3 +202,10 @@ def test_tool_choice_names_a_tool_of_the_request() -> None:
     assert _tool_choice({"type": "function", "name": "f"}, {"f"}) == ToolChoice("function", "f")
     assert _tool_choice("required", set()) == ToolChoice("required")
     assert _tool_choice(None, set()) is None
+
+
+def test_a_tools_schema_is_named_parameters() -> None:
+    from zerolayer.frontend.responses.errors import responses_param
+
+    assert responses_param("tools[1].parameters_json") == "tools[1].parameters"
+    assert responses_param("messages[3].role") == "input"

@@ -15,6 +15,7 @@ name the field as Anthropic does (``messages.1.content.0.tool_use_id``).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,7 +267,11 @@ def dotted(prefix: str, loc: tuple[int | str, ...]) -> str:
 def anthropic_field(field: str) -> str:
     """The Anthropic name of the GenerateParams ``field`` an error names (``stop`` and
     ``stop[2]`` -> ``stop_sequences``, ``max_new_tokens`` -> ``max_tokens``, ``prompt`` ->
-    ``messages``)."""
+    ``messages``, ``tools[0].parameters_json`` -> ``tools.0.input_schema``)."""
     if field == "stop" or field.startswith("stop["):
         return "stop_sequences"
+    tool = re.fullmatch(r"tools\[(\d+)\]\.(\w+)", field)
+    if tool:  # NOTE: in Anthropic's dotted path style; a tool's schema is its input_schema
+        name = "input_schema" if tool.group(2) == "parameters_json" else tool.group(2)
+        return f"tools.{tool.group(1)}.{name}"
     return FIELD_NAMES.get(field, field)

@@ -29,6 +29,8 @@ def responses_param(field: str) -> str:
         return "text.format"
     if field.startswith("messages"):
         return "input"
+    if field.startswith("tools[") and field.endswith(".parameters_json"):
+        return field.removesuffix("_json")  # a function tool's JSON schema: its parameters
     return PARAM_NAMES.get(field, field)
 
 

@@ -83,6 +83,6 @@ def _arguments(arguments: str) -> Any:
     do the same for OpenAI's JSON text), other text as is."""
     try:
         value = json.loads(arguments)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # NOTE: ValueError: also an integer over 4300 digits
         return arguments
     return value if isinstance(value, dict) else arguments

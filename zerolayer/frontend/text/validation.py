@@ -149,6 +149,12 @@ def _chat_token_ids(
         template_kwargs(params.chat_template_kwargs_json),
     )
     check_text_length("messages", text, model)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # e.g. "\\ud800" in a call's JSON arguments, decoded by the template
+        raise InvalidArgument(
+            "messages", "renders to text that is not Unicode (a lone surrogate)"
+        ) from None
     # NOTE: the template writes BOS itself (transformers' apply_chat_template does the same)
     token_ids = tokenizer.encode(text, add_special_tokens=False)
     if not token_ids:
