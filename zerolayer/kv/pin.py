@@ -47,6 +47,8 @@ class NamespacePins:
 class PinStats:
     """The kvstore's pins and their counters since its start."""
 
+    block_bytes: int = 0
+    """Bytes of one KV block of the arena."""
     max_pinned_blocks: int = 0
     """The budget of all namespaces together, blocks."""
     max_pinned_blocks_per_namespace: int = 0

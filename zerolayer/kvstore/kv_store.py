@@ -110,6 +110,7 @@ class KVStore:
         self.recovery = Recovery(self.arena.reopened, config.owner_lease_s, clock)
         self.pins = Pins(
             self.cache,
+            layout.block_bytes,
             config.max_pinned_fraction,
             config.max_pinned_fraction_per_namespace,
             clock,

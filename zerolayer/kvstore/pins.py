@@ -59,6 +59,7 @@ class Pins:
     def __init__(
         self,
         cache: PrefixCache,
+        block_bytes: int,
         max_pinned_fraction: float,
         max_pinned_fraction_per_namespace: float,
         clock: Callable[[], float],
@@ -66,11 +67,13 @@ class Pins:
         """
         Args:
             cache: the pool whose blocks pins reference.
+            block_bytes: bytes of one block (reported by :meth:`stats`).
             max_pinned_fraction: share of the pool's blocks all pins may hold, 0 to 1.
             max_pinned_fraction_per_namespace: share one namespace's pins may hold, 0 to 1.
             clock: seconds, monotonic (tests inject one).
         """
         self.cache = cache
+        self.block_bytes = block_bytes
         self.clock = clock
         self.max_pinned_blocks = math.floor(max_pinned_fraction * cache.num_blocks)
         self.max_pinned_blocks_per_namespace = math.floor(
@@ -211,6 +214,7 @@ class Pins:
         """The pins per namespace and the counters."""
         num_pins = Counter(p.cache_salt for p in self.pins.values())
         return PinStats(
+            self.block_bytes,
             self.max_pinned_blocks,
             self.max_pinned_blocks_per_namespace,
             tuple(
