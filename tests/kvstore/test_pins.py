@@ -96,6 +96,9 @@ def test_expiry_releases_the_blocks_at_the_deadline(tmp_path: Path) -> None:
     # expired pins do not hold blocks back from an allocation, even before a sweep
     pin_id = store.pin(PROMPT, "", 10.0, False).pin_id
     clock.now += 10.0
+    assert store.stats().pins.namespaces == ()  # nor from GetStats
+    pin_id = store.pin(PROMPT, "", 10.0, False).pin_id
+    clock.now += 10.0
     assert sorted(store.allocate(8, join(store, "b"))) == list(range(8))
 
 

@@ -307,7 +307,8 @@ class KVStore:
         return self.pins.pin(token_ids, cache_salt, ttl_s, renew_on_hit)
 
     def stats(self) -> KVStats:
-        """Current counts, and every owner."""
+        """Current counts, every owner, and the pins (lapsed ones released first)."""
+        self.pins.expire()
         cache, counters = self.cache, self.cache.stats
         owners = self.owners.stats()
         return KVStats(
