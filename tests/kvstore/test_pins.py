@@ -14,6 +14,7 @@ from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.owner import OwnerRef
 from zerolayer.kv.pin import PIN_NOTHING_CACHED, PIN_OVER_BUDGET, PIN_OVER_NAMESPACE_BUDGET
 from zerolayer.kvstore.kv_store import KVStore
+from zerolayer.kvstore.refusals import Recovering
 
 
 def join(store: KVStore, owner_id: str) -> OwnerRef:
@@ -222,6 +223,8 @@ def test_a_restarted_kvstore_drops_every_pin(tmp_path: Path) -> None:
     pin_id = store.pin(PROMPT, "", 600.0, False).pin_id
     restarted = make_store(tmp_path, clock)  # same arena, a new process's memory
     assert restarted.arena.reopened
+    with pytest.raises(Recovering):
+        restarted.pin(PROMPT, "", 600.0, False)
     assert restarted.stats().pins.namespaces == ()
     assert restarted.pins.renew(pin_id) is None
     a = join(restarted, "a")

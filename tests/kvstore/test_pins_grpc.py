@@ -89,6 +89,10 @@ def test_pins_race_for_a_budget_and_a_killed_kvstore_drops_them(
             )
             assert namespace.num_bytes_pinned == 3 * (4 << 20) // NUM_BLOCKS
             assert (stats.max_pinned_blocks_per_namespace, stats.num_pin_refusals) == (3, 5)
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Pin(kvstore_pb2.PinRequest(token_ids=prompts[0], cache_salt="tenant"))
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error.value.details() == "ttl_ms: must be > 0"
             renewed = stub.RenewPin(kvstore_pb2.RenewPinRequest(pin_id=pinned[0].pin_id))
             assert (renewed.found, renewed.expires_in_ms) == (True, 600_000)
         process.send_signal(signal.SIGKILL)
