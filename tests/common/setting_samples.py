@@ -35,6 +35,8 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "block_size": ("32", 32),
     "enable_prefix_caching": (None, False),
     "owner_lease_s": ("1.5", 1.5),
+    "max_pinned_fraction": ("0.4", 0.4),
+    "max_pinned_fraction_per_namespace": ("0.1", 0.1),
     "remove_arena_on_exit": (None, True),
     "max_num_seqs": ("8", 8),
     "max_num_batched_tokens": ("256", 256),

@@ -41,9 +41,11 @@ def make_manifest() -> WeightManifest:
     )
 
 
-def make_store(tmp_path: Path, clock: Clock, num_blocks: int = NUM_BLOCKS) -> KVStore:
+def make_store(
+    tmp_path: Path, clock: Clock, num_blocks: int = NUM_BLOCKS, **settings: float
+) -> KVStore:
     """A kvstore over a ``num_blocks``-block arena at ``tmp_path/arena.kv`` (reopened if it
-    exists)."""
+    exists); ``settings``: other :class:`KVStoreConfig` fields (e.g. the pin budgets)."""
     config = KVStoreConfig(
         address="unix:/unused",
         loader_address="unix:/unused",
@@ -51,5 +53,6 @@ def make_store(tmp_path: Path, clock: Clock, num_blocks: int = NUM_BLOCKS) -> KV
         kv_cache_bytes=num_blocks * BLOCK_BYTES,
         block_size=BLOCK_SIZE,
         owner_lease_s=LEASE_S,
+        **settings,
     )
     return KVStore(config, make_manifest(), clock=clock)

@@ -4,17 +4,18 @@ accept (base units, ``_total`` only on counters)."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
-from kvstore.store_samples import NUM_BLOCKS, PROMPT, Clock, make_store
+from kvstore.store_samples import BLOCK_BYTES, NUM_BLOCKS, PROMPT, Clock, make_store
 from prometheus_client import CollectorRegistry, generate_latest
 
 from zerolayer.common.errors import InvalidArgument, ResourceExhausted
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.stats import PrefixLookup
 from zerolayer.kvstore.kv_store import KVStore
-from zerolayer.kvstore.metrics import KVStoreCollector
+from zerolayer.kvstore.metrics import KVStoreCollector, namespace_label
 
 
 def make_registry(store: KVStore) -> CollectorRegistry:
@@ -92,6 +93,13 @@ def test_names_follow_prometheus_conventions(tmp_path: Path) -> None:
         "zerolayer_kv_owners": "gauge",
         "zerolayer_kv_owner_blocks_held": "gauge",
         "zerolayer_kv_recovering": "gauge",
+        "zerolayer_kv_pins": "gauge",
+        "zerolayer_kv_pinned_blocks": "gauge",
+        "zerolayer_kv_pinned_bytes": "gauge",
+        "zerolayer_kv_pin_hits": "counter",
+        "zerolayer_kv_pin_misses": "counter",
+        "zerolayer_kv_pin_refusals": "counter",
+        "zerolayer_kv_pin_evictions_avoided": "counter",
     }
     text = generate_latest(registry).decode()
     for name, kind in types.items():
@@ -119,3 +127,26 @@ def test_prefix_counters_count_the_admitting_allocation_not_each_lookup(tmp_path
     assert store.lookup(PROMPT[:5], "") == [0]  # a caller that does not defer: counted now
     assert store.stats().num_prefix_queries == 2
     assert store.stats().num_prefix_query_tokens == 18
+
+
+def test_pins_are_exported_per_namespace_by_a_digest_of_the_salt(tmp_path: Path) -> None:
+    store = make_store(tmp_path, Clock(), max_pinned_fraction=0.25)  # 2 blocks
+    registry = make_registry(store)
+    store.reconcile([])
+    block_ids = store.allocate(3)
+    commit_prompt(store, block_ids)
+    store.free(block_ids)
+    assert store.pin(PROMPT[:8], "", 60.0, False).num_blocks == 2
+    assert store.pin(PROMPT, "", 60.0, False).refusal == "pin-over-budget"
+    store.free(store.lookup(PROMPT, ""))
+    assert store.pins.release("no-such-pin") is None
+    shared = {"namespace": "shared"}
+    assert registry.get_sample_value("zerolayer_kv_pins", shared) == 1
+    assert registry.get_sample_value("zerolayer_kv_pinned_blocks", shared) == 2
+    assert registry.get_sample_value("zerolayer_kv_pinned_bytes", shared) == 2 * BLOCK_BYTES
+    assert registry.get_sample_value("zerolayer_kv_pin_hits_total") == 1
+    assert registry.get_sample_value("zerolayer_kv_pin_misses_total") == 1
+    assert registry.get_sample_value("zerolayer_kv_pin_refusals_total") == 1
+    assert registry.get_sample_value("zerolayer_kv_pin_evictions_avoided_total") == 2
+    assert namespace_label("tenant-a") == "ns-" + hashlib.sha256(b"tenant-a").hexdigest()[:12]
+    assert b"tenant-a" not in generate_latest(registry)

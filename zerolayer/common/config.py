@@ -150,6 +150,10 @@ class ArenaSettings:
     block_size: int = setting_field(settings.BLOCK_SIZE)
     enable_prefix_caching: bool = setting_field(settings.PREFIX_CACHING)
     owner_lease_s: float = setting_field(settings.OWNER_LEASE_S)
+    max_pinned_fraction: float = setting_field(settings.MAX_PINNED_FRACTION)
+    max_pinned_fraction_per_namespace: float = setting_field(
+        settings.MAX_PINNED_FRACTION_PER_NAMESPACE
+    )
 
 
 @documented

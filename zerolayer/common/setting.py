@@ -305,8 +305,8 @@ def power_of_two(value: int) -> None:
 
 
 def non_negative(value: int) -> None:
-    """Check: a number >= 0."""
-    if value < 0:
+    """Check: a number >= 0 (nan is refused)."""
+    if not value >= 0:
         raise ValueError("must be >= 0")
 
 

@@ -11,7 +11,8 @@ against them (tests/test_compose.py).
 
 A flag that ``up`` offers and that is named after its field is declared with
 :func:`~zerolayer.common.stack_settings.offered`, or with a kind that states a rule once:
-:func:`seconds` (a lease or wait), :func:`tokens`, :func:`choice`, :func:`access_file`.
+:func:`seconds` (a lease or wait), :func:`tokens`, :func:`fraction` (a share, 0 to 1),
+:func:`choice`, :func:`access_file`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ def tokens(flag: str, help: str, default: int, check: Callable[[int], None], lay
     """A number of tokens that ``layer`` takes and ``zerolayer up`` offers, checked by
     ``check``."""
     return offered(flag, help, default, check=check, unit="tokens", metavar="N", layers=(layer,))
+
+
+def fraction(flag: str, help: str, default: float, layer: str) -> Setting:
+    """A share of something that ``layer`` takes and ``zerolayer up`` offers: a number from 0 to
+    1."""
+    check = AtMost(non_negative, 1)
+    return offered(flag, help, default, check=check, metavar="F", layers=(layer,))
 
 
 def choice(flag: str, help: str, choices: tuple[str, ...], layer: str) -> Setting:
@@ -226,6 +234,20 @@ OWNER_LEASE_S = seconds(
     "long loses its KV block references (its blocks stay cached); also how long a restarted "
     "kvstore waits for its schedulers to reconcile before it hands out blocks again",
     3.0,
+    KVSTORE,
+)
+MAX_PINNED_FRACTION = fraction(
+    "--max-pinned-fraction",
+    "share of the KV pool's blocks that pins (prefixes kept cached until their deadline) may hold "
+    "in all namespaces together, 0 to 1 (0: no pins); the rest always serves running requests",
+    0.5,
+    KVSTORE,
+)
+MAX_PINNED_FRACTION_PER_NAMESPACE = fraction(
+    "--max-pinned-fraction-per-namespace",
+    "share of the KV pool's blocks that the pins of one namespace (tenant, cache salt) may hold, "
+    "0 to 1",
+    0.25,
     KVSTORE,
 )
 REMOVE_ARENA_ON_EXIT = Setting(

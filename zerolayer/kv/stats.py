@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zerolayer.kv.owner import OwnerStats
+from zerolayer.kv.pin import PinStats
 
 
 @dataclass(frozen=True)
@@ -43,3 +44,5 @@ class KVStats:
     """Free blocks still findable by content (a subset of ``num_blocks_free`` and of
     ``num_blocks_cached``): used, evictable and ``num_blocks_free - num_blocks_evictable``
     partition the pool."""
+    pins: PinStats = PinStats()
+    """The kvstore's pins (see ``zerolayer.kvstore.pins``)."""

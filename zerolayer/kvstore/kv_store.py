@@ -15,9 +15,11 @@ from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.owner import DEFAULT_OWNER, OwnerRef, ReconcileResult
+from zerolayer.kv.pin import PinResult
 from zerolayer.kv.stats import KVStats, PrefixLookup
 from zerolayer.kvstore.arena import Arena
 from zerolayer.kvstore.owners import Owner, Owners, owner_name
+from zerolayer.kvstore.pins import Pins
 from zerolayer.kvstore.prefix_cache import HashFn, PrefixCache, xxh3_128
 from zerolayer.kvstore.recovery import Recovery
 from zerolayer.sharing.handle_kinds import negotiate, offered_kinds
@@ -106,6 +108,17 @@ class KVStore:
             on_change=self.arena.save_owner_records,
         )
         self.recovery = Recovery(self.arena.reopened, config.owner_lease_s, clock)
+        self.pins = Pins(
+            self.cache,
+            layout.block_bytes,
+            config.max_pinned_fraction,
+            config.max_pinned_fraction_per_namespace,
+            clock,
+        )
+        if self.arena.reopened:
+            # NOTE: pins live in memory, as the prefix index does: a restart forgets both, so no
+            # pin can outlive the index that made its blocks findable (docs: "Pins").
+            log.info("arena reopened: pins held before the restart, if any, are dropped")
         log.info(
             "arena %s %s: %d blocks of %d tokens, %.1f MB, prefix caching %s%s",
             self.arena.path or self.arena.device,
@@ -157,6 +170,7 @@ class KVStore:
         """
         holder = self.owners.acting(owner)
         self.recovery.check(self.owners.owners)
+        self.pins.expire()  # a lapsed pin's blocks are evictable again
         block_ids = self.cache.allocate(num_blocks, admitted_lookup)
         holder.hold(block_ids)
         return block_ids
@@ -175,6 +189,7 @@ class KVStore:
         holder.check_holds(block_ids, "block_ids")
         self.cache.free(block_ids)
         holder.drop(block_ids)
+        self.pins.on_owner_release(block_ids)
 
     def lookup(
         self,
@@ -194,6 +209,7 @@ class KVStore:
         holder = self.owners.acting(owner)
         block_ids = self.cache.lookup(token_ids, cache_salt, counted)
         holder.hold(block_ids)
+        self.pins.on_hit(cache_salt, block_ids)
         return block_ids
 
     def commit(self, entries: Sequence[CommitEntry], owner: OwnerRef = DEFAULT_OWNER) -> int:
@@ -254,7 +270,9 @@ class KVStore:
 
     def sweep(self) -> None:
         """Expires lapsed leases (see :meth:`Owners.sweep`) and releases those owners'
-        references; their blocks stay cached. Call every ``owners.sweep_interval_s``."""
+        references; their blocks stay cached; releases lapsed pins. Call every
+        ``owners.sweep_interval_s``."""
+        self.pins.expire()
         for holder in self.owners.sweep():
             num_blocks = self._set_references(holder, [])
             log.warning(
@@ -270,10 +288,27 @@ class KVStore:
         gained, lost = holder.set_held(held_block_ids)
         self.cache.incref(gained)
         self.cache.free(lost)
+        self.pins.on_owner_release(lost)
         return len(set(gained)) + len(set(lost))
 
+    def pin(
+        self, token_ids: Sequence[int], cache_salt: str, ttl_s: float, renew_on_hit: bool
+    ) -> PinResult:
+        """Pins the longest committed prefix of ``token_ids``' full blocks under
+        ``cache_salt`` (the same blocks a lookup of ``token_ids`` plus one token would hit) for
+        ``ttl_s`` seconds, held by the kvstore itself; or refuses, pinning nothing (see
+        :meth:`Pins.pin`). Any caller may pin: pins belong to no owner.
+
+        Raises:
+            Recovering: the kvstore recovers from a restart (which blocks are free is unknown).
+            InvalidArgument: ``ttl_s`` is not a finite number > 0.
+        """
+        self.recovery.check(self.owners.owners)
+        return self.pins.pin(token_ids, cache_salt, ttl_s, renew_on_hit)
+
     def stats(self) -> KVStats:
-        """Current counts, and every owner."""
+        """Current counts, every owner, and the pins (lapsed ones released first)."""
+        self.pins.expire()
         cache, counters = self.cache, self.cache.stats
         owners = self.owners.stats()
         return KVStats(
@@ -291,6 +326,7 @@ class KVStore:
             owners=tuple(owners),
             recovering=self.recovering,
             num_blocks_evictable=cache.num_evictable_blocks,
+            pins=self.pins.stats(),
         )
 
     def close(self, remove_arena: bool) -> None:

@@ -8,15 +8,21 @@ recomputed; those repeats are not counted. No hit ratio "since start" is exporte
 uptime it barely moves); the ratio over a window is, in PromQL,
 ``rate(zerolayer_kv_prefix_hit_tokens_total[5m])
 / rate(zerolayer_kv_prefix_query_tokens_total[5m])``.
+
+Pins are labelled by namespace as :func:`namespace_label` names it: a digest of the cache salt,
+never the salt itself (a salt keeps tenants' caches apart; the metrics endpoint may be read by
+others).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from zerolayer.kv.pin import PinStats
 from zerolayer.kvstore.kv_store import KVStore
 
 
@@ -74,3 +80,56 @@ class KVStoreCollector(Collector):
             "1 while a restarted kvstore waits for its owners to reconcile",
             value=int(s.recovering),
         )
+        yield from pin_metrics(s.pins)
+
+
+def namespace_label(cache_salt: str) -> str:
+    """A namespace's metric label: ``shared`` for the empty salt, else ``ns-`` and the first 12
+    hex digits of the salt's SHA-256 (stable across restarts, reveals nothing of the salt)."""
+    if not cache_salt:
+        return "shared"
+    return "ns-" + hashlib.sha256(cache_salt.encode()).hexdigest()[:12]
+
+
+def pin_metrics(pins: PinStats) -> Iterator[Metric]:
+    """The pins per namespace and their counters (names prefixed ``zerolayer_kv_pin``)."""
+    per_namespace = [
+        GaugeMetricFamily("zerolayer_kv_pins", "Live pins per namespace", labels=["namespace"]),
+        GaugeMetricFamily(
+            "zerolayer_kv_pinned_blocks",
+            "Distinct KV blocks held by pins, per namespace",
+            labels=["namespace"],
+        ),
+        GaugeMetricFamily(
+            "zerolayer_kv_pinned_bytes",
+            "Bytes of the KV blocks held by pins, per namespace",
+            labels=["namespace"],
+        ),
+    ]
+    for n in pins.namespaces:
+        label = [namespace_label(n.cache_salt)]
+        values = (n.num_pins, n.num_blocks_pinned, n.num_blocks_pinned * pins.block_bytes)
+        for family, value in zip(per_namespace, values, strict=True):
+            family.add_metric(label, value)
+    yield from per_namespace
+    yield CounterMetricFamily(
+        "zerolayer_kv_pin_hits",
+        "Prefix lookups whose hit covered all blocks of a live pin, once per pin covered",
+        value=pins.num_pin_hits,
+    )
+    yield CounterMetricFamily(
+        "zerolayer_kv_pin_misses",
+        "Renewals and releases of a pin the kvstore does not hold (expired, released, restart)",
+        value=pins.num_pin_misses,
+    )
+    yield CounterMetricFamily(
+        "zerolayer_kv_pin_refusals",
+        "Pin requests refused: nothing cached, or over a budget",
+        value=pins.num_pin_refusals,
+    )
+    yield CounterMetricFamily(
+        "zerolayer_kv_pin_evictions_avoided",
+        "Times the last request reference to a pinned block was dropped: unpinned, it would "
+        "have become evictable",
+        value=pins.num_evictions_avoided,
+    )

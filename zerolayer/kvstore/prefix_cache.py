@@ -156,16 +156,18 @@ class PrefixCache(BlockPool):
         Returns:
             Block ids of the cached prefix, in order (``len * block_size`` tokens are cached).
         """
-        hits = self._find(token_ids, cache_salt)
+        hits = self.find(token_ids[:-1], cache_salt)
         self.incref(hits)
         if counted:
             self.stats.count(PrefixLookup(len(token_ids), len(hits) * self.block_size))
         return hits
 
-    def _find(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+    def find(self, token_ids: Sequence[int], cache_salt: str) -> list[int]:
+        """The committed blocks of the longest cached prefix of ``token_ids``' full blocks
+        (``len(token_ids) // block_size`` at most), in order; takes no reference, counts nothing."""
         if not self.enabled:
             return []
-        num_full = max(len(token_ids) - 1, 0) // self.block_size
+        num_full = len(token_ids) // self.block_size
         parent = ROOT_HASH
         hits: list[int] = []
         for i in range(num_full):

@@ -18,10 +18,15 @@ from zerolayer.common.convert import (
     lookup_prefix_request_from_pb,
     lookup_prefix_response_to_pb,
     owner_from_pb,
+    pin_request_from_pb,
+    pin_result_to_pb,
     reconcile_request_from_pb,
     reconcile_result_to_pb,
     register_owner_request_from_pb,
     registration_to_pb,
+    release_pin_response_to_pb,
+    renew_pin_request_from_pb,
+    renew_pin_response_to_pb,
     unregister_owner_response_to_pb,
 )
 from zerolayer.kvstore.kv_store import KVStore
@@ -93,3 +98,19 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         self, request: kvstore_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.KVStats:
         return kv_stats_to_pb(self._store.stats())
+
+    async def Pin(
+        self, request: kvstore_pb2.PinRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.PinResponse:
+        result = self._store.pin(*pin_request_from_pb(request))
+        return pin_result_to_pb(result, self._store.cache.block_size)
+
+    async def RenewPin(
+        self, request: kvstore_pb2.RenewPinRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.RenewPinResponse:
+        return renew_pin_response_to_pb(self._store.pins.renew(*renew_pin_request_from_pb(request)))
+
+    async def ReleasePin(
+        self, request: kvstore_pb2.ReleasePinRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.ReleasePinResponse:
+        return release_pin_response_to_pb(self._store.pins.release(request.pin_id))

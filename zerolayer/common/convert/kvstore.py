@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from zerolayer.common.convert.kvstore_owners import owner_stats_to_pb, owner_to_pb
+from zerolayer.common.convert.kvstore_pins import pin_stats_to_pb
 from zerolayer.common.convert.loader import device_memory_from_pb, device_memory_to_pb
 from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout
@@ -235,4 +236,5 @@ def kv_stats_to_pb(s: KVStats) -> kvstore_pb2.KVStats:
         owners=[owner_stats_to_pb(o) for o in s.owners],
         recovering=s.recovering,
         num_blocks_evictable=s.num_blocks_evictable,
+        pins=pin_stats_to_pb(s.pins),
     )
