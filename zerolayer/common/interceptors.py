@@ -18,6 +18,7 @@ Source: grpc.aio server (``_handle_*_rpc`` in grpc/_cython/_cygrpc/aio/server.py
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -179,8 +180,10 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):
         wrapping = self.wrapping(handler, handler_call_details)
         return handler if wrapping is None else wrap_handler(handler, wrapping)
 
+    @abc.abstractmethod
     def wrapping(
         self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails
     ) -> Wrapping | None:
-        """What to do around the calls of ``details.method`` (None: leave them alone)."""
-        raise NotImplementedError
+        """What to do around the calls of ``details.method`` (None: leave them alone); each
+        interceptor says (grpc.aio.ServerInterceptor is an ABC: one that does not cannot be
+        made)."""
