@@ -353,3 +353,26 @@ def family_chat_model(dummy_model_dir: Path, out_dir: Path, template: str) -> Pa
     config["chat_template"] = (FAMILY_TEMPLATES / template).read_text()
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     return out_dir
+
+
+def sentencepiece_like_tokenizer_json(words: list[str]) -> str:
+    """A Llama-like tokenizer.json without a post-processor: <unk> <s> </s> (ids 0-2), the 256
+    byte-fallback tokens <0xNN> (3 + NN), then ``words`` from id 259; Metaspace pre-tokenizer,
+    and a decoder that strips one leading space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{byte:02X}>": 3 + byte for byte in range(256)})
+    vocab.update({word: 259 + i for i, word in enumerate(words)})
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return tokenizer.to_str()

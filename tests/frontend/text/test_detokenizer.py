@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from factories import sentencepiece_like_tokenizer_json
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer
 
 from zerolayer.checkpoints.byte_tokenizer import build_byte_level_tokenizer
 from zerolayer.checkpoints.llama2c import build_tokenizer, read_tokenizer
@@ -37,21 +38,7 @@ def make_sentencepiece_like() -> TextTokenizer:
 
 def tokenizer_json_of_sentencepiece_like() -> str:
     """The tokenizer.json of :func:`make_sentencepiece_like`."""
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    vocab.update({f"<0x{byte:02X}>": 3 + byte for byte in range(256)})
-    vocab.update({word: 259 + i for i, word in enumerate(WORDS)})
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tokenizer.decoder = decoders.Sequence(
-        [
-            decoders.Replace("▁", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(" ", 1, 0),
-        ]
-    )
-    tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
-    return tokenizer.to_str()
+    return sentencepiece_like_tokenizer_json(WORDS)
 
 
 def byte_ids(text: str) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from factories import sentencepiece_like_tokenizer_json
 
 from zerolayer.checkpoints.byte_tokenizer import build_byte_level_tokenizer
 from zerolayer.frontend.text.tokenizer import TextTokenizer
@@ -27,21 +27,7 @@ def make_sentencepiece_like_json() -> str:
 
     "▁Hello" is id 259, "▁world" 260, "▁Hi" 261, "!" 262.
     """
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    vocab.update({f"<0x{byte:02X}>": 3 + byte for byte in range(256)})
-    vocab.update({word: 259 + i for i, word in enumerate(WORDS)})
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tokenizer.decoder = decoders.Sequence(
-        [
-            decoders.Replace("▁", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(" ", 1, 0),
-        ]
-    )
-    tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
-    return tokenizer.to_str()
+    return sentencepiece_like_tokenizer_json(WORDS)
 
 
 def make_sentencepiece_like(config_json: str = "") -> TextTokenizer:
