@@ -159,7 +159,10 @@ def test_a_large_grammar_compiles_without_holding_up_another_stream(wide_stack) 
         f"{(answered - sent) * 1e3:.0f} ms; {num_tokens} tokens of the other stream meanwhile, "
         f"longest gap {longest_gap_s * 1e3:.1f} ms"
     )
-    assert longest_gap_s < compile_s / 4
+    # NOTE: on the step loop the stream waited for the whole compile (gap 1.25 s of 1.56 s);
+    # off it the gap is scheduling noise: 55-73 ms quiet, 170-190 ms beside a busy process on 2
+    # cores, for a ~600 ms compile. Half the compile tells the two apart on a busy machine too.
+    assert longest_gap_s < compile_s / 2
 
 
 def logs_since(stack, sizes: dict[str, int]) -> dict[str, str]:
