@@ -196,6 +196,39 @@ class RequestOutput:
         return self.finish_reason != FinishReason.UNSPECIFIED
 
 
+MAX_CACHE_PINS = 4
+"""Most pins one request may ask for (Anthropic's limit of ``cache_control`` breakpoints)."""
+MAX_PIN_TTL_S = 86400
+"""Longest pin, seconds: OpenAI's longest ``prompt_cache_retention``, 24 hours."""
+PIN_KVSTORE_UNAVAILABLE = "pin-kvstore-unavailable"
+"""A pin refusal made by the frontend: the kvstore could not be asked (down, restarting, or the
+frontend was started without ``--kvstore``); the kvstore's own refusals are in
+``zerolayer.kv.pin``."""
+
+
+@dataclass(frozen=True)
+class CachePin:
+    """A prefix of a request's prompt to keep cached for ``ttl_s`` seconds: a pin in the kvstore
+    (``zerolayer.kvstore.pins``), which holds its whole blocks past the LRU's evictions; a later
+    request that reads all of it renews it (Anthropic's prompt caching semantics, see
+    docs/prefix-caching.md, "Pins")."""
+
+    ttl_s: int
+    """Lifetime, seconds, 1 to :data:`MAX_PIN_TTL_S`."""
+    num_prompt_tokens: int = 0
+    """The prefix is the prompt's first ``num_prompt_tokens`` tokens; 0: the whole prompt."""
+    key: str = ""
+    """Pins of one namespace with the same key replace each other; "": no key."""
+    include_output: bool = False
+    """Pin prompt and output (sample 0's) when the request finishes, not the prefix at its first
+    token."""
+    message_index: int | None = None
+    """Chat only: the prefix ends in this message (0-based) of the rendered prompt, ...;
+    None: ``num_prompt_tokens`` says where."""
+    content_offset: int = 0
+    """... this many characters into its content."""
+
+
 @dataclass(frozen=True)
 class GenerateParams:
     """A public Generate request as received, before validation (None: the field was unset)."""
@@ -240,6 +273,8 @@ class GenerateParams:
     parse_output: bool = False
     """Split the output into answer text, reasoning and tool calls (GenerationChunk's
     ``text``, ``reasoning_text``, ``tool_call_deltas``); chat APIs set it."""
+    cache_pins: tuple[CachePin, ...] = ()
+    """Prefixes to keep cached (at most :data:`MAX_CACHE_PINS`)."""
 
 
 @dataclass(frozen=True)
@@ -249,6 +284,15 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_prompt_tokens: int
+    """Prompt tokens whose KV was read from the prefix cache (whole blocks)."""
+    cache_write_prompt_tokens: int = 0
+    """Prompt tokens the request's pins hold that were not read from the cache (Anthropic's
+    ``cache_creation_input_tokens``)."""
+    pinned_prompt_tokens: int = 0
+    """Prompt tokens its longest pin holds (whole blocks)."""
+    pin_refusal: str = ""
+    """Why an asked-for pin was not made (``zerolayer.kv.pin`` refusals or
+    :data:`PIN_KVSTORE_UNAVAILABLE`); "": every pin was made, or none was asked for."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +315,8 @@ class GenerationChunk:
     """With parse_output: the next pieces of the tool calls."""
     stop_string: str = ""
     """The stop string that ended the sample (its finish reason STOP); "" otherwise."""
+    pin_ids: tuple[str, ...] = ()
+    """The kvstore pins the request made (on the chunk whose usage first counts them)."""
 
 
 @dataclass(frozen=True)

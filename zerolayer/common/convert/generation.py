@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from zerolayer.common.generation import (
+    CachePin,
     ChatMessage,
     GenerateParams,
     GenerationChunk,
@@ -69,6 +70,18 @@ def generate_params_from_pb(pb: generation_pb2.GenerateRequest) -> GenerateParam
         ),
         chat_template_kwargs_json=pb.chat_template_kwargs_json,
         parse_output=pb.parse_output or bool(pb.tools),
+        cache_pins=tuple(_cache_pin_from_pb(p) for p in pb.cache_pins),
+    )
+
+
+def _cache_pin_from_pb(pb: generation_pb2.CachePin) -> CachePin:
+    return CachePin(
+        ttl_s=pb.ttl_s,
+        num_prompt_tokens=pb.num_prompt_tokens,
+        key=pb.key,
+        include_output=pb.include_output,
+        message_index=pb.message_index if pb.HasField("message_index") else None,
+        content_offset=pb.content_offset,
     )
 
 
@@ -149,6 +162,9 @@ def chunk_to_pb(c: GenerationChunk) -> generation_pb2.GenerateResponse:
                 prompt_tokens=c.usage.prompt_tokens,
                 completion_tokens=c.usage.completion_tokens,
                 cached_prompt_tokens=c.usage.cached_prompt_tokens,
+                cache_write_prompt_tokens=c.usage.cache_write_prompt_tokens,
+                pinned_prompt_tokens=c.usage.pinned_prompt_tokens,
+                pin_refusal=c.usage.pin_refusal,
             )
         )
     return pb
