@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -43,6 +44,16 @@ def test_ensure_writes_once_and_reuses(tmp_path: Path) -> None:
     assert second == first == tmp_path / "models" / "tiny-seed0-v1"
     assert (second / "model.safetensors").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.joinpath("models").iterdir()] == ["tiny-seed0-v1"]
+
+
+def test_a_longer_context_is_the_same_weights_cached_under_its_own_name(tmp_path: Path) -> None:
+    default = ensure_dummy_model(cache_dir=tmp_path)
+    assert ensure_dummy_model(cache_dir=tmp_path, max_position_embeddings=2048) == default
+    longer = ensure_dummy_model(cache_dir=tmp_path, max_position_embeddings=8192)
+    assert longer == tmp_path / "models" / "tiny-ctx8192-seed0-v1"
+    assert json.loads((longer / "config.json").read_text())["max_position_embeddings"] == 8192
+    weights, longer_weights = (load_file(d / "model.safetensors") for d in (default, longer))
+    assert all(t.equal(weights[name]) for name, t in longer_weights.items())
 
 
 @pytest.mark.usefixtures("strict_umask")

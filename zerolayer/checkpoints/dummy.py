@@ -8,7 +8,7 @@ benchmarks without downloading a model. Tokenizer: the byte-level one of
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -134,20 +134,29 @@ def write_dummy_model(out_dir: Path, preset: DummyPreset, seed: int = 0) -> Path
 
 
 def ensure_dummy_model(
-    preset_name: str = "tiny", seed: int = 0, cache_dir: Path | None = None
+    preset_name: str = "tiny",
+    seed: int = 0,
+    cache_dir: Path | None = None,
+    max_position_embeddings: int | None = None,
 ) -> Path:
     """Returns the directory of a cached dummy model, writing it once if missing.
 
     The model is written into a temporary sibling and renamed into place, so concurrent callers
     never see a half-written directory
-    (:func:`zerolayer.checkpoints.model_cache.ensure_cached_model`).
+    (:func:`zerolayer.checkpoints.model_cache.ensure_cached_model`). ``max_position_embeddings``
+    (tokens) gives the preset another context length (the same weights: RoPE has no learned
+    positions), cached under its own name; None: the preset's.
 
     Raises:
         KeyError: unknown preset name.
     """
     preset = PRESETS[preset_name]
+    name = f"{preset_name}-seed{seed}-v{FORMAT_VERSION}"
+    if max_position_embeddings not in (None, preset.max_position_embeddings):
+        preset = replace(preset, max_position_embeddings=max_position_embeddings)
+        name = f"{preset_name}-ctx{max_position_embeddings}-seed{seed}-v{FORMAT_VERSION}"
     return ensure_cached_model(
-        f"{preset_name}-seed{seed}-v{FORMAT_VERSION}",
+        name,
         lambda out_dir: write_dummy_model(out_dir, preset, seed),
         cache_dir,
     )
