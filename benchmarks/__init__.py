@@ -14,10 +14,13 @@ module of each, with ``HELP``, ``REQUIREMENTS``, ``SMOKE``, ``add_arguments(p)``
 ``main(args) -> dict`` as the wheel's scenarios have."""
 
 BASELINES = {
-    name: f"benchmarks.hf.{name}"
-    for name in ("multiturn", "chat", "throughput", "latency", "coldstart", "roofline")
+    **{
+        name: f"benchmarks.hf.{name}"
+        for name in ("multiturn", "chat", "throughput", "latency", "coldstart", "roofline")
+    },
+    "agent": "benchmarks.llamacpp.agent",
 }
 """The baseline of each wheel scenario that is compared with another system (Hugging Face
-transformers on the same checkpoint): a module with ``REQUIREMENTS``, ``SMOKE``,
-``add_arguments(p)`` and ``compare(...) -> zerolayer.bench.baseline.Comparison``, whose arguments
-each scenario states."""
+transformers on the same checkpoint; for ``agent``, llama.cpp's llama-server): a module with
+``SYSTEM``, ``REQUIREMENTS``, ``SMOKE``, ``add_arguments(p)`` and
+``compare(...) -> zerolayer.bench.checkout.Comparison``, whose arguments each scenario states."""

@@ -1,8 +1,8 @@
 """llama.cpp's ``llama-server`` as a serving baseline: started on a GGUF file, streamed over HTTP.
 
 The server runs ``--parallel`` slots with continuous batching; each request sends its prompt as
-token ids to ``POST /completion`` (greedy, EOS ignored, no prompt cache) and is timed as it
-streams (server-sent events, one per token, except that a token ending inside a UTF-8
+token ids to ``POST /completion`` (greedy, EOS ignored, with or without its prompt cache) and
+is timed as it streams (server-sent events, one per token, except that a token ending inside a UTF-8
 character is sent with the next). The binary is ``--llama-server`` or found on PATH or
 where ``scripts/build_llama_server.sh`` puts it.
 
@@ -63,6 +63,10 @@ class LlamaServerConfig:
     repack: bool = True
     """Weights repacked into the CPU backend's extra buffer types (llama.cpp's default); False
     adds ``--no-repack``."""
+    cache_ram_mib: int | None = None
+    """``--cache-ram``: MiB of host memory for the prompts of slots taken by other requests (its
+    prompt cache, restored when a later prompt shares their prefix); None: llama-server's
+    default."""
 
     def argv(self) -> list[str]:
         """The command line."""
@@ -73,7 +77,19 @@ class LlamaServerConfig:
             *("--parallel", str(self.num_slots), "--cont-batching"),
             *("--ctx-size", str(self.num_slots * self.max_seq_tokens)),
             *(() if self.repack else ("--no-repack",)),
+            *(() if self.cache_ram_mib is None else ("--cache-ram", str(self.cache_ram_mib))),
         ]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One streamed completion of ``llama-server``."""
+
+    times: TokenTimes
+    token_ids: tuple[int, ...]
+    """The generated ids (``return_tokens``; empty from a server that does not send them)."""
+    cached_tokens: int
+    """Prompt tokens the slot's KV already held (the final event's ``timings.cache_n``)."""
 
 
 class LlamaServer:
@@ -121,7 +137,20 @@ class LlamaServer:
         raise TimeoutError(f"llama-server not healthy in {HEALTH_TIMEOUT_S} s")
 
     def stream(self, prompt: Sequence[int], max_new_tokens: int) -> TokenTimes:
-        """One streamed greedy completion of ``prompt`` (ids), timed per token.
+        """One streamed greedy completion of ``prompt`` (ids), timed per token, with no prompt
+        cache.
+
+        Raises:
+            RuntimeError: an HTTP error, or not ``max_new_tokens`` tokens.
+        """
+        return self.complete(prompt, max_new_tokens, cache_prompt=False).times
+
+    def complete(
+        self, prompt: Sequence[int], max_new_tokens: int, cache_prompt: bool
+    ) -> Completion:
+        """One streamed greedy completion of ``prompt`` (ids): its tokens, their arrival times and
+        the server's prompt counts. ``cache_prompt``: the server may reuse the KV of the slot it
+        picks for the prompt's common prefix (llama-server's ``cache_prompt``).
 
         Raises:
             RuntimeError: an HTTP error, or not ``max_new_tokens`` tokens.
@@ -132,7 +161,8 @@ class LlamaServer:
             "stream": True,
             "temperature": 0.0,
             "ignore_eos": True,
-            "cache_prompt": False,
+            "cache_prompt": cache_prompt,
+            "return_tokens": True,
         }
         conn = http.client.HTTPConnection("127.0.0.1", self.config.port, timeout=600)
         send = time.perf_counter()
@@ -141,6 +171,8 @@ class LlamaServer:
         if response.status != 200:
             raise RuntimeError(f"llama-server: HTTP {response.status} {response.read()[:200]!r}")
         arrivals: list[float] = []
+        token_ids: list[int] = []
+        timings: dict = {}
         for line in response:
             if not line.startswith(b"data: "):
                 continue
@@ -149,12 +181,16 @@ class LlamaServer:
             # next one, so the count of tokens so far, not the event, says how many arrived.
             num_new = event.get("tokens_predicted", 0) - len(arrivals)
             arrivals.extend([time.perf_counter()] * num_new)
+            token_ids.extend(event.get("tokens") or [])
+            timings = event.get("timings") or timings
             if event.get("stop"):
                 break
         conn.close()
         if len(arrivals) != max_new_tokens:
             raise RuntimeError(f"llama-server streamed {len(arrivals)} of {max_new_tokens} tokens")
-        return TokenTimes(send, tuple(arrivals))
+        return Completion(
+            TokenTimes(send, tuple(arrivals)), tuple(token_ids), timings.get("cache_n", 0)
+        )
 
     def run_scheduled(
         self, prompts: Sequence[Sequence[int]], offsets_s: Sequence[float], max_new_tokens: int

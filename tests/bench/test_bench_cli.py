@@ -109,3 +109,16 @@ def test_each_scenarios_smoke_overrides_are_its_own_flags(scenario: str) -> None
     baseline = baseline_for(scenario)
     overrides = {**module.SMOKE, **(baseline.SMOKE if baseline else {})}
     assert overrides and all(hasattr(args, name) for name in overrides), overrides
+
+
+def test_a_scenario_may_choose_its_preset_and_size_its_pool() -> None:
+    from zerolayer.cli.main import build_parser
+
+    parser = build_parser("bench")
+    agent = parser.parse_args(["bench", "agent"])
+    assert (agent.preset, agent.kv_cache_bytes) == ("tiny", None)
+    multiturn = parser.parse_args(["bench", "multiturn"])
+    assert (multiturn.preset, multiturn.kv_cache_bytes) == ("small", 1 << 30)
+    assert (
+        parser.parse_args(["bench", "agent", "--kv-cache-bytes", "64M"]).kv_cache_bytes == 64 << 20
+    )

@@ -18,6 +18,7 @@ def test_this_checkout_gives_the_scenarios_their_baselines() -> None:
     assert Path(benchmarks.__file__) == checkout.CHECKOUT_ROOT / "benchmarks" / "__init__.py"
     assert baseline_for("throughput").__name__ == "benchmarks.hf.throughput"
     assert baseline_for("split") is None  # compares zerolayer with itself
+    assert baseline_for("agent").__name__ == "benchmarks.llamacpp.agent"  # llama-server
     assert checkout.checkout_scenarios() == {"llamacpp": "benchmarks.llamacpp.scenario"}
 
 

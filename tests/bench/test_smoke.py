@@ -1,8 +1,9 @@
 """Benchmarks are not tests: CI only proves a scenario of each family runs and writes valid
-results. The families: requests through the stack (chat; also throughput, latency, multiturn),
-the engine on this machine (split; also roofline, threads, int8), start-up and failure (failover;
-also coldstart) and other systems (llamacpp). The others are marked ``every_scenario`` and run
-with ``--every-scenario`` (they share the same harness: zerolayer.bench.scenario and common).
+results. The families: requests through the stack (chat; also throughput, latency, multiturn,
+agent), the engine on this machine (split; also roofline, threads, int8), start-up and failure
+(failover; also coldstart) and other systems (llamacpp). The others are marked
+``every_scenario`` and run with ``--every-scenario`` (they share the same harness:
+zerolayer.bench.scenario and common).
 
 Each scenario runs as ``zerolayer bench SCENARIO --smoke`` in this process (its stacks are real
 processes), so the interpreter, torch, transformers and matplotlib load once for all of them;
@@ -94,6 +95,43 @@ def test_chat_smoke_renders_the_same_prompts_as_transformers(
     assert results["prompt_tokens"][1] > results["prompt_tokens"][0]
     for system in results["systems"].values():
         assert len(system["ttft_s_per_turn"]) == 2 and system["output_tokens_per_s"] > 0
+
+
+@pytest.mark.every_scenario
+def test_agent_smoke_measures_both_zerolayer_arms_and_sizes_the_pool(
+    tmp_path: Path, cache_dir, monkeypatch, capsys
+) -> None:
+    results = run_smoke(tmp_path, "agent", cache_dir, monkeypatch, capsys)
+    assert results["machine"]["vector_extensions"] is not None
+    # 2 sessions of 64 + 3 answers of 4 + 2 tool results of 16 tokens, the pool 3 times that
+    assert results["workload"]["session_tokens"] == 108
+    assert results["kv_pool"]["sessions_context_tokens"] == 216
+    assert results["kv_pool"]["tokens"] == 656  # 41 blocks of 16
+    assert results["model"].endswith("tiny-seed0-v1")  # 108 tokens fit the preset's 2048
+    arms = results["arms"]
+    assert {"zerolayer_pins", "zerolayer_no_pins"} <= set(arms)
+    for arm in arms.values():
+        turns = arm["per_turn"]
+        assert turns["prompt_tokens"] == [64, 84, 104]
+        assert turns["kvr"][0] is None and len(turns["kvr"]) == 3
+        assert all(
+            p + c == t
+            for p, c, t in zip(
+                turns["prefilled_tokens"],
+                turns["cached_tokens"],
+                turns["prompt_tokens"],
+                strict=True,
+            )
+        )
+        assert all(t > 0 for t in turns["ttft_s"])
+        assert arm["background_pool_fills"] >= 2  # a pool between each two turns
+        assert arm["kvr_met"] == arm["ttft_met"] == SMOKE_VERDICT
+    # without pins the background evicts every session between its turns
+    assert arms["zerolayer_no_pins"]["per_turn"]["cached_tokens"][1:] == [0, 0]
+    if "skipped" in results["llama_server"]:
+        assert "llama_server_cache_prompt" not in arms
+    else:
+        assert results["llama_server"]["slots"] == 2 + 2  # the sessions and background streams
 
 
 @pytest.mark.every_scenario

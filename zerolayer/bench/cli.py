@@ -34,9 +34,12 @@ SCENARIOS = (
     "failover",
     "threads",
     "int8",
+    "agent",
 )
 """The wheel's scenarios: each a module of this package with ``HELP``, ``SMOKE``,
-``add_arguments(p)`` and ``main(args) -> dict``."""
+``add_arguments(p)`` and ``main(args) -> dict``, and optionally ``PRESET`` (its default
+``--preset`` instead of small) and ``KV_CACHE_BYTES = None`` (no default ``--kv-cache-bytes``:
+the scenario sizes the pool itself; otherwise 1G)."""
 
 REQUIREMENTS = ("matplotlib",)
 """The packages of the ``bench`` extra a scenario imports unless it says otherwise (its
@@ -70,11 +73,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     for name, module_name in scenario_modules().items():
         module, baseline = importlib.import_module(module_name), baseline_for(name)
         s = scenarios.add_parser(name, help=_help(module, baseline))
+        preset = getattr(module, "PRESET", "small")
         s.add_argument(
             "--preset",
-            default="small",
+            default=preset,
             choices=PRESET_NAMES,
-            help="dummy model preset (tiny, small, medium, 1b); default small",
+            help=f"dummy model preset (tiny, small, medium, 1b); default {preset}",
         )
         s.add_argument("--model", help="a model directory instead of a preset")
         s.add_argument(
@@ -86,11 +90,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         s.add_argument(
             "--port", type=int, default=50071, help="frontend port of the stacks (default 50071)"
         )
+        kv_cache_bytes = getattr(module, "KV_CACHE_BYTES", 1 << 30)
         s.add_argument(
             "--kv-cache-bytes",
             type=parse_bytes,
-            default=1 << 30,
-            help="KV arena of the stacks, bytes or with a unit such as 512M (default 1G)",
+            default=kv_cache_bytes,
+            help="KV arena of the stacks, bytes or with a unit such as 512M (default "
+            + ("sized by the scenario)" if kv_cache_bytes is None else "1G)"),
         )
         s.add_argument(
             "--smoke",

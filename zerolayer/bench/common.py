@@ -33,6 +33,10 @@ class StreamTiming:
     cached_prompt_tokens: int
     prompt_tokens: int = 0
     """The prompt's length as the server tokenized (or rendered) it."""
+    pinned_prompt_tokens: int = 0
+    """Prompt tokens held by the request's pins (``Usage.pinned_prompt_tokens``)."""
+    pin_refusal: str = ""
+    """Why a pin the request asked for was not made (``Usage.pin_refusal``); empty: none."""
 
 
 def timed_stream(
@@ -44,18 +48,24 @@ def timed_stream(
     start = time.perf_counter()
     arrivals: list[float] = []
     token_ids: list[int] = []
-    cached = prompt_tokens = 0
+    usage = generation_pb2.Usage()
     for part in stub.GenerateStream(request, timeout=timeout_s):
         if part.token_ids:
             arrivals.append(time.perf_counter())
             token_ids.extend(part.token_ids)
         if part.HasField("usage"):
-            cached = part.usage.cached_prompt_tokens
-            prompt_tokens = part.usage.prompt_tokens
+            usage = part.usage
     end = time.perf_counter()
     gaps = tuple(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
     return StreamTiming(
-        arrivals[0] - start, gaps, end - start, tuple(token_ids), cached, prompt_tokens
+        arrivals[0] - start,
+        gaps,
+        end - start,
+        tuple(token_ids),
+        usage.cached_prompt_tokens,
+        usage.prompt_tokens,
+        usage.pinned_prompt_tokens,
+        usage.pin_refusal,
     )
 
 
@@ -64,20 +74,35 @@ def stub_for(address: str) -> generation_pb2_grpc.TextGenerationStub:
     return generation_pb2_grpc.TextGenerationStub(grpc.insecure_channel(address))
 
 
+VECTOR_EXTENSIONS = (
+    "avx2",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_vnni",
+    "avx_vnni",
+    "amx_bf16",
+    "amx_int8",
+)
+"""The CPU flags (``/proc/cpuinfo``'s names) the kernels of zerolayer and llama.cpp choose by."""
+
+
 def machine() -> dict:
-    """Facts about this machine for the results file."""
+    """Facts about this machine for the results file: the CPU's model name and which of
+    :data:`VECTOR_EXTENSIONS` it lists (empty where ``/proc/cpuinfo`` cannot be read)."""
     import torch
 
-    cpu = ""
+    cpu, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and not cpu:
                 cpu = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
     return {
         "cpu": cpu,
+        "vector_extensions": [name for name in VECTOR_EXTENSIONS if name in flags],
         "cores": len(os.sched_getaffinity(0)),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -12,12 +12,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
 from zerolayer.checkpoints.byte_tokenizer import BYTE_VOCAB_SIZE
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import generation_pb2_grpc
+
+T = TypeVar("T")
 
 FIRST_PROMPT_ID = 3
 """Prompt ids start above the byte tokenizer's special tokens (BOS 1, EOS 2)."""
@@ -95,16 +98,14 @@ def stream_token_times(
     return TokenTimes(send, tuple(arrivals))
 
 
-def run_scheduled(
-    send: Callable[[int], TokenTimes], offsets_s: Sequence[float]
-) -> list[TokenTimes]:
+def run_scheduled(send: Callable[[int], T], offsets_s: Sequence[float]) -> list[T]:
     """Calls ``send(i)`` ``offsets_s[i]`` seconds after the start, each on its own thread, and
-    waits for all of them.
+    waits for all of them; returns what each returned.
 
     Raises:
         BaseException: the first failed call's error, after all have ended.
     """
-    results: list[TokenTimes | BaseException | None] = [None] * len(offsets_s)
+    results: list[T | BaseException | None] = [None] * len(offsets_s)
     start = time.perf_counter()
 
     def run(i: int) -> None:
