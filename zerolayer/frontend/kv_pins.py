@@ -3,7 +3,8 @@
 they were made for goes away (a stored response, a removed tenant).
 
 Pins are best effort for a request: a kvstore that cannot be asked (down, restarting, or no
-``--pin-kvstore`` given) refuses every pin as :data:`PIN_KVSTORE_UNAVAILABLE` and the request runs on.
+``--pin-kvstore`` given) refuses every pin as :data:`PIN_KVSTORE_UNAVAILABLE` and the request
+runs on.
 """
 
 from __future__ import annotations
