@@ -7,7 +7,9 @@ background stream), so no request waits for a slot and a session finds its own s
 a background request took it while the session's tool ran (llama-server hands an idle slot to a
 prompt that shares most of its prefix, else to the least recently used one). Its host-memory
 prompt cache (``--cache-ram``, where a taken slot's prompt is saved and restored from) gets the
-size of zerolayer's KV pool unless ``--llama-cache-ram-mib`` says otherwise. Skipped with a line
+size of zerolayer's KV pool unless ``--llama-cache-ram-mib`` says otherwise. Each turn is a
+streamed request for one token (its TTFT and ``timings.cache_n``) and the same prompt again, not
+streamed, for the answer's ids (:meth:`LlamaServer.greedy_ids` says why). Skipped with a line
 when the ``gguf`` package or the binary is missing.
 """
 
@@ -73,8 +75,12 @@ def run_llama(config: LlamaServerConfig, w: AgentWorkload, vocab_size: int, size
         server.complete([1, 3, 4, 5], 2, cache_prompt=False)  # warm-up
 
         def send_turn(session: int, prompt: list[int]) -> TurnRecord:
-            c = server.complete(prompt, w.answer_tokens, cache_prompt=True)
-            return TurnRecord(c.times.ttft_s, c.token_ids, len(prompt), c.cached_tokens)
+            # NOTE: the stream's events lose the ids of tokens held back inside a UTF-8
+            # character, so the answer's ids come from the same prompt again, not streamed: the
+            # slot now holds it, and the slot ends as one request would leave it.
+            c = server.complete(prompt, 1, cache_prompt=True)
+            answer = server.greedy_ids(prompt, w.answer_tokens, cache_prompt=True)
+            return TurnRecord(c.times.ttft_s, answer, len(prompt), c.cached_tokens)
 
         def send_background(prompt: list[int]) -> None:
             server.complete(prompt, w.background_answer_tokens, cache_prompt=True)

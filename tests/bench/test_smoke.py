@@ -126,8 +126,12 @@ def test_agent_smoke_measures_both_zerolayer_arms_and_sizes_the_pool(
         assert all(t > 0 for t in turns["ttft_s"])
         assert arm["background_pool_fills"] >= 2  # a pool between each two turns
         assert arm["kvr_met"] == arm["ttft_met"] == SMOKE_VERDICT
-    # without pins the background evicts every session between its turns
-    assert arms["zerolayer_no_pins"]["per_turn"]["cached_tokens"][1:] == [0, 0]
+    # without pins the background evicts every session between its turns; with them a turn
+    # reads the whole blocks of the last prompt and answer (68 and 88 tokens but the answer's
+    # last one, whose KV is never computed: 4 and 5 blocks)
+    assert arms["zerolayer_no_pins"]["per_turn"]["cached_tokens"] == [0, 0, 0]
+    assert arms["zerolayer_pins"]["per_turn"]["cached_tokens"] == [0, 64, 80]
+    assert arms["zerolayer_pins"]["per_turn"]["pin_refusals"] == {}
     if "skipped" in results["llama_server"]:
         assert "llama_server_cache_prompt" not in arms
     else:
