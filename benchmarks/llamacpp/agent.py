@@ -6,11 +6,12 @@ same numbers) with one slot per stream that can be in flight at once (every sess
 background stream), so no request waits for a slot and a session finds its own slot again unless
 a background request took it while the session's tool ran (llama-server hands an idle slot to a
 prompt that shares most of its prefix, else to the least recently used one). Its host-memory
-prompt cache (``--cache-ram``, where a taken slot's prompt is saved and restored from) gets the
-size of zerolayer's KV pool unless ``--llama-cache-ram-mib`` says otherwise. Each turn is a
-streamed request for one token (its TTFT and ``timings.cache_n``) and the same prompt again, not
-streamed, for the answer's ids (:meth:`LlamaServer.greedy_ids` says why). Skipped with a line
-when the ``gguf`` package or the binary is missing.
+prompt cache (``--cache-ram``, where a taken slot's prompt is saved and restored from) holds the
+tokens of zerolayer's KV pool that the slots do not (slots and cache together: as many tokens as
+zerolayer's pool, at llama.cpp's F16) unless ``--llama-cache-ram-mib`` says otherwise. Each turn
+is a streamed request for one token (its TTFT and ``timings.cache_n``) and the same prompt again,
+not streamed, for the answer's ids (:meth:`LlamaServer.greedy_ids` says why). Skipped with a
+line when the ``gguf`` package or the binary is missing.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ SYSTEM = "llama.cpp's llama-server (cache_prompt)"
 REQUIREMENTS: tuple[str, ...] = ()
 """None to start: without gguf or the binary the llama-server arm is skipped with a line."""
 SMOKE: dict = {}
+LLAMA_KV_ITEMSIZE = 2
+"""Bytes of an element of llama.cpp's KV cache: F16, its default ``--cache-type-k/-v``."""
 ARM = "llama_server_cache_prompt"
 """The arm's name in the results."""
 
@@ -54,18 +57,34 @@ def server_config(
 
     config = json.loads((model_dir / "config.json").read_text())
     gguf_type = "f32" if config.get("torch_dtype", "float32") == "float32" else "bf16"
+    num_slots = w.num_sessions + w.background_streams
+    slot_tokens = max(w.session_tokens, w.background_prompt_tokens + w.background_answer_tokens)
     cache_ram_mib = args.llama_cache_ram_mib
     if cache_ram_mib is None:
-        cache_ram_mib = math.ceil(sizes["kv_cache_bytes"] / (1 << 20))
+        cache_tokens = max(0, sizes["tokens"] - num_slots * slot_tokens)
+        cache_ram_mib = math.ceil(cache_tokens * kv_bytes_per_token(config) / (1 << 20))
     return LlamaServerConfig(
         binary,
         ensure_gguf(model_dir, args.out / "gguf", gguf_type),
         free_port(),
         num_cores(),
-        w.num_sessions + w.background_streams,
-        max(w.session_tokens, w.background_prompt_tokens + w.background_answer_tokens),
+        num_slots,
+        slot_tokens,
         args.out / "logs" / "llama-server-agent.log",
         cache_ram_mib=cache_ram_mib,
+    )
+
+
+def kv_bytes_per_token(config: dict) -> int:
+    """Bytes of one token's K and V in llama.cpp's KV cache (its default type, F16), from a Hugging
+    Face ``config.json``."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return (
+        2
+        * config["num_hidden_layers"]
+        * config["num_key_value_heads"]
+        * head_dim
+        * LLAMA_KV_ITEMSIZE
     )
 
 
@@ -110,7 +129,12 @@ def compare(args: argparse.Namespace, model_dir: Path, w: AgentWorkload, sizes: 
                 "slots": config.num_slots,
                 "slots_why": "one per stream that can be in flight at once (every session and "
                 "every background stream): no request waits for a slot",
+                "slot_tokens": config.max_seq_tokens,
                 "cache_ram_mib": config.cache_ram_mib,
+                "cache_ram_why": "--llama-cache-ram-mib"
+                if args.llama_cache_ram_mib is not None
+                else "the slots and the prompt cache hold as many tokens as zerolayer's KV pool "
+                "(F16 KV, llama.cpp's default)",
             },
         }
     )
@@ -127,5 +151,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--llama-cache-ram-mib",
         type=int,
         default=None,
-        help="llama-server --cache-ram, MiB (default: zerolayer's KV pool, rounded up)",
+        help="llama-server --cache-ram, MiB (default: the tokens of zerolayer's KV pool that its "
+        "slots do not hold, at F16; 0 disables its prompt cache)",
     )
