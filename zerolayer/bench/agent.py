@@ -28,8 +28,9 @@ from zerolayer.bench.common import plot_lines, stub_for, timed_stream, write_res
 from zerolayer.bench.scenario import stack_config, vocab_size_of, warm_up
 from zerolayer.bench.streams import generate_request, stream_token_times
 from zerolayer.checkpoints.checkpoint import read_checkpoint
-from zerolayer.checkpoints.dummy import ensure_dummy_model
+from zerolayer.checkpoints.dummy import PRESETS, ensure_dummy_model
 from zerolayer.cli.arg_types import at_least, positive
+from zerolayer.common import settings
 from zerolayer.kv.arena_layout import model_arena_layout
 from zerolayer.stack.launcher import Stack
 from zerolayer.v1 import generation_pb2 as pb
@@ -51,7 +52,7 @@ SMOKE = {
 """Overrides of ``--smoke``."""
 PIN_TTL_S = 3600
 """Each session's pin lasts an hour (longer than any run)."""
-BLOCK_SIZE = 16
+BLOCK_SIZE = settings.BLOCK_SIZE.default
 """The stack's ``--block-size`` (its default), for sizing the pool."""
 
 
@@ -71,10 +72,11 @@ def workload(args: argparse.Namespace) -> AgentWorkload:
 
 def model_dir_of(args: argparse.Namespace, w: AgentWorkload) -> Path:
     """``--model``, or ``--preset``'s dummy with a context of the longest session (rounded up to a
-    power of two, at least the preset's 2048: the same weights, RoPE has no learned positions)."""
+    power of two, at least the preset's own: the same weights, RoPE has no learned positions)."""
     if args.model:
         return Path(args.model)
-    context = max(2048, 1 << math.ceil(math.log2(w.session_tokens)))
+    preset = PRESETS[args.preset].max_position_embeddings
+    context = max(preset, 1 << math.ceil(math.log2(w.session_tokens)))
     return ensure_dummy_model(args.preset, max_position_embeddings=context)
 
 
