@@ -100,6 +100,8 @@ def test_names_follow_prometheus_conventions(tmp_path: Path) -> None:
         "zerolayer_kv_pin_misses": "counter",
         "zerolayer_kv_pin_refusals": "counter",
         "zerolayer_kv_pin_evictions_avoided": "counter",
+        "zerolayer_kv_pins_replaced": "counter",
+        "zerolayer_kv_pins_released_by_namespace": "counter",
     }
     text = generate_latest(registry).decode()
     for name, kind in types.items():
@@ -150,3 +152,14 @@ def test_pins_are_exported_per_namespace_by_a_digest_of_the_salt(tmp_path: Path)
     assert registry.get_sample_value("zerolayer_kv_pin_evictions_avoided_total") == 2
     assert namespace_label("tenant-a") == "ns-" + hashlib.sha256(b"tenant-a").hexdigest()[:12]
     assert b"tenant-a" not in generate_latest(registry)
+
+
+def test_replaced_pins_and_namespace_releases_are_counted(tmp_path: Path) -> None:
+    store, registry = store_with_cached_prompt(tmp_path)
+    store.pin(PROMPT[:4], "", 60.0, False, key="session")
+    store.pin(PROMPT[:8], "", 60.0, False, key="session")  # replaces the first
+    store.pin(PROMPT[:8], "", 60.0, False, key="session")  # the same blocks: renews it
+    store.pin(PROMPT[:4], "", 60.0, False)  # no key: another pin
+    assert store.pins.release_namespaces("").num_pins == 2
+    assert registry.get_sample_value("zerolayer_kv_pins_replaced_total") == 1
+    assert registry.get_sample_value("zerolayer_kv_pins_released_by_namespace_total") == 2

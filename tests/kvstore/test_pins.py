@@ -7,44 +7,12 @@ import math
 from pathlib import Path
 
 import pytest
-from kvstore.store_samples import PROMPT, Clock, make_store
+from kvstore.store_samples import PROMPT, Clock, cache_prompt, join, make_store, pinned_store
 
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.kv.commit import CommitEntry
-from zerolayer.kv.owner import OwnerRef
 from zerolayer.kv.pin import PIN_NOTHING_CACHED, PIN_OVER_BUDGET, PIN_OVER_NAMESPACE_BUDGET
-from zerolayer.kvstore.kv_store import KVStore
 from zerolayer.kvstore.refusals import Recovering
-
-
-def join(store: KVStore, owner_id: str) -> OwnerRef:
-    owner = OwnerRef(owner_id, store.owners.register(owner_id).epoch)
-    store.reconcile([], owner)
-    return owner
-
-
-def cache_prompt(
-    store: KVStore, owner: OwnerRef, prompt: list[int], salt: str = "", free: bool = True
-) -> list[int]:
-    """Allocates, commits (under ``salt``) and, if ``free``, frees the prompt's full blocks, as
-    a finished request leaves them: cached, evictable."""
-    num_full = len(prompt) // 4
-    block_ids = store.allocate(num_full, owner)
-    entries = [
-        CommitEntry(b, block_ids[i - 1] if i else None, tuple(prompt[i * 4 : i * 4 + 4]), salt)
-        for i, b in enumerate(block_ids)
-    ]
-    assert store.commit(entries, owner) == num_full
-    if free:
-        store.free(block_ids, owner)
-    return block_ids
-
-
-def pinned_store(tmp_path: Path, clock: Clock, fraction: float = 1.0, per: float = 1.0):
-    """The 8-block store with pin budgets ``fraction`` in all and ``per`` per namespace."""
-    return make_store(
-        tmp_path, clock, max_pinned_fraction=fraction, max_pinned_fraction_per_namespace=per
-    )
 
 
 def test_a_pin_survives_pressure_that_evicts_everything_unpinned(tmp_path: Path) -> None:

@@ -114,6 +114,7 @@ class KVStore:
             config.max_pinned_fraction,
             config.max_pinned_fraction_per_namespace,
             clock,
+            testing_clock=config.testing_pin_clock,
         )
         if self.arena.reopened:
             # NOTE: pins live in memory, as the prefix index does: a restart forgets both, so no
@@ -292,19 +293,25 @@ class KVStore:
         return len(set(gained)) + len(set(lost))
 
     def pin(
-        self, token_ids: Sequence[int], cache_salt: str, ttl_s: float, renew_on_hit: bool
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str,
+        ttl_s: float,
+        renew_on_hit: bool,
+        key: str = "",
     ) -> PinResult:
         """Pins the longest committed prefix of ``token_ids``' full blocks under
         ``cache_salt`` (the same blocks a lookup of ``token_ids`` plus one token would hit) for
-        ``ttl_s`` seconds, held by the kvstore itself; or refuses, pinning nothing (see
+        ``ttl_s`` seconds, held by the kvstore itself; or renews the identical pin of ``key``,
+        replaces the earlier pin of a non-empty ``key``, or refuses, pinning nothing (see
         :meth:`Pins.pin`). Any caller may pin: pins belong to no owner.
 
         Raises:
             Recovering: the kvstore recovers from a restart (which blocks are free is unknown).
-            InvalidArgument: ``ttl_s`` is not a finite number > 0.
+            InvalidArgument: ``ttl_s`` is not a finite number > 0, or ``key`` is too long.
         """
         self.recovery.check(self.owners.owners)
-        return self.pins.pin(token_ids, cache_salt, ttl_s, renew_on_hit)
+        return self.pins.pin(token_ids, cache_salt, ttl_s, renew_on_hit, key)
 
     def stats(self) -> KVStats:
         """Current counts, every owner, and the pins (lapsed ones released first)."""
