@@ -18,7 +18,7 @@ from zerolayer.kvstore.kv_store import KVStore
 
 def grow_to_three_blocks(store: KVStore, owner: OwnerRef, salt: str) -> None:
     """Commits PROMPT's third block after its cached first two (the next turn of a session)."""
-    hits = store.lookup(PROMPT, salt, owner)
+    hits = store.lookup(PROMPT, salt, owner).block_ids
     [third] = store.allocate(1, owner)
     assert store.commit([CommitEntry(third, hits[-1], tuple(PROMPT[8:12]), salt)], owner) == 1
     store.free([*hits, third], owner)

@@ -1,6 +1,6 @@
 """The ends of pins besides ReleasePin (zerolayer.kvstore.pins): every pin of the namespaces whose
-salt starts with a prefix (a removed tenant), and the testing clock's advance
-(--testing-pin-clock); over the 8-block store of store_samples."""
+salt starts with a prefix (a removed tenant), the testing clock's advance (--testing-pin-clock),
+and what a lookup says of the pinned blocks it hit; over the 8-block store of store_samples."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from kvstore.store_samples import PROMPT, Clock, cache_prompt, join, pinned_stor
 
 from zerolayer.common.errors import FailedPrecondition, InvalidArgument
 from zerolayer.kv.pin import NamespacePins, PinsReleased
+from zerolayer.kv.stats import PrefixHit
 from zerolayer.kvstore.pin_clock import NOT_TESTING
 from zerolayer.kvstore.refusals import LeaseExpired
 
@@ -37,7 +38,7 @@ def test_a_namespace_release_ends_the_pins_of_salts_that_start_with_the_prefix(
     assert pins.namespaces == (NamespacePins("", 1, 1), NamespacePins("x/" + TENANT, 1, 1))
     assert pins.num_pins_released_by_namespace == 3
     assert store.cache.ref_cnt[:3] == [0, 0, 0]
-    assert store.lookup(PROMPT[:9], TENANT, a) == [0, 1]  # still cached
+    assert store.lookup(PROMPT[:9], TENANT, a).block_ids == [0, 1]  # still cached
     assert store.pins.release_namespaces("") == PinsReleased(2, 2)
     assert store.pins.release_namespaces("") == PinsReleased(0, 0)
     assert (store.pins.pins, store.stats().pins.num_pins_released_by_namespace) == ({}, 5)
@@ -77,3 +78,20 @@ def test_the_clock_cannot_be_advanced_without_the_testing_setting(tmp_path: Path
     with pytest.raises(LeaseExpired):
         store.sweep()
         store.allocate(1, a)
+
+
+def test_a_lookup_says_how_many_of_its_hit_blocks_a_live_pin_holds(tmp_path: Path) -> None:
+    clock = Clock()
+    store = pinned_store(tmp_path, clock)
+    a = join(store, "a")
+    cache_prompt(store, a, PROMPT)
+    cache_prompt(store, a, PROMPT, salt="other")
+    pin_id = store.pin(PROMPT[:8], "", 10.0, renew_on_hit=False).pin_id
+    assert store.lookup(PROMPT, "", a) == PrefixHit([0, 1, 2], num_pinned_blocks=2)
+    assert store.lookup(PROMPT, "other", a) == PrefixHit([3, 4, 5], num_pinned_blocks=0)
+    assert store.pins.release(pin_id) == 2
+    assert store.lookup(PROMPT, "", a) == PrefixHit([0, 1, 2], num_pinned_blocks=0)
+    store.pin(PROMPT, "", 10.0, renew_on_hit=False)
+    assert store.lookup(PROMPT[:5], "", a) == PrefixHit([0], num_pinned_blocks=1)
+    clock.now += 10.0  # lapsed, and no sweep yet: not a pinned hit
+    assert store.lookup(PROMPT, "", a) == PrefixHit([0, 1, 2], num_pinned_blocks=0)

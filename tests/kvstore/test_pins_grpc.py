@@ -1,7 +1,7 @@
 """Pins over real gRPC against a real kvstore process (next to test_main's loader): pin requests
-racing for the last of a namespace's budget get exactly what fits, the testing clock expires pins
-and a namespace release ends the rest, and a kill -9 and restart (without the testing clock)
-drops every pin."""
+racing for the last of a namespace's budget get exactly what fits, a lookup counts the pinned
+blocks it hit, the testing clock expires pins and a namespace release ends the rest, and a kill -9
+and restart (without the testing clock) drops every pin."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from zerolayer.common.convert import (
     allocate_request_to_pb,
     commit_blocks_request_to_pb,
     free_request_to_pb,
+    lookup_prefix_request_to_pb,
     pin_request_to_pb,
     reconcile_request_to_pb,
     release_namespace_pins_request_to_pb,
@@ -72,8 +73,12 @@ def cache_prefixes(stub: kvstore_pb2_grpc.KVStoreStub, prompts: list[list[int]])
 def check_lookup_clock_and_namespace_release(
     stub: kvstore_pb2_grpc.KVStoreStub, pinned_prompt: list[int], kept_pin_id: str
 ) -> None:
-    """With three one-block pins of "tenant" (``kept_pin_id``'s of ``pinned_prompt``): a key too
-    long, the testing clock expiring two pins, ReleaseNamespacePins ending the third."""
+    """With three one-block pins of "tenant" (``kept_pin_id``'s of ``pinned_prompt``): a lookup's
+    pinned blocks, a key too long, the testing clock expiring two pins, ReleaseNamespacePins
+    ending the third."""
+    hit = stub.LookupPrefix(lookup_prefix_request_to_pb([*pinned_prompt, 0], "tenant"))
+    assert (len(hit.block_ids), hit.num_cached_tokens, hit.num_pinned_blocks) == (1, BLOCK_SIZE, 1)
+    stub.Free(free_request_to_pb(list(hit.block_ids)))
     with pytest.raises(grpc.RpcError) as error:
         stub.Pin(pin_request_to_pb(pinned_prompt, "tenant", 60.0, False, key="k" * 257))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT

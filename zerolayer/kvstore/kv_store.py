@@ -16,7 +16,7 @@ from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.owner import DEFAULT_OWNER, OwnerRef, ReconcileResult
 from zerolayer.kv.pin import PinResult
-from zerolayer.kv.stats import KVStats, PrefixLookup
+from zerolayer.kv.stats import KVStats, PrefixHit, PrefixLookup
 from zerolayer.kvstore.arena import Arena
 from zerolayer.kvstore.owners import Owner, Owners, owner_name
 from zerolayer.kvstore.pins import Pins
@@ -198,20 +198,21 @@ class KVStore:
         cache_salt: str,
         owner: OwnerRef = DEFAULT_OWNER,
         counted: bool = True,
-    ) -> list[int]:
+    ) -> PrefixHit:
         """The cached prefix's blocks, one reference each for the caller (see
-        :meth:`PrefixCache.lookup`); hits may be blocks another owner committed or holds.
-        ``counted=False``: the lookup is counted by the :meth:`allocate` that admits its request
-        (``admitted_lookup``).
+        :meth:`PrefixCache.lookup`), and how many of them a live pin holds; hits may be blocks
+        another owner committed or holds. ``counted=False``: the lookup is counted by the
+        :meth:`allocate` that admits its request (``admitted_lookup``).
 
         Raises:
             EpochStale, LeaseExpired, NotRegistered, NotReconciled: the caller may not act.
         """
         holder = self.owners.acting(owner)
+        self.pins.expire()  # a lapsed pin's blocks are no pinned hit
         block_ids = self.cache.lookup(token_ids, cache_salt, counted)
         holder.hold(block_ids)
         self.pins.on_hit(cache_salt, block_ids)
-        return block_ids
+        return PrefixHit(block_ids, self.pins.blocks.num_pinned(block_ids))
 
     def commit(self, entries: Sequence[CommitEntry], owner: OwnerRef = DEFAULT_OWNER) -> int:
         """Registers full blocks the caller holds (see :meth:`PrefixCache.commit`); returns how

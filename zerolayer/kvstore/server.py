@@ -83,8 +83,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         self, request: kvstore_pb2.LookupPrefixRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.LookupPrefixResponse:
         token_ids, cache_salt, counted = lookup_prefix_request_from_pb(request)
-        block_ids = self._store.lookup(token_ids, cache_salt, owner_from_pb(request), counted)
-        return lookup_prefix_response_to_pb(block_ids, self._store.cache.block_size)
+        hit = self._store.lookup(token_ids, cache_salt, owner_from_pb(request), counted)
+        return lookup_prefix_response_to_pb(hit, self._store.cache.block_size)
 
     async def CommitBlocks(
         self, request: kvstore_pb2.CommitBlocksRequest, context: grpc.aio.ServicerContext
