@@ -109,7 +109,8 @@ def test_num_prompt_tokens_past_the_prompt_is_refused() -> None:
 
 
 def test_usage_counts_the_longest_pin_less_what_was_read_and_the_first_refusal() -> None:
-    pins = RequestPins(KVPins(""), plan_pins(GenerateParams(prompt="x"), [1], None, None), "", 100)
+    plan = plan_pins(GenerateParams(prompt="x"), [1], None, None)
+    pins = RequestPins(KVPins(""), plan, "", tuple(range(100)))
     usage = Usage(100, 5, 32)
     assert pins.usage(usage) == usage  # nothing pinned yet
     pins.made = [MadePin("a", 64), MadePin(refusal="pin-over-budget"), MadePin("b", 96)]

@@ -153,6 +153,19 @@ def test_a_pin_over_its_namespaces_budget_is_refused_whole(tmp_path: Path) -> No
     assert store.pin(PROMPT[:8], "y", 60.0, False).num_blocks == 2  # y's own budget
 
 
+def test_salts_that_name_one_budget_namespace_share_its_budget(tmp_path: Path) -> None:
+    store = pinned_store(tmp_path, Clock(), fraction=1.0, per=0.25)  # 2 blocks per namespace
+    a = join(store, "a")
+    cache_prompt(store, a, PROMPT[:8], salt="tenant:1:tx")
+    cache_prompt(store, a, PROMPT[:8], salt="tenant:1:ty")
+    assert store.pin(PROMPT[:8], "tenant:1:tx", 60.0, False, "", "tenant:1:t").num_blocks == 2
+    # Another salt of the same tenant: other blocks, the same (spent) budget.
+    refused = store.pin(PROMPT[:8], "tenant:1:ty", 60.0, False, "", "tenant:1:t")
+    assert refused.refusal == PIN_OVER_NAMESPACE_BUDGET
+    [space] = store.stats().pins.namespaces
+    assert (space.cache_salt, space.num_pins, space.num_blocks_pinned) == ("tenant:1:t", 1, 2)
+
+
 def test_pin_requests_racing_for_the_last_of_a_budget_get_exactly_what_fits(
     tmp_path: Path,
 ) -> None:

@@ -300,6 +300,7 @@ class KVStore:
         ttl_s: float,
         renew_on_hit: bool,
         key: str = "",
+        budget_namespace: str = "",
     ) -> PinResult:
         """Pins the longest committed prefix of ``token_ids``' full blocks under
         ``cache_salt`` (the same blocks a lookup of ``token_ids`` plus one token would hit) for
@@ -312,7 +313,7 @@ class KVStore:
             InvalidArgument: ``ttl_s`` is not a finite number > 0, or ``key`` is too long.
         """
         self.recovery.check(self.owners.owners)
-        return self.pins.pin(token_ids, cache_salt, ttl_s, renew_on_hit, key)
+        return self.pins.pin(token_ids, cache_salt, ttl_s, renew_on_hit, key, budget_namespace)
 
     def stats(self) -> KVStats:
         """Current counts, every owner, and the pins (lapsed ones released first)."""

@@ -35,7 +35,7 @@ class PinnedBlocks:
         self.pin_refs: Counter[int] = Counter()
         """Block id -> how many pins reference it."""
         self.namespace_blocks: dict[str, set[int]] = {}
-        """Cache salt -> distinct blocks its pins hold."""
+        """Budget namespace (a tenant's, or a cache salt) -> distinct blocks its pins hold."""
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self.pin_refs

@@ -53,6 +53,8 @@ class Pin:
     """Deadline on the pins' clock, seconds."""
     key: str = ""
     """Pins of its namespace with the same non-empty key replace each other; "": no key."""
+    budget: str = ""
+    """The namespace whose budget it counts against (a tenant's: all its salts share it)."""
 
     @property
     def identity(self) -> tuple[str, str, tuple[int, ...]]:
@@ -110,11 +112,13 @@ class Pins:
         ttl_s: float,
         renew_on_hit: bool,
         key: str = "",
+        budget_namespace: str = "",
     ) -> PinResult:
         """Pins the longest committed prefix of ``token_ids``' full blocks under ``cache_salt``
         for ``ttl_s`` seconds, or refuses (nothing changes): nothing of it is committed, or it
         would pass a budget (blocks already pinned cost nothing, those of a pin this one replaces
-        included: it is released only once this one is made).
+        included: it is released only once this one is made). The per-namespace budget is
+        ``budget_namespace``'s ("": ``cache_salt``'s), shared by every pin that names it.
 
         A pin of exactly the blocks of a live pin with the same ``cache_salt`` and ``key`` renews
         that one instead: its ``pin_id``, the later of the two deadlines, the longer ttl, and
@@ -135,16 +139,18 @@ class Pins:
         same = self.by_identity.get((cache_salt, key, block_ids))
         if same is not None:
             return self._repeat(self.pins[same], ttl_s, renew_on_hit)
-        refusal = self.blocks.refusal(block_ids, cache_salt)
+        budget = budget_namespace or cache_salt
+        refusal = self.blocks.refusal(block_ids, budget)
         if refusal:
             self.num_pin_refusals += 1
             return PinResult(refusal=refusal[0], message=refusal[1])
+        deadline = self.clock() + ttl_s
         pin = Pin(
-            uuid.uuid4().hex, cache_salt, block_ids, ttl_s, renew_on_hit, self.clock() + ttl_s, key
+            uuid.uuid4().hex, cache_salt, block_ids, ttl_s, renew_on_hit, deadline, key, budget
         )
         earlier = self.by_key.get((cache_salt, key)) if key else None
         self.cache.incref(block_ids)
-        self.blocks.add(cache_salt, block_ids)
+        self.blocks.add(budget, block_ids)
         self.pins[pin.pin_id] = pin
         self.by_identity[pin.identity] = pin.pin_id
         if key:
@@ -233,12 +239,12 @@ class Pins:
         if pin.key and self.by_key.get((pin.cache_salt, pin.key)) == pin.pin_id:
             del self.by_key[(pin.cache_salt, pin.key)]
         self.cache.free(list(pin.block_ids))
-        self.blocks.remove(pin.cache_salt, pin.block_ids)
+        self.blocks.remove(pin.budget, pin.block_ids)
 
     def on_hit(self, cache_salt: str, hits: Sequence[int]) -> None:
         """Counts a prefix lookup's hit: each live pin of ``cache_salt`` all of whose blocks it
         covers is a pin hit, and is renewed by its ttl if ``renew_on_hit``."""
-        if not hits or cache_salt not in self.blocks.namespace_blocks:
+        if not hits or not self.pins:
             return
         hit = set(hits)
         now = self.clock()
@@ -254,8 +260,8 @@ class Pins:
         self.num_evictions_avoided += self.blocks.num_only_pinned(block_ids, self.cache.ref_cnt)
 
     def stats(self) -> PinStats:
-        """The pins per namespace and the counters."""
-        num_pins = Counter(p.cache_salt for p in self.pins.values())
+        """The pins per budget namespace and the counters."""
+        num_pins = Counter(p.budget for p in self.pins.values())
         return PinStats(
             self.block_bytes,
             self.blocks.max_pinned_blocks,

@@ -11,7 +11,12 @@ from zerolayer.v1 import kvstore_pb2
 
 
 def pin_request_to_pb(
-    token_ids: Sequence[int], cache_salt: str, ttl_s: float, renew_on_hit: bool, key: str = ""
+    token_ids: Sequence[int],
+    cache_salt: str,
+    ttl_s: float,
+    renew_on_hit: bool,
+    key: str = "",
+    budget_namespace: str = "",
 ) -> kvstore_pb2.PinRequest:
     """A Pin request; ``ttl_s`` is rounded to whole ms."""
     return kvstore_pb2.PinRequest(
@@ -20,18 +25,29 @@ def pin_request_to_pb(
         ttl_ms=round(ttl_s * 1000),
         renew_on_hit=renew_on_hit,
         key=key,
+        budget_namespace=budget_namespace,
     )
 
 
-def pin_request_from_pb(pb: kvstore_pb2.PinRequest) -> tuple[list[int], str, float, bool, str]:
-    """(token ids, cache salt, ttl in seconds, renew on hit, key) of a Pin request.
+def pin_request_from_pb(
+    pb: kvstore_pb2.PinRequest,
+) -> tuple[list[int], str, float, bool, str, str]:
+    """(token ids, cache salt, ttl in seconds, renew on hit, key, budget namespace) of a Pin
+    request.
 
     Raises:
         InvalidArgument: ``ttl_ms`` is 0.
     """
     if not pb.ttl_ms:
         raise InvalidArgument("ttl_ms", "must be > 0")
-    return list(pb.token_ids), pb.cache_salt, pb.ttl_ms / 1000, pb.renew_on_hit, pb.key
+    return (
+        list(pb.token_ids),
+        pb.cache_salt,
+        pb.ttl_ms / 1000,
+        pb.renew_on_hit,
+        pb.key,
+        pb.budget_namespace,
+    )
 
 
 def pin_result_to_pb(result: PinResult, block_size: int) -> kvstore_pb2.PinResponse:
