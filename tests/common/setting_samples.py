@@ -17,6 +17,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "address": ("unix:/run/zl/this.sock", "unix:/run/zl/this.sock"),
     "loader_address": ("unix:/run/zl/l.sock", "unix:/run/zl/l.sock"),
     "kvstore_address": ("unix:/run/zl/k.sock", "unix:/run/zl/k.sock"),
+    "pin_kvstore_address": ("unix:/run/zl/k.sock", "unix:/run/zl/k.sock"),
     "scheduler_address": (
         "unix:/run/zl/s.sock,unix:/run/zl/t.sock",
         ("unix:/run/zl/s.sock", "unix:/run/zl/t.sock"),

@@ -157,6 +157,8 @@ def test_each_scheduler_and_frontend_gets_its_own_socket_role_port_and_instance(
         "--loader",
         f"{run}/loader.sock",
         *(word for name in schedulers for word in ("--scheduler", f"{run}/{name}.sock")),
+        "--pin-kvstore",
+        f"{run}/kvstore.sock",
         "--instance-id",
         f"{stack.instance_id}-1",
         "--reuse-port",

@@ -255,6 +255,7 @@ class FrontendConfig(
     """Frontend process settings."""
 
     scheduler_address: tuple[str, ...] = setting_field(settings.SCHEDULER_ADDRESS)
+    pin_kvstore_address: str = setting_field(settings.PIN_KVSTORE_ADDRESS)
     instance_id: str = setting_field(settings.INSTANCE_ID)
     reuse_port: bool = setting_field(settings.REUSE_PORT)
     private_address: str = setting_field(settings.PRIVATE_ADDRESS)

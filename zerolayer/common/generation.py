@@ -202,7 +202,7 @@ MAX_PIN_TTL_S = 86400
 """Longest pin, seconds: OpenAI's longest ``prompt_cache_retention``, 24 hours."""
 PIN_KVSTORE_UNAVAILABLE = "pin-kvstore-unavailable"
 """A pin refusal made by the frontend: the kvstore could not be asked (down, restarting, or the
-frontend was started without ``--kvstore``); the kvstore's own refusals are in
+frontend was started without ``--pin-kvstore``); the kvstore's own refusals are in
 ``zerolayer.kv.pin``."""
 
 

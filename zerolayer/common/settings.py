@@ -107,6 +107,16 @@ SCHEDULER_ADDRESS = Setting(
     multiple=True,
     layers=(FRONTEND,),
 )
+PIN_KVSTORE_ADDRESS = Setting(
+    "pin_kvstore_address",
+    "--pin-kvstore",
+    "the kvstore's gRPC address, where the frontend makes and ends the prompt-cache pins that "
+    "requests ask for; empty: none (asked-for pins are refused as pin-kvstore-unavailable)",
+    "",
+    layers=(FRONTEND,),
+)
+"""Optional, unlike the scheduler's ``--kvstore``: a frontend without it serves every request, and
+only refuses pins."""
 SHM_PATH = Setting(
     "shm_path",
     "--shm-path",

@@ -114,6 +114,8 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         on_public_health=metrics.serving.set,
     )
 
+    background: set[asyncio.Task] = set()
+    """Start-up work that serving does not wait for (held until it ends)."""
     # NOTE: bearer tokens alone: the HTTP server sees no client certificates (see http_server)
     http_tenants = TenantPolicy(tenants.token_tenants)
 
@@ -126,13 +128,24 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
 
             app = create_app(generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES)
             add_routes(app, generator, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES)
-            store = ResponseStore(config.responses_max_stored, config.responses_max_age_s)
+            store = ResponseStore(
+                config.responses_max_stored,
+                config.responses_max_age_s,
+                on_drop=lambda entry, _: generator.kv_pins.release_soon(entry.pin_ids),
+            )
             add_responses_routes(
                 app, generator, store, http_tenants, tracing, PUBLIC_MAX_RECEIVE_BYTES
             )
             await http.start(app)
         for client in pool.clients.values():
             client.watch_health(pool.router)
+        if tenants.token_tenants is not None and not tenants.client_certificates:
+            # NOTE: in the background: a kvstore still starting must not delay serving
+            background.add(
+                asyncio.create_task(
+                    generator.kv_pins.release_other_tenants(set(tenants.token_tenants.values()))
+                )
+            )
         # NOTE: a frontend started with its schedulers reports SERVING once it has seen one
         # serve (the channel's reconnect backoff can delay that by a second), so that a stack
         # that is "up" answers at once; without any, it serves anyway after the bound.
@@ -142,6 +155,7 @@ async def serve(config: FrontendConfig, tracing: Tracing) -> None:
         if http is not None:
             await http.stop()
         await pool.close()
+        await generator.kv_pins.close()
 
     await run_layer(server, on_start=on_start, on_stop=on_stop)
 

@@ -26,10 +26,12 @@ from zerolayer.common.generation import (
     Usage,
 )
 from zerolayer.common.structured_output import grammar_of
-from zerolayer.frontend.chat.output_parser import OutputParser, OutputPlan
+from zerolayer.frontend.chat.output_parser import OutputParser, OutputPlan, parsed_chunk
 from zerolayer.frontend.chat.reasoning import prompt_opens_thought
 from zerolayer.frontend.chat.tool_request import plan_output
+from zerolayer.frontend.kv_pins import KVPins
 from zerolayer.frontend.metrics import FrontendMetrics
+from zerolayer.frontend.prompt_cache import RequestPins, check_cache_pins, plan_pins
 from zerolayer.frontend.routing.scheduler_pool import SchedulerPool
 from zerolayer.frontend.telemetry import GenerationTelemetry
 from zerolayer.frontend.tenants import scoped_cache_salt
@@ -51,29 +53,6 @@ PROMPT_TAIL_TOKENS = 32
 """The prompt's last tokens read for an open ``<think>`` (a generation prompt's end)."""
 
 
-def _parsed(chunk: GenerationChunk, parser: OutputParser) -> GenerationChunk:
-    """``chunk`` with its text split by ``parser`` (the rest of it on the sample's last chunk,
-    whose finish reason is TOOL_CALLS when it called tools and ended by EOS or a stop token, not
-    a stop string)."""
-    piece = parser.feed(chunk.text)
-    text, thought, deltas = piece.text, piece.reasoning_text, piece.tool_call_deltas
-    reason = chunk.finish_reason
-    if reason != FinishReason.UNSPECIFIED:
-        rest = parser.finish()
-        text, thought = text + rest.text, thought + rest.reasoning_text
-        deltas += rest.tool_call_deltas
-        # NOTE: a stop string cut the answer (inside a call, as likely as not): STOP, as it is,
-        # so that no client runs a tool with arguments cut short.
-        ended_by_itself = reason == FinishReason.EOS or (
-            reason == FinishReason.STOP and not chunk.stop_string
-        )
-        if parser.num_calls and ended_by_itself:
-            reason = FinishReason.TOOL_CALLS
-    return replace(
-        chunk, text=text, reasoning_text=thought, tool_call_deltas=deltas, finish_reason=reason
-    )
-
-
 class TextGenerator:
     """Validates, tokenizes, forwards to the scheduler, detokenizes and applies stop strings."""
 
@@ -84,7 +63,14 @@ class TextGenerator:
         scheduler: SchedulerPool,
         tracer: trace.Tracer | None = None,
         metrics: FrontendMetrics | None = None,
+        kv_pins: KVPins | None = None,
     ) -> None:
+        """
+        Args:
+            kv_pins: where the pins of ``GenerateParams.cache_pins`` are made (None: the
+                frontend's ``--pin-kvstore``, "" refusing them all).
+        """
+        self.kv_pins = kv_pins or KVPins(config.pin_kvstore_address)
         self.tracer = tracer or trace.NoOpTracer()
         self.metrics = metrics
         self.config = config
@@ -200,6 +186,7 @@ class TextGenerator:
         with telemetry.tokenize_span():
             source = self.chat_template.source if self.chat_template is not None else None
             params, plan = plan_output(params, source, self.config.tool_call_parser)
+            check_cache_pins(params)
             # Tokenizing a long prompt takes a while: keep the event loop free for other calls.
             request = await asyncio.to_thread(
                 validate, params, self.served, self.tokenizer, self.config, self.chat_template
@@ -212,7 +199,14 @@ class TextGenerator:
                 )
             if fit_context:
                 check_fits_context(params, request, self.served)
+            pin_plan = await asyncio.to_thread(
+                plan_pins, params, request.prompt_token_ids, self.chat_template, self.tokenizer
+            )
         request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))
+        pins = RequestPins(
+            self.kv_pins, pin_plan, request.cache_salt, len(request.prompt_token_ids)
+        )
+        output_ids: list[int] = []  # sample 0's, for a pin of prompt and output
         telemetry.validated(request)
         # One detokenizer and stop-string matcher per sample (n > 1: outputs carry its index).
         # NOTE: a tool-call format's marker may be a special token (Mistral's [TOOL_CALLS],
@@ -243,13 +237,14 @@ class TextGenerator:
                 num_generated += len(output.new_token_ids)
                 if index == 0:
                     num_cached = output.num_cached_tokens
-                usage = Usage(len(request.prompt_token_ids), num_generated, num_cached)
+                    await self._pin(pins, request.prompt_token_ids, output, output_ids)
+                usage = pins.usage(Usage(len(request.prompt_token_ids), num_generated, num_cached))
                 started = time.perf_counter()
                 chunk = self._chunk(
                     request.request_id, output, usage, detokenizers[index], stops[index]
                 )
                 if parsers:
-                    chunk = _parsed(chunk, parsers[index])
+                    chunk = parsed_chunk(chunk, parsers[index])
                 if output.logprobs or output.prompt_logprobs:
                     final = chunk.finish_reason != FinishReason.UNSPECIFIED
                     logprobs = output.logprobs
@@ -262,6 +257,8 @@ class TextGenerator:
                 finished[index] = chunk.finish_reason != FinishReason.UNSPECIFIED
                 if not all(finished) and not usage_on_every_chunk:
                     chunk = replace(chunk, usage=None)  # usage: on the stream's last chunk
+                elif pins.made:
+                    chunk = replace(chunk, pin_ids=pins.pin_ids)
                 if index:
                     chunk = replace(chunk, index=index)
                 telemetry.sent(chunk)
@@ -272,6 +269,24 @@ class TextGenerator:
                     # A stop string ended this sample only: end it in the scheduler too.
                     await self.scheduler.abort_sample(request.request_id, index, tenant)
         raise Unavailable("scheduler: stream ended without a finished output")
+
+    @staticmethod
+    async def _pin(
+        pins: RequestPins,
+        prompt_token_ids: tuple[int, ...],
+        output: RequestOutput,
+        output_ids: list[int],
+    ) -> None:
+        """Makes sample 0's pins as its ``output`` allows: the prefixes at its first token (the
+        prompt's whole blocks are committed then; an earlier output carries prompt logprobs
+        only), the prompt-and-output pins when it finished."""
+        if pins.plan.empty or not output.new_token_ids:
+            return
+        if not output_ids and pins.plan.prefixes:
+            await pins.pin_prefixes(prompt_token_ids)
+        output_ids += output.new_token_ids
+        if output.finished and pins.plan.with_output:
+            await pins.pin_with_output(prompt_token_ids + tuple(output_ids))
 
     def _output_parsers(
         self, plan: OutputPlan | None, prompt_token_ids: tuple[int, ...], n: int

@@ -84,7 +84,22 @@ def scoped_cache_salt(tenant: str, cache_salt: str) -> str:
     ``tenant:<length>:<tenant><cache_salt>``: the tenant's namespace, narrowed by the client's
     salt; the tenant's length in characters says where its name ends, so no tenant and salt
     make another pair's namespace."""
-    return f"tenant:{len(tenant)}:{tenant}{cache_salt}" if tenant else cache_salt
+    return f"{TENANT_NAMESPACE}{len(tenant)}:{tenant}{cache_salt}" if tenant else cache_salt
+
+
+TENANT_NAMESPACE = "tenant:"
+"""How every tenant's namespace (:func:`scoped_cache_salt`) starts."""
+
+
+def namespace_tenant(cache_salt: str) -> str | None:
+    """The tenant whose namespace ``cache_salt`` is (:func:`scoped_cache_salt`'s inverse);
+    None: no tenant's (a salt sent as is, without identified callers)."""
+    if not cache_salt.startswith(TENANT_NAMESPACE):
+        return None
+    length, colon, rest = cache_salt[len(TENANT_NAMESPACE) :].partition(":")
+    if not colon or not length.isdigit() or int(length) > len(rest):
+        return None
+    return rest[: int(length)]
 
 
 def call_tenant(policy: TenantPolicy, context: Any) -> str:

@@ -152,6 +152,7 @@ class Stack:
             "metrics_port": self.config.metrics_port(name),
             "loader_address": self.address(LOADER),
             "kvstore_address": self.address(KVSTORE),
+            "pin_kvstore_address": self.address(KVSTORE),
             # NOTE: a list: the frontend gets the flag once per scheduler, standbys included
             # (it routes by their health).
             "scheduler_address": tuple(self.address(n) for n in self.scheduler_names()),

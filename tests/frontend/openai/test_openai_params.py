@@ -8,7 +8,13 @@ import pytest
 from pydantic import ValidationError
 
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.common.generation import ChatMessage, GenerateParams, StructuredOutput, ToolCall
+from zerolayer.common.generation import (
+    CachePin,
+    ChatMessage,
+    GenerateParams,
+    StructuredOutput,
+    ToolCall,
+)
 from zerolayer.frontend.openai.params import chat_params, completion_params, openai_param
 from zerolayer.frontend.openai.schema import ChatCompletionRequest, CompletionRequest
 
@@ -253,7 +259,7 @@ def test_metadata_only_fields_change_nothing() -> None:
         safety_identifier="s",
         prompt_cache_key="p",
         prompt_cache_retention="in_memory",
-        prompt_cache_options={"ttl": "5m"},
+        prompt_cache_options={"mode": "explicit"},
         modalities=["text"],
         verbosity="high",
         prediction={"type": "content", "content": "x"},
@@ -289,3 +295,30 @@ def test_tools_legacy_functions_and_template_variables_become_the_requests() -> 
     assert chat(functions=[{"name": "g"}], function_call="none").tool_choice == ToolChoice("none")
     plain = chat()
     assert (plain.tools, plain.tool_choice, plain.chat_template_kwargs_json) == ((), None, "")
+
+
+@pytest.mark.parametrize("make", [chat, completion])
+def test_prompt_cache_fields_pin_the_prompt_for_the_longer_ttl(make) -> None:
+    assert make(prompt_cache_retention="24h", prompt_cache_key="s1").cache_pins == (
+        CachePin(86400, key="s1"),
+    )
+    assert make(prompt_cache_options={"ttl": "30m"}).cache_pins == (CachePin(1800),)
+    assert make(prompt_cache_options={}, prompt_cache_retention="24h").cache_pins == (
+        CachePin(86400),
+    )
+    assert make(prompt_cache_retention="in_memory", prompt_cache_key="s1").cache_pins == ()
+    assert make(prompt_cache_options={"mode": "explicit"}).cache_pins == ()
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"ttl": "5m"}, "prompt_cache_options.ttl"),
+        ({"mode": "sometimes"}, "prompt_cache_options.mode"),
+        ({"size": 1}, "prompt_cache_options.size"),
+    ],
+)
+def test_prompt_cache_options_openai_does_not_define_are_refused_by_name(options, field) -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        chat(prompt_cache_options=options)
+    assert raised.value.field == field

@@ -3,9 +3,9 @@ reasoning parser first (``<think>``), then the tool-call parser on the answer.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from zerolayer.common.generation import ToolCallDelta
+from zerolayer.common.generation import FinishReason, GenerationChunk, ToolCallDelta
 from zerolayer.frontend.chat.reasoning import ReasoningParser
 from zerolayer.frontend.chat.tool_formats import ToolFormat
 from zerolayer.frontend.chat.tool_parser import ToolCallParser
@@ -77,3 +77,26 @@ class OutputParser:
             text += rest.content
             deltas += rest.deltas
         return ParsedPiece(text, thought, tuple(deltas))
+
+
+def parsed_chunk(chunk: GenerationChunk, parser: OutputParser) -> GenerationChunk:
+    """``chunk`` with its text split by ``parser`` (the rest of it on the sample's last chunk,
+    whose finish reason is TOOL_CALLS when it called tools and ended by EOS or a stop token, not
+    a stop string)."""
+    piece = parser.feed(chunk.text)
+    text, thought, deltas = piece.text, piece.reasoning_text, piece.tool_call_deltas
+    reason = chunk.finish_reason
+    if reason != FinishReason.UNSPECIFIED:
+        rest = parser.finish()
+        text, thought = text + rest.text, thought + rest.reasoning_text
+        deltas += rest.tool_call_deltas
+        # NOTE: a stop string cut the answer (inside a call, as likely as not): STOP, as it is,
+        # so that no client runs a tool with arguments cut short.
+        ended_by_itself = reason == FinishReason.EOS or (
+            reason == FinishReason.STOP and not chunk.stop_string
+        )
+        if parser.num_calls and ended_by_itself:
+            reason = FinishReason.TOOL_CALLS
+    return replace(
+        chunk, text=text, reasoning_text=thought, tool_call_deltas=deltas, finish_reason=reason
+    )

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import (
+    CachePin,
     ChatMessage,
     GenerateParams,
     StructuredOutput,
@@ -29,6 +31,10 @@ from zerolayer.frontend.openai.schema import (
     SamplingFields,
 )
 
+RETENTION_TTL_S = {"24h": 86400}
+"""``prompt_cache_retention`` -> pin ttl, seconds (``in_memory``: no pin)."""
+OPTIONS_TTL_S = {"30m": 1800}
+"""``prompt_cache_options.ttl`` -> pin ttl, seconds (OpenAI's only value)."""
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 """Temperature of a request that leaves it unset (OpenAI's default; gRPC's is greedy)."""
 SEED_MODULUS = 2**64
@@ -204,6 +210,9 @@ def _sampling_fields(body: SamplingFields, max_tokens: int | None, request_id: s
         "stop": stop,
         "ignore_eos": body.ignore_eos,
         "cache_salt": body.cache_salt,
+        "cache_pins": cache_pins(
+            body.prompt_cache_retention, body.prompt_cache_key, body.prompt_cache_options
+        ),
         "request_id": request_id,
         "model": body.model,
         "repetition_penalty": body.repetition_penalty,
@@ -238,6 +247,35 @@ def _structured_output(response_format: ResponseFormat | None) -> StructuredOutp
     if schema is None:
         raise InvalidArgument("response_format", "json_schema needs json_schema.schema")
     return StructuredOutput("json_schema", json.dumps(schema))
+
+
+def cache_pins(
+    retention: str | None, key: str | None, options: dict[str, Any] | None
+) -> tuple[CachePin, ...]:
+    """The pin OpenAI's prompt-cache fields ask for: the whole prompt, for the longer of
+    ``prompt_cache_retention`` (``24h``) and an implicit ``prompt_cache_options.ttl`` (``30m``),
+    keyed by ``prompt_cache_key``; none for ``in_memory`` or neither.
+
+    Raises:
+        InvalidArgument: ``prompt_cache_options`` with a key, ``ttl`` or ``mode`` OpenAI does not
+            define (``prompt_cache_options.ttl``, ...).
+    """
+    if retention not in (None, "in_memory", *RETENTION_TTL_S):
+        raise InvalidArgument("prompt_cache_retention", "'in_memory' or '24h'")
+    ttl_s = RETENTION_TTL_S.get(retention or "", 0)
+    if options is not None:
+        for name in options:
+            if name not in ("ttl", "mode"):
+                raise InvalidArgument(f"prompt_cache_options.{name}"[:80], "unknown field")
+        ttl = options.get("ttl", "30m")
+        if ttl not in OPTIONS_TTL_S:
+            raise InvalidArgument("prompt_cache_options.ttl", f"{str(ttl)[:40]!r}; only '30m'")
+        mode = options.get("mode", "implicit")
+        if mode not in ("implicit", "explicit"):
+            raise InvalidArgument("prompt_cache_options.mode", "'implicit' or 'explicit'")
+        if mode == "implicit":
+            ttl_s = max(ttl_s, OPTIONS_TTL_S[ttl])
+    return (CachePin(ttl_s, key=key or ""),) if ttl_s else ()
 
 
 def new_request_id() -> str:

@@ -117,6 +117,16 @@ class SamplingFields(OpenAIBody):
     ignore_eos: StrictBool = False
     cache_salt: StrictStr = ""
     prompt_logprobs: JsonInt | None = None
+    prompt_cache_key: StrictStr | None = None
+    """Scopes the pins ``prompt_cache_retention`` makes: a request's pin replaces the pin of
+    the previous request with the same key (in its namespace). Routing needs no hint: every
+    scheduler reads the one shared pool."""
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    """``24h``: the prompt is pinned for 24 hours (``zerolayer.frontend.prompt_cache``);
+    ``in_memory`` or unset: cached while memory allows (LRU)."""
+    prompt_cache_options: dict[str, Any] | None = None
+    """``{"ttl": "30m", "mode": "implicit"}``: implicit mode pins the prompt for 30 minutes;
+    explicit mode (breakpoints on content blocks) pins nothing."""
 
 
 class CompletionRequest(SamplingFields):
@@ -245,12 +255,6 @@ class ChatCompletionRequest(SamplingFields):
     """Ignored (one tier here)."""
     safety_identifier: StrictStr | None = None
     """Ignored (OpenAI's abuse monitoring)."""
-    prompt_cache_key: StrictStr | None = None
-    """Ignored: the prefix cache finds shared prefixes by content (``cache_salt`` isolates)."""
-    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
-    """Ignored: cached blocks live while memory allows."""
-    prompt_cache_options: dict[str, Any] | None = None
-    """Ignored, as ``prompt_cache_retention``."""
     modalities: list[Literal["text", "audio"]] | None = None
     """Only ``["text"]``: audio output is refused."""
     verbosity: Literal["low", "medium", "high"] | None = None

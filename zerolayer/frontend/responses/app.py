@@ -11,7 +11,7 @@ metrics, aborted when its client disconnects.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import anyio
 from fastapi import FastAPI, Request
@@ -138,7 +138,8 @@ class ResponsesRoutes(OpenAIRoutes):
                     tenant, body.previous_response_id, "previous_response_id"
                 )
             request_id = new_request_id()
-            asked = response_request(body, request_id, previous)
+            stored_for_s = self._store.max_age_s if body.store is not False else 0.0
+            asked = response_request(body, request_id, previous, stored_for_s)
         except ClientDisconnect:
             return call.answered(body_cut_short(request))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
@@ -160,7 +161,7 @@ class ResponsesRoutes(OpenAIRoutes):
             return ClosingStreamingResponse(stream, media_type="text/event-stream")
         whole = whole_response(head, chunks)
         if tenant_if_kept is not None:
-            self._keep(tenant_if_kept, asked, whole)
+            self._keep(tenant_if_kept, asked, whole, pinned(chunks))
         return call.answered(None, JSONResponse(whole))
 
     async def _events(
@@ -177,6 +178,7 @@ class ResponsesRoutes(OpenAIRoutes):
         event, the last."""
         encoder = ResponseEvents(head)
         code, error = "CANCELLED", ""
+        pin_ids = first.pin_ids
         try:
             try:
                 for event in [*encoder.start(), *encoder.chunk(first)]:
@@ -184,10 +186,11 @@ class ResponsesRoutes(OpenAIRoutes):
                 while encoder.final is None:
                     with call.current():
                         chunk = await anext(generation)
+                    pin_ids = chunk.pin_ids or pin_ids
                     for event in encoder.chunk(chunk):
                         yield _event(event)
                 if tenant_if_kept is not None:
-                    self._keep(tenant_if_kept, asked, encoder.final)
+                    self._keep(tenant_if_kept, asked, encoder.final, pin_ids)
                 code = "OK"
             except Exception as exc:  # noqa: BLE001 - the stream's status is sent already
                 failed = responses_error(exc)
@@ -200,7 +203,9 @@ class ResponsesRoutes(OpenAIRoutes):
                 await generation.aclose()  # type: ignore[attr-defined]
             call.ended(200, code, error)
 
-    def _keep(self, tenant: str, asked: ResponseRequest, body: dict) -> None:
+    def _keep(
+        self, tenant: str, asked: ResponseRequest, body: dict, pin_ids: tuple[str, ...]
+    ) -> None:
         input_items = tuple(
             with_id(item, f"item_{body['id'][5:]}_{i}") for i, item in enumerate(asked.input_items)
         )
@@ -213,8 +218,14 @@ class ResponsesRoutes(OpenAIRoutes):
                 input_items=input_items,
                 conversation=(*stored, *input_items, *body["output"]),
                 stored_at=self._store.now(),
+                pin_ids=pin_ids,
             )
         )
+
+
+def pinned(chunks: Sequence[GenerationChunk]) -> tuple[str, ...]:
+    """The pins a generation made (its last chunk that names them)."""
+    return next((c.pin_ids for c in reversed(chunks) if c.pin_ids), ())
 
 
 def _event(event: dict) -> str:

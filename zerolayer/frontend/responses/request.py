@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass
 
 from zerolayer.common.errors import InvalidArgument
-from zerolayer.common.generation import GenerateParams, StructuredOutput
+from zerolayer.common.generation import MAX_PIN_TTL_S, CachePin, GenerateParams, StructuredOutput
+from zerolayer.frontend.openai.params import cache_pins
 from zerolayer.frontend.responses.items import chat_messages, parse_items
 from zerolayer.frontend.responses.schema import CreateResponseRequest, TextFormat
 from zerolayer.frontend.responses.seam import ToolChoice, ToolDefinition, tool_params
@@ -36,10 +37,18 @@ class ResponseRequest:
 
 
 def response_request(
-    body: CreateResponseRequest, request_id: str, previous: StoredResponse | None
+    body: CreateResponseRequest,
+    request_id: str,
+    previous: StoredResponse | None,
+    stored_for_s: float = 0.0,
 ) -> ResponseRequest:
     """The generation ``body`` asks for, continuing ``previous`` (its ``previous_response_id``,
     found by the caller): the conversation's items rendered with the model's chat template.
+
+    A response that is stored (``stored_for_s`` > 0, the store's max age in seconds) pins its
+    context, prompt and output, for that long, so that a request continuing it prefills only
+    its new input (the pin ends when the store drops the response); OpenAI's prompt-cache
+    fields pin the prompt as on chat completions (``zerolayer.frontend.openai.params``).
 
     Raises:
         InvalidArgument: a field zerolayer does not implement, no input, an input item it does
@@ -70,8 +79,17 @@ def response_request(
         model=body.model,
         structured_output=_structured_output(body.text.format if body.text else None),
         **tool_params(tools, choice, body.parallel_tool_calls is not False, effort),
+        cache_pins=_cache_pins(body, stored_for_s),
     )
     return ResponseRequest(params, input_items, conversation)
+
+
+def _cache_pins(body: CreateResponseRequest, stored_for_s: float) -> tuple[CachePin, ...]:
+    pins = cache_pins(body.prompt_cache_retention, body.prompt_cache_key, None)
+    if stored_for_s > 0:
+        ttl_s = max(1, min(round(stored_for_s), MAX_PIN_TTL_S))
+        pins += (CachePin(ttl_s, include_output=True),)
+    return pins
 
 
 def _refuse_unimplemented(body: CreateResponseRequest) -> None:

@@ -65,6 +65,8 @@ class StoredResponse:
     copied."""
     stored_at: float = 0.0
     """The store's clock when it was stored, seconds."""
+    pin_ids: tuple[str, ...] = ()
+    """The kvstore pins that hold its context's KV (released when it is dropped)."""
 
 
 class ResponseStore:

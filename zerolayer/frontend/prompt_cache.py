@@ -1,0 +1,163 @@
+"""Prompt caching by reference, for one request: the prefixes it asks to keep cached
+(``GenerateParams.cache_pins``) checked and resolved to token counts, pinned in the kvstore once
+their blocks are committed, and counted in its usage.
+
+When: a prompt prefix is pinned at the request's first output (its prefill has committed every
+whole block of the prompt, and the running request still holds them, so none can be evicted in
+between); a pin with ``include_output`` is made when sample 0 finishes, over the prompt and that
+sample's tokens (their whole blocks were committed as they filled; freed a moment before, they
+are the most recently used). Usage (Anthropic's accounting): ``cache_write_prompt_tokens`` are
+the prompt tokens the longest pin holds less those read from the cache; a refused pin writes
+nothing and says why in ``pin_refusal``. See docs/prefix-caching.md, "Pins".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from zerolayer.common.errors import InvalidArgument
+from zerolayer.common.generation import (
+    MAX_CACHE_PINS,
+    MAX_PIN_TTL_S,
+    CachePin,
+    GenerateParams,
+    Usage,
+)
+from zerolayer.frontend.kv_pins import KVPins, MadePin
+from zerolayer.frontend.text.cache_breakpoints import breakpoint_token_counts
+from zerolayer.frontend.text.chat_template import ChatTemplate
+from zerolayer.frontend.text.tokenizer import TextTokenizer
+
+MAX_PIN_KEY_BYTES = 256
+"""Longest ``CachePin.key``, bytes (UTF-8)."""
+
+
+def check_cache_pins(params: GenerateParams) -> None:
+    """Refuses pins that cannot be made as asked.
+
+    Raises:
+        InvalidArgument: naming the field (``cache_pins``, ``cache_pins[i].ttl_s``, ...): more
+            than :data:`MAX_CACHE_PINS`, a ttl outside 1 to :data:`MAX_PIN_TTL_S` seconds, a key
+            over :data:`MAX_PIN_KEY_BYTES`, a chat position on a request without messages or
+            outside them, a chat position and ``num_prompt_tokens`` both set.
+    """
+    pins = params.cache_pins
+    if len(pins) > MAX_CACHE_PINS:
+        raise InvalidArgument("cache_pins", f"{len(pins)} pins; at most {MAX_CACHE_PINS}")
+    messages = params.messages
+    for i, pin in enumerate(pins):
+        name = f"cache_pins[{i}]"
+        if not 1 <= pin.ttl_s <= MAX_PIN_TTL_S:
+            raise InvalidArgument(f"{name}.ttl_s", f"{pin.ttl_s}; must be 1 to {MAX_PIN_TTL_S} s")
+        if len(pin.key.encode("utf-8", "surrogatepass")) > MAX_PIN_KEY_BYTES:
+            raise InvalidArgument(f"{name}.key", f"longer than {MAX_PIN_KEY_BYTES} bytes")
+        if pin.message_index is None:
+            continue
+        if messages is None:
+            raise InvalidArgument(f"{name}.message_index", "only for chat (messages) input")
+        if pin.num_prompt_tokens:
+            raise InvalidArgument(f"{name}.num_prompt_tokens", "set with message_index")
+        if pin.message_index >= len(messages):
+            raise InvalidArgument(
+                f"{name}.message_index", f"{pin.message_index}; there are {len(messages)} messages"
+            )
+        content = messages[pin.message_index].content
+        if not 0 <= pin.content_offset <= len(content):
+            raise InvalidArgument(
+                f"{name}.content_offset",
+                f"{pin.content_offset}; the message's content has {len(content)} characters",
+            )
+
+
+@dataclass(frozen=True)
+class PinPlan:
+    """A request's pins, resolved against its prompt."""
+
+    prefixes: tuple[tuple[int, CachePin], ...] = ()
+    """Pinned at the first output: (prompt tokens, the pin); a 0 count pins nothing."""
+    with_output: tuple[CachePin, ...] = ()
+    """Pinned when sample 0 finishes, over prompt and output."""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.prefixes or self.with_output)
+
+
+def plan_pins(
+    params: GenerateParams,
+    prompt_token_ids: Sequence[int],
+    chat_template: ChatTemplate | None,
+    tokenizer: TextTokenizer,
+) -> PinPlan:
+    """Resolves ``params.cache_pins`` (checked by :func:`check_cache_pins`) to prompt prefixes.
+
+    Raises:
+        InvalidArgument: ``num_prompt_tokens`` past the prompt (``cache_pins[i]...``).
+    """
+    pins = params.cache_pins
+    chat = [p for p in pins if p.message_index is not None and not p.include_output]
+    counts = iter(
+        breakpoint_token_counts(params, chat, chat_template, tokenizer, prompt_token_ids)
+        if chat and chat_template is not None
+        else ()
+    )
+    prefixes = []
+    for i, pin in enumerate(pins):
+        if pin.include_output:
+            continue
+        if pin.message_index is not None:
+            prefixes.append((next(counts, 0), pin))
+            continue
+        if pin.num_prompt_tokens > len(prompt_token_ids):
+            raise InvalidArgument(
+                f"cache_pins[{i}].num_prompt_tokens",
+                f"{pin.num_prompt_tokens}; the prompt has {len(prompt_token_ids)} tokens",
+            )
+        prefixes.append((pin.num_prompt_tokens or len(prompt_token_ids), pin))
+    return PinPlan(tuple(prefixes), tuple(p for p in pins if p.include_output))
+
+
+@dataclass
+class RequestPins:
+    """The pins one request made, and their part of its usage."""
+
+    kv_pins: KVPins
+    plan: PinPlan
+    cache_salt: str
+    num_prompt_tokens: int
+    made: list[MadePin] = field(default_factory=list)
+
+    async def pin_prefixes(self, prompt_token_ids: Sequence[int]) -> None:
+        """Makes the prompt-prefix pins (at the first output), all at once."""
+        self.made += await asyncio.gather(
+            *(self._pin(prompt_token_ids[:n], pin) for n, pin in self.plan.prefixes)
+        )
+
+    async def pin_with_output(self, token_ids: Sequence[int]) -> None:
+        """Makes the prompt-and-output pins (when sample 0 finished; ``token_ids``: prompt
+        then output)."""
+        self.made += await asyncio.gather(
+            *(self._pin(token_ids, pin) for pin in self.plan.with_output)
+        )
+
+    async def _pin(self, token_ids: Sequence[int], pin: CachePin) -> MadePin:
+        return await self.kv_pins.pin(token_ids, self.cache_salt, pin.ttl_s, pin.key)
+
+    @property
+    def pin_ids(self) -> tuple[str, ...]:
+        return tuple(m.pin_id for m in self.made if m.pin_id)
+
+    def usage(self, usage: Usage) -> Usage:
+        """``usage`` with the pins' fields (nothing pinned yet: unchanged)."""
+        if not self.made:
+            return usage
+        pinned = max((min(m.num_tokens, self.num_prompt_tokens) for m in self.made), default=0)
+        refusal = next((m.refusal for m in self.made if m.refusal), "")
+        return replace(
+            usage,
+            cache_write_prompt_tokens=max(0, pinned - usage.cached_prompt_tokens),
+            pinned_prompt_tokens=pinned,
+            pin_refusal=refusal,
+        )
