@@ -5,18 +5,29 @@ refusals (more than 4, a 1h after a 5m, a ttl or type not offered, an empty text
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
+from zerolayer.checkpoints.byte_tokenizer import write_byte_level_tokenizer
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import CachePin
 from zerolayer.frontend.anthropic.breakpoints import TTL_ORDER, TooManyBreakpoints
 from zerolayer.frontend.anthropic.params import conversation, count_params, generate_params
 from zerolayer.frontend.anthropic.schema import CountTokensRequest, MessagesRequest
+from zerolayer.frontend.prompt_cache import plan_pins
+from zerolayer.frontend.text.chat_template import ChatTemplate
+from zerolayer.frontend.text.tokenizer import TextTokenizer
 
 EPHEMERAL = {"type": "ephemeral"}
 HOUR = {"type": "ephemeral", "ttl": "1h"}
 TOOL = {"name": "weather", "input_schema": {"type": "object"}}
+QWEN25 = json.loads((Path(__file__).parents[1] / "text" / "chat_templates.json").read_text())[
+    "Qwen/Qwen2.5-0.5B-Instruct"
+]["chat_template"]
+"""Qwen2.5's published chat template (tools rendered after the system text)."""
 
 
 def text(value: str, control: dict | None = None) -> dict:
@@ -171,3 +182,34 @@ def test_a_message_blocks_cache_control_that_anthropic_refuses(control, field, m
     assert refusal(messages=messages) == f"messages.0.content.1.cache_control.{field}: {message}"
     with pytest.raises(ValidationError):  # the request's own, refused by its pydantic model
         pins(cache_control=control)
+
+
+def test_the_pins_end_where_qwens_template_renders_each_breakpoint(tmp_path: Path) -> None:
+    """Resolved by the frontend (zerolayer.frontend.prompt_cache) on Qwen2.5's template, which
+    renders the tools after the system text, with a byte tokenizer (a token a character here):
+    a system block's pin ends after its text, the tools' (and the last system block's) where
+    the user's content starts, so that it holds the tools, a message block's after its text."""
+    write_byte_level_tokenizer(tmp_path, model_max_length=4096)
+    tokenizer = TextTokenizer.from_json(
+        (tmp_path / "tokenizer.json").read_text(), (tmp_path / "tokenizer_config.json").read_text()
+    )
+    template = ChatTemplate(QWEN25, {})
+    body = {
+        "model": "m",
+        "max_tokens": 4,
+        "tools": [{**TOOL, "cache_control": HOUR}],
+        "system": [text("Be brief.", HOUR), text("Be kind.", EPHEMERAL)],
+        "messages": [{"role": "user", "content": [text("Weather?", EPHEMERAL), text("In Rome.")]}],
+    }
+    params = generate_params(MessagesRequest.model_validate(body), "rid")
+    rendered = template.render(list(params.messages or ()), True, params.tools, {})
+    prompt_token_ids = tokenizer.encode(rendered, add_special_tokens=False)
+    assert len(prompt_token_ids) == len(rendered)
+    plan = plan_pins(params, prompt_token_ids, template, tokenizer)
+    user = rendered.index("Weather?")
+    assert [(count, pin.ttl_s) for count, pin in plan.prefixes] == [
+        (rendered.index("Be brief.") + len("Be brief."), 3600),
+        (user, 3600),
+        (user + len("Weather?"), 300),
+    ]
+    assert rendered.index('"name": "weather"') < user

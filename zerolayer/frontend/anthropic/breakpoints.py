@@ -12,9 +12,10 @@ A pin names the end of its prefix as a place in the translated chat
 - a ``tool_result`` block: the end of its ``tool`` message's content;
 - a ``tool_use`` block: the end of its assistant message's text content; the call itself is
   rendered after that text, so the prefix does not hold it;
-- a tool (``tools.N``): where the first message that is not ``system`` starts (its index,
-  offset 0). Anthropic caches tools before ``system``; chat templates render the tools inside
-  the system turn, so the prefix holds the whole system turn, tools and system text;
+- a tool (``tools.N``): the start of the first message that is not ``system`` (its index,
+  offset 0: after the template's header of that turn). Anthropic caches tools before
+  ``system``; chat templates render the tools inside the system turn, so the prefix holds the
+  whole system turn, tools and system text;
 - the last ``system`` block, when tools are defined: as a tool's breakpoint (Anthropic's prefix
   of a system breakpoint holds the tools, and the template may render them after the text);
 - the request's own ``cache_control`` (automatic caching): the end of the last message.
