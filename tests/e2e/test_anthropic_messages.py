@@ -244,7 +244,6 @@ def test_fields_that_carry_no_meaning_here_are_accepted(client, model) -> None:
         service_tier="auto",
         speed="standard",
         inference_geo="eu",
-        cache_control={"type": "ephemeral"},
         thinking={"type": "adaptive"},
     )
     assert message.content == whole.content
@@ -377,11 +376,13 @@ def pinned_system(rest: str) -> list[dict]:
     ]
 
 
-def tokens_before(model_dir: Path, system: str, text_end: str) -> tuple[int, int]:
-    """transformers' prompt of ``system`` and CHAT[2]: the tokens before the end of its first
+def tokens_before(
+    model_dir: Path, system: str, text_end: str, user: str = CHAT[2]["content"]
+) -> tuple[int, int]:
+    """transformers' prompt of ``system`` and ``user``: the tokens before the end of its first
     ``text_end``, and its length."""
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(model_dir)
-    messages = [{"role": "system", "content": system}, CHAT[2]]
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     end = text.index(text_end) + len(text_end)
@@ -425,6 +426,27 @@ def test_a_system_breakpoint_writes_its_prefix_once_and_later_calls_read_it(
     assert start.type == "message_start"
     assert start.message.usage.cache_read_input_tokens == read
     assert [event.type for event in events][-1] == "message_stop"
+
+
+def test_the_requests_own_breakpoint_pins_up_to_its_last_message(client, model, model_dir):
+    """Automatic caching: the pin ends after the last message's text. Two calls part after
+    ``Once more``: the second reads the blocks they share and writes the rest of its pin (as
+    tenant-a, whose other prompts share less with them)."""
+    system = f"{PINNED}\nFirst."
+    written = []
+    for user in ("Once more?", "Once more, and this time make it a much longer story."):
+        chat = [{"role": "user", "content": user}]
+        fields = {"messages": chat, "max_tokens": 1, "cache_control": EPHEMERAL}
+        message = create(client, model, system=pinned_system("First."), **fields)
+        end, _ = tokens_before(model_dir, system, user, user)
+        pinned = end // BLOCK_SIZE * BLOCK_SIZE
+        usage = message.usage
+        assert usage.cache_read_input_tokens + usage.cache_creation_input_tokens == pinned
+        written.append(usage)
+    shared, _ = tokens_before(model_dir, system, "Once more", "Once more?")
+    read = shared // BLOCK_SIZE * BLOCK_SIZE
+    assert written[1].cache_read_input_tokens == read
+    assert written[1].cache_creation_input_tokens > 0
 
 
 @pytest.mark.parametrize("path", ["create", "count_tokens"])
