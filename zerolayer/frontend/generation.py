@@ -270,8 +270,8 @@ class TextGenerator:
                     await self.scheduler.abort_sample(request.request_id, index, tenant)
         raise Unavailable("scheduler: stream ended without a finished output")
 
-    @staticmethod
     async def _pin(
+        self,
         pins: RequestPins,
         prompt_token_ids: tuple[int, ...],
         output: RequestOutput,
@@ -283,10 +283,12 @@ class TextGenerator:
         if pins.plan.empty or not output.new_token_ids:
             return
         if not output_ids and pins.plan.prefixes:
-            await pins.pin_prefixes(prompt_token_ids)
+            with self.tracer.start_as_current_span("pin"):
+                await pins.pin_prefixes(prompt_token_ids)
         output_ids += output.new_token_ids
         if output.finished and pins.plan.with_output:
-            await pins.pin_with_output(prompt_token_ids + tuple(output_ids))
+            with self.tracer.start_as_current_span("pin"):
+                await pins.pin_with_output(prompt_token_ids + tuple(output_ids))
 
     def _output_parsers(
         self, plan: OutputPlan | None, prompt_token_ids: tuple[int, ...], n: int

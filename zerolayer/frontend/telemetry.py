@@ -26,6 +26,7 @@ from zerolayer.common.tracing import (
     GEN_AI_REQUEST_TOP_P,
     GEN_AI_RESPONSE_FINISH_REASONS,
     GEN_AI_RESPONSE_ID,
+    GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
     GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
     GEN_AI_USAGE_INPUT_TOKENS,
     GEN_AI_USAGE_OUTPUT_TOKENS,
@@ -109,6 +110,9 @@ class GenerationTelemetry:
                 GEN_AI_USAGE_INPUT_TOKENS: chunk.usage.prompt_tokens,
                 GEN_AI_USAGE_OUTPUT_TOKENS: chunk.usage.completion_tokens,
                 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: chunk.usage.cached_prompt_tokens,
+                GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: chunk.usage.cache_write_prompt_tokens,
+                "zerolayer.pinned_prompt_tokens": chunk.usage.pinned_prompt_tokens,
+                "zerolayer.pin_refusal": chunk.usage.pin_refusal,
             }
         )
         if self._detok_start_ns is not None:
