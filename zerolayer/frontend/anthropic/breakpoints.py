@@ -125,7 +125,7 @@ def request_pins(
     body: CountTokensRequest, messages: tuple[ChatMessage, ...], marks: list[Breakpoint]
 ) -> tuple[CachePin, ...]:
     """The pins of ``body``'s breakpoints: its tools' (and, with tools, its last system
-    block's) where the first message that is not ``system`` starts, ``marks`` (those of
+    block's) at the start of the first message that is not ``system``, ``marks`` (those of
     ``system`` and the messages, placed as they were translated into ``messages``), the
     request's own at the end of the last message.
 
@@ -138,7 +138,7 @@ def request_pins(
         for j, tool in enumerate(body.tools or ())
         for mark in block_breakpoint(tool, f"tools.{j}", first, 0)
     ]
-    if tools or body.tools:
+    if body.tools:
         last_system = f"system.{len(body.system) - 1}" if isinstance(body.system, list) else None
         marks = [
             Breakpoint(m.field, m.ttl, first, 0) if m.field == last_system else m for m in marks
