@@ -56,7 +56,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         kv_cache_bytes=NUM_BLOCKS * BLOCK_BYTES,
         http_listen=f"127.0.0.1:{free_port()}",
         tenants=str(tenants_file(folder, TOKENS)),
-        # testing_pin_clock=True,
+        testing_pin_clock=True,
     ) as stack:
         yield stack
 
