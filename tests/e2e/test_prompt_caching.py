@@ -13,6 +13,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import grpc
 import openai
 import pytest
@@ -34,7 +35,7 @@ BLOCK_SIZE = 16
 BLOCK_BYTES = 4 * 2 * BLOCK_SIZE * 2 * 32 * 4
 """The tiny dummy model's KV block: 4 layers, K and V, 2 KV heads of 32 fp32 values a token."""
 NUM_BLOCKS = 128
-TENANTS = ("alice", "bob", "carol", "dave", "frank", "grace")
+TENANTS = ("alice", "bob", "carol", "dave", "frank", "grace", "heidi")
 """One tenant per test (the bearer token is the name): the pin budget is a tenant's."""
 TOKENS = {name: name for name in TENANTS}
 
@@ -161,6 +162,41 @@ def test_a_pinned_prompt_survives_a_flood_that_evicts_the_unpinned_one(stack) ->
     assert cached(again) == whole_blocks_before_last(first.usage.prompt_tokens) > 0
     # The other tenant's identical prompt reads nothing of alice's namespace.
     assert cached(chat(openai_client(stack, "bob"), "survive")) == 0
+
+
+def test_an_anthropic_breakpoint_survives_a_flood_and_is_read_exactly(stack) -> None:
+    """The official anthropic client: a system block's ``cache_control`` pins the prompt's whole
+    blocks up to it; after a flood evicts everything unpinned, the same call reads exactly what
+    the first wrote (the rest of its prompt was evicted), and another tenant's identical prompt
+    reads nothing."""
+    url = f"http://{stack.config.http_listen}"
+
+    def create(token: str, breakpoint: bool = True) -> anthropic.types.Message:
+        client = anthropic.Anthropic(base_url=url, api_key=token, max_retries=0, timeout=60)
+        # NOTE: a system prompt of one block (BOS and <|system|> are 11 tokens): the pool's pin
+        # budget is shared by every test of the module.
+        block = {"type": "text", "text": "anthropic agent."}
+        if breakpoint:
+            block["cache_control"] = {"type": "ephemeral", "ttl": "1h"}  # type: ignore[assignment]
+        return client.messages.create(
+            model="dummy",
+            max_tokens=1,
+            system=[block],  # type: ignore[list-item]
+            messages=[{"role": "user", "content": "hi " * 20}],
+        )
+
+    first = create("heidi").usage
+    assert (first.cache_read_input_tokens, first.cache_creation_input_tokens) == (0, BLOCK_SIZE)
+    assert first.cache_creation.ephemeral_1h_input_tokens == first.cache_creation_input_tokens  # type: ignore[union-attr]
+    num_prompt_tokens = first.input_tokens + first.cache_creation_input_tokens
+    flood(stack)
+    again = create("heidi").usage
+    assert (again.cache_read_input_tokens, again.cache_creation_input_tokens) == (
+        first.cache_creation_input_tokens,
+        0,
+    )
+    assert again.cache_read_input_tokens < whole_blocks_before_last(num_prompt_tokens)
+    assert create("bob", breakpoint=False).usage.cache_read_input_tokens == 0
 
 
 def test_grpc_usage_says_what_was_written_and_read(stack) -> None:
