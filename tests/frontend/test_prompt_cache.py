@@ -17,7 +17,7 @@ from zerolayer.common.generation import (
     GenerateParams,
     Usage,
 )
-from zerolayer.frontend.kv_pins import KVPins, MadePin
+from zerolayer.frontend.kv_pin_client import KVPins, MadePin
 from zerolayer.frontend.prompt_cache import RequestPins, check_cache_pins, plan_pins
 from zerolayer.frontend.text.chat_template import ChatTemplate
 from zerolayer.frontend.text.tokenizer import TextTokenizer

@@ -29,7 +29,7 @@ from zerolayer.common.structured_output import grammar_of
 from zerolayer.frontend.chat.output_parser import OutputParser, OutputPlan, parsed_chunk
 from zerolayer.frontend.chat.reasoning import prompt_opens_thought
 from zerolayer.frontend.chat.tool_request import plan_output
-from zerolayer.frontend.kv_pins import KVPins
+from zerolayer.frontend.kv_pin_client import KVPins
 from zerolayer.frontend.metrics import FrontendMetrics
 from zerolayer.frontend.prompt_cache import RequestPins, check_cache_pins, plan_pins
 from zerolayer.frontend.routing.scheduler_pool import SchedulerPool

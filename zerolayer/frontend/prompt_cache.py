@@ -28,7 +28,7 @@ from zerolayer.common.generation import (
     RequestOutput,
     Usage,
 )
-from zerolayer.frontend.kv_pins import KVPins, MadePin
+from zerolayer.frontend.kv_pin_client import KVPins, MadePin
 from zerolayer.frontend.text.cache_breakpoints import breakpoint_token_counts
 from zerolayer.frontend.text.chat_template import ChatTemplate
 from zerolayer.frontend.text.tokenizer import TextTokenizer

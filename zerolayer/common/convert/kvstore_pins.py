@@ -79,6 +79,16 @@ def renew_pin_response_to_pb(expires_in_s: float | None) -> kvstore_pb2.RenewPin
     return kvstore_pb2.RenewPinResponse(found=True, expires_in_ms=round(expires_in_s * 1000))
 
 
+def release_pin_request_to_pb(pin_id: str) -> kvstore_pb2.ReleasePinRequest:
+    """A ReleasePin request of the pin ``pin_id``."""
+    return kvstore_pb2.ReleasePinRequest(pin_id=pin_id)
+
+
+def pin_namespaces_from_pb(pb: kvstore_pb2.KVStats) -> tuple[str, ...]:
+    """The budget namespaces a GetStats answer lists pins in."""
+    return tuple(n.cache_salt for n in pb.pins.namespaces)
+
+
 def release_pin_response_to_pb(num_blocks: int | None) -> kvstore_pb2.ReleasePinResponse:
     """A ReleasePin answer: found, and the blocks the pin held, or not found (None)."""
     if num_blocks is None:

@@ -17,14 +17,17 @@ from dataclasses import dataclass
 import grpc
 
 from zerolayer.common.convert import (
+    get_stats_request_to_pb,
+    pin_namespaces_from_pb,
     pin_request_to_pb,
     release_namespace_pins_request_to_pb,
     release_namespace_pins_response_from_pb,
+    release_pin_request_to_pb,
 )
 from zerolayer.common.generation import PIN_KVSTORE_UNAVAILABLE
 from zerolayer.common.server import CHANNEL_OPTIONS
 from zerolayer.frontend.tenants import namespace_tenant, scoped_cache_salt
-from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
+from zerolayer.v1 import kvstore_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +100,7 @@ class KVPins:
         for pin_id in pin_ids:
             try:
                 await self._kvstore().ReleasePin(
-                    kvstore_pb2.ReleasePinRequest(pin_id=pin_id), timeout=PIN_CALL_TIMEOUT_S
+                    release_pin_request_to_pb(pin_id), timeout=PIN_CALL_TIMEOUT_S
                 )
             except grpc.aio.AioRpcError as exc:
                 log.info("kvstore ReleasePin failed (%s): the pin ends by its ttl", exc.code().name)
@@ -130,9 +133,9 @@ class KVPins:
             return 0
         try:
             stats = await self._kvstore().GetStats(
-                kvstore_pb2.GetStatsRequest(), timeout=PIN_CALL_TIMEOUT_S
+                get_stats_request_to_pb(), timeout=PIN_CALL_TIMEOUT_S
             )
-            removed = {namespace_tenant(n.cache_salt) for n in stats.pins.namespaces}
+            removed = {namespace_tenant(n) for n in pin_namespaces_from_pb(stats)}
             removed -= {None, *tenants}
             released = 0
             for tenant in sorted(t for t in removed if t is not None):
