@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import anthropic
 import grpc
@@ -26,6 +27,7 @@ from e2e.stack import (
     text_stub,
 )
 
+from zerolayer.frontend.tenants import scoped_cache_salt
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
 
@@ -277,3 +279,22 @@ def test_openai_prompt_cache_fields_out_of_the_api_are_a_400_naming_them(stack) 
     with pytest.raises(openai.BadRequestError) as raised:
         chat(alice, "bad", prompt_cache_options={"ttl": "5m"})
     assert raised.value.body["param"] == "prompt_cache_options.ttl"
+
+
+def test_a_tenant_removed_from_the_tenants_file_loses_its_pins(stack) -> None:
+    """Last: alice leaves the --tenants file; the frontend, restarted (how the file is read
+    again), ends her pins and no one else's."""
+    alice = scoped_cache_salt("alice", "")
+    before = {n.cache_salt for n in kv_stats(stack).pins.namespaces}
+    assert alice in before
+    tenants_file(Path(stack.config.tenants).parent, {t: t for t in TENANTS if t != "alice"})
+    old_pid = stack.processes["frontend"].pid
+    stack.processes["frontend"].kill()
+    deadline = time.monotonic() + 60
+    while stack.processes["frontend"].pid == old_pid and time.monotonic() < deadline:
+        time.sleep(0.05)  # the supervisor restarts it
+    stack.wait_healthy("frontend", deadline)
+    while alice in {n.cache_salt for n in kv_stats(stack).pins.namespaces}:
+        assert time.monotonic() < deadline, "alice's pins were not released"
+        time.sleep(0.05)  # released in the background of the frontend's start
+    assert {n.cache_salt for n in kv_stats(stack).pins.namespaces} == before - {alice}
