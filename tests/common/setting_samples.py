@@ -38,6 +38,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "owner_lease_s": ("1.5", 1.5),
     "max_pinned_fraction": ("0.4", 0.4),
     "max_pinned_fraction_per_namespace": ("0.1", 0.1),
+    "testing_pin_clock": (None, True),
     "remove_arena_on_exit": (None, True),
     "max_num_seqs": ("8", 8),
     "max_num_batched_tokens": ("256", 256),

@@ -22,7 +22,7 @@ from zerolayer.common.scheduler_role import SchedulerRole
 from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.kv.commit import CommitEntry
-from zerolayer.kv.stats import PrefixLookup
+from zerolayer.kv.stats import PrefixHit, PrefixLookup
 from zerolayer.scheduler.core.engine import EngineStats
 from zerolayer.sharing.manifest import DeviceMemoryHandle, HandleKind, Residency
 from zerolayer.v1 import generation_pb2, kvstore_pb2, loader_pb2
@@ -84,8 +84,9 @@ def test_block_calls_round_trip() -> None:
     assert convert.lookup_prefix_request_from_pb(lookup) == ([7, 8, 9], "t", True)
     deferred = convert.lookup_prefix_request_to_pb([7, 8, 9], "t", count_with_allocate=True)
     assert convert.lookup_prefix_request_from_pb(deferred) == ([7, 8, 9], "t", False)
-    hit = convert.lookup_prefix_response_to_pb([3, 1], block_size=16)
-    assert (convert.lookup_prefix_response_from_pb(hit), hit.num_cached_tokens) == ([3, 1], 32)
+    hit = convert.lookup_prefix_response_to_pb(PrefixHit([3, 1], 1), block_size=16)
+    assert hit.num_cached_tokens == 32
+    assert convert.lookup_prefix_response_from_pb(hit) == PrefixHit([3, 1], num_pinned_blocks=1)
     assert convert.allocate_request_from_pb(convert.allocate_request_to_pb(3)) == (3, None)
     admitting = convert.allocate_request_to_pb(2, admitted_lookup=PrefixLookup(33, 0))
     assert convert.allocate_request_from_pb(admitting) == (2, PrefixLookup(33, 0))

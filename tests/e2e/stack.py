@@ -95,7 +95,8 @@ class SharedStack:
 
     It serves :func:`chat_dummy_model` (the tiny dummy model with a chat template) under its
     directory's name, with ``--http-listen``, Prometheus ports (``--metrics-port-base``), a
-    48-token step budget (longer prompts prefill in chunks), no tenants and no TLS; every layer
+    48-token step budget (longer prompts prefill in chunks), no pins (``--max-pinned-fraction 0``:
+    every pin is refused), no tenants and no TLS; every layer
     exports its spans to :attr:`receiver`.
 
     A test that uses it only reads: it never stops, kills, restarts or reconfigures a layer
@@ -124,6 +125,9 @@ def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedSta
             http_listen=f"127.0.0.1:{free_port()}",
             metrics_port_base=free_port(),
             max_num_batched_tokens=SHARED_MAX_NUM_BATCHED_TOKENS,
+            # NOTE: no pins: a pin outlives its request (a stored response's lives for the
+            # store's max age), and tests that only read must leave every block free
+            max_pinned_fraction=0.0,
         ) as stack:
             yield SharedStack(stack, model_dir, receiver)
 

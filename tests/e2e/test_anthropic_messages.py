@@ -11,6 +11,7 @@ import contextlib
 import http.client
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -30,7 +31,9 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "anthropic-messages.md"
 """Its examples run here, against this stack."""
 
 TOKEN = "token-of-a"
-"""The key of the stack's one tenant."""
+"""The key of the stack's tenant-a."""
+PIN_TOKEN = "token-of-b"
+"""The key of tenant-b, whose cache only the prompt-caching test uses (it starts empty)."""
 SYSTEM = "You are a tiny model."
 CHAT = [
     {"role": "user", "content": "Hello there."},
@@ -38,6 +41,8 @@ CHAT = [
     {"role": "user", "content": "Tell me a story."},
 ]
 MAX_TOKENS = 8
+BLOCK_SIZE = 16
+"""The stack's ``--block-size`` (the default): pins and the prefix cache hold whole blocks."""
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +55,10 @@ def model_dir(dummy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """``model_dir`` behind --http-listen and --tenants (TOKEN is tenant-a's key)."""
-    tenants = tenants_file(tmp_path_factory.mktemp("tenants"), {TOKEN: "tenant-a"})
+    """``model_dir`` behind --http-listen and --tenants (TOKEN is tenant-a's key, PIN_TOKEN
+    tenant-b's)."""
+    tokens = {TOKEN: "tenant-a", PIN_TOKEN: "tenant-b"}
+    tenants = tenants_file(tmp_path_factory.mktemp("tenants"), tokens)
     logs = tmp_path_factory.mktemp("logs")
     http_listen = f"127.0.0.1:{free_port()}"
     with running_stack(model_dir, logs, http_listen=http_listen, tenants=str(tenants)) as stack:
@@ -147,7 +154,8 @@ def test_system_blocks_are_joined_with_newlines(client, model, model_dir, stack)
     assert message.content[0].text == grpc_answer(stack, prompt_ids).text  # type: ignore[union-attr]
     counted = client.messages.count_tokens(model=model, system=blocks, messages=chat)  # type: ignore[arg-type]
     usage = message.usage
-    assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens
+    read_or_written = usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+    assert counted.input_tokens == usage.input_tokens + read_or_written
     assert counted.input_tokens == len(prompt_ids)
 
 
@@ -236,7 +244,6 @@ def test_fields_that_carry_no_meaning_here_are_accepted(client, model) -> None:
         service_tier="auto",
         speed="standard",
         inference_geo="eu",
-        cache_control={"type": "ephemeral"},
         thinking={"type": "adaptive"},
     )
     assert message.content == whole.content
@@ -354,6 +361,111 @@ def test_the_key_may_come_as_a_bearer_token_and_the_clients_key_is_checked(stack
     )
     with pytest.raises(anthropic.AuthenticationError):
         unknown.messages.create(model=model, max_tokens=2, messages=CHAT)  # type: ignore[arg-type]
+
+
+PINNED = "Pinned: answer in one word, and never in more than one."
+"""A system prompt no other test sends: its prefix is not cached before the first test here."""
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def pinned_system(rest: str) -> list[dict]:
+    """PINNED with a breakpoint, then ``rest`` (a second system block)."""
+    return [
+        {"type": "text", "text": PINNED, "cache_control": EPHEMERAL},
+        {"type": "text", "text": rest},
+    ]
+
+
+def tokens_before(
+    model_dir: Path, system: str, text_end: str, user: str = CHAT[2]["content"]
+) -> tuple[int, int]:
+    """transformers' prompt of ``system`` and ``user``: the tokens before the end of its first
+    ``text_end``, and its length."""
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(model_dir)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    end = text.index(text_end) + len(text_end)
+    before = tokenizer(text[:end], add_special_tokens=False)["input_ids"]
+    return len(os.path.commonprefix([before, ids])), len(ids)
+
+
+def test_a_system_breakpoint_writes_its_prefix_once_and_later_calls_read_it(
+    stack, model, model_dir
+) -> None:
+    """The pin holds the whole blocks before the breakpoint: the first call writes them (it
+    read nothing: tenant-b's cache is empty), a call that differs right after the breakpoint
+    reads exactly them, an identical call reads every whole block of its prompt (pinned or not)
+    and writes nothing, and its stream's message_start says so already."""
+    base_url = f"http://{stack.config.http_listen}"
+    client = anthropic.Anthropic(base_url=base_url, api_key=PIN_TOKEN, max_retries=0, timeout=60)
+    n, length = tokens_before(model_dir, f"{PINNED}\nFirst.", PINNED)
+    assert n // BLOCK_SIZE == (n + 1) // BLOCK_SIZE > 0  # the next block is not shared
+    chat = [CHAT[2]]
+    first = create(client, model, system=pinned_system("First."), messages=chat, max_tokens=1)
+    written = n // BLOCK_SIZE * BLOCK_SIZE
+    usage = first.usage
+    assert (usage.cache_read_input_tokens, usage.cache_creation_input_tokens) == (0, written)
+    assert usage.input_tokens == length - written
+    assert usage.cache_creation.ephemeral_5m_input_tokens == written  # type: ignore[union-attr]
+    other = create(client, model, system=pinned_system("Other."), messages=chat, max_tokens=1)
+    assert (other.usage.cache_read_input_tokens, other.usage.cache_creation_input_tokens) == (
+        written,
+        0,
+    )
+    again = create(client, model, system=pinned_system("First."), messages=chat, max_tokens=1)
+    read = (length - 1) // BLOCK_SIZE * BLOCK_SIZE  # a lookup leaves the last token
+    assert (again.usage.cache_read_input_tokens, again.usage.cache_creation_input_tokens) == (
+        read,
+        0,
+    )
+    assert again.usage.input_tokens == length - read
+    fields = greedy(model, system=pinned_system("First."), messages=chat, max_tokens=1)
+    events = iter(client.messages.create(**fields, stream=True))  # type: ignore[call-overload]
+    start = next(events)
+    assert start.type == "message_start"
+    assert start.message.usage.cache_read_input_tokens == read
+    assert [event.type for event in events][-1] == "message_stop"
+
+
+def test_the_requests_own_breakpoint_pins_up_to_its_last_message(client, model, model_dir):
+    """Automatic caching: the pin ends after the last message's text. Two calls part after
+    ``Once more``: the second reads the blocks they share and writes the rest of its pin (as
+    tenant-a, whose other prompts share less with them)."""
+    system = f"{PINNED}\nFirst."
+    written = []
+    for user in ("Once more?", "Once more, and this time make it a much longer story."):
+        chat = [{"role": "user", "content": user}]
+        fields = {"messages": chat, "max_tokens": 1, "cache_control": EPHEMERAL}
+        message = create(client, model, system=pinned_system("First."), **fields)
+        end, _ = tokens_before(model_dir, system, user, user)
+        pinned = end // BLOCK_SIZE * BLOCK_SIZE
+        usage = message.usage
+        assert usage.cache_read_input_tokens + usage.cache_creation_input_tokens == pinned
+        written.append(usage)
+    shared, _ = tokens_before(model_dir, system, "Once more", "Once more?")
+    read = shared // BLOCK_SIZE * BLOCK_SIZE
+    assert written[1].cache_read_input_tokens == read
+    assert written[1].cache_creation_input_tokens > 0
+
+
+@pytest.mark.parametrize("path", ["create", "count_tokens"])
+def test_breakpoints_anthropic_refuses_are_its_400s(client, model, path) -> None:
+    call = getattr(client.messages, path)
+    text = {"type": "text", "text": "Hello.", "cache_control": EPHEMERAL}
+    body = greedy(model, messages=[{"role": "user", "content": [text] * 5}])
+    if path == "count_tokens":
+        body = {k: v for k, v in body.items() if k in ("model", "system", "messages")}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        call(**body)
+    message = "A maximum of 4 blocks with cache_control may be provided. Found 5."
+    assert refused.value.body["error"] == {"type": "invalid_request_error", "message": message}  # type: ignore[index]
+    bad_ttl = {**text, "cache_control": {"type": "ephemeral", "ttl": "2h"}}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        call(**{**body, "messages": [{"role": "user", "content": [text, bad_ttl]}]})
+    error = refused.value.body["error"]  # type: ignore[index]
+    expected = "messages.0.content.1.cache_control.ttl: Input should be '5m' or '1h'"
+    assert (error["type"], error["message"]) == ("invalid_request_error", expected)
 
 
 def doc_examples(stack, model: str) -> tuple[str, str]:

@@ -142,6 +142,7 @@ def test_one_trace_across_layers_separates_loading_from_inference(stack, receive
     assert attrs(root)["gen_ai.usage.cache_read.input_tokens"] == usage.cached_prompt_tokens == 48
     assert attrs(load)["zerolayer.cached_tokens"] == 48
     assert attrs(load)["zerolayer.uncached_tokens"] == 3
+    assert attrs(load)["zerolayer.pinned_tokens"] == 0  # nothing pinned this prompt
     assert attrs(decode)["gen_ai.usage.output_tokens"] == 6
     assert attrs(root)["gen_ai.request.model"] == Path(stack.config.model_dir).name
     assert attrs(root)["gen_ai.response.finish_reasons"] == ["length"]

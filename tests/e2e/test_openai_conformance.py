@@ -68,7 +68,7 @@ def test_metadata_only_fields_are_accepted_and_ignored(client, model) -> None:
         modalities=["text"],
         verbosity="low",
         prediction={"type": "content", "content": "hi"},
-        extra_body={"prompt_cache_options": {"ttl": "5m"}},
+        extra_body={"prompt_cache_options": {"ttl": "30m"}},
     )
     assert tagged.choices[0].message.content == plain
     stream = chat(client, model, stream=True, stream_options={"include_obfuscation": True})

@@ -1,10 +1,10 @@
 """Prompt caching by reference, end to end (issue 31): pins asked for through the public APIs,
-seen by the official clients' usage, held by the kvstore through floods of other prompts, a
-scheduler's kill -9, and the pin budget; isolated per tenant; ended by their ttl (the kvstore's
-testing pin clock).
+seen by the official clients' usage, held by the kvstore through floods of other prompts and
+within the pin budget; isolated per tenant; ended by their ttl (the kvstore's testing pin clock). A
+pin that outlives a kill -9 of the scheduler that made it: tests/e2e/test_restarts.py.
 
 A stack of this module's own: a KV pool of 128 blocks (so a flood evicts everything unpinned),
-tenants (two bearer tokens), the testing pin clock, and it kills its scheduler.
+tenants (a bearer token per test), and the testing pin clock.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from __future__ import annotations
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import anthropic
 import grpc
 import openai
 import pytest
@@ -25,6 +27,7 @@ from e2e.stack import (
     text_stub,
 )
 
+from zerolayer.frontend.tenants import scoped_cache_salt
 from zerolayer.v1 import generation_pb2 as pb
 from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
 
@@ -34,7 +37,7 @@ BLOCK_SIZE = 16
 BLOCK_BYTES = 4 * 2 * BLOCK_SIZE * 2 * 32 * 4
 """The tiny dummy model's KV block: 4 layers, K and V, 2 KV heads of 32 fp32 values a token."""
 NUM_BLOCKS = 128
-TENANTS = ("alice", "bob", "carol", "dave", "erin", "frank", "grace")
+TENANTS = ("alice", "bob", "carol", "dave", "frank", "grace", "heidi")
 """One tenant per test (the bearer token is the name): the pin budget is a tenant's."""
 TOKENS = {name: name for name in TENANTS}
 
@@ -55,7 +58,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         kv_cache_bytes=NUM_BLOCKS * BLOCK_BYTES,
         http_listen=f"127.0.0.1:{free_port()}",
         tenants=str(tenants_file(folder, TOKENS)),
-        # testing_pin_clock=True,
+        testing_pin_clock=True,
     ) as stack:
         yield stack
 
@@ -132,7 +135,7 @@ def test_concurrent_pins_of_one_tenant_get_exactly_its_budget(stack) -> None:
 
     def pin_five_blocks(i: int) -> pb.Usage:
         ids = [100 + i] + [7] * (5 * BLOCK_SIZE)  # distinct from the first block on
-        request = pinning_request(ids, "budget", ttl_s=60)
+        request = pinning_request(ids, f"salt-{i % 2}", ttl_s=60)  # one budget, two salts
         return stub.Generate(request, metadata=grpc_metadata("frank"), timeout=60).usage
 
     with ThreadPoolExecutor(8) as pool:
@@ -141,7 +144,7 @@ def test_concurrent_pins_of_one_tenant_get_exactly_its_budget(stack) -> None:
     assert len(made) == budget // 5
     assert {u.pin_refusal for u in usages} - {""} == {"pin-over-namespace-budget"}
     assert all(u.cache_write_prompt_tokens == 0 for u in usages if u.pin_refusal)
-    [space] = [n for n in kv_stats(stack).pins.namespaces if n.cache_salt.endswith("budget")]
+    [space] = [n for n in kv_stats(stack).pins.namespaces if n.cache_salt == "tenant:5:frank"]
     assert space.num_blocks_pinned == 5 * len(made) <= budget
     released = kvstore(stack).ReleaseNamespacePins(
         kvstore_pb2.ReleaseNamespacePinsRequest(cache_salt_prefix="tenant:5:frank"), timeout=5
@@ -161,6 +164,41 @@ def test_a_pinned_prompt_survives_a_flood_that_evicts_the_unpinned_one(stack) ->
     assert cached(again) == whole_blocks_before_last(first.usage.prompt_tokens) > 0
     # The other tenant's identical prompt reads nothing of alice's namespace.
     assert cached(chat(openai_client(stack, "bob"), "survive")) == 0
+
+
+def test_an_anthropic_breakpoint_survives_a_flood_and_is_read_exactly(stack) -> None:
+    """The official anthropic client: a system block's ``cache_control`` pins the prompt's whole
+    blocks up to it; after a flood evicts everything unpinned, the same call reads exactly what
+    the first wrote (the rest of its prompt was evicted), and another tenant's identical prompt
+    reads nothing."""
+    url = f"http://{stack.config.http_listen}"
+
+    def create(token: str, breakpoint: bool = True) -> anthropic.types.Message:
+        client = anthropic.Anthropic(base_url=url, api_key=token, max_retries=0, timeout=60)
+        # NOTE: a system prompt of one block (BOS and <|system|> are 11 tokens): the pool's pin
+        # budget is shared by every test of the module.
+        block = {"type": "text", "text": "anthropic agent."}
+        if breakpoint:
+            block["cache_control"] = {"type": "ephemeral", "ttl": "1h"}  # type: ignore[assignment]
+        return client.messages.create(
+            model="dummy",
+            max_tokens=1,
+            system=[block],  # type: ignore[list-item]
+            messages=[{"role": "user", "content": "hi " * 20}],
+        )
+
+    first = create("heidi").usage
+    assert (first.cache_read_input_tokens, first.cache_creation_input_tokens) == (0, BLOCK_SIZE)
+    assert first.cache_creation.ephemeral_1h_input_tokens == first.cache_creation_input_tokens  # type: ignore[union-attr]
+    num_prompt_tokens = first.input_tokens + first.cache_creation_input_tokens
+    flood(stack)
+    again = create("heidi").usage
+    assert (again.cache_read_input_tokens, again.cache_creation_input_tokens) == (
+        first.cache_creation_input_tokens,
+        0,
+    )
+    assert again.cache_read_input_tokens < whole_blocks_before_last(num_prompt_tokens)
+    assert create("bob", breakpoint=False).usage.cache_read_input_tokens == 0
 
 
 def test_grpc_usage_says_what_was_written_and_read(stack) -> None:
@@ -185,17 +223,6 @@ def test_a_pin_expires_at_its_ttl(stack) -> None:
     assert advance_pin_clock(stack, 30 * 60 + 1) >= 1
     flood(stack)
     assert cached(chat(alice, "expiring")) == 0
-
-
-def test_a_pin_outlives_a_kill_9_of_the_scheduler_that_made_it(stack) -> None:
-    alice = openai_client(stack, "erin")
-    first = chat(alice, "outlive", prompt_cache_retention="24h", prompt_cache_key="k9")
-    old_pid = stack.processes["scheduler"].pid
-    stack.processes["scheduler"].kill()  # SIGKILL; the supervisor restarts it
-    flood(stack)  # waits for the restarted scheduler, then floods through it
-    assert stack.processes["scheduler"].pid != old_pid
-    again = chat(alice, "outlive")
-    assert cached(again) == whole_blocks_before_last(first.usage.prompt_tokens)
 
 
 def test_a_stored_response_keeps_its_context_pinned_until_deleted(stack) -> None:
@@ -252,3 +279,22 @@ def test_openai_prompt_cache_fields_out_of_the_api_are_a_400_naming_them(stack) 
     with pytest.raises(openai.BadRequestError) as raised:
         chat(alice, "bad", prompt_cache_options={"ttl": "5m"})
     assert raised.value.body["param"] == "prompt_cache_options.ttl"
+
+
+def test_a_tenant_removed_from_the_tenants_file_loses_its_pins(stack) -> None:
+    """Last: alice leaves the --tenants file; the frontend, restarted (how the file is read
+    again), ends her pins and no one else's."""
+    alice = scoped_cache_salt("alice", "")
+    before = {n.cache_salt for n in kv_stats(stack).pins.namespaces}
+    assert alice in before
+    tenants_file(Path(stack.config.tenants).parent, {t: t for t in TENANTS if t != "alice"})
+    old_pid = stack.processes["frontend"].pid
+    stack.processes["frontend"].kill()
+    deadline = time.monotonic() + 60
+    while stack.processes["frontend"].pid == old_pid and time.monotonic() < deadline:
+        time.sleep(0.05)  # the supervisor restarts it
+    stack.wait_healthy("frontend", deadline)
+    while alice in {n.cache_salt for n in kv_stats(stack).pins.namespaces}:
+        assert time.monotonic() < deadline, "alice's pins were not released"
+        time.sleep(0.05)  # released in the background of the frontend's start
+    assert {n.cache_salt for n in kv_stats(stack).pins.namespaces} == before - {alice}

@@ -22,6 +22,7 @@ from zerolayer.common.status import reason_of
 from zerolayer.kserve.v2 import grpc_service_pb2 as kserve_pb2
 from zerolayer.kserve.v2 import grpc_service_pb2_grpc as kserve_pb2_grpc
 from zerolayer.v1 import generation_pb2 as pb
+from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 
@@ -121,6 +122,14 @@ def test_scheduler_killed_mid_stream_is_restarted_and_the_stream_continues_on_it
     )
     samples_call = stub.GenerateStream(samples, timeout=120)
     samples_first = [next(samples_call) for _ in range(3)]
+    # A pin the dying scheduler makes belongs to the kvstore: it outlives its maker (issue 31).
+    pinning = make_generate_request(
+        ids=list(range(3, 3 + 5 * 16 + 2)),
+        max_new_tokens=1,
+        cache_salt="pinned-across-a-kill",
+        cache_pins=[pb.CachePin(ttl_s=600)],
+    )
+    assert stub.Generate(pinning, timeout=60).usage.pinned_prompt_tokens == 5 * 16
     assert kv_stats(stack).num_blocks_used > 0
     stack.processes["scheduler"].kill()  # SIGKILL: no chance to free anything
     # The frontend waits for the supervisor's restart and resubmits prompt + generated there.
@@ -141,6 +150,13 @@ def test_scheduler_killed_mid_stream_is_restarted_and_the_stream_continues_on_it
         assert [t for r in sample for t in r.token_ids] == list(choice.token_ids)
         assert len(choice.token_ids) == 64 and sample[-1].finish_reason == choice.finish_reason
     assert samples_responses[-1].usage.completion_tokens == 192
+    again = stub.Generate(pinning, timeout=60).usage
+    assert (again.cached_prompt_tokens, again.cache_write_prompt_tokens) == (5 * 16, 0)
+    with grpc.insecure_channel(stack.address("kvstore")) as channel:
+        released = kvstore_pb2_grpc.KVStoreStub(channel).ReleaseNamespacePins(
+            kvstore_pb2.ReleaseNamespacePinsRequest(cache_salt_prefix="pinned-across-a-kill")
+        )
+    assert released.num_blocks == 5
     # The new scheduler reconciled with the kvstore: the dead one's blocks were freed.
     assert wait_all_blocks_free(stack).num_blocks_used == 0
     assert {name: stack.processes[name].pid for name in others} == others

@@ -55,7 +55,12 @@ def assert_matches_native(record: dict, native: pb.GenerateResponse) -> None:
     assert record["token_ids"] == list(native.token_ids)
     assert len(record["token_ids"]) == MAX_NEW_TOKENS
     assert record["finish_reason"] == "FINISH_REASON_LENGTH"
-    assert record["usage"] == {
+    usage = dict(record["usage"])
+    # No pins asked for: their fields at their defaults, or absent (protobufjs' defaults: true
+    # shows every field, Python's MessageToDict only those set)
+    pins = [usage.pop(k, 0) for k in ("cache_write_prompt_tokens", "pinned_prompt_tokens")]
+    assert pins == [0, 0] and usage.pop("pin_refusal", "") == ""
+    assert usage == {
         "prompt_tokens": len(PROMPT) + 1,
         "completion_tokens": MAX_NEW_TOKENS,
         "cached_prompt_tokens": 0,

@@ -17,7 +17,7 @@ from zerolayer.common.generation import (
     GenerateParams,
     Usage,
 )
-from zerolayer.frontend.kv_pins import KVPins, MadePin
+from zerolayer.frontend.kv_pin_client import KVPins, MadePin
 from zerolayer.frontend.prompt_cache import RequestPins, check_cache_pins, plan_pins
 from zerolayer.frontend.text.chat_template import ChatTemplate
 from zerolayer.frontend.text.tokenizer import TextTokenizer
@@ -109,7 +109,8 @@ def test_num_prompt_tokens_past_the_prompt_is_refused() -> None:
 
 
 def test_usage_counts_the_longest_pin_less_what_was_read_and_the_first_refusal() -> None:
-    pins = RequestPins(KVPins(""), plan_pins(GenerateParams(prompt="x"), [1], None, None), "", 100)
+    plan = plan_pins(GenerateParams(prompt="x"), [1], None, None)
+    pins = RequestPins(KVPins(""), plan, "", tuple(range(100)))
     usage = Usage(100, 5, 32)
     assert pins.usage(usage) == usage  # nothing pinned yet
     pins.made = [MadePin("a", 64), MadePin(refusal="pin-over-budget"), MadePin("b", 96)]

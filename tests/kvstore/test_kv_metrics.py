@@ -62,7 +62,7 @@ def test_block_states_partition_the_pool(tmp_path: Path) -> None:
     store.free([3, 2, 1, 0])  # 0, 1, 2 stay findable; 3 is not (never committed)
     assert blocks_by_state(registry) == {"used": 0, "cached": 3, "free": 5}
     assert store.allocate(1) == [4]
-    assert store.lookup(PROMPT[:9], "") == [0, 1]  # two cached blocks in use again
+    assert store.lookup(PROMPT[:9], "").block_ids == [0, 1]  # two cached blocks in use again
     # used: 4, 0, 1; cached (unreferenced, findable): 2; free: 3, 5, 6, 7
     assert blocks_by_state(registry) == {"used": 3, "cached": 1, "free": 4}
     assert sum(blocks_by_state(registry).values()) == NUM_BLOCKS
@@ -100,6 +100,8 @@ def test_names_follow_prometheus_conventions(tmp_path: Path) -> None:
         "zerolayer_kv_pin_misses": "counter",
         "zerolayer_kv_pin_refusals": "counter",
         "zerolayer_kv_pin_evictions_avoided": "counter",
+        "zerolayer_kv_pins_replaced": "counter",
+        "zerolayer_kv_pins_released_by_namespace": "counter",
     }
     text = generate_latest(registry).decode()
     for name, kind in types.items():
@@ -110,21 +112,23 @@ def test_names_follow_prometheus_conventions(tmp_path: Path) -> None:
 def test_prefix_counters_count_the_admitting_allocation_not_each_lookup(tmp_path: Path) -> None:
     store, registry = store_with_cached_prompt(tmp_path)
     for _ in range(3):  # a request waiting for blocks: looked up at every step, not admitted
-        assert store.lookup(PROMPT, "", counted=False) == [0, 1, 2]
+        assert store.lookup(PROMPT, "", counted=False).block_ids == [0, 1, 2]
         with pytest.raises(ResourceExhausted):
             store.allocate(6, admitted_lookup=PrefixLookup(len(PROMPT), 12))
         store.free([2, 1, 0])
     with pytest.raises(InvalidArgument, match="admitted_lookup"):
         store.allocate(1, admitted_lookup=PrefixLookup(4, 8))
     assert store.stats().num_blocks_free == NUM_BLOCKS  # nothing was taken
-    assert store.lookup(PROMPT, "", counted=False) == [0, 1, 2]
+    assert store.lookup(PROMPT, "", counted=False).block_ids == [0, 1, 2]
     assert store.allocate(1, admitted_lookup=PrefixLookup(len(PROMPT), 12)) == [4]
     values = {
         name: registry.get_sample_value(f"zerolayer_kv_prefix_{name}_total")
         for name in ("queries", "query_tokens", "hit_tokens")
     }
     assert values == {"queries": 1, "query_tokens": 13, "hit_tokens": 12}
-    assert store.lookup(PROMPT[:5], "") == [0]  # a caller that does not defer: counted now
+    assert store.lookup(PROMPT[:5], "").block_ids == [
+        0
+    ]  # a caller that does not defer: counted now
     assert store.stats().num_prefix_queries == 2
     assert store.stats().num_prefix_query_tokens == 18
 
@@ -138,7 +142,7 @@ def test_pins_are_exported_per_namespace_by_a_digest_of_the_salt(tmp_path: Path)
     store.free(block_ids)
     assert store.pin(PROMPT[:8], "", 60.0, False).num_blocks == 2
     assert store.pin(PROMPT, "", 60.0, False).refusal == "pin-over-budget"
-    store.free(store.lookup(PROMPT, ""))
+    store.free(store.lookup(PROMPT, "").block_ids)
     assert store.pins.release("no-such-pin") is None
     shared = {"namespace": "shared"}
     assert registry.get_sample_value("zerolayer_kv_pins", shared) == 1
@@ -150,3 +154,14 @@ def test_pins_are_exported_per_namespace_by_a_digest_of_the_salt(tmp_path: Path)
     assert registry.get_sample_value("zerolayer_kv_pin_evictions_avoided_total") == 2
     assert namespace_label("tenant-a") == "ns-" + hashlib.sha256(b"tenant-a").hexdigest()[:12]
     assert b"tenant-a" not in generate_latest(registry)
+
+
+def test_replaced_pins_and_namespace_releases_are_counted(tmp_path: Path) -> None:
+    store, registry = store_with_cached_prompt(tmp_path)
+    store.pin(PROMPT[:4], "", 60.0, False, key="session")
+    store.pin(PROMPT[:8], "", 60.0, False, key="session")  # replaces the first
+    store.pin(PROMPT[:8], "", 60.0, False, key="session")  # the same blocks: renews it
+    store.pin(PROMPT[:4], "", 60.0, False)  # no key: another pin
+    assert store.pins.release_namespaces("").num_pins == 2
+    assert registry.get_sample_value("zerolayer_kv_pins_replaced_total") == 1
+    assert registry.get_sample_value("zerolayer_kv_pins_released_by_namespace_total") == 2

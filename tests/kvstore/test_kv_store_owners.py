@@ -80,7 +80,7 @@ def test_a_zombie_epoch_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     calls = [
         lambda: store.allocate(1, old),
         lambda: store.free([0], old),
-        lambda: store.lookup(PROMPT, "", old),
+        lambda: store.lookup(PROMPT, "", old).block_ids,
         lambda: store.commit(entries([0]), old),
         lambda: store.reconcile([], old),
         lambda: store.owners.keep_alive(old),
@@ -98,8 +98,8 @@ def test_a_prefix_committed_by_one_owner_is_a_hit_for_another(tmp_path: Path) ->
     a, b = join(store, "sched-a"), join(store, "sched-b")
     assert store.allocate(4, a) == [0, 1, 2, 3]
     assert store.commit(entries([0, 1, 2]), a) == 3
-    assert store.lookup(PROMPT, "", b) == [0, 1, 2]
-    assert store.lookup(PROMPT, "other-tenant", b) == []
+    assert store.lookup(PROMPT, "", b).block_ids == [0, 1, 2]
+    assert store.lookup(PROMPT, "other-tenant", b).block_ids == []
     store.free([3, 2, 1, 0], a)  # A is done; B's references keep the prefix in use
     assert used(store)[:4] == [1, 1, 1, 0]
     assert store.stats().num_prefix_hit_tokens == 12
@@ -125,7 +125,7 @@ def test_an_expired_lease_releases_the_owners_blocks_which_stay_cached(tmp_path:
     # It registers again, declares nothing, and finds its prefix still cached.
     a2 = join(store, "sched-a")
     assert a2.epoch == 2
-    assert store.lookup(PROMPT, "", a2) == [0, 1, 2]
+    assert store.lookup(PROMPT, "", a2).block_ids == [0, 1, 2]
     assert store.allocate(2, b) == [5, 6]
 
 
@@ -191,7 +191,7 @@ def test_a_restarted_kvstore_hands_out_no_block_before_every_owner_reconciled(
     advance(store, clock, 0.5)  # the window passed, but B, registered, has not reconciled
     with pytest.raises(Recovering, match=r"waiting for: owner 'sched-b'\) .* \(0.0 s left\)"):
         store.allocate(1, a)
-    assert store.lookup(PROMPT, "", a) == []  # a reconciled owner may look up meanwhile
+    assert store.lookup(PROMPT, "", a).block_ids == []  # a reconciled owner may look up meanwhile
     assert store.reconcile([2, 3, 4], b) == ReconcileResult(3, False, 0.0)
     assert store.allocate(3, a) == [5, 6, 7]
     assert not store.stats().recovering

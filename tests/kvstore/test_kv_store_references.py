@@ -50,8 +50,8 @@ def test_ref_cnt_is_the_sum_of_the_owners_references(tmp_path: Path) -> None:
     assert store.allocate(3, a) == [0, 1, 2]
     assert store.allocate(2, b) == [3, 4]
     assert commit_prompt(store, a, [0, 1, 2]) == 3
-    assert store.lookup(PROMPT, "", b) == [0, 1, 2]
-    assert store.lookup(PROMPT, "", a) == [0, 1, 2]
+    assert store.lookup(PROMPT, "", b).block_ids == [0, 1, 2]
+    assert store.lookup(PROMPT, "", a).block_ids == [0, 1, 2]
     assert store.cache.ref_cnt == [3, 3, 3, 1, 1, 0, 0, 0]
     assert held(store, a) == {0: 2, 1: 2, 2: 2}
     assert held(store, b) == {0: 1, 1: 1, 2: 1, 3: 1, 4: 1}
@@ -86,7 +86,7 @@ def test_a_block_two_owners_hold_is_free_once_both_freed_it(tmp_path: Path) -> N
     a, b = join(store, "a"), join(store, "b")
     assert store.allocate(2, a) == [0, 1]
     commit_prompt(store, a, [0])
-    assert store.lookup(PROMPT[:5], "", b) == [0]
+    assert store.lookup(PROMPT[:5], "", b).block_ids == [0]
     store.free([1, 0], a)
     assert (store.cache.ref_cnt, free_queue(store)) == ([1, 0, 0, 0], [2, 3, 1])
     store.free([0], b)
@@ -99,7 +99,7 @@ def test_reconcile_rebuilds_only_the_callers_references(tmp_path: Path) -> None:
     assert store.allocate(3, a) == [0, 1, 2]
     assert store.allocate(2, b) == [3, 4]
     commit_prompt(store, a, [0])
-    assert store.lookup(PROMPT[:5], "", b) == [0]
+    assert store.lookup(PROMPT[:5], "", b).block_ids == [0]
     # b's scheduler restarted holding nothing but block 4, twice, and block 6.
     assert store.reconcile([4, 6, 4], b).num_blocks_changed == 4
     assert store.cache.ref_cnt == [1, 1, 1, 0, 2, 0, 1, 0]
@@ -126,13 +126,17 @@ def test_release_frees_the_owners_blocks_in_id_order_and_keeps_them_cached(
     assert store.allocate(1, b) == [0]
     assert store.allocate(4, a) == [1, 2, 3, 4]
     commit_prompt(store, a, [3, 1, 4])
-    assert store.lookup(PROMPT, "", b) == [3, 1, 4]
+    assert store.lookup(PROMPT, "", b).block_ids == [3, 1, 4]
     assert store.unregister(a) == 4
     assert free_queue(store) == [5, 2]
     assert store.cache.ref_cnt == [1, 1, 0, 1, 1, 0]
     assert store.unregister(b) == 4
     assert free_queue(store) == [5, 2, 0, 1, 3, 4]
-    assert store.lookup(PROMPT, "", join(store, "c")) == [3, 1, 4]  # still cached after both
+    assert store.lookup(PROMPT, "", join(store, "c")).block_ids == [
+        3,
+        1,
+        4,
+    ]  # still cached after both
     assert store.unregister(join(store, "nobody")) == 0
 
 

@@ -7,44 +7,12 @@ import math
 from pathlib import Path
 
 import pytest
-from kvstore.store_samples import PROMPT, Clock, make_store
+from kvstore.store_samples import PROMPT, Clock, cache_prompt, join, make_store, pinned_store
 
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.kv.commit import CommitEntry
-from zerolayer.kv.owner import OwnerRef
 from zerolayer.kv.pin import PIN_NOTHING_CACHED, PIN_OVER_BUDGET, PIN_OVER_NAMESPACE_BUDGET
-from zerolayer.kvstore.kv_store import KVStore
 from zerolayer.kvstore.refusals import Recovering
-
-
-def join(store: KVStore, owner_id: str) -> OwnerRef:
-    owner = OwnerRef(owner_id, store.owners.register(owner_id).epoch)
-    store.reconcile([], owner)
-    return owner
-
-
-def cache_prompt(
-    store: KVStore, owner: OwnerRef, prompt: list[int], salt: str = "", free: bool = True
-) -> list[int]:
-    """Allocates, commits (under ``salt``) and, if ``free``, frees the prompt's full blocks, as
-    a finished request leaves them: cached, evictable."""
-    num_full = len(prompt) // 4
-    block_ids = store.allocate(num_full, owner)
-    entries = [
-        CommitEntry(b, block_ids[i - 1] if i else None, tuple(prompt[i * 4 : i * 4 + 4]), salt)
-        for i, b in enumerate(block_ids)
-    ]
-    assert store.commit(entries, owner) == num_full
-    if free:
-        store.free(block_ids, owner)
-    return block_ids
-
-
-def pinned_store(tmp_path: Path, clock: Clock, fraction: float = 1.0, per: float = 1.0):
-    """The 8-block store with pin budgets ``fraction`` in all and ``per`` per namespace."""
-    return make_store(
-        tmp_path, clock, max_pinned_fraction=fraction, max_pinned_fraction_per_namespace=per
-    )
 
 
 def test_a_pin_survives_pressure_that_evicts_everything_unpinned(tmp_path: Path) -> None:
@@ -59,8 +27,8 @@ def test_a_pin_survives_pressure_that_evicts_everything_unpinned(tmp_path: Path)
     assert store.cache.ref_cnt == [1, 1, 1, 0, 0, 0, 0, 0]
     # every unpinned block is taken: the other prompt's cached blocks are evicted, PROMPT's not
     assert store.allocate(5, a) == [6, 7, 3, 4, 5]
-    assert store.lookup(other, "", a) == []
-    assert store.lookup(PROMPT, "", a) == [0, 1, 2]
+    assert store.lookup(other, "", a).block_ids == []
+    assert store.lookup(PROMPT, "", a).block_ids == [0, 1, 2]
 
 
 def test_a_pin_covers_the_longest_committed_prefix_of_all_full_blocks(tmp_path: Path) -> None:
@@ -68,7 +36,7 @@ def test_a_pin_covers_the_longest_committed_prefix_of_all_full_blocks(tmp_path: 
     a = join(store, "a")
     cache_prompt(store, a, PROMPT[:8])  # 2 of the prompt's 3 full blocks committed
     assert store.pin(PROMPT, "", 60.0, False).num_blocks == 2
-    hits = store.lookup(PROMPT, "", a)
+    hits = store.lookup(PROMPT, "", a).block_ids
     [third] = store.allocate(1, a)
     assert store.commit([CommitEntry(third, hits[-1], tuple(PROMPT[8:12]))], a) == 1
     store.free([*hits, third], a)
@@ -113,8 +81,8 @@ def test_renew_and_renew_on_hit_move_the_deadline(tmp_path: Path) -> None:
     renewing = store.pin(list(range(100, 112)), "", 10.0, renew_on_hit=True).pin_id
     clock.now += 8.0
     assert store.pins.renew(quiet, ttl_s=5.0) == 5.0  # deadline: 113
-    store.free(store.lookup(list(range(100, 113)), "", a), a)  # a hit: deadline 118
-    store.free(store.lookup(PROMPT[:9], "", a), a)  # covers 2 of 3 blocks: not a pin hit
+    store.free(store.lookup(list(range(100, 113)), "", a).block_ids, a)  # a hit: deadline 118
+    store.free(store.lookup(PROMPT[:9], "", a).block_ids, a)  # covers 2 of 3 blocks: not a pin hit
     assert store.stats().pins.num_pin_hits == 1
     clock.now += 5.0
     store.sweep()
@@ -138,7 +106,7 @@ def test_release_ends_a_pin_and_its_blocks_stay_cached(tmp_path: Path) -> None:
     assert store.pins.release(first) is None
     assert store.pins.release(second) == 2
     assert store.cache.ref_cnt[:3] == [0, 0, 0]
-    assert store.lookup(PROMPT, "", a) == [0, 1, 2]  # still cached
+    assert store.lookup(PROMPT, "", a).block_ids == [0, 1, 2]  # still cached
     stats = store.stats().pins
     assert (stats.num_pin_misses, stats.namespaces) == (1, ())
 
@@ -152,7 +120,7 @@ def test_another_namespaces_identical_prefix_is_not_pinned(tmp_path: Path) -> No
     assert store.pin(PROMPT, "", 60.0, False).refusal == PIN_NOTHING_CACHED
     assert store.cache.ref_cnt[:6] == [1, 1, 1, 0, 0, 0]
     assert store.allocate(5, a) == [6, 7, 3, 4, 5]  # tenant-b's copy is evicted
-    assert store.lookup(PROMPT, "tenant-b", a) == []
+    assert store.lookup(PROMPT, "tenant-b", a).block_ids == []
     assert [(n.cache_salt, n.num_blocks_pinned) for n in store.stats().pins.namespaces] == [
         ("tenant-a", 3)
     ]
@@ -185,6 +153,19 @@ def test_a_pin_over_its_namespaces_budget_is_refused_whole(tmp_path: Path) -> No
     assert store.pin(PROMPT[:8], "y", 60.0, False).num_blocks == 2  # y's own budget
 
 
+def test_salts_that_name_one_budget_namespace_share_its_budget(tmp_path: Path) -> None:
+    store = pinned_store(tmp_path, Clock(), fraction=1.0, per=0.25)  # 2 blocks per namespace
+    a = join(store, "a")
+    cache_prompt(store, a, PROMPT[:8], salt="tenant:1:tx")
+    cache_prompt(store, a, PROMPT[:8], salt="tenant:1:ty")
+    assert store.pin(PROMPT[:8], "tenant:1:tx", 60.0, False, "", "tenant:1:t").num_blocks == 2
+    # Another salt of the same tenant: other blocks, the same (spent) budget.
+    refused = store.pin(PROMPT[:8], "tenant:1:ty", 60.0, False, "", "tenant:1:t")
+    assert refused.refusal == PIN_OVER_NAMESPACE_BUDGET
+    [space] = store.stats().pins.namespaces
+    assert (space.cache_salt, space.num_pins, space.num_blocks_pinned) == ("tenant:1:t", 1, 2)
+
+
 def test_pin_requests_racing_for_the_last_of_a_budget_get_exactly_what_fits(
     tmp_path: Path,
 ) -> None:
@@ -212,7 +193,7 @@ def test_a_pin_belongs_to_no_owner_and_survives_its_creators_lease(tmp_path: Pat
     b = join(store, "b")
     store.reconcile([], b)
     assert store.stats().pins.num_evictions_avoided == 3
-    assert store.lookup(PROMPT, "", b) == block_ids
+    assert store.lookup(PROMPT, "", b).block_ids == block_ids
 
 
 def test_a_restarted_kvstore_drops_every_pin(tmp_path: Path) -> None:
@@ -229,5 +210,7 @@ def test_a_restarted_kvstore_drops_every_pin(tmp_path: Path) -> None:
     assert restarted.pins.renew(pin_id) is None
     a = join(restarted, "a")
     clock.now += 3.0  # the recovery window
-    assert restarted.lookup(PROMPT, "", a) == []  # the index went too: nothing to point at
+    assert (
+        restarted.lookup(PROMPT, "", a).block_ids == []
+    )  # the index went too: nothing to point at
     assert sorted(restarted.allocate(8, a)) == list(range(8))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from factories import make_engine_request, make_scheduler
@@ -15,6 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from zerolayer.common.generation import FinishReason
 from zerolayer.common.tracing import Tracing, TracingConfig
+from zerolayer.kv.stats import PrefixHit
+from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.scheduler import Scheduler
 from zerolayer.scheduler.core.trace import RequestTraceHooks
 from zerolayer.scheduler.request_trace import RequestTrace
@@ -40,8 +42,10 @@ class RecordingTrace:
         self.calls.append(("attached",))
         yield
 
-    def set_context(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
-        self.calls.append(("set_context", num_prompt_tokens, num_cached_tokens))
+    def set_context(
+        self, num_prompt_tokens: int, num_cached_tokens: int, num_pinned_tokens: int = 0
+    ) -> None:
+        self.calls.append(("set_context", num_prompt_tokens, num_cached_tokens, num_pinned_tokens))
 
     def admitted(self) -> None:
         self.calls.append(("admitted",))
@@ -109,7 +113,7 @@ def test_the_scheduler_calls_the_hooks_in_a_requests_order_with_its_counts() -> 
     admission = [
         ("context_load",),
         ("attached",),
-        ("set_context", 9, 0),
+        ("set_context", 9, 0, 0),
         ("context_load_end",),
         ("admitted",),
     ]
@@ -122,7 +126,7 @@ def test_the_scheduler_calls_the_hooks_in_a_requests_order_with_its_counts() -> 
     assert second.calls == [
         ("context_load",),
         ("attached",),
-        ("set_context", 9, 8),
+        ("set_context", 9, 8, 0),
         ("context_load_end",),
         ("admitted",),
         ("add_event", "gpu event", {"xid": 79}),
@@ -146,9 +150,37 @@ def test_request_trace_records_the_cached_tokens_on_its_context_load_span() -> N
     assert dict(spans["context load"].attributes) == {
         "zerolayer.prompt_tokens": 9,
         "zerolayer.cached_tokens": 8,
+        "zerolayer.pinned_tokens": 0,
         "zerolayer.uncached_tokens": 1,
     }
     assert spans["decode"].attributes["gen_ai.usage.output_tokens"] == 2
+
+
+class FirstBlockPinned(LocalBlockAllocator):
+    """An in-process pool whose lookups report their first hit block as held by a kvstore pin."""
+
+    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool = True) -> PrefixHit:
+        hit = super().lookup(token_ids, cache_salt, counted)
+        return PrefixHit(hit.block_ids, min(len(hit.block_ids), 1))
+
+
+def test_a_pinned_prefix_hit_shows_as_loading_on_the_context_load_span() -> None:
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TracingConfig("none", "test"), exporter=exporter)
+    allocator = FirstBlockPinned(16, BLOCK_SIZE)
+    scheduler, _ = make_scheduler(16, BLOCK_SIZE, allocator=allocator)
+    scheduler.add_request(make_engine_request("first", PROMPT, 2, ignore_eos=True))
+    run_to_end(scheduler)
+    recorded = RecordingTrace()
+    scheduler.add_request(make_engine_request("second", PROMPT, 2, ignore_eos=True), recorded)
+    trace = RequestTrace(tracing, otel_context.get_current())
+    scheduler.add_request(make_engine_request("third", PROMPT, 2, ignore_eos=True), trace)
+    run_to_end(scheduler)
+    tracing.shutdown()
+    assert ("set_context", 9, 8, BLOCK_SIZE) in recorded.calls
+    [load] = [s for s in exporter.get_finished_spans() if s.name == "context load"]
+    assert load.attributes["zerolayer.cached_tokens"] == 8
+    assert load.attributes["zerolayer.pinned_tokens"] == BLOCK_SIZE
 
 
 def test_kvstore_calls_made_for_a_request_alone_are_children_of_its_server_span() -> None:

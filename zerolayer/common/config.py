@@ -154,6 +154,7 @@ class ArenaSettings:
     max_pinned_fraction_per_namespace: float = setting_field(
         settings.MAX_PINNED_FRACTION_PER_NAMESPACE
     )
+    testing_pin_clock: bool = setting_field(settings.TESTING_PIN_CLOCK)
 
 
 @documented

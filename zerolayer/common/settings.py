@@ -260,6 +260,15 @@ MAX_PINNED_FRACTION_PER_NAMESPACE = fraction(
     0.25,
     KVSTORE,
 )
+TESTING_PIN_CLOCK = Setting(
+    "testing_pin_clock",
+    "--testing-pin-clock",
+    "test only: the pins' deadlines follow a clock that the AdvancePinClock call moves forward "
+    "(owners' leases and a restart's recovery keep the real clock)",
+    default=False,
+    layers=(KVSTORE,),
+    up=True,
+)
 REMOVE_ARENA_ON_EXIT = Setting(
     "remove_arena_on_exit",
     "--remove-arena-on-exit",

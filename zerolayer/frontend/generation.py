@@ -29,7 +29,7 @@ from zerolayer.common.structured_output import grammar_of
 from zerolayer.frontend.chat.output_parser import OutputParser, OutputPlan, parsed_chunk
 from zerolayer.frontend.chat.reasoning import prompt_opens_thought
 from zerolayer.frontend.chat.tool_request import plan_output
-from zerolayer.frontend.kv_pins import KVPins
+from zerolayer.frontend.kv_pin_client import KVPins
 from zerolayer.frontend.metrics import FrontendMetrics
 from zerolayer.frontend.prompt_cache import RequestPins, check_cache_pins, plan_pins
 from zerolayer.frontend.routing.scheduler_pool import SchedulerPool
@@ -204,9 +204,14 @@ class TextGenerator:
             )
         request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))
         pins = RequestPins(
-            self.kv_pins, pin_plan, request.cache_salt, len(request.prompt_token_ids)
+            self.kv_pins,
+            pin_plan,
+            request.cache_salt,
+            request.prompt_token_ids,
+            # NOTE: a tenant's salts share its budget (none: a salt is its own namespace)
+            scoped_cache_salt(tenant, "") if tenant else "",
+            self.tracer,
         )
-        output_ids: list[int] = []  # sample 0's, for a pin of prompt and output
         telemetry.validated(request)
         # One detokenizer and stop-string matcher per sample (n > 1: outputs carry its index).
         # NOTE: a tool-call format's marker may be a special token (Mistral's [TOOL_CALLS],
@@ -237,7 +242,7 @@ class TextGenerator:
                 num_generated += len(output.new_token_ids)
                 if index == 0:
                     num_cached = output.num_cached_tokens
-                    await self._pin(pins, request.prompt_token_ids, output, output_ids)
+                    await pins.on_output(output)
                 usage = pins.usage(Usage(len(request.prompt_token_ids), num_generated, num_cached))
                 started = time.perf_counter()
                 chunk = self._chunk(
@@ -269,26 +274,6 @@ class TextGenerator:
                     # A stop string ended this sample only: end it in the scheduler too.
                     await self.scheduler.abort_sample(request.request_id, index, tenant)
         raise Unavailable("scheduler: stream ended without a finished output")
-
-    async def _pin(
-        self,
-        pins: RequestPins,
-        prompt_token_ids: tuple[int, ...],
-        output: RequestOutput,
-        output_ids: list[int],
-    ) -> None:
-        """Makes sample 0's pins as its ``output`` allows: the prefixes at its first token (the
-        prompt's whole blocks are committed then; an earlier output carries prompt logprobs
-        only), the prompt-and-output pins when it finished."""
-        if pins.plan.empty or not output.new_token_ids:
-            return
-        if not output_ids and pins.plan.prefixes:
-            with self.tracer.start_as_current_span("pin"):
-                await pins.pin_prefixes(prompt_token_ids)
-        output_ids += output.new_token_ids
-        if output.finished and pins.plan.with_output:
-            with self.tracer.start_as_current_span("pin"):
-                await pins.pin_with_output(prompt_token_ids + tuple(output_ids))
 
     def _output_parsers(
         self, plan: OutputPlan | None, prompt_token_ids: tuple[int, ...], n: int

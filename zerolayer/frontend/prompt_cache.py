@@ -17,21 +17,22 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from opentelemetry import trace
+
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import (
     MAX_CACHE_PINS,
     MAX_PIN_TTL_S,
     CachePin,
     GenerateParams,
+    RequestOutput,
     Usage,
 )
-from zerolayer.frontend.kv_pins import KVPins, MadePin
+from zerolayer.frontend.kv_pin_client import KVPins, MadePin
 from zerolayer.frontend.text.cache_breakpoints import breakpoint_token_counts
 from zerolayer.frontend.text.chat_template import ChatTemplate
 from zerolayer.frontend.text.tokenizer import TextTokenizer
-
-MAX_PIN_KEY_BYTES = 256
-"""Longest ``CachePin.key``, bytes (UTF-8)."""
+from zerolayer.kv.pin import MAX_PIN_KEY_BYTES
 
 
 def check_cache_pins(params: GenerateParams) -> None:
@@ -126,24 +127,37 @@ class RequestPins:
     kv_pins: KVPins
     plan: PinPlan
     cache_salt: str
-    num_prompt_tokens: int
+    prompt_token_ids: tuple[int, ...]
+    budget_namespace: str = ""
+    """Whose pin budget the pins count against (the tenant's namespace; "": the salt's)."""
+    tracer: trace.Tracer = field(default_factory=trace.NoOpTracer)
     made: list[MadePin] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    """Sample 0's so far (for a pin of prompt and output)."""
 
-    async def pin_prefixes(self, prompt_token_ids: Sequence[int]) -> None:
-        """Makes the prompt-prefix pins (at the first output), all at once."""
-        self.made += await asyncio.gather(
-            *(self._pin(prompt_token_ids[:n], pin) for n, pin in self.plan.prefixes)
-        )
-
-    async def pin_with_output(self, token_ids: Sequence[int]) -> None:
-        """Makes the prompt-and-output pins (when sample 0 finished; ``token_ids``: prompt
-        then output)."""
-        self.made += await asyncio.gather(
-            *(self._pin(token_ids, pin) for pin in self.plan.with_output)
-        )
+    async def on_output(self, output: RequestOutput) -> None:
+        """Makes the pins that sample 0's ``output`` allows, each set in a span ``pin``: the
+        prefixes at its first token (the prompt's whole blocks are committed then; an earlier
+        output carries prompt logprobs only), the prompt-and-output pins when it finished."""
+        if self.plan.empty or not output.new_token_ids:
+            return
+        if not self.output_token_ids and self.plan.prefixes:
+            with self.tracer.start_as_current_span("pin"):
+                prefixes = self.plan.prefixes
+                prompt = self.prompt_token_ids
+                self.made += await asyncio.gather(*(self._pin(prompt[:n], p) for n, p in prefixes))
+        self.output_token_ids += output.new_token_ids
+        if output.finished and self.plan.with_output:
+            token_ids = (*self.prompt_token_ids, *self.output_token_ids)
+            with self.tracer.start_as_current_span("pin"):
+                self.made += await asyncio.gather(
+                    *(self._pin(token_ids, p) for p in self.plan.with_output)
+                )
 
     async def _pin(self, token_ids: Sequence[int], pin: CachePin) -> MadePin:
-        return await self.kv_pins.pin(token_ids, self.cache_salt, pin.ttl_s, pin.key)
+        return await self.kv_pins.pin(
+            token_ids, self.cache_salt, pin.ttl_s, pin.key, self.budget_namespace
+        )
 
     @property
     def pin_ids(self) -> tuple[str, ...]:
@@ -153,7 +167,8 @@ class RequestPins:
         """``usage`` with the pins' fields (nothing pinned yet: unchanged)."""
         if not self.made:
             return usage
-        pinned = max((min(m.num_tokens, self.num_prompt_tokens) for m in self.made), default=0)
+        num_prompt_tokens = len(self.prompt_token_ids)
+        pinned = max((min(m.num_tokens, num_prompt_tokens) for m in self.made), default=0)
         refusal = next((m.refusal for m in self.made if m.refusal), "")
         return replace(
             usage,

@@ -1,5 +1,6 @@
 """What a pin request gets back and what the kvstore reports about its pins: the values the
-kvstore's Pin, RenewPin and ReleasePin calls carry, shared by the kvstore and its callers."""
+kvstore's Pin, RenewPin, ReleasePin and ReleaseNamespacePins calls carry, shared by the kvstore and
+its callers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ PIN_OVER_NAMESPACE_BUDGET = "pin-over-namespace-budget"
 """Refusal: the pin would take its namespace's pinned blocks past
 ``max_pinned_fraction_per_namespace``."""
 PIN_REFUSALS = (PIN_NOTHING_CACHED, PIN_OVER_BUDGET, PIN_OVER_NAMESPACE_BUDGET)
+MAX_PIN_KEY_BYTES = 256
+"""Longest pin key, bytes of UTF-8 (pins of one namespace with the same key replace each other)."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,16 @@ class PinResult:
     """Why nothing was pinned, one of :data:`PIN_REFUSALS`; empty for a pin."""
     message: str = ""
     """The refusal in words (the numbers of blocks asked for, pinned and allowed)."""
+
+
+@dataclass(frozen=True)
+class PinsReleased:
+    """What a release of whole namespaces' pins ended (ReleaseNamespacePins)."""
+
+    num_pins: int = 0
+    """Pins ended."""
+    num_blocks: int = 0
+    """Distinct blocks they held (they stay cached, evictable once unreferenced)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,10 @@ class PinStats:
     num_evictions_avoided: int = 0
     """Times an owner dropped the last request reference to a pinned block: unpinned, it would
     have joined the LRU queue, evictable; pinned, it stays."""
+    num_pins_replaced: int = 0
+    """Pins released because a later pin of the same namespace and key replaced them."""
+    num_pins_released_by_namespace: int = 0
+    """Pins ended by a release of their namespace (ReleaseNamespacePins: a removed tenant)."""
 
     @property
     def num_blocks_pinned(self) -> int:

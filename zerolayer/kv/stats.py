@@ -1,4 +1,5 @@
-"""The kvstore's counters, as ``GetStats`` and its Prometheus endpoint report them."""
+"""The kvstore's counters, as ``GetStats`` and its Prometheus endpoint report them, and what a
+prefix lookup finds."""
 
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ class PrefixLookup:
     """Tokens looked up (the request's prompt)."""
     num_hit_tokens: int
     """Of those, tokens found cached (whole blocks)."""
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """A prefix lookup's answer: the cached prefix's blocks, now referenced for the caller."""
+
+    block_ids: list[int]
+    """The blocks, in order (``len * block_size`` tokens are cached)."""
+    num_pinned_blocks: int = 0
+    """Of ``block_ids``, those a live pin holds (a pinned-prefix hit); 0 where nothing pins."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ through the services).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -15,7 +16,7 @@ import torch
 from zerolayer.common.errors import ResourceExhausted
 from zerolayer.common.settings import BLOCK_SIZE, PREFIX_CACHING
 from zerolayer.kv.arena_layout import ArenaLayout
-from zerolayer.kv.stats import PrefixLookup
+from zerolayer.kv.stats import PrefixHit, PrefixLookup
 from zerolayer.kvstore.prefix_cache import HashFn, PrefixCache, xxh3_128
 
 
@@ -50,6 +51,11 @@ class LocalBlockAllocator(PrefixCache):
             return super().allocate(num_blocks, admitted_lookup)
         except ResourceExhausted:
             return None
+
+    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool = True) -> PrefixHit:  # type: ignore[override]
+        """The cached prefix's blocks, referenced (see :meth:`PrefixCache.lookup`); nothing is
+        pinned in this process (``num_pinned_blocks`` 0: pins are the kvstore layer's)."""
+        return PrefixHit(super().lookup(token_ids, cache_salt, counted))
 
     def lease_lost(self) -> bool:
         """False: an in-process pool has one owner, without a lease."""

@@ -16,7 +16,7 @@ from zerolayer.kv.arena_layout import ArenaLayout, model_arena_layout
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.owner import DEFAULT_OWNER, OwnerRef, ReconcileResult
 from zerolayer.kv.pin import PinResult
-from zerolayer.kv.stats import KVStats, PrefixLookup
+from zerolayer.kv.stats import KVStats, PrefixHit, PrefixLookup
 from zerolayer.kvstore.arena import Arena
 from zerolayer.kvstore.owners import Owner, Owners, owner_name
 from zerolayer.kvstore.pins import Pins
@@ -114,6 +114,7 @@ class KVStore:
             config.max_pinned_fraction,
             config.max_pinned_fraction_per_namespace,
             clock,
+            testing_clock=config.testing_pin_clock,
         )
         if self.arena.reopened:
             # NOTE: pins live in memory, as the prefix index does: a restart forgets both, so no
@@ -197,20 +198,21 @@ class KVStore:
         cache_salt: str,
         owner: OwnerRef = DEFAULT_OWNER,
         counted: bool = True,
-    ) -> list[int]:
+    ) -> PrefixHit:
         """The cached prefix's blocks, one reference each for the caller (see
-        :meth:`PrefixCache.lookup`); hits may be blocks another owner committed or holds.
-        ``counted=False``: the lookup is counted by the :meth:`allocate` that admits its request
-        (``admitted_lookup``).
+        :meth:`PrefixCache.lookup`), and how many of them a live pin holds; hits may be blocks
+        another owner committed or holds. ``counted=False``: the lookup is counted by the
+        :meth:`allocate` that admits its request (``admitted_lookup``).
 
         Raises:
             EpochStale, LeaseExpired, NotRegistered, NotReconciled: the caller may not act.
         """
         holder = self.owners.acting(owner)
+        self.pins.expire()  # a lapsed pin's blocks are no pinned hit
         block_ids = self.cache.lookup(token_ids, cache_salt, counted)
         holder.hold(block_ids)
         self.pins.on_hit(cache_salt, block_ids)
-        return block_ids
+        return PrefixHit(block_ids, self.pins.blocks.num_pinned(block_ids))
 
     def commit(self, entries: Sequence[CommitEntry], owner: OwnerRef = DEFAULT_OWNER) -> int:
         """Registers full blocks the caller holds (see :meth:`PrefixCache.commit`); returns how
@@ -292,19 +294,26 @@ class KVStore:
         return len(set(gained)) + len(set(lost))
 
     def pin(
-        self, token_ids: Sequence[int], cache_salt: str, ttl_s: float, renew_on_hit: bool
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str,
+        ttl_s: float,
+        renew_on_hit: bool,
+        key: str = "",
+        budget_namespace: str = "",
     ) -> PinResult:
         """Pins the longest committed prefix of ``token_ids``' full blocks under
         ``cache_salt`` (the same blocks a lookup of ``token_ids`` plus one token would hit) for
-        ``ttl_s`` seconds, held by the kvstore itself; or refuses, pinning nothing (see
+        ``ttl_s`` seconds, held by the kvstore itself; or renews the identical pin of ``key``,
+        replaces the earlier pin of a non-empty ``key``, or refuses, pinning nothing (see
         :meth:`Pins.pin`). Any caller may pin: pins belong to no owner.
 
         Raises:
             Recovering: the kvstore recovers from a restart (which blocks are free is unknown).
-            InvalidArgument: ``ttl_s`` is not a finite number > 0.
+            InvalidArgument: ``ttl_s`` is not a finite number > 0, or ``key`` is too long.
         """
         self.recovery.check(self.owners.owners)
-        return self.pins.pin(token_ids, cache_salt, ttl_s, renew_on_hit)
+        return self.pins.pin(token_ids, cache_salt, ttl_s, renew_on_hit, key, budget_namespace)
 
     def stats(self) -> KVStats:
         """Current counts, every owner, and the pins (lapsed ones released first)."""

@@ -133,3 +133,13 @@ def pin_metrics(pins: PinStats) -> Iterator[Metric]:
         "have become evictable",
         value=pins.num_evictions_avoided,
     )
+    yield CounterMetricFamily(
+        "zerolayer_kv_pins_replaced",
+        "Pins released because a later pin of the same namespace and key replaced them",
+        value=pins.num_pins_replaced,
+    )
+    yield CounterMetricFamily(
+        "zerolayer_kv_pins_released_by_namespace",
+        "Pins ended by a release of their namespaces (a removed tenant's)",
+        value=pins.num_pins_released_by_namespace,
+    )

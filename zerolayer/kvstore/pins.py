@@ -5,16 +5,23 @@ blocks, found as a prefix lookup finds them (chained block hashes under the prom
 its namespace), so the LRU never evicts them: a block with a reference is not in the free queue.
 The pin belongs to the kvstore, not to an owner (scheduler), so an owner's crash, lease expiry,
 unregistration or reconcile never touches it. It ends when released, or when its deadline
-passes (:meth:`Pins.expire`, run before every pin call, allocation and sweep). A lookup whose hit
-covers all of a pin's blocks renews the pin if it says so (``renew_on_hit``, as Anthropic's
-cache refreshes an entry on every read).
+passes (:meth:`Pins.expire`, run before every pin call, lookup, allocation and sweep). A lookup
+whose hit covers all of a pin's blocks renews the pin if it says so (``renew_on_hit``, as
+Anthropic's cache refreshes an entry on every read).
+
+Repeats do not pile up: a pin of exactly the blocks of a live pin of the same namespace and key
+(the empty key included) renews that pin instead (same ``pin_id``, the later deadline, the longer
+ttl), so however often requests pin their prompts, a namespace's live pins of one key are at most
+its pinned blocks (a pin is known by its last block, whose parents are the rest).
+A non-empty key names one pin per namespace (e.g. an agent session's latest turn): a new pin of
+that key replaces the earlier one, released once the new one is made.
 
 Budgets keep pins from starving running requests: the distinct blocks pinned in all namespaces
 stay within ``max_pinned_fraction`` of the pool, those of one namespace within
 ``max_pinned_fraction_per_namespace``; a pin that would pass either is refused whole (nothing is
 pinned). Blocks already pinned (by an earlier pin of the same or a shorter prefix) cost nothing
-again. Pins live in the kvstore's memory only: a restarted kvstore has none (see
-docs/prefix-caching.md, "Pins").
+again (:mod:`zerolayer.kvstore.pinned_blocks`). Pins live in the kvstore's memory only: a
+restarted kvstore has none (see docs/prefix-caching.md, "Pins").
 """
 
 from __future__ import annotations
@@ -25,15 +32,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from zerolayer.common.errors import InvalidArgument
-from zerolayer.kv.pin import (
-    PIN_NOTHING_CACHED,
-    PIN_OVER_BUDGET,
-    PIN_OVER_NAMESPACE_BUDGET,
-    NamespacePins,
-    PinResult,
-    PinStats,
-)
+from zerolayer.common.errors import FailedPrecondition, InvalidArgument
+from zerolayer.kv.pin import MAX_PIN_KEY_BYTES, NamespacePins, PinResult, PinsReleased, PinStats
+from zerolayer.kvstore.pin_clock import NOT_TESTING, OffsetClock
+from zerolayer.kvstore.pinned_blocks import PinnedBlocks
 from zerolayer.kvstore.prefix_cache import PrefixCache
 
 
@@ -48,7 +50,16 @@ class Pin:
     """Lifetime given at pin time, seconds; a renewal without a ttl extends by this much."""
     renew_on_hit: bool
     expires_at: float
-    """Deadline on the kvstore's clock, seconds."""
+    """Deadline on the pins' clock, seconds."""
+    key: str = ""
+    """Pins of its namespace with the same non-empty key replace each other; "": no key."""
+    budget: str = ""
+    """The namespace whose budget it counts against (a tenant's: all its salts share it)."""
+
+    @property
+    def identity(self) -> tuple[str, str, tuple[int, ...]]:
+        """What a repeated pin shares with it: (namespace, key, blocks)."""
+        return self.cache_salt, self.key, self.block_ids
 
 
 class Pins:
@@ -63,6 +74,7 @@ class Pins:
         max_pinned_fraction: float,
         max_pinned_fraction_per_namespace: float,
         clock: Callable[[], float],
+        testing_clock: bool = False,
     ) -> None:
         """
         Args:
@@ -71,73 +83,90 @@ class Pins:
             max_pinned_fraction: share of the pool's blocks all pins may hold, 0 to 1.
             max_pinned_fraction_per_namespace: share one namespace's pins may hold, 0 to 1.
             clock: seconds, monotonic (tests inject one).
+            testing_clock: the deadlines follow ``clock`` plus an offset that
+                :meth:`advance_clock` moves (``--testing-pin-clock``).
         """
         self.cache = cache
         self.block_bytes = block_bytes
-        self.clock = clock
-        self.max_pinned_blocks = math.floor(max_pinned_fraction * cache.num_blocks)
-        self.max_pinned_blocks_per_namespace = math.floor(
-            max_pinned_fraction_per_namespace * cache.num_blocks
+        self.testing_clock = OffsetClock(clock) if testing_clock else None
+        self.clock: Callable[[], float] = self.testing_clock or clock
+        self.blocks = PinnedBlocks(
+            cache.num_blocks, max_pinned_fraction, max_pinned_fraction_per_namespace
         )
         self.pins: dict[str, Pin] = {}
-        self.pin_refs: Counter[int] = Counter()
-        """Block id -> how many pins reference it."""
-        self.namespace_blocks: dict[str, set[int]] = {}
-        """Cache salt -> distinct blocks its pins hold."""
+        self.by_identity: dict[tuple[str, str, tuple[int, ...]], str] = {}
+        """:attr:`Pin.identity` -> the live pin's id (one per identity: a repeat renews it)."""
+        self.by_key: dict[tuple[str, str], str] = {}
+        """(cache salt, non-empty key) -> the namespace's live pin of that key."""
         self.num_pin_hits = 0
         self.num_pin_misses = 0
         self.num_pin_refusals = 0
         self.num_evictions_avoided = 0
+        self.num_pins_replaced = 0
+        self.num_pins_released_by_namespace = 0
 
     def pin(
-        self, token_ids: Sequence[int], cache_salt: str, ttl_s: float, renew_on_hit: bool
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str,
+        ttl_s: float,
+        renew_on_hit: bool,
+        key: str = "",
+        budget_namespace: str = "",
     ) -> PinResult:
         """Pins the longest committed prefix of ``token_ids``' full blocks under ``cache_salt``
         for ``ttl_s`` seconds, or refuses (nothing changes): nothing of it is committed, or it
-        would pass a budget.
+        would pass a budget (blocks already pinned cost nothing, those of a pin this one replaces
+        included: it is released only once this one is made). The per-namespace budget is
+        ``budget_namespace``'s ("": ``cache_salt``'s), shared by every pin that names it.
+
+        A pin of exactly the blocks of a live pin with the same ``cache_salt`` and ``key`` renews
+        that one instead: its ``pin_id``, the later of the two deadlines, the longer ttl, and
+        renewed on hits if either asked. Otherwise, with a non-empty ``key``, the namespace's
+        live pin of that key is released once this one is made (:attr:`num_pins_replaced`).
+
+        Returns:
+            The pin (``expires_in_s``: seconds until its deadline) or the refusal.
 
         Raises:
-            InvalidArgument: ``ttl_s`` is not a finite number > 0.
+            InvalidArgument: ``ttl_s`` is not a finite number > 0, or ``key`` is longer than
+                :data:`MAX_PIN_KEY_BYTES`.
         """
         check_ttl(ttl_s)
+        check_key(key)
         self.expire()
-        block_ids = self.cache.find(token_ids, cache_salt)
-        refusal = self._refusal(block_ids, cache_salt)
+        block_ids = tuple(self.cache.find(token_ids, cache_salt))
+        same = self.by_identity.get((cache_salt, key, block_ids))
+        if same is not None:
+            return self._repeat(self.pins[same], ttl_s, renew_on_hit)
+        budget = budget_namespace or cache_salt
+        refusal = self.blocks.refusal(block_ids, budget)
         if refusal:
             self.num_pin_refusals += 1
             return PinResult(refusal=refusal[0], message=refusal[1])
+        deadline = self.clock() + ttl_s
         pin = Pin(
-            uuid.uuid4().hex,
-            cache_salt,
-            tuple(block_ids),
-            ttl_s,
-            renew_on_hit,
-            self.clock() + ttl_s,
+            uuid.uuid4().hex, cache_salt, block_ids, ttl_s, renew_on_hit, deadline, key, budget
         )
+        earlier = self.by_key.get((cache_salt, key)) if key else None
         self.cache.incref(block_ids)
-        self.pin_refs.update(block_ids)
-        self.namespace_blocks.setdefault(cache_salt, set()).update(block_ids)
+        self.blocks.add(budget, block_ids)
         self.pins[pin.pin_id] = pin
+        self.by_identity[pin.identity] = pin.pin_id
+        if key:
+            self.by_key[(cache_salt, key)] = pin.pin_id
+        if earlier is not None:
+            self._end(self.pins[earlier])
+            self.num_pins_replaced += 1
         return PinResult(pin.pin_id, len(block_ids), ttl_s)
 
-    def _refusal(self, block_ids: list[int], cache_salt: str) -> tuple[str, str] | None:
-        if not block_ids:
-            return PIN_NOTHING_CACHED, "pin: no full block of the prompt is cached under its salt"
-        num_new = sum(1 for b in block_ids if b not in self.pin_refs)
-        num_pinned = len(self.pin_refs)
-        if num_pinned + num_new > self.max_pinned_blocks:
-            return PIN_OVER_BUDGET, (
-                f"pin: {num_new} more block(s) would pass the pin budget: {num_pinned} of "
-                f"{self.max_pinned_blocks} pinned (max_pinned_fraction)"
-            )
-        in_namespace = len(self.namespace_blocks.get(cache_salt, ()))
-        if in_namespace + num_new > self.max_pinned_blocks_per_namespace:
-            return PIN_OVER_NAMESPACE_BUDGET, (
-                f"pin: {num_new} more block(s) would pass the namespace's pin budget: "
-                f"{in_namespace} of {self.max_pinned_blocks_per_namespace} pinned "
-                "(max_pinned_fraction_per_namespace)"
-            )
-        return None
+    def _repeat(self, pin: Pin, ttl_s: float, renew_on_hit: bool) -> PinResult:
+        """Renews ``pin`` for a pin request of its very blocks, namespace and key."""
+        now = self.clock()
+        pin.expires_at = max(pin.expires_at, now + ttl_s)
+        pin.ttl_s = max(pin.ttl_s, ttl_s)
+        pin.renew_on_hit = pin.renew_on_hit or renew_on_hit
+        return PinResult(pin.pin_id, len(pin.block_ids), pin.expires_at - now)
 
     def renew(self, pin_id: str, ttl_s: float | None = None) -> float | None:
         """Moves the pin's deadline to ``ttl_s`` (default: its own ttl) from now; returns the
@@ -162,37 +191,60 @@ class Pins:
         """Ends the pin now; returns how many blocks it held, or None (a miss) if no such pin is
         held. Its blocks stay cached (evictable once nothing else references them)."""
         self.expire()
-        pin = self.pins.pop(pin_id, None)
+        pin = self.pins.get(pin_id)
         if pin is None:
             self.num_pin_misses += 1
             return None
-        self._drop(pin)
+        self._end(pin)
         return len(pin.block_ids)
+
+    def release_namespaces(self, cache_salt_prefix: str) -> PinsReleased:
+        """Ends every pin of the namespaces whose cache salt starts with ``cache_salt_prefix``
+        ("": every pin), e.g. a removed tenant's; their blocks stay cached (evictable once
+        unreferenced). Lapsed pins are released first and not counted."""
+        self.expire()
+        ended = [p for p in self.pins.values() if p.cache_salt.startswith(cache_salt_prefix)]
+        block_ids: set[int] = set()
+        for pin in ended:
+            block_ids.update(pin.block_ids)
+            self._end(pin)
+        self.num_pins_released_by_namespace += len(ended)
+        return PinsReleased(len(ended), len(block_ids))
+
+    def advance_clock(self, advance_s: float) -> int:
+        """Tests only: moves the pins' clock ``advance_s`` seconds forward, then releases every
+        pin whose deadline passed; returns how many.
+
+        Raises:
+            FailedPrecondition: the pins keep the real clock (no ``--testing-pin-clock``).
+            InvalidArgument: ``advance_s`` is not a finite number >= 0.
+        """
+        if self.testing_clock is None:
+            raise FailedPrecondition(NOT_TESTING)
+        self.testing_clock.advance(advance_s)
+        return self.expire()
 
     def expire(self) -> int:
         """Releases every pin whose deadline passed; returns how many."""
         now = self.clock()
         lapsed = [p for p in self.pins.values() if p.expires_at <= now]
         for pin in lapsed:
-            del self.pins[pin.pin_id]
-            self._drop(pin)
+            self._end(pin)
         return len(lapsed)
 
-    def _drop(self, pin: Pin) -> None:
+    def _end(self, pin: Pin) -> None:
+        """Forgets a live pin and drops its references."""
+        del self.pins[pin.pin_id]
+        del self.by_identity[pin.identity]
+        if pin.key and self.by_key.get((pin.cache_salt, pin.key)) == pin.pin_id:
+            del self.by_key[(pin.cache_salt, pin.key)]
         self.cache.free(list(pin.block_ids))
-        self.pin_refs.subtract(pin.block_ids)
-        gone = {b for b in pin.block_ids if self.pin_refs[b] <= 0}
-        for block_id in gone:
-            del self.pin_refs[block_id]
-        blocks = self.namespace_blocks[pin.cache_salt]
-        blocks -= gone
-        if not blocks:
-            del self.namespace_blocks[pin.cache_salt]
+        self.blocks.remove(pin.budget, pin.block_ids)
 
     def on_hit(self, cache_salt: str, hits: Sequence[int]) -> None:
         """Counts a prefix lookup's hit: each live pin of ``cache_salt`` all of whose blocks it
         covers is a pin hit, and is renewed by its ttl if ``renew_on_hit``."""
-        if not hits or cache_salt not in self.namespace_blocks:
+        if not hits or not self.pins:
             return
         hit = set(hits)
         now = self.clock()
@@ -205,26 +257,25 @@ class Pins:
     def on_owner_release(self, block_ids: Sequence[int]) -> None:
         """Counts an eviction avoided for each pinned block in ``block_ids`` (blocks an owner
         just dropped a reference to) that only pins hold now."""
-        ref_cnt = self.cache.ref_cnt
-        self.num_evictions_avoided += sum(
-            1 for b in set(block_ids) if b in self.pin_refs and ref_cnt[b] == self.pin_refs[b]
-        )
+        self.num_evictions_avoided += self.blocks.num_only_pinned(block_ids, self.cache.ref_cnt)
 
     def stats(self) -> PinStats:
-        """The pins per namespace and the counters."""
-        num_pins = Counter(p.cache_salt for p in self.pins.values())
+        """The pins per budget namespace and the counters."""
+        num_pins = Counter(p.budget for p in self.pins.values())
         return PinStats(
             self.block_bytes,
-            self.max_pinned_blocks,
-            self.max_pinned_blocks_per_namespace,
+            self.blocks.max_pinned_blocks,
+            self.blocks.max_pinned_blocks_per_namespace,
             tuple(
                 NamespacePins(salt, num_pins[salt], len(blocks))
-                for salt, blocks in sorted(self.namespace_blocks.items())
+                for salt, blocks in sorted(self.blocks.namespace_blocks.items())
             ),
             self.num_pin_hits,
             self.num_pin_misses,
             self.num_pin_refusals,
             self.num_evictions_avoided,
+            self.num_pins_replaced,
+            self.num_pins_released_by_namespace,
         )
 
 
@@ -232,3 +283,10 @@ def check_ttl(ttl_s: float) -> None:
     """Raises InvalidArgument (``ttl_s``) unless a finite number > 0."""
     if not (math.isfinite(ttl_s) and ttl_s > 0):
         raise InvalidArgument("ttl_s", f"{ttl_s} is not a finite number of seconds > 0")
+
+
+def check_key(key: str) -> None:
+    """Raises InvalidArgument (``key``) if longer than :data:`MAX_PIN_KEY_BYTES` in UTF-8."""
+    num_bytes = len(key.encode())
+    if num_bytes > MAX_PIN_KEY_BYTES:
+        raise InvalidArgument("key", f"{num_bytes} bytes, at most {MAX_PIN_KEY_BYTES}")

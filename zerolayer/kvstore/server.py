@@ -5,6 +5,8 @@ from __future__ import annotations
 import grpc
 
 from zerolayer.common.convert import (
+    advance_pin_clock_request_from_pb,
+    advance_pin_clock_response_to_pb,
     allocate_request_from_pb,
     allocate_response_to_pb,
     arena_info_to_pb,
@@ -24,6 +26,8 @@ from zerolayer.common.convert import (
     reconcile_result_to_pb,
     register_owner_request_from_pb,
     registration_to_pb,
+    release_namespace_pins_request_from_pb,
+    release_namespace_pins_response_to_pb,
     release_pin_response_to_pb,
     renew_pin_request_from_pb,
     renew_pin_response_to_pb,
@@ -79,8 +83,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         self, request: kvstore_pb2.LookupPrefixRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.LookupPrefixResponse:
         token_ids, cache_salt, counted = lookup_prefix_request_from_pb(request)
-        block_ids = self._store.lookup(token_ids, cache_salt, owner_from_pb(request), counted)
-        return lookup_prefix_response_to_pb(block_ids, self._store.cache.block_size)
+        hit = self._store.lookup(token_ids, cache_salt, owner_from_pb(request), counted)
+        return lookup_prefix_response_to_pb(hit, self._store.cache.block_size)
 
     async def CommitBlocks(
         self, request: kvstore_pb2.CommitBlocksRequest, context: grpc.aio.ServicerContext
@@ -114,3 +118,15 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         self, request: kvstore_pb2.ReleasePinRequest, context: grpc.aio.ServicerContext
     ) -> kvstore_pb2.ReleasePinResponse:
         return release_pin_response_to_pb(self._store.pins.release(request.pin_id))
+
+    async def ReleaseNamespacePins(
+        self, request: kvstore_pb2.ReleaseNamespacePinsRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.ReleaseNamespacePinsResponse:
+        prefix = release_namespace_pins_request_from_pb(request)
+        return release_namespace_pins_response_to_pb(self._store.pins.release_namespaces(prefix))
+
+    async def AdvancePinClock(
+        self, request: kvstore_pb2.AdvancePinClockRequest, context: grpc.aio.ServicerContext
+    ) -> kvstore_pb2.AdvancePinClockResponse:
+        advance_s = advance_pin_clock_request_from_pb(request)
+        return advance_pin_clock_response_to_pb(self._store.pins.advance_clock(advance_s))

@@ -34,7 +34,7 @@ from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.owner import DEFAULT_OWNER, OwnerRef
-from zerolayer.kv.stats import PrefixLookup
+from zerolayer.kv.stats import PrefixHit, PrefixLookup
 from zerolayer.scheduler.core.kv_cache_manager import ArenaChanged, KVLeaseLost, KVStoreUnavailable
 from zerolayer.scheduler.kv_owner_client import KVOwner
 from zerolayer.sharing.handle_kinds import importer_kinds
@@ -227,13 +227,12 @@ class KVStoreClient:
         owner = self._owner_ref()
         self._call("Free", free_request_to_pb(block_ids, owner), owner)
 
-    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool) -> list[int]:
-        """Blocks of the longest cached prefix, referenced; counted now if ``counted``, else by
-        the :meth:`allocate` that admits the request. Raises KVStoreUnavailable, KVLeaseLost."""
+    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool) -> PrefixHit:
+        """The longest cached prefix: its blocks, referenced, and how many a pin holds. Counted
+        now if ``counted``, else by the :meth:`allocate` admitting the request. Raises
+        KVStoreUnavailable, KVLeaseLost."""
         owner = self._owner_ref()
-        request = lookup_prefix_request_to_pb(
-            token_ids, cache_salt, owner, count_with_allocate=not counted
-        )
+        request = lookup_prefix_request_to_pb(token_ids, cache_salt, owner, not counted)
         return lookup_prefix_response_from_pb(self._call("LookupPrefix", request, owner))
 
     def commit(self, entries: Sequence[CommitEntry]) -> None:

@@ -87,13 +87,17 @@ class RequestTrace:
         if self.context_loaded_ns is None:
             self.context_loaded_ns = now_ns()
 
-    def set_context(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+    def set_context(
+        self, num_prompt_tokens: int, num_cached_tokens: int, num_pinned_tokens: int = 0
+    ) -> None:
         """Records on the live context load span (if any) how much of the prompt came from the
-        prefix cache."""
+        prefix cache, and how much of that a kvstore pin held (``zerolayer.pinned_tokens``: a
+        pinned-prefix hit is loading, not inference)."""
         span = self._load_span
         if span is not None:
             span.set_attribute("zerolayer.prompt_tokens", num_prompt_tokens)
             span.set_attribute("zerolayer.cached_tokens", num_cached_tokens)
+            span.set_attribute("zerolayer.pinned_tokens", num_pinned_tokens)
             span.set_attribute("zerolayer.uncached_tokens", num_prompt_tokens - num_cached_tokens)
 
     def add_event(self, name: str, attributes: Mapping[str, str | int]) -> None:

@@ -14,7 +14,7 @@ import pytest
 from factories import StandInGenerator, serve_app
 
 from zerolayer.common.errors import Unavailable
-from zerolayer.common.generation import FinishReason, GenerationChunk, Usage
+from zerolayer.common.generation import CachePin, FinishReason, GenerationChunk, Usage
 from zerolayer.frontend.anthropic.app import add_routes
 from zerolayer.frontend.openai.app import create_app
 from zerolayer.frontend.tenants import TenantPolicy
@@ -30,9 +30,10 @@ def call(
     body: object,
     headers: list[tuple[str, str]] | None = None,
     tenants: TenantPolicy | None = None,
+    answer_headers: dict[str, str] | None = None,
 ) -> tuple[int, str]:
     """Serves both APIs over ``generator`` and POSTs ``body`` (JSON, or bytes as they are):
-    the status and the body."""
+    the status and the body (the response's headers into ``answer_headers``)."""
     app = create_app(generator, tenants)  # type: ignore[arg-type]
     add_routes(app, generator, tenants)  # type: ignore[arg-type]
 
@@ -45,6 +46,7 @@ def call(
         connection.endheaders(data)
         response = connection.getresponse()
         answer = (response.status, response.read().decode())
+        (answer_headers if answer_headers is not None else {}).update(response.getheaders())
         connection.close()
         return answer
 
@@ -132,3 +134,56 @@ def test_a_tenants_key_passes_and_count_tokens_counts_the_rendered_prompt() -> N
     answer = call(generator, "/v1/messages/count_tokens", count, [("x-api-key", KEY)], TENANTS)
     assert answer == (200, '{"input_tokens":5}')
     assert generator.params[-1].messages == generator.params[0].messages
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_refused_pin_is_named_in_a_header_and_writes_nothing(stream) -> None:
+    usage = Usage(8, 1, 0, pin_refusal="pin-over-namespace-budget")
+    generator = StandInGenerator([GenerationChunk("r", "ok", (1,), FinishReason.EOS, usage)])
+    system = [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    headers: dict[str, str] = {}
+    body = {**BODY, "system": system, "stream": stream}
+    status, text = call(generator, "/v1/messages", body, answer_headers=headers)
+    assert (status, headers["zerolayer-pin-refusal"]) == (200, "pin-over-namespace-budget")
+    assert generator.params[0].cache_pins == (CachePin(3600, message_index=0, content_offset=1),)
+    assert '"cache_creation_input_tokens":0' in text
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            {
+                "system": [
+                    {
+                        "type": "text",
+                        "text": "S",
+                        "cache_control": {"type": "ephemeral", "ttl": "2h"},
+                    }
+                ]
+            },
+            "system.0.cache_control.ttl: Input should be '5m' or '1h'",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}
+                        ]
+                        * 5,
+                    }
+                ]
+            },
+            "A maximum of 4 blocks with cache_control may be provided. Found 5.",
+        ),
+    ],
+)
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+def test_cache_control_anthropic_refuses_is_a_400_in_its_words(body, message, path) -> None:
+    request = {**BODY, **body}
+    if path.endswith("count_tokens"):
+        del request["max_tokens"]
+    answer = call(StandInGenerator([]), path, request)
+    assert error_of(answer) == (400, "invalid_request_error", message)

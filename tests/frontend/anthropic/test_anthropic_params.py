@@ -13,6 +13,7 @@ from zerolayer.common.errors import InvalidArgument
 
 # NOTE: the seam's types (issue 30); after i30-tools merges: zerolayer.common.generation.
 from zerolayer.common.generation import (
+    CachePin,
     ChatMessage,
     GenerateParams,
     ToolCall,
@@ -149,6 +150,11 @@ def test_a_tool_loop_becomes_tool_calls_and_tool_messages() -> None:
         tool_choice=ToolChoice("auto"),
         parallel_tool_calls=False,
         enable_thinking=True,
+        # the tool's breakpoint where the first message starts; the result's at its end
+        cache_pins=(
+            CachePin(300, message_index=0),
+            CachePin(300, message_index=3, content_offset=4),
+        ),
     )
     assert seam_fields(got) == {
         "tools": got.tools,
@@ -288,7 +294,7 @@ def test_bad_blocks_and_tools_are_refused_naming_the_field(body, message) -> Non
 
 
 def test_a_tools_field_is_named_as_anthropic_names_it() -> None:
-    from zerolayer.frontend.anthropic.params import anthropic_field
+    from zerolayer.frontend.anthropic.errors import anthropic_field
 
     assert anthropic_field("tools[2].parameters_json") == "tools.2.input_schema"
     assert anthropic_field("tools[0].name") == "tools.0.name"

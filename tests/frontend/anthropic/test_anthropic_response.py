@@ -10,10 +10,17 @@ from zerolayer.common.errors import Unavailable
 
 # NOTE: the seam's types (issue 30); after i30-tools merges: zerolayer.common.generation.
 from zerolayer.common.generation import FinishReason, GenerationChunk, ToolCallDelta, Usage
-from zerolayer.frontend.anthropic.response import MessageHead, message_body, stop_reason
+from zerolayer.frontend.anthropic.response import (
+    MessageHead,
+    message_body,
+    pin_refusal_headers,
+    stop_reason,
+    usage_body,
+)
 from zerolayer.frontend.anthropic.stream import MessageStreamEncoder, sse
 
 HEAD = MessageHead("msg_1", "tiny")
+NO_CREATION = {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}
 
 
 def tool_chunks() -> list[GenerationChunk]:
@@ -56,6 +63,7 @@ def test_a_text_message_has_one_text_block_and_anthropics_usage() -> None:
             "input_tokens": 6,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 4,
+            "cache_creation": NO_CREATION,
             "output_tokens": 2,
         },
     }
@@ -91,8 +99,8 @@ def test_thought_text_and_calls_are_blocks_in_order() -> None:
     assert (body["stop_reason"], body["usage"]["output_tokens"]) == ("tool_use", 6)
 
 
-def encode(chunks: list[GenerationChunk]) -> list[tuple[str, dict]]:
-    encoder = MessageStreamEncoder(HEAD)
+def encode(chunks: list[GenerationChunk], head: MessageHead = HEAD) -> list[tuple[str, dict]]:
+    encoder = MessageStreamEncoder(head)
     return [event for chunk in chunks for event in encoder.chunk(chunk)]
 
 
@@ -117,7 +125,11 @@ def test_a_text_stream_is_anthropics_event_sequence() -> None:
             GenerationChunk("r", "lo", (3,), FinishReason.STOP, Usage(10, 3, 0), stop_string="!"),
         ]
     )
-    usage = {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    usage = {
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "cache_creation": NO_CREATION,
+    }
     assert events == [
         (
             "message_start",
@@ -188,3 +200,48 @@ def test_an_empty_answer_still_has_a_text_block() -> None:
 
 def test_an_event_has_its_name_and_its_data() -> None:
     assert sse("ping", {"type": "ping"}) == 'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("pin_ttl_s", "by_ttl"),
+    [(300, (16, 0)), (3600, (0, 16)), (0, (16, 0))],
+)
+def test_usage_splits_the_prompt_into_read_written_and_the_rest(pin_ttl_s, by_ttl) -> None:
+    """40 prompt tokens, 8 read from the cache, 16 written by the pins: input_tokens is the
+    other 16; the written tokens are all the longest breakpoint's ttl."""
+    usage = Usage(40, 3, 8, cache_write_prompt_tokens=16, pinned_prompt_tokens=24)
+    assert usage_body(usage, pin_ttl_s) == {
+        "input_tokens": 16,
+        "cache_creation_input_tokens": 16,
+        "cache_read_input_tokens": 8,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": by_ttl[0],
+            "ephemeral_1h_input_tokens": by_ttl[1],
+        },
+        "output_tokens": 3,
+    }
+
+
+def test_a_refused_pin_writes_nothing_and_says_why_in_a_header() -> None:
+    refused = Usage(40, 3, 8, pin_refusal="pin-over-budget")
+    assert usage_body(refused, 3600)["cache_creation_input_tokens"] == 0
+    assert usage_body(refused, 3600)["input_tokens"] == 32
+    assert pin_refusal_headers(refused) == {"zerolayer-pin-refusal": "pin-over-budget"}
+    assert pin_refusal_headers(Usage(40, 3, 8)) == {}
+    assert pin_refusal_headers(None) == {}
+
+
+def test_a_stream_carries_the_pins_usage_from_message_start_on() -> None:
+    """The pins are made before the first chunk: message_start already counts them."""
+    written = Usage(10, 1, 0, cache_write_prompt_tokens=8)
+    chunks = [
+        GenerationChunk("r", "a", (1,), usage=written),
+        GenerationChunk("r", "b", (2,), FinishReason.EOS, Usage(10, 2, 0, 8)),
+    ]
+    events = encode(chunks, MessageHead("msg_1", "tiny", pin_ttl_s=3600))
+    creation = {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 8}
+    start_usage = events[0][1]["message"]["usage"]
+    delta_usage = events[-2][1]["usage"]
+    assert (start_usage["input_tokens"], start_usage["cache_creation"]) == (2, creation)
+    assert (delta_usage["cache_creation_input_tokens"], delta_usage["output_tokens"]) == (8, 2)
+    assert delta_usage["cache_creation"] == creation

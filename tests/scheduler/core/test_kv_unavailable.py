@@ -10,7 +10,7 @@ from factories import make_engine_request, make_scheduler
 
 from zerolayer.common.errors import Unavailable
 from zerolayer.kv.commit import CommitEntry
-from zerolayer.kv.stats import PrefixLookup
+from zerolayer.kv.stats import PrefixHit, PrefixLookup
 from zerolayer.kvstore.in_process import LocalBlockAllocator
 from zerolayer.scheduler.core.kv_cache_manager import (
     KVLeaseLost,
@@ -67,7 +67,7 @@ class DownableAllocator:
         self._check()
         self.local.free(block_ids)
 
-    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool) -> list[int]:
+    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool) -> PrefixHit:
         self._check()
         return self.local.lookup(token_ids, cache_salt, counted)
 

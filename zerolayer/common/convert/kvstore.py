@@ -14,7 +14,7 @@ from zerolayer.kv.arena_info import ArenaInfo
 from zerolayer.kv.arena_layout import ArenaLayout
 from zerolayer.kv.commit import CommitEntry
 from zerolayer.kv.owner import OwnerRef
-from zerolayer.kv.stats import KVStats, PrefixLookup
+from zerolayer.kv.stats import KVStats, PrefixHit, PrefixLookup
 from zerolayer.sharing.manifest import HandleKind
 from zerolayer.v1 import kvstore_pb2
 
@@ -149,18 +149,20 @@ def lookup_prefix_request_from_pb(
 
 
 def lookup_prefix_response_to_pb(
-    block_ids: Sequence[int], block_size: int
+    hit: PrefixHit, block_size: int
 ) -> kvstore_pb2.LookupPrefixResponse:
-    """The blocks of the cached prefix; ``num_cached_tokens`` is their tokens (``block_size``
-    each: only full blocks are cached)."""
+    """The blocks of the cached prefix and how many a pin holds; ``num_cached_tokens`` is their
+    tokens (``block_size`` each: only full blocks are cached)."""
     return kvstore_pb2.LookupPrefixResponse(
-        block_ids=block_ids, num_cached_tokens=len(block_ids) * block_size
+        block_ids=hit.block_ids,
+        num_cached_tokens=len(hit.block_ids) * block_size,
+        num_pinned_blocks=hit.num_pinned_blocks,
     )
 
 
-def lookup_prefix_response_from_pb(pb: kvstore_pb2.LookupPrefixResponse) -> list[int]:
-    """The block ids of the cached prefix."""
-    return list(pb.block_ids)
+def lookup_prefix_response_from_pb(pb: kvstore_pb2.LookupPrefixResponse) -> PrefixHit:
+    """The blocks of the cached prefix and how many of them a pin holds."""
+    return PrefixHit(list(pb.block_ids), pb.num_pinned_blocks)
 
 
 def commit_blocks_request_to_pb(

@@ -5,9 +5,10 @@ Routes: ``POST /v1/messages`` (``stream``: Anthropic's server-sent events,
 ``zerolayer.frontend.anthropic.stream``) and ``POST /v1/messages/count_tokens``. With
 ``--tenants`` both need a tenant's token, sent as ``x-api-key: <token>`` (what Anthropic's
 clients send) or ``Authorization: Bearer <token>``; ``anthropic-version`` and Anthropic's other
-headers are accepted and ignored. Each call is a SERVER span that joins the caller's trace and
-is counted in the frontend's request metrics, as OpenAI's calls are; a client that disconnects
-ends its request.
+headers are accepted and ignored. A ``cache_control`` pin the kvstore refused is named in the
+response header ``zerolayer-pin-refusal`` (the request ran, nothing was written to the cache).
+Each call is a SERVER span that joins the caller's trace and is counted in the frontend's
+request metrics, as OpenAI's calls are; a client that disconnects ends its request.
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from zerolayer.common.errors import Unauthenticated, ZerolayerError
-from zerolayer.common.generation import GenerationChunk
+from zerolayer.common.generation import GenerationChunk, join_chunks
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.anthropic.errors import anthropic_error, error_of, validation_error
 from zerolayer.frontend.anthropic.params import count_params, generate_params
-from zerolayer.frontend.anthropic.response import MessageHead, message_body
+from zerolayer.frontend.anthropic.response import (
+    MessageHead,
+    message_body,
+    pin_refusal_headers,
+)
 from zerolayer.frontend.anthropic.schema import CountTokensRequest, MessagesRequest
 from zerolayer.frontend.anthropic.stream import MessageStreamEncoder, events
 from zerolayer.frontend.generation import TextGenerator
@@ -83,7 +88,8 @@ class MessagesRoutes:
             params = generate_params(body, request_id)
         except (ZerolayerError, ValueError) as exc:
             return call.answered(_request_error(exc))
-        head = MessageHead(f"msg_{request_id}", body.model or self.generator.served.name)
+        pin_ttl_s = max((pin.ttl_s for pin in params.cache_pins), default=0)
+        head = MessageHead(f"msg_{request_id}", body.model or self.generator.served.name, pin_ttl_s)
         generation = self.generator.generate(
             params, None, body.stream, tenant, True, usage_on_every_chunk=True
         )
@@ -110,12 +116,14 @@ class MessagesRoutes:
         self, request: Request, call: CallRecord, generation: Generation, head: MessageHead
     ) -> Response:
         try:
-            body = message_body(head, await whole_generation(request, call, generation))
+            chunks = await whole_generation(request, call, generation)
+            body = message_body(head, chunks)
         except ClientGone:
             return call.answered(anthropic_error(499, "client disconnected"))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
             return call.answered(error_of(exc))
-        return call.answered(None, JSONResponse(body))
+        headers = pin_refusal_headers(join_chunks(chunks).usage)
+        return call.answered(None, JSONResponse(body, headers=headers))
 
     async def _stream(
         self, request: Request, call: CallRecord, generation: Generation, head: MessageHead
@@ -127,7 +135,9 @@ class MessagesRoutes:
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
             return call.answered(error_of(exc))
         stream = events(call, generation, first, MessageStreamEncoder(head))
-        return ClosingStreamingResponse(stream, media_type="text/event-stream")
+        # NOTE: the pins are made before the first chunk, so its usage has any refusal
+        headers = pin_refusal_headers(first.usage)
+        return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=headers)
 
     def _tenant(self, request: Request) -> str:
         """The caller's tenant from ``x-api-key`` (first) or ``authorization``.

@@ -7,7 +7,9 @@ becomes one ``assistant`` message (its text blocks, its ``thinking`` blocks as
 ``reasoning_content``, its ``tool_use`` blocks as ``tool_calls``); a user message becomes, in
 block order, one ``tool`` message per ``tool_result`` block (``tool_call_id``: its
 ``tool_use_id``; ``name``: the tool called) and one ``user`` message per run of text blocks.
-Text blocks of one message (and of ``system``) are joined with a newline. What validation checks
+Text blocks of one message (and of ``system``) are joined with a newline. ``cache_control``
+breakpoints become ``cache_pins`` (``zerolayer.frontend.anthropic.breakpoints``, which says
+where each one lies in the translated chat). What validation checks
 (the model, ranges, the context) is left to ``zerolayer.frontend.text.validation``; errors here
 name the field as Anthropic does (``messages.1.content.0.tool_use_id``).
 """
@@ -15,7 +17,6 @@ name the field as Anthropic does (``messages.1.content.0.tool_use_id``).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +24,18 @@ from pydantic import BaseModel, ValidationError
 
 from zerolayer.common.errors import InvalidArgument
 from zerolayer.common.generation import (
+    CachePin,
     ChatMessage,
     GenerateParams,
     ToolCall,
     ToolChoice,
     ToolDefinition,
+)
+from zerolayer.frontend.anthropic.breakpoints import (
+    Breakpoint,
+    block_breakpoint,
+    joined_length,
+    request_pins,
 )
 from zerolayer.frontend.anthropic.schema import (
     BLOCKS,
@@ -44,8 +52,6 @@ ANTHROPIC_DEFAULT_TEMPERATURE = 1.0
 """Temperature of a request that leaves it unset (Anthropic's default; gRPC's is greedy)."""
 TOOL_CHOICE_MODES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
 """The seam's ToolChoice.mode of Anthropic's ``tool_choice.type``."""
-FIELD_NAMES = {"max_new_tokens": "max_tokens", "prompt": "messages"}
-"""GenerateParams field -> the Anthropic field a client sent it as (the rest are the same)."""
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 """Names pydantic gives the members of a union in an error's location."""
 
@@ -60,6 +66,8 @@ class Conversation:
     parallel_tool_calls: bool = True
     enable_thinking: bool | None = None
     """``thinking.type`` (``disabled``: False, any other: True); None: not said."""
+    cache_pins: tuple[CachePin, ...] = ()
+    """The prefixes its ``cache_control`` breakpoints ask to keep cached."""
 
 
 def conversation(body: CountTokensRequest) -> Conversation:
@@ -70,7 +78,8 @@ def conversation(body: CountTokensRequest) -> Conversation:
             of an unknown type or that is not valid, one in a role that cannot send it, a
             ``tool_result`` whose ``tool_use_id`` no earlier ``tool_use`` has, tool blocks
             without ``tools``, two tools of one name, a ``tool_choice`` naming no tool, a last
-            message from the assistant (prefill is not supported).
+            message from the assistant (prefill is not supported); ``cache_control`` that
+            Anthropic refuses (see ``zerolayer.frontend.anthropic.breakpoints.cache_pins``).
     """
     for field in ("output_config", "container"):
         if getattr(body, field, None) is not None:
@@ -82,7 +91,8 @@ def conversation(body: CountTokensRequest) -> Conversation:
     for i, name in enumerate(names):
         if name in names[:i]:
             raise InvalidArgument(f"tools.{i}.name", f"{name!r}: two tools of this name")
-    messages, used_tools = _messages(body)
+    messages, used_tools, breakpoints = _messages(body)
+    pins = request_pins(body, messages, breakpoints)
     if used_tools and not tools:
         raise InvalidArgument("tools", "tool_use and tool_result blocks need tools defined")
     if body.messages[-1].role == "assistant":
@@ -91,7 +101,7 @@ def conversation(body: CountTokensRequest) -> Conversation:
     thinking = None if body.thinking is None else body.thinking.type != "disabled"
     choice = body.tool_choice
     if choice is None:
-        return Conversation(messages, tools, enable_thinking=thinking)
+        return Conversation(messages, tools, enable_thinking=thinking, cache_pins=pins)
     if choice.type != "none" and not tools:
         raise InvalidArgument("tool_choice", f"{choice.type!r} needs tools")
     if choice.type == "tool" and choice.name not in names:
@@ -99,7 +109,7 @@ def conversation(body: CountTokensRequest) -> Conversation:
     mode = TOOL_CHOICE_MODES[choice.type]
     tool_choice = ToolChoice(mode, choice.name if mode == "function" else "")
     return Conversation(
-        messages, tools, tool_choice, not choice.disable_parallel_tool_use, thinking
+        messages, tools, tool_choice, not choice.disable_parallel_tool_use, thinking, pins
     )
 
 
@@ -113,7 +123,7 @@ def generate_params(body: MessagesRequest, request_id: str) -> GenerateParams:
     temperature = ANTHROPIC_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
     return GenerateParams(
         messages=chat.messages,
-        **tool_fields(chat),
+        **seam_fields(chat),
         model=body.model,
         request_id=request_id,
         max_new_tokens=body.max_tokens,
@@ -121,11 +131,13 @@ def generate_params(body: MessagesRequest, request_id: str) -> GenerateParams:
         top_p=body.top_p,
         top_k=body.top_k,
         stop=tuple(body.stop_sequences or ()),
+        cache_pins=chat.cache_pins,
     )
 
 
 def count_params(body: CountTokensRequest) -> GenerateParams:
-    """A generation of ``body``'s prompt, whose prompt tokens are what count_tokens counts.
+    """A generation of ``body``'s prompt, whose prompt tokens are what count_tokens counts
+    (its ``cache_control`` checked as :func:`generate_params` checks it, and not pinned).
 
     Raises:
         InvalidArgument: see :func:`generate_params`.
@@ -133,15 +145,9 @@ def count_params(body: CountTokensRequest) -> GenerateParams:
     chat = conversation(body)
     return GenerateParams(
         messages=chat.messages,
-        **tool_fields(chat),
+        **seam_fields(chat),
         model=body.model,
     )
-
-
-def tool_fields(chat: Conversation) -> dict[str, Any]:
-    """The GenerateParams fields of ``chat``'s tools and thinking, by name
-    (:func:`seam_fields`)."""
-    return seam_fields(chat)
 
 
 def seam_fields(chat: Conversation) -> dict[str, Any]:
@@ -159,23 +165,29 @@ def seam_fields(chat: Conversation) -> dict[str, Any]:
     }
 
 
-def _messages(body: CountTokensRequest) -> tuple[tuple[ChatMessage, ...], bool]:
-    """The chat messages of ``body`` and whether any block was a tool block."""
-    out = []
+def _messages(
+    body: CountTokensRequest,
+) -> tuple[tuple[ChatMessage, ...], bool, list[Breakpoint]]:
+    """The chat messages of ``body``, whether any block was a tool block, and the breakpoints
+    of ``system`` and the messages, in order."""
+    out: list[ChatMessage] = []
+    marks: list[Breakpoint] = []
     if body.system is not None:
         system = body.system
-        text = system if isinstance(system, str) else "\n".join(b.text for b in system)
-        out.append(ChatMessage("system", text))
+        texts = [system] if isinstance(system, str) else [b.text for b in system]
+        for j, block in enumerate([] if isinstance(system, str) else system):
+            marks += block_breakpoint(block, f"system.{j}", 0, joined_length(texts[: j + 1]))
+        out.append(ChatMessage("system", "\n".join(texts)))
     calls: dict[str, str] = {}  # tool_use id -> the tool's name, in order
     used_tools = False
     for i, message in enumerate(body.messages):
         blocks = _blocks(message, f"messages.{i}.content")
         used_tools |= any(isinstance(b, ToolUseBlock | ToolResultBlock) for b in blocks)
         if message.role == "assistant":
-            out.append(_assistant(blocks, f"messages.{i}.content", calls))
+            out.append(_assistant(blocks, f"messages.{i}.content", calls, len(out), marks))
         else:
-            out.extend(_user(blocks, f"messages.{i}.content", calls))
-    return tuple(out), used_tools
+            out.extend(_user(blocks, f"messages.{i}.content", calls, len(out), marks))
+    return tuple(out), used_tools, marks
 
 
 def _blocks(message: MessageIn, field: str) -> list[BaseModel]:
@@ -201,11 +213,20 @@ def _blocks(message: MessageIn, field: str) -> list[BaseModel]:
     return blocks
 
 
-def _assistant(blocks: list[BaseModel], field: str, calls: dict[str, str]) -> ChatMessage:
+def _assistant(
+    blocks: list[BaseModel],
+    field: str,
+    calls: dict[str, str],
+    index: int,
+    marks: list[Breakpoint],
+) -> ChatMessage:
+    """The assistant message of ``blocks``, message ``index`` of the chat; its breakpoints are
+    added to ``marks`` (a ``tool_use`` block's at the end of the text, known at the end)."""
     texts, thoughts, tool_calls = [], [], []
     for j, block in enumerate(blocks):
         if isinstance(block, TextBlock):
             texts.append(block.text)
+            marks += block_breakpoint(block, f"{field}.{j}", index, joined_length(texts))
         elif isinstance(block, ThinkingBlock):
             thoughts.append(block.thinking)
         elif isinstance(block, ToolUseBlock):
@@ -214,8 +235,13 @@ def _assistant(blocks: list[BaseModel], field: str, calls: dict[str, str]) -> Ch
             calls[block.id] = block.name
             arguments = json.dumps(block.input, ensure_ascii=False)
             tool_calls.append(ToolCall(block.id, block.name, arguments))
+            marks += block_breakpoint(block, f"{field}.{j}", index, -1)
         else:
             raise InvalidArgument(f"{field}.{j}.type", "an assistant sends no tool_result")
+    end = joined_length(texts)
+    marks[:] = [
+        Breakpoint(m.field, m.ttl, index, end) if m.content_offset < 0 else m for m in marks
+    ]
     return ChatMessage(
         "assistant",
         "\n".join(texts),
@@ -224,12 +250,21 @@ def _assistant(blocks: list[BaseModel], field: str, calls: dict[str, str]) -> Ch
     )
 
 
-def _user(blocks: list[BaseModel], field: str, calls: dict[str, str]) -> list[ChatMessage]:
+def _user(
+    blocks: list[BaseModel],
+    field: str,
+    calls: dict[str, str],
+    index: int,
+    marks: list[Breakpoint],
+) -> list[ChatMessage]:
+    """The messages of a user's ``blocks``, the first message ``index`` of the chat; their
+    breakpoints are added to ``marks``."""
     out: list[ChatMessage] = []
     texts: list[str] = []
     for j, block in enumerate(blocks):
         if isinstance(block, TextBlock):
             texts.append(block.text)
+            marks += block_breakpoint(block, f"{field}.{j}", index + len(out), joined_length(texts))
             continue
         if not isinstance(block, ToolResultBlock):
             kind = "tool_use" if isinstance(block, ToolUseBlock) else "thinking"
@@ -242,8 +277,13 @@ def _user(blocks: list[BaseModel], field: str, calls: dict[str, str]) -> list[Ch
         if texts:
             out.append(ChatMessage("user", "\n".join(texts)))
             texts = []
-        content = block.content
-        text = content if isinstance(content, str) else "\n".join(b.text for b in content)
+        content = [] if isinstance(block.content, str) else block.content
+        parts = [block.content] if isinstance(block.content, str) else [b.text for b in content]
+        for k, part in enumerate(content):
+            end = joined_length(parts[: k + 1])
+            marks += block_breakpoint(part, f"{field}.{j}.content.{k}", index + len(out), end)
+        text = "\n".join(parts)
+        marks += block_breakpoint(block, f"{field}.{j}", index + len(out), len(text))
         out.append(
             ChatMessage("tool", text, calls[block.tool_use_id], tool_call_id=block.tool_use_id)
         )
@@ -262,16 +302,3 @@ def dotted(prefix: str, loc: tuple[int | str, ...]) -> str:
             continue
         parts.append(str(part))
     return ".".join(parts)
-
-
-def anthropic_field(field: str) -> str:
-    """The Anthropic name of the GenerateParams ``field`` an error names (``stop`` and
-    ``stop[2]`` -> ``stop_sequences``, ``max_new_tokens`` -> ``max_tokens``, ``prompt`` ->
-    ``messages``, ``tools[0].parameters_json`` -> ``tools.0.input_schema``)."""
-    if field == "stop" or field.startswith("stop["):
-        return "stop_sequences"
-    tool = re.fullmatch(r"tools\[(\d+)\]\.(\w+)", field)
-    if tool:  # NOTE: in Anthropic's dotted path style; a tool's schema is its input_schema
-        name = "input_schema" if tool.group(2) == "parameters_json" else tool.group(2)
-        return f"tools.{tool.group(1)}.{name}"
-    return FIELD_NAMES.get(field, field)

@@ -2,10 +2,11 @@
 
 Shape: https://docs.anthropic.com/en/api/messages (the response). Content blocks come in the
 order a model writes them: its thought (``thinking``), its text (``text``), its calls
-(``tool_use``, ``input`` the parsed arguments). ``usage`` follows Anthropic's accounting: the
-prompt's tokens read from the prefix cache are ``cache_read_input_tokens`` and the rest
-``input_tokens`` (their sum is the prompt's length, what count_tokens counts);
-``cache_creation_input_tokens`` is 0 (no ``cache_control`` is honoured yet).
+(``tool_use``, ``input`` the parsed arguments). ``usage`` follows Anthropic's accounting
+(https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching, "Tracking cache
+performance"): the prompt's tokens read from the prefix cache are ``cache_read_input_tokens``,
+those the request's ``cache_control`` pins hold and did not read ``cache_creation_input_tokens``,
+the rest ``input_tokens`` (the three sum to the prompt's length, what count_tokens counts).
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from zerolayer.common.generation import (
     join_chunks,
     join_tool_calls,
 )
+from zerolayer.frontend.anthropic.breakpoints import TTL_S
 
+PIN_REFUSAL_HEADER = "zerolayer-pin-refusal"
+"""The response header that says why a ``cache_control`` pin was not made (``Usage.pin_refusal``:
+``pin-over-budget``, ``pin-over-namespace-budget``, ``pin-nothing-cached``,
+``pin-kvstore-unavailable``)."""
 STOP_REASONS = {
     "EOS": "end_turn",
     "STOP": "end_turn",
@@ -42,6 +48,8 @@ class MessageHead:
     id: str
     """``msg_<request id>``."""
     model: str
+    pin_ttl_s: int = 0
+    """The longest ttl of the request's ``cache_control`` breakpoints, seconds; 0: none."""
 
 
 def stop_reason(finish_reason: FinishReason, stop_string: str) -> tuple[str, str | None]:
@@ -60,15 +68,35 @@ def stop_reason(finish_reason: FinishReason, stop_string: str) -> tuple[str, str
     return reason, None
 
 
-def usage_body(usage: Usage | None) -> dict:
-    """Anthropic's ``usage`` (zeros for None)."""
+def usage_body(usage: Usage | None, pin_ttl_s: int = 0) -> dict:
+    """Anthropic's ``usage`` (zeros for None) of a request whose longest breakpoint lives
+    ``pin_ttl_s`` seconds.
+
+    ``cache_creation`` splits ``cache_creation_input_tokens`` by ttl; the kvstore reports the
+    tokens written, not which pin wrote them, so all are the longest-lived breakpoint's
+    (``ephemeral_1h_input_tokens`` when a ``1h`` breakpoint was asked for, else
+    ``ephemeral_5m_input_tokens``; exact when all breakpoints share one ttl).
+    """
     usage = usage or Usage(0, 0, 0)
+    written = usage.cache_write_prompt_tokens
+    hour = written if pin_ttl_s >= TTL_S["1h"] else 0
     return {
-        "input_tokens": usage.prompt_tokens - usage.cached_prompt_tokens,
-        "cache_creation_input_tokens": 0,
+        "input_tokens": usage.prompt_tokens - usage.cached_prompt_tokens - written,
+        "cache_creation_input_tokens": written,
         "cache_read_input_tokens": usage.cached_prompt_tokens,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": written - hour,
+            "ephemeral_1h_input_tokens": hour,
+        },
         "output_tokens": usage.completion_tokens,
     }
+
+
+def pin_refusal_headers(usage: Usage | None) -> dict[str, str]:
+    """``zerolayer-pin-refusal: <reason>`` when a breakpoint's pin was refused (the request ran
+    and nothing was written to the cache: Anthropic's degradation); empty otherwise."""
+    refusal = usage.pin_refusal if usage is not None else ""
+    return {PIN_REFUSAL_HEADER: refusal} if refusal else {}
 
 
 def tool_use_block(call: ToolCall) -> dict:
@@ -103,7 +131,7 @@ def message_body(head: MessageHead, chunks: Sequence[GenerationChunk]) -> dict:
         "content": content,
         "stop_reason": reason,
         "stop_sequence": sequence,
-        "usage": usage_body(whole.usage),
+        "usage": usage_body(whole.usage, head.pin_ttl_s),
     }
 
 
@@ -117,5 +145,5 @@ def message_start_body(head: MessageHead, usage: Usage | None = None) -> dict:
         "model": head.model,
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": usage_body(usage),
+        "usage": usage_body(usage, head.pin_ttl_s),
     }

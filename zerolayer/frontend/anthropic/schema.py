@@ -5,7 +5,9 @@ https://docs.anthropic.com/en/api/messages-count-tokens. Fields nobody defines a
 pydantic (``extra="forbid"``, as Anthropic answers "Extra inputs are not permitted"). A message's
 content blocks are kept as JSON objects here and checked one by one, by their ``type``, in
 ``zerolayer.frontend.anthropic.params`` (so that an error names the block as
-``messages.1.content.0.input``); ``cache_control`` on a block or a tool is accepted and ignored.
+``messages.1.content.0.input``). ``cache_control`` (on the request, a tool, a system block or a
+content block but ``thinking``) is checked here, and placed in the chat by
+``zerolayer.frontend.anthropic.breakpoints``.
 """
 
 from __future__ import annotations
@@ -18,13 +20,23 @@ TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,128}$"
 """A tool's name (Anthropic's rule)."""
 
 
-class CacheControlled(BaseModel):
-    """A block that may carry ``cache_control`` (accepted; its meaning comes with the next
-    issue)."""
+class CacheControl(BaseModel):
+    """``cache_control``: ``{"type": "ephemeral", "ttl": "5m" | "1h"}``, a cache breakpoint
+    (https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    cache_control: dict[str, Any] | None = None
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] = "5m"
+    """How long the prefix up to the breakpoint stays cached: 5 minutes or an hour."""
+
+
+class CacheControlled(BaseModel):
+    """A block that may carry ``cache_control``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cache_control: CacheControl | None = None
 
 
 class TextBlock(CacheControlled):
@@ -151,8 +163,8 @@ class CountTokensRequest(BaseModel):
     tools: list[ToolIn] | None = None
     tool_choice: ToolChoiceIn | None = None
     thinking: ThinkingIn | None = None
-    cache_control: dict[str, Any] | None = None
-    """Accepted and ignored, as on blocks."""
+    cache_control: CacheControl | None = None
+    """Automatic caching: a breakpoint on the last message's last block."""
     speed: Literal["standard", "fast"] | None = None
     """Accepted and ignored (one speed here)."""
     user_profile_id: StrictStr | None = None

@@ -88,7 +88,11 @@ class MessageStreamEncoder:
         events.append(("content_block_stop", {"type": "content_block_stop", "index": self._index}))
         self._open = ""
         delta = {"stop_reason": reason, "stop_sequence": sequence}
-        body = {"type": "message_delta", "delta": delta, "usage": usage_body(self._usage)}
+        body = {
+            "type": "message_delta",
+            "delta": delta,
+            "usage": usage_body(self._usage, self.head.pin_ttl_s),
+        }
         return [*events, ("message_delta", body), ("message_stop", {"type": "message_stop"})]
 
     def _start(self, block: dict) -> list[Event]:

@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from zerolayer.kv.commit import CommitEntry
-from zerolayer.kv.stats import PrefixLookup
+from zerolayer.kv.stats import PrefixHit, PrefixLookup
 from zerolayer.scheduler.core.request import Request
 
 log = logging.getLogger(__name__)
@@ -54,10 +54,11 @@ class BlockAllocator(Protocol):
     def free(self, block_ids: list[int]) -> None:
         """Drops one reference from each block."""
 
-    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool) -> list[int]:
-        """Blocks of the longest cached prefix (never covering the last token), referenced.
-        ``counted``: added to the prefix-cache counters now; the scheduler passes False, and the
-        allocation that admits the request counts it (``admitted_lookup``)."""
+    def lookup(self, token_ids: Sequence[int], cache_salt: str, counted: bool) -> PrefixHit:
+        """Blocks of the longest cached prefix (never covering the last token), referenced, and
+        how many of them a kvstore pin holds. ``counted``: added to the prefix-cache counters
+        now; the scheduler passes False, and the allocation that admits the request counts it
+        (``admitted_lookup``)."""
 
     def commit(self, entries: Sequence[CommitEntry]) -> None:
         """Registers full blocks (each with its sequence's cache salt)."""
@@ -173,6 +174,7 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> int:
         """Takes the cached prefix of a request that holds no blocks; returns its token count.
+        Sets the request's ``num_pinned_tokens``: of them, tokens a kvstore pin holds.
 
         A request that still needs prompt logprobs takes no cached prefix (0): its prompt's
         logits must be computed. Its blocks are still committed as they fill.
@@ -180,17 +182,18 @@ class KVCacheManager:
         Raises:
             KVStoreUnavailable: the lookup failed (nothing is held).
         """
+        request.num_pinned_tokens = 0
         if request.needs_prompt_logprobs:
             return 0
         self._check_usable()
         started = self.clock()
         try:
-            block_ids = self.allocator.lookup(
-                request.all_token_ids, request.cache_salt, counted=False
-            )
+            hit = self.allocator.lookup(request.all_token_ids, request.cache_salt, counted=False)
         except KVStoreUnavailable as exc:
             self._failed("lookup", exc, started)
             raise
+        block_ids = hit.block_ids
+        request.num_pinned_tokens = hit.num_pinned_blocks * self.block_size
         request.block_ids = list(block_ids)
         request.num_committed_blocks = len(block_ids)
         request.num_computed_tokens = len(block_ids) * self.block_size

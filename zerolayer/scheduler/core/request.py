@@ -63,6 +63,8 @@ class Request:
         self.finish_reason = FinishReason.UNSPECIFIED
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
+        self.num_pinned_tokens = 0
+        """Of the tokens its latest prefix lookup found cached, those a kvstore pin held."""
         self.block_ids: list[int] = []
         self.num_committed_blocks = 0
         """Leading blocks of ``block_ids`` already registered in the prefix cache."""

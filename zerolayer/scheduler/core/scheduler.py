@@ -280,7 +280,8 @@ class Scheduler:
                 self._release(request)
                 raise
             if trace is not None:
-                trace.set_context(request.num_prompt_tokens, request.num_cached_tokens)
+                num_pinned = min(request.num_pinned_tokens, request.num_cached_tokens)
+                trace.set_context(request.num_prompt_tokens, request.num_cached_tokens, num_pinned)
         if not admitted:
             self._release(request)
             return None

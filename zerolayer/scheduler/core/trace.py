@@ -32,8 +32,11 @@ class RequestTraceHooks(Protocol):
         the engine thread, so that the call joins the request's trace."""
         ...
 
-    def set_context(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
-        """Inside :meth:`context_load`: how many of the prompt's tokens the prefix cache held."""
+    def set_context(
+        self, num_prompt_tokens: int, num_cached_tokens: int, num_pinned_tokens: int = 0
+    ) -> None:
+        """Inside :meth:`context_load`: how many of the prompt's tokens the prefix cache held,
+        and of those how many a kvstore pin held (a pinned-prefix hit)."""
         ...
 
     def admitted(self) -> None:

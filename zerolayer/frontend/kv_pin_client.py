@@ -16,11 +16,18 @@ from dataclasses import dataclass
 
 import grpc
 
-from zerolayer.common.convert import pin_request_to_pb
+from zerolayer.common.convert import (
+    get_stats_request_to_pb,
+    pin_namespaces_from_pb,
+    pin_request_to_pb,
+    release_namespace_pins_request_to_pb,
+    release_namespace_pins_response_from_pb,
+    release_pin_request_to_pb,
+)
 from zerolayer.common.generation import PIN_KVSTORE_UNAVAILABLE
 from zerolayer.common.server import CHANNEL_OPTIONS
 from zerolayer.frontend.tenants import namespace_tenant, scoped_cache_salt
-from zerolayer.v1 import kvstore_pb2, kvstore_pb2_grpc
+from zerolayer.v1 import kvstore_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +69,22 @@ class KVPins:
         return self._stub
 
     async def pin(
-        self, token_ids: Sequence[int], cache_salt: str, ttl_s: float, key: str = ""
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str,
+        ttl_s: float,
+        key: str = "",
+        budget_namespace: str = "",
     ) -> MadePin:
         """Pins the committed whole blocks of ``token_ids`` under ``cache_salt`` for ``ttl_s``
         seconds, renewed by every later request that reads all of them (Anthropic's semantics);
-        a pin with a ``key`` replaces the namespace's earlier pin of that key. Never raises."""
+        a pin with a ``key`` replaces the namespace's earlier pin of that key; it counts against
+        ``budget_namespace``'s budget (a tenant's; "": ``cache_salt``'s). Never raises."""
         if not self.address:
             return MadePin(refusal=PIN_KVSTORE_UNAVAILABLE)
-        request = pin_request_to_pb(token_ids, cache_salt, ttl_s, renew_on_hit=True)
-        request.key = key
+        request = pin_request_to_pb(
+            token_ids, cache_salt, ttl_s, True, key=key, budget_namespace=budget_namespace
+        )
         try:
             answer = await self._kvstore().Pin(request, timeout=PIN_CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
@@ -86,7 +100,7 @@ class KVPins:
         for pin_id in pin_ids:
             try:
                 await self._kvstore().ReleasePin(
-                    kvstore_pb2.ReleasePinRequest(pin_id=pin_id), timeout=PIN_CALL_TIMEOUT_S
+                    release_pin_request_to_pb(pin_id), timeout=PIN_CALL_TIMEOUT_S
                 )
             except grpc.aio.AioRpcError as exc:
                 log.info("kvstore ReleasePin failed (%s): the pin ends by its ttl", exc.code().name)
@@ -107,10 +121,9 @@ class KVPins:
             grpc.aio.AioRpcError: the kvstore could not be asked.
         """
         answer = await self._kvstore().ReleaseNamespacePins(
-            kvstore_pb2.ReleaseNamespacePinsRequest(cache_salt_prefix=cache_salt_prefix),
-            timeout=PIN_CALL_TIMEOUT_S,
+            release_namespace_pins_request_to_pb(cache_salt_prefix), timeout=PIN_CALL_TIMEOUT_S
         )
-        return answer.num_pins
+        return release_namespace_pins_response_from_pb(answer).num_pins
 
     async def release_other_tenants(self, tenants: set[str]) -> int:
         """Ends the pins of every tenant namespace whose tenant is not in ``tenants`` (a tenant
@@ -120,9 +133,9 @@ class KVPins:
             return 0
         try:
             stats = await self._kvstore().GetStats(
-                kvstore_pb2.GetStatsRequest(), timeout=PIN_CALL_TIMEOUT_S
+                get_stats_request_to_pb(), timeout=PIN_CALL_TIMEOUT_S
             )
-            removed = {namespace_tenant(n.cache_salt) for n in stats.pins.namespaces}
+            removed = {namespace_tenant(n) for n in pin_namespaces_from_pb(stats)}
             removed -= {None, *tenants}
             released = 0
             for tenant in sorted(t for t in removed if t is not None):
