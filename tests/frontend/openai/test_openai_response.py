@@ -21,7 +21,7 @@ USAGE_BODY = {
     "prompt_tokens": 4,
     "completion_tokens": 3,
     "total_tokens": 7,
-    "prompt_tokens_details": {"cached_tokens": 2},
+    "prompt_tokens_details": {"cached_tokens": 2, "cache_write_tokens": 2},
 }
 
 

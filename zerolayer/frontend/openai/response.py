@@ -47,14 +47,20 @@ class ResponseHead:
 
 
 def usage_body(usage: Usage | None) -> dict | None:
-    """OpenAI's ``usage`` (None stays None)."""
+    """OpenAI's ``usage`` (None stays None). ``prompt_tokens_details``: ``cached_tokens`` read
+    from the prefix cache, ``cache_write_tokens`` computed instead (the cache keeps their whole
+    blocks for the next request; as the Responses API counts them)."""
     if usage is None:
         return None
+    cached = usage.cached_prompt_tokens
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
+        "prompt_tokens_details": {
+            "cached_tokens": cached,
+            "cache_write_tokens": usage.prompt_tokens - cached,
+        },
     }
 
 
