@@ -281,6 +281,21 @@ def test_openai_prompt_cache_fields_out_of_the_api_are_a_400_naming_them(stack) 
     assert raised.value.body["param"] == "prompt_cache_options.ttl"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_pin_refused_leaves_the_request_running_and_says_why_in_a_header(stack, stream) -> None:
+    # A prompt shorter than a block: nothing whole to pin.
+    raw = openai_client(stack, "bob").completions.with_raw_response.create(
+        model="dummy",
+        prompt="hi",
+        max_tokens=1,
+        stream=stream,
+        extra_body={"prompt_cache_retention": "24h"},
+    )
+    assert raw.headers["zerolayer-pin-refusal"] == "pin-nothing-cached"
+    completion = raw.parse()
+    assert len(list(completion) if stream else completion.choices) >= 1
+
+
 def test_a_tenant_removed_from_the_tenants_file_loses_its_pins(stack) -> None:
     """Last: alice leaves the --tenants file; the frontend, restarted (how the file is read
     again), ends her pins and no one else's."""

@@ -57,6 +57,7 @@ def prompt_ids(params: GenerateParams) -> list[int]:
             "cache_pins[0].content_offset",
         ),
         ((CachePin(60, 3, message_index=0),), MESSAGES, "cache_pins[0].num_prompt_tokens"),
+        ((CachePin(60, content_offset=2),), MESSAGES, "cache_pins[0].content_offset"),
     ],
 )
 def test_pins_that_cannot_be_made_as_asked_are_refused_naming_the_field(

@@ -316,7 +316,10 @@ class GenerationChunk:
     stop_string: str = ""
     """The stop string that ended the sample (its finish reason STOP); "" otherwise."""
     pin_ids: tuple[str, ...] = ()
-    """The kvstore pins the request made (on the chunk whose usage first counts them)."""
+    """The kvstore pins the request made, on the chunk whose output made them and on the
+    stream's last chunk."""
+    pin_refusal: str = ""
+    """Why a pin was not made (as ``Usage.pin_refusal``), on the same chunks as ``pin_ids``."""
 
 
 @dataclass(frozen=True)

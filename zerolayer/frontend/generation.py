@@ -240,6 +240,7 @@ class TextGenerator:
                 if finished[index]:
                     continue  # a sample this frontend stopped: its tokens until the abort
                 num_generated += len(output.new_token_ids)
+                num_made = len(pins.made)
                 if index == 0:
                     num_cached = output.num_cached_tokens
                     await pins.on_output(output)
@@ -262,8 +263,8 @@ class TextGenerator:
                 finished[index] = chunk.finish_reason != FinishReason.UNSPECIFIED
                 if not all(finished) and not usage_on_every_chunk:
                     chunk = replace(chunk, usage=None)  # usage: on the stream's last chunk
-                elif pins.made:
-                    chunk = replace(chunk, pin_ids=pins.pin_ids)
+                if pins.made and (chunk.usage is not None or len(pins.made) > num_made):
+                    chunk = replace(chunk, pin_ids=pins.pin_ids, pin_refusal=pins.refusal)
                 if index:
                     chunk = replace(chunk, index=index)
                 telemetry.sent(chunk)

@@ -52,6 +52,23 @@ async def read_json(request: Request, model: type[BaseModel], max_bytes: int) ->
     return model.model_validate(value)
 
 
+PIN_REFUSAL_HEADER = "zerolayer-pin-refusal"
+"""The response header that says why a pin the request asked for was not made
+(``Usage.pin_refusal``: ``pin-over-budget``, ``pin-over-namespace-budget``, ``pin-nothing-cached``,
+``pin-kvstore-unavailable``): the request ran, and nothing was written to the cache for it."""
+
+
+def pin_refusal_headers(refusal: str) -> dict[str, str]:
+    """``zerolayer-pin-refusal: <refusal>``, or nothing for "" (no pin refused)."""
+    return {PIN_REFUSAL_HEADER: refusal} if refusal else {}
+
+
+def generation_refusal(chunks: list[GenerationChunk]) -> str:
+    """The pin refusal of a whole generation (its last usage's; "": none)."""
+    usage = next((c.usage for c in reversed(chunks) if c.usage is not None), None)
+    return usage.pin_refusal if usage is not None else ""
+
+
 class BodyTooLarge(ValueError):
     """A request body over the limit."""
 

@@ -42,7 +42,8 @@ def check_cache_pins(params: GenerateParams) -> None:
         InvalidArgument: naming the field (``cache_pins``, ``cache_pins[i].ttl_s``, ...): more
             than :data:`MAX_CACHE_PINS`, a ttl outside 1 to :data:`MAX_PIN_TTL_S` seconds, a key
             over :data:`MAX_PIN_KEY_BYTES`, a chat position on a request without messages or
-            outside them, a chat position and ``num_prompt_tokens`` both set.
+            outside them, a chat position and ``num_prompt_tokens`` both set, a
+            ``content_offset`` without ``message_index``.
     """
     pins = params.cache_pins
     if len(pins) > MAX_CACHE_PINS:
@@ -55,6 +56,8 @@ def check_cache_pins(params: GenerateParams) -> None:
         if len(pin.key.encode("utf-8", "surrogatepass")) > MAX_PIN_KEY_BYTES:
             raise InvalidArgument(f"{name}.key", f"longer than {MAX_PIN_KEY_BYTES} bytes")
         if pin.message_index is None:
+            if pin.content_offset:
+                raise InvalidArgument(f"{name}.content_offset", "set without message_index")
             continue
         if messages is None:
             raise InvalidArgument(f"{name}.message_index", "only for chat (messages) input")
@@ -163,16 +166,20 @@ class RequestPins:
     def pin_ids(self) -> tuple[str, ...]:
         return tuple(m.pin_id for m in self.made if m.pin_id)
 
+    @property
+    def refusal(self) -> str:
+        """The first refusal of the pins made so far ("": none)."""
+        return next((m.refusal for m in self.made if m.refusal), "")
+
     def usage(self, usage: Usage) -> Usage:
         """``usage`` with the pins' fields (nothing pinned yet: unchanged)."""
         if not self.made:
             return usage
         num_prompt_tokens = len(self.prompt_token_ids)
         pinned = max((min(m.num_tokens, num_prompt_tokens) for m in self.made), default=0)
-        refusal = next((m.refusal for m in self.made if m.refusal), "")
         return replace(
             usage,
             cache_write_prompt_tokens=max(0, pinned - usage.cached_prompt_tokens),
             pinned_prompt_tokens=pinned,
-            pin_refusal=refusal,
+            pin_refusal=self.refusal,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+from dataclasses import replace
 
 import pytest
 from factories import StandInGenerator, serve_app
@@ -139,7 +140,9 @@ def test_a_tenants_key_passes_and_count_tokens_counts_the_rendered_prompt() -> N
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_refused_pin_is_named_in_a_header_and_writes_nothing(stream) -> None:
     usage = Usage(8, 1, 0, pin_refusal="pin-over-namespace-budget")
-    generator = StandInGenerator([GenerationChunk("r", "ok", (1,), FinishReason.EOS, usage)])
+    # As TextGenerator gives it: the chunk whose output made the pins names the refusal
+    chunk = GenerationChunk("r", "ok", (1,), FinishReason.EOS, usage)
+    generator = StandInGenerator([replace(chunk, pin_refusal=usage.pin_refusal)])
     system = [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
     headers: dict[str, str] = {}
     body = {**BODY, "system": system, "stream": stream}

@@ -13,11 +13,11 @@ from zerolayer.common.generation import FinishReason, GenerationChunk, ToolCallD
 from zerolayer.frontend.anthropic.response import (
     MessageHead,
     message_body,
-    pin_refusal_headers,
     stop_reason,
     usage_body,
 )
 from zerolayer.frontend.anthropic.stream import MessageStreamEncoder, sse
+from zerolayer.frontend.http_exchange import generation_refusal, pin_refusal_headers
 
 HEAD = MessageHead("msg_1", "tiny")
 NO_CREATION = {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}
@@ -226,9 +226,10 @@ def test_a_refused_pin_writes_nothing_and_says_why_in_a_header() -> None:
     refused = Usage(40, 3, 8, pin_refusal="pin-over-budget")
     assert usage_body(refused, 3600)["cache_creation_input_tokens"] == 0
     assert usage_body(refused, 3600)["input_tokens"] == 32
-    assert pin_refusal_headers(refused) == {"zerolayer-pin-refusal": "pin-over-budget"}
-    assert pin_refusal_headers(Usage(40, 3, 8)) == {}
-    assert pin_refusal_headers(None) == {}
+    chunks = [GenerationChunk("r", "a", (1,)), GenerationChunk("r", "b", (2,), usage=refused)]
+    refusal = generation_refusal(chunks)
+    assert pin_refusal_headers(refusal) == {"zerolayer-pin-refusal": "pin-over-budget"}
+    assert generation_refusal(chunks[:1]) == "" and pin_refusal_headers("") == {}
 
 
 def test_a_stream_carries_the_pins_usage_from_message_start_on() -> None:

@@ -308,6 +308,7 @@ def test_prompt_cache_fields_pin_the_prompt_for_the_longer_ttl(make) -> None:
     )
     assert make(prompt_cache_retention="in_memory", prompt_cache_key="s1").cache_pins == ()
     assert make(prompt_cache_options={"mode": "explicit"}).cache_pins == ()
+    assert make(prompt_cache_options={"ttl": None, "mode": None}).cache_pins == (CachePin(1800),)
 
 
 @pytest.mark.parametrize(
@@ -322,3 +323,11 @@ def test_prompt_cache_options_openai_does_not_define_are_refused_by_name(options
     with pytest.raises(InvalidArgument) as raised:
         chat(prompt_cache_options=options)
     assert raised.value.field == field
+
+
+@pytest.mark.parametrize("make", [chat, completion])
+def test_a_prompt_cache_key_over_256_bytes_is_refused_by_its_name_pinned_or_not(make) -> None:
+    for retention in ("24h", None):
+        with pytest.raises(InvalidArgument) as raised:
+            make(prompt_cache_key="日" * 86, prompt_cache_retention=retention)  # 258 bytes
+        assert raised.value.field == "prompt_cache_key"

@@ -23,15 +23,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from zerolayer.common.errors import Unauthenticated, ZerolayerError
-from zerolayer.common.generation import GenerationChunk, join_chunks
+from zerolayer.common.generation import GenerationChunk
 from zerolayer.common.tracing import Tracing
 from zerolayer.frontend.anthropic.errors import anthropic_error, error_of, validation_error
 from zerolayer.frontend.anthropic.params import count_params, generate_params
-from zerolayer.frontend.anthropic.response import (
-    MessageHead,
-    message_body,
-    pin_refusal_headers,
-)
+from zerolayer.frontend.anthropic.response import MessageHead, message_body
 from zerolayer.frontend.anthropic.schema import CountTokensRequest, MessagesRequest
 from zerolayer.frontend.anthropic.stream import MessageStreamEncoder, events
 from zerolayer.frontend.generation import TextGenerator
@@ -42,6 +38,8 @@ from zerolayer.frontend.http_exchange import (
     ClientGone,
     ClosingStreamingResponse,
     first_chunk,
+    generation_refusal,
+    pin_refusal_headers,
     read_json,
     whole_generation,
 )
@@ -122,7 +120,7 @@ class MessagesRoutes:
             return call.answered(anthropic_error(499, "client disconnected"))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
             return call.answered(error_of(exc))
-        headers = pin_refusal_headers(join_chunks(chunks).usage)
+        headers = pin_refusal_headers(generation_refusal(chunks))
         return call.answered(None, JSONResponse(body, headers=headers))
 
     async def _stream(
@@ -136,7 +134,7 @@ class MessagesRoutes:
             return call.answered(error_of(exc))
         stream = events(call, generation, first, MessageStreamEncoder(head))
         # NOTE: the pins are made before the first chunk, so its usage has any refusal
-        headers = pin_refusal_headers(first.usage)
+        headers = pin_refusal_headers(first.pin_refusal)
         return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=headers)
 
     def _tenant(self, request: Request) -> str:

@@ -26,10 +26,6 @@ from zerolayer.common.generation import (
 )
 from zerolayer.frontend.anthropic.breakpoints import TTL_S
 
-PIN_REFUSAL_HEADER = "zerolayer-pin-refusal"
-"""The response header that says why a ``cache_control`` pin was not made (``Usage.pin_refusal``:
-``pin-over-budget``, ``pin-over-namespace-budget``, ``pin-nothing-cached``,
-``pin-kvstore-unavailable``)."""
 STOP_REASONS = {
     "EOS": "end_turn",
     "STOP": "end_turn",
@@ -90,13 +86,6 @@ def usage_body(usage: Usage | None, pin_ttl_s: int = 0) -> dict:
         },
         "output_tokens": usage.completion_tokens,
     }
-
-
-def pin_refusal_headers(usage: Usage | None) -> dict[str, str]:
-    """``zerolayer-pin-refusal: <reason>`` when a breakpoint's pin was refused (the request ran
-    and nothing was written to the cache: Anthropic's degradation); empty otherwise."""
-    refusal = usage.pin_refusal if usage is not None else ""
-    return {PIN_REFUSAL_HEADER: refusal} if refusal else {}
 
 
 def tool_use_block(call: ToolCall) -> dict:

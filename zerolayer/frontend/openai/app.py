@@ -36,6 +36,8 @@ from zerolayer.frontend.http_exchange import (
     ClientGone,
     ClosingStreamingResponse,
     first_chunk,
+    generation_refusal,
+    pin_refusal_headers,
     read_json,
     whole_generation,
 )
@@ -199,7 +201,9 @@ class OpenAIRoutes:
             return call.answered(http_error(499, "client disconnected"))
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
             return call.answered(error_of(exc, head.chat))
-        return call.answered(None, JSONResponse(whole_response(head, chunks, logprobs)))
+        headers = pin_refusal_headers(generation_refusal(chunks))
+        body = whole_response(head, chunks, logprobs)
+        return call.answered(None, JSONResponse(body, headers=headers))
 
     async def _stream(
         self,
@@ -217,7 +221,9 @@ class OpenAIRoutes:
         except Exception as exc:  # noqa: BLE001 - the edge answers everything
             return call.answered(error_of(exc, encoder.head.chat))
         stream = events(call, generation, first, encoder)
-        return ClosingStreamingResponse(stream, media_type="text/event-stream")
+        # NOTE: the pins are made at the first token: its chunk says whether one was refused
+        headers = pin_refusal_headers(first.pin_refusal)
+        return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=headers)
 
     def _tenant(self, request: Request) -> str:
         if not self._tenants.enabled:

@@ -30,6 +30,7 @@ from zerolayer.frontend.openai.schema import (
     ResponseFormat,
     SamplingFields,
 )
+from zerolayer.kv.pin import MAX_PIN_KEY_BYTES
 
 RETENTION_TTL_S = {"24h": 86400}
 """``prompt_cache_retention`` -> pin ttl, seconds (``in_memory``: no pin)."""
@@ -258,19 +259,22 @@ def cache_pins(
 
     Raises:
         InvalidArgument: ``prompt_cache_options`` with a key, ``ttl`` or ``mode`` OpenAI does not
-            define (``prompt_cache_options.ttl``, ...).
+            define (``prompt_cache_options.ttl``, ...), a ``prompt_cache_retention`` other than
+            ``in_memory`` or ``24h``, a ``prompt_cache_key`` over 256 bytes.
     """
     if retention not in (None, "in_memory", *RETENTION_TTL_S):
         raise InvalidArgument("prompt_cache_retention", "'in_memory' or '24h'")
+    if key is not None and len(key.encode("utf-8", "surrogatepass")) > MAX_PIN_KEY_BYTES:
+        raise InvalidArgument("prompt_cache_key", f"longer than {MAX_PIN_KEY_BYTES} bytes")
     ttl_s = RETENTION_TTL_S.get(retention or "", 0)
     if options is not None:
         for name in options:
             if name not in ("ttl", "mode"):
                 raise InvalidArgument(f"prompt_cache_options.{name}"[:80], "unknown field")
-        ttl = options.get("ttl", "30m")
+        ttl = options.get("ttl") or "30m"  # null: the default
         if ttl not in OPTIONS_TTL_S:
             raise InvalidArgument("prompt_cache_options.ttl", f"{str(ttl)[:40]!r}; only '30m'")
-        mode = options.get("mode", "implicit")
+        mode = options.get("mode") or "implicit"
         if mode not in ("implicit", "explicit"):
             raise InvalidArgument("prompt_cache_options.mode", "'implicit' or 'explicit'")
         if mode == "implicit":
