@@ -81,13 +81,14 @@ def grpc_metadata(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
 
 
-def flood(stack, num_blocks: int = 2 * NUM_BLOCKS) -> None:
-    """Distinct unpinned prompts (of tenant alice) whose blocks pass through the whole pool:
-    every block that nothing references is evicted."""
+def flood(stack) -> None:
+    """Distinct unpinned prompts (of tenant alice), one after another, whose blocks pass through
+    the whole pool and more: every block that nothing references is evicted (LRU)."""
     stub = text_stub(stack)
     rng = random.Random()
-    for _ in range(num_blocks // 12):
-        ids = [rng.randrange(3, 250) for _ in range(12 * BLOCK_SIZE)]
+    per_request = 24  # blocks
+    for _ in range(NUM_BLOCKS // per_request + 2):
+        ids = [rng.randrange(3, 250) for _ in range(per_request * BLOCK_SIZE)]
         request = pb.GenerateRequest(
             prompt_token_ids=pb.TokenIds(ids=ids), max_new_tokens=1, ignore_eos=True
         )
