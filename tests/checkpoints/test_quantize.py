@@ -250,3 +250,20 @@ def test_sigterm_during_quantize_leaves_nothing_behind(source: Path, tmp_path: P
     assert proc.returncode == 128 + signal.SIGTERM
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big"]
     assert "Traceback" not in proc.stderr.read()
+
+
+def test_the_quantize_command_gives_the_callers_sigterm_handler_back(tmp_path: Path) -> None:
+    import signal
+
+    from zerolayer.cli.main import main as zerolayer_main
+
+    def mine(signum: int, frame: object) -> None:
+        raise AssertionError("not called")
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        # Refused before any tensor is read: no such input.
+        assert zerolayer_main(["quantize", str(tmp_path / "in"), str(tmp_path / "out")]) == 2
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -8,8 +8,8 @@ with a ``quantization_config``, and copies the tokenizer, generation and chat-te
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 
 from zerolayer.checkpoints.checkpoint import weight_files
@@ -68,9 +68,12 @@ def quantize_checkpoint(src: Path, dst: Path, group_size: int = 32) -> None:
 
     make_model_dir(dst.parent)
     # NOTE: written into a hidden sibling and renamed into place, so a failure or an interrupt
-    # (KeyboardInterrupt, SystemExit) leaves no half-written model directory behind.
-    staging = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.partial-"))
+    # (KeyboardInterrupt, SystemExit) leaves no half-written model directory behind. The name is
+    # chosen before the directory is made inside the try: an interrupt between the two (a
+    # SIGTERM as it appears) still finds it to remove.
+    staging = dst.parent / f".{dst.name}.partial-{secrets.token_hex(6)}"
     try:
+        staging.mkdir(mode=0o700)
         config["quantization_config"] = quantization_config(group_size)
         (staging / "config.json").write_text(json.dumps(config, indent=2))
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})

@@ -102,8 +102,9 @@ def run_quantize(args: argparse.Namespace) -> int:
     from zerolayer.checkpoints.errors import CheckpointError
     from zerolayer.checkpoints.quantize import quantize_checkpoint
 
-    # NOTE: SIGTERM unwinds like Ctrl-C, so the partial copy is removed (quantize_checkpoint).
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # NOTE: SIGTERM unwinds like Ctrl-C, so the partial copy is removed (quantize_checkpoint);
+    # the caller's handler is back afterwards (the command may run inside another program).
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         return _write(
             "quantize",
@@ -114,6 +115,8 @@ def run_quantize(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("zerolayer quantize: interrupted; nothing written", file=sys.stderr)
         return 128 + signal.SIGINT
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _write(
