@@ -31,7 +31,7 @@ from zerolayer.frontend.chat.reasoning import prompt_opens_thought
 from zerolayer.frontend.chat.tool_request import plan_output
 from zerolayer.frontend.kv_pin_client import KVPins
 from zerolayer.frontend.metrics import FrontendMetrics
-from zerolayer.frontend.prompt_cache import RequestPins, check_cache_pins, plan_pins
+from zerolayer.frontend.prompt_cache import PinPlan, RequestPins, check_cache_pins, plan_pins
 from zerolayer.frontend.routing.scheduler_pool import SchedulerPool
 from zerolayer.frontend.telemetry import GenerationTelemetry
 from zerolayer.frontend.tenants import scoped_cache_salt
@@ -199,8 +199,13 @@ class TextGenerator:
                 )
             if fit_context:
                 check_fits_context(params, request, self.served)
-            pin_plan = await asyncio.to_thread(
-                plan_pins, params, request.prompt_token_ids, self.chat_template, self.tokenizer
+            # NOTE: a thread only for pins that render the chat again; most requests have none
+            pin_plan = (
+                await asyncio.to_thread(
+                    plan_pins, params, request.prompt_token_ids, self.chat_template, self.tokenizer
+                )
+                if params.cache_pins
+                else PinPlan()
             )
         request = replace(request, cache_salt=scoped_cache_salt(tenant, request.cache_salt))
         pins = RequestPins(
@@ -243,7 +248,8 @@ class TextGenerator:
                 num_made = len(pins.made)
                 if index == 0:
                     num_cached = output.num_cached_tokens
-                    await pins.on_output(output)
+                    if not pins.plan.empty:
+                        await pins.on_output(output)
                 usage = pins.usage(Usage(len(request.prompt_token_ids), num_generated, num_cached))
                 started = time.perf_counter()
                 chunk = self._chunk(
