@@ -98,6 +98,8 @@ class Pins:
         """:attr:`Pin.identity` -> the live pin's id (one per identity: a repeat renews it)."""
         self.by_key: dict[tuple[str, str], str] = {}
         """(cache salt, non-empty key) -> the namespace's live pin of that key."""
+        self.by_last_block: dict[int, set[str]] = {}
+        """A pin's last block -> the live pins that end there (a hit on it covers them all)."""
         self.num_pin_hits = 0
         self.num_pin_misses = 0
         self.num_pin_refusals = 0
@@ -153,6 +155,7 @@ class Pins:
         self.blocks.add(budget, block_ids)
         self.pins[pin.pin_id] = pin
         self.by_identity[pin.identity] = pin.pin_id
+        self.by_last_block.setdefault(block_ids[-1], set()).add(pin.pin_id)
         if key:
             self.by_key[(cache_salt, key)] = pin.pin_id
         if earlier is not None:
@@ -236,6 +239,10 @@ class Pins:
         """Forgets a live pin and drops its references."""
         del self.pins[pin.pin_id]
         del self.by_identity[pin.identity]
+        ending = self.by_last_block[pin.block_ids[-1]]
+        ending.discard(pin.pin_id)
+        if not ending:
+            del self.by_last_block[pin.block_ids[-1]]
         if pin.key and self.by_key.get((pin.cache_salt, pin.key)) == pin.pin_id:
             del self.by_key[(pin.cache_salt, pin.key)]
         self.cache.free(list(pin.block_ids))
@@ -246,10 +253,11 @@ class Pins:
         covers is a pin hit, and is renewed by its ttl if ``renew_on_hit``."""
         if not hits or not self.pins:
             return
-        hit = set(hits)
         now = self.clock()
-        for pin in self.pins.values():
-            if pin.cache_salt == cache_salt and pin.block_ids[-1] in hit and pin.expires_at > now:
+        # NOTE: a pin's blocks are a chain: a hit on its last block covers all of them
+        covered = [self.pins[p] for b in set(hits) for p in self.by_last_block.get(b, ())]
+        for pin in covered:
+            if pin.cache_salt == cache_salt and pin.expires_at > now:
                 self.num_pin_hits += 1
                 if pin.renew_on_hit:
                     pin.expires_at = now + pin.ttl_s
