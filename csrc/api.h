@@ -75,6 +75,26 @@ ZL_EXPORT int32_t zl_int8_linear(int32_t x_dtype, const void* x, int64_t m, int6
                                  const float* const* wss, const int64_t* ns, void* const* ys,
                                  const char* isa, int32_t num_threads);
 
+/* GGUF's tensor types (gguf_linear.cpp, gguf_dequant.cpp), by their ggml type ids: F32 0, F16 1,
+ * Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14, BF16 30. A weight [n, k] is
+ * n rows of k / block_size blocks, read in place. isa: NULL for the best kernels this CPU runs,
+ * else "avx512vnni", "avx2" or "portable" (fails where it does not run). */
+/* The kernels zl_gguf_linear takes on this CPU. */
+ZL_EXPORT const char* zl_gguf_isa(void);
+/* ys[i] [m, ns[i]] (x's dtype) = x [m, k] @ dequant(ws[i] of types[i] [ns[i], k])^T for `count`
+ * weights sharing x, in one parallel region; x ZL_FLOAT32 or ZL_BFLOAT16, any m >= 1, k a
+ * multiple of every type's block size. */
+ZL_EXPORT int32_t zl_gguf_linear(int32_t x_dtype, const void* x, int64_t m, int64_t k,
+                                 int64_t count, const int32_t* types, const void* const* ws,
+                                 const int64_t* ns, void* const* ys, const char* isa,
+                                 int32_t num_threads);
+/* out [rows, k] (ZL_FLOAT32 exactly, or ZL_BFLOAT16 rounded to nearest even) = the rows of w
+ * [n, k] of `type` dequantized: all n (ids NULL), else the count rows ids[0 .. count), each in
+ * [0, n). */
+ZL_EXPORT int32_t zl_gguf_dequantize(int32_t type, const void* w, int64_t n, int64_t k,
+                                     const int64_t* ids, int64_t count, int32_t out_dtype,
+                                     void* out, const char* isa, int32_t num_threads);
+
 /* Elementwise steps in bfloat16 (elementwise.cpp), rows of n values, all contiguous; the norm
  * weight w [n] is ZL_BFLOAT16 or ZL_FLOAT32 (w_dtype). */
 ZL_EXPORT int32_t zl_rms_norm(const uint16_t* x, const void* w, int32_t w_dtype, uint16_t* y,

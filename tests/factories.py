@@ -34,6 +34,8 @@ from zerolayer.scheduler.core.kv_cache_manager import BlockAllocator, KVCacheMan
 from zerolayer.scheduler.core.request import Request
 from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 from zerolayer.scheduler.engine_factory import EngineConfig
+from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
+from zerolayer.scheduler.model.gguf.types import GGUF_TYPES
 from zerolayer.scheduler.model.sampler import Sampler
 from zerolayer.v1 import generation_pb2 as pb
 
@@ -376,3 +378,39 @@ def sentencepiece_like_tokenizer_json(words: list[str]) -> str:
     )
     tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
     return tokenizer.to_str()
+
+
+GGUF_SCALE_OFFSETS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
+"""Byte offsets of each quantized block's float16 scales (ggml-common.h)."""
+
+
+def make_gguf_weight(
+    type_name: str, n: int, k: int, seed: int = 0, scale: float = 0.01
+) -> QuantWeight:
+    """A weight [n, k] of random blocks of a GGUF type: random bytes with finite float16 scales
+    (normal * ``scale``); Q8_0's values in [-127, 127], as every quantizer writes them; the float
+    types normal * ``scale``."""
+    qtype = GGUF_TYPES[type_name]
+    gen = torch.Generator().manual_seed(seed)
+    if qtype.is_float:
+        dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[type_name]
+        values = (torch.randn(n, k, generator=gen) * scale).to(dtype)
+        return QuantWeight.of(values, type_name)
+    blocks = torch.randint(0, 256, (n * k // qtype.block_size, qtype.type_size), generator=gen)
+    blocks = blocks.to(torch.uint8)
+    if type_name == "Q8_0":
+        values = torch.randint(-127, 128, (blocks.shape[0], 32), generator=gen).to(torch.int8)
+        blocks[:, 2:] = values.view(torch.uint8)
+    for offset in GGUF_SCALE_OFFSETS[type_name]:
+        halves = (torch.randn(blocks.shape[0], 1, generator=gen) * scale).to(torch.float16)
+        blocks[:, offset : offset + 2] = halves.view(torch.uint8)
+    return QuantWeight.of(blocks.reshape(n, -1), type_name)

@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +45,8 @@ class LocalModel:
     config: ModelConfig
     weights: dict[str, torch.Tensor]
     device: Device
+    quant_types: Mapping[str, str] | None = None
+    """A GGUF checkpoint's tensor types by name; None for other checkpoints."""
 
     @classmethod
     def load(cls, model_dir: Path, device: Device = CPU) -> LocalModel:
@@ -104,6 +106,7 @@ def build_local_engine(
         layout,
         model.device,
         model.manifest.tokenizer_json,
+        model.quant_types,
     )
     return assemble_engine(parts, config, registry), allocator
 

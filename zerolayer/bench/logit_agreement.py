@@ -31,8 +31,20 @@ def chunked_logits(
     the forward of the checkpoint in ``model_dir``, on the CPU, over a fresh KV cache in the
     model's dtype (native kernels when ``kernels`` loads them; None: pure torch)."""
     local = LocalModel.load(model_dir)
-    model = LlamaModel(local.config, local.weights)
-    cfg = local.config
+    return model_logits(
+        LlamaModel(local.config, local.weights), tokens, kernels, step_tokens, block_size
+    )
+
+
+def model_logits(
+    model: LlamaModel,
+    tokens: list[int],
+    kernels: KernelLoader | None,
+    step_tokens: int,
+    block_size: int = BLOCK_SIZE,
+) -> torch.Tensor:
+    """:func:`chunked_logits` of a built model (on the CPU)."""
+    cfg = model.config
     n = len(tokens)
     num_blocks = -(-n // block_size)
     shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)

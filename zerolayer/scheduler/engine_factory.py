@@ -10,6 +10,7 @@ sampler, the metrics and the engine are made here, the same way for all of them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 import torch
@@ -82,6 +83,9 @@ class EngineParts:
     tokenizer_json: str = ""
     """The model's tokenizer.json, for structured output; empty: constrained requests are
     refused."""
+    quant_types: Mapping[str, str] | None = None
+    """A GGUF checkpoint's tensor types by name (``MappedWeights.quant_types``); None for other
+    checkpoints."""
 
 
 def assemble_engine(
@@ -100,7 +104,7 @@ def assemble_engine(
         KeyError: a weight is missing.
     """
     _check_arena(parts)
-    model = LlamaModel(parts.model_config, parts.weights)
+    model = LlamaModel(parts.model_config, parts.weights, parts.quant_types)
     if model.device != torch.device(str(parts.device)):
         raise ValueError(
             f"the weights are on {model.device}, the engine's device is {parts.device}"

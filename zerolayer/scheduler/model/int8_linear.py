@@ -104,11 +104,3 @@ def int8_linear_chunked(
         )
         out[:, n0 : n0 + rows] = linear(x, block)
     return out
-
-
-def torch_linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight) -> torch.Tensor:
-    """``F.linear(x, weight)``; an :class:`Int8Weight` through :func:`int8_linear_chunked`
-    (the forward's linear without native kernels)."""
-    if isinstance(weight, Int8Weight):
-        return int8_linear_chunked(x, weight)
-    return F.linear(x, weight)

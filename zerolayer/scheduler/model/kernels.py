@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from zerolayer.scheduler.model.gguf.linear import quant_linear_chunked
+from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
 from zerolayer.scheduler.model.int8_linear import Int8Weight, int8_linear_chunked
 from zerolayer.scheduler.model.native import build
 from zerolayer.scheduler.model.native.library import NativeKernels
@@ -30,6 +32,9 @@ log = logging.getLogger(__name__)
 CSRC_DIR = build.CSRC_DIR
 NATIVE_DTYPES = frozenset({torch.float32, torch.bfloat16})
 """Dtypes of q and the caches the native kernel handles."""
+GGUF_KERNEL_MAX_ROWS = 16
+"""Most rows of x a GGUF weight's product takes the native kernel for; more rows dequantize
+blocks of weight rows and call torch's matmul (measured: docs/benchmarks.md, "GGUF kernels")."""
 
 
 class KernelLoader:
@@ -102,10 +107,13 @@ class KernelLoader:
         """Whether the native kernels are usable (builds them on the first call)."""
         return self.load() is not None
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight) -> torch.Tensor:
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor | Int8Weight | QuantWeight
+    ) -> torch.Tensor:
         """``F.linear(x, weight)``, through a native kernel when one applies.
 
-        An :class:`Int8Weight` goes to :meth:`int8_linear`.
+        An :class:`Int8Weight` goes to :meth:`int8_linear`, a :class:`QuantWeight` to
+        :meth:`quant_linear`.
 
         With :attr:`batch_invariant`, CPU ``x`` [M, K] and ``weight`` [N, K] of the same dtype,
         bfloat16 or float32, go to ``csrc/invariant_linear.cpp``: any M and K, float32
@@ -123,6 +131,8 @@ class KernelLoader:
         """
         if isinstance(weight, Int8Weight):
             return self.int8_linear(x, weight)
+        if isinstance(weight, QuantWeight):
+            return self.quant_linear(x, weight)
         module = self._module if self._loaded else self.load()
         if (
             self.batch_invariant
@@ -166,14 +176,51 @@ class KernelLoader:
             return module.int8_linear(x, weight.qweight, weight.scales)
         return int8_linear_chunked(x, weight)
 
+    def quant_linear(self, x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
+        """``x`` [M, K] times a GGUF weight's transpose (``csrc/gguf_linear.cpp``).
+
+        CPU bfloat16 or float32 ``x`` with M at most :data:`GGUF_KERNEL_MAX_ROWS` takes the
+        native kernel (bfloat16 x quantized per block with integer block sums, as llama.cpp;
+        float32 x against the exactly dequantized weight); more rows dequantize a block of
+        weight rows at a time natively and call torch's matmul
+        (:func:`~zerolayer.scheduler.model.gguf.linear.quant_linear_chunked`), and so does
+        everything without the native module, with the torch dequantization. With
+        :attr:`batch_invariant` every CPU call takes the native kernel, whose rows do not
+        depend on M or on each other.
+
+        Returns:
+            [M, N] in the dtype of ``x``.
+        """
+        module = self._module if self._loaded else self.load()
+        if not self._gguf_native(module, x, [weight]):
+            return quant_linear_chunked(x, weight)
+        assert module is not None
+        if self.batch_invariant or x.shape[0] <= GGUF_KERNEL_MAX_ROWS:
+            return module.gguf_linear(x, weight)
+        return quant_linear_chunked(x, weight, module.gguf_dequantize)
+
+    @staticmethod
+    def _gguf_native(
+        module: NativeKernels | None, x: torch.Tensor, weights: Sequence[object]
+    ) -> bool:
+        """Whether the native GGUF kernels take x against these weights."""
+        return (
+            module is not None
+            and not x.is_cuda
+            and x.dim() == 2
+            and x.dtype in NATIVE_DTYPES
+            and all(isinstance(w, QuantWeight) and w.device.type == "cpu" for w in weights)
+        )
+
     def linears(
-        self, x: torch.Tensor, weights: Sequence[torch.Tensor | Int8Weight]
+        self, x: torch.Tensor, weights: Sequence[torch.Tensor | Int8Weight | QuantWeight]
     ) -> list[torch.Tensor]:
         """``[F.linear(x, w) for w in weights]``, as :meth:`linear` computes each, in one native
         call when the bfloat16 GEMV applies to every weight (q, k and v, or gate and up, of a
         decode step): one parallel region over their rows instead of one each, and the weights
         read in place (no concatenated copy). Likewise int8 weights where :meth:`int8_linear`
-        takes the native kernel for each (``int8_linear_multi``, which also quantizes x once);
+        takes the native kernel for each (``int8_linear_multi``, which also quantizes x once),
+        and GGUF weights of any types where :meth:`quant_linear` does (``gguf_linear_multi``);
         other mixes go one by one to :meth:`linear`.
 
         Returns:
@@ -181,6 +228,13 @@ class KernelLoader:
             :meth:`linear` gives for each weight.
         """
         module = self._module if self._loaded else self.load()
+        if (
+            len(weights) > 1
+            and self._gguf_native(module, x, weights)
+            and (self.batch_invariant or x.shape[0] <= GGUF_KERNEL_MAX_ROWS)
+        ):
+            assert module is not None
+            return module.gguf_linear_multi(x, weights)  # type: ignore[arg-type]
         int8 = [w for w in weights if isinstance(w, Int8Weight)]
         if (
             len(weights) > 1
@@ -199,6 +253,7 @@ class KernelLoader:
             and module is not None
             and not self.batch_invariant
             and not int8
+            and not any(isinstance(w, QuantWeight) for w in weights)
             and (ys := module.try_skinny_linear_multi(x, weights)) is not None
         ):
             return ys

@@ -11,7 +11,7 @@ Gemma's scaled embedding and (1 + w) RMSNorm, Gemma 2's extra norms and soft-cap
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -23,15 +23,20 @@ from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.scheduler.model.attention import AttentionMetadata, paged_attention, write_kv
 from zerolayer.scheduler.model.decode_forward import FusedDecode, unsupported_reason
 from zerolayer.scheduler.model.gemma import gemma_rms_norm, scale_embeddings, soft_cap
-from zerolayer.scheduler.model.int8_linear import Int8Weight, torch_linear
+from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.layer_ops import LayerOps, rms_norm
+from zerolayer.scheduler.model.matrices import (
+    Matrix,
+    compute_dtype,
+    embedding,
+    matrix_tensors,
+    model_matrix,
+    torch_linear,
+)
 from zerolayer.scheduler.model.rope import RotaryEmbedding
 
 log = logging.getLogger(__name__)
-
-Matrix = torch.Tensor | Int8Weight
-"""A linear weight [N, K]: in the model dtype, or int8 with scales."""
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -46,7 +51,8 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 class LayerWeights:
     """One decoder layer's weights (views into the mapped checkpoint, never copies).
 
-    Projections are :class:`Int8Weight` in an int8 checkpoint (``zerolayer quantize``).
+    Projections are :class:`Int8Weight` in an int8 checkpoint (``zerolayer quantize``) and
+    :class:`QuantWeight` of their GGUF type in a GGUF checkpoint (matrices.py).
     ``qkv`` is (q_proj, k_proj, v_proj), or (qkv_proj,) for fused checkpoints (Phi-3);
     ``gate_up`` is (gate_proj, up_proj) or (gate_up_proj,). Biases and q/k norms are None when
     the family has none, and so are the feed-forward norms outside Gemma 2 (whose
@@ -74,7 +80,7 @@ class LayerWeights:
         for value in vars(self).values():
             if value is not None:
                 for item in value if isinstance(value, tuple) else (value,):
-                    out.extend(item.tensors() if isinstance(item, Int8Weight) else [item])
+                    out.extend(matrix_tensors(item))
         return out
 
 
@@ -145,11 +151,27 @@ class LlamaModel:
             devices.
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        quant_types: Mapping[str, str] | None = None,
+    ) -> None:
+        """
+        Args:
+            quant_types: a GGUF checkpoint's tensor types by name (``MappedWeights.quant_types``):
+                those matrices, the embedding included, are used in their blocks
+                (:class:`~zerolayer.scheduler.model.gguf.quant_weight.QuantWeight`); None for
+                other checkpoints.
+        """
         self.config = config
-        self.embed_tokens = weights["model.embed_tokens.weight"]
-        self.dtype = self.embed_tokens.dtype
-        self.device = self.embed_tokens.device
+        embed = weights["model.embed_tokens.weight"]
+        self._quant_types = quant_types
+        self.dtype = compute_dtype(config, embed, quant_types)
+        self.device = embed.device
+        self.embed_tokens: torch.Tensor | QuantWeight = model_matrix(
+            embed, "model.embed_tokens.weight", self.dtype, quant_types
+        )
         self.norm = weights["model.norm.weight"]
         # NOTE: with tie_word_embeddings, an lm_head.weight the checkpoint holds anyway is used
         # as transformers 5 uses it: equal to the embedding it changes nothing; different, it
@@ -176,8 +198,11 @@ class LlamaModel:
             raise ValueError(
                 f"embed_tokens: shape {tuple(self.embed_tokens.shape)}, config says {expected}"
             )
-        head = self.lm_head.tensors() if isinstance(self.lm_head, Int8Weight) else [self.lm_head]
-        used = [self.norm, *head, *(t for layer in self.layers for t in layer.tensors())]
+        used = [
+            self.norm,
+            *matrix_tensors(self.lm_head),
+            *(t for layer in self.layers for t in layer.tensors()),
+        ]
         devices = {tensor.device for tensor in used} - {self.device}
         if devices:
             raise ValueError(
@@ -185,11 +210,10 @@ class LlamaModel:
             )
 
     def _matrix(self, weights: dict[str, torch.Tensor], name: str) -> Matrix:
-        """The linear weight ``name``: the tensor, or in an int8 checkpoint the int8 tensor with
-        its ``<name>_scale`` scales (both in place)."""
-        if not self._int8:
-            return weights[name]
-        return Int8Weight(weights[name], weights[scale_name(name)])
+        """The linear weight ``name`` in place (:func:`model_matrix`): the tensor, in an int8
+        checkpoint the int8 tensor with its ``<name>_scale`` scales, in a GGUF one its blocks."""
+        scales = weights[scale_name(name)] if self._int8 else None
+        return model_matrix(weights[name], name, self.dtype, self._quant_types, scales)
 
     def _layer(self, weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
         """Layer ``i``'s tensors by their transformers names; the config's biases, norms and
@@ -243,9 +267,15 @@ class LlamaModel:
             fuse_bias=kernels is None or not kernels.batch_invariant,
         )
         linears = grouped_linear(linear, kernels)
-        ops = LayerOps(self.norm_fn, kernels.load() if kernels is not None else None)
+        module = kernels.load() if kernels is not None else None
+        ops = LayerOps(self.norm_fn, module)
         eps = cfg.rms_norm_eps
-        h = F.embedding(input_ids, self.embed_tokens)
+        h = embedding(
+            self.embed_tokens,
+            input_ids,
+            self.dtype,
+            module.gguf_dequantize if module is not None else None,
+        )
         if cfg.scale_embeddings:
             h = scale_embeddings(h, cfg.hidden_size)
         cos, sin = self.rotary.tables(positions, self.dtype)

@@ -39,6 +39,11 @@ SIGNATURES: dict[str, tuple[type | None, tuple[type, ...]]] = {
     "zl_invariant_linear": (_I32, (_I32, _P, _P, _P, _I64, _I64, _I64, _I32)),
     # x dtype, x, m, k, group size, count, wqs, wss, ns, ys, isa, threads
     "zl_int8_linear": (_I32, (_I32, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _STR, _I32)),
+    "zl_gguf_isa": (_STR, ()),
+    # x dtype, x, m, k, count, types, ws, ns, ys, isa, threads
+    "zl_gguf_linear": (_I32, (_I32, _P, _I64, _I64, _I64, _P, _P, _P, _P, _STR, _I32)),
+    # type, w, n, k, ids, count, out dtype, out, isa, threads
+    "zl_gguf_dequantize": (_I32, (_I32, _P, _I64, _I64, _P, _I64, _I32, _P, _STR, _I32)),
     # x, w, w dtype, y, rows, n, eps, threads
     "zl_rms_norm": (_I32, (_P, _P, _I32, _P, _I64, _I64, _F64, _I32)),
     # h, d, w, w dtype, s, y, rows, n, eps, threads

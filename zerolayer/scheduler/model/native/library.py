@@ -27,6 +27,7 @@ from zerolayer.scheduler.model.native.abi import (
 )
 from zerolayer.scheduler.model.native.decode_step import DecodeForward
 from zerolayer.scheduler.model.native.elementwise import ElementwiseKernels
+from zerolayer.scheduler.model.native.gguf import GgufKernels
 from zerolayer.scheduler.model.native.int8 import Int8Kernels
 
 BFLOAT16 = torch.bfloat16
@@ -69,6 +70,11 @@ class NativeKernels:
         self.int8_linear_with_isa = int8.int8_linear_with_isa
         self.int8_linear_multi = int8.int8_linear_multi
         self.int8_linear_isa = int8.int8_linear_isa
+        gguf = GgufKernels(self._lib)
+        self.gguf_isa = gguf.gguf_isa
+        self.gguf_linear = gguf.gguf_linear
+        self.gguf_linear_multi = gguf.gguf_linear_multi
+        self.gguf_dequantize = gguf.gguf_dequantize
 
     def paged_attention(
         self,
