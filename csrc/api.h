@@ -20,7 +20,7 @@ extern "C" {
 #define ZL_EXPORT __attribute__((visibility("default")))
 
 /* Bumped whenever a declaration below changes; the loader refuses a library of another one. */
-#define ZL_ABI_VERSION 1
+#define ZL_ABI_VERSION 2
 
 /* dtype codes */
 #define ZL_FLOAT32 0
@@ -110,15 +110,20 @@ ZL_EXPORT int32_t zl_rotary(const uint16_t* x, const uint16_t* cos, const uint16
 
 /* The fused decode step (decode_forward.cpp). create: per layer 9 pointers in `layers` (input
  * norm, q, k, v, o, post-attention norm, gate, up, down: norms bfloat16 [hidden], matrices
- * contiguous bfloat16, or int8 when group_size > 0 with 7 float32 scale pointers per layer in
- * `scales` (q, k, v, o, gate, up, down)), final_norm bfloat16 [hidden]. The memory stays the
- * caller's and must outlive the handle. Returns NULL on failure. */
+ * contiguous), and per layer 7 matrix types in `types` (q, k, v, o, gate, up, down): -1 bfloat16,
+ * -2 int8 (zerolayer quantize: group_size > 0, with its float32 scales in `scales`, 7 pointers
+ * per layer, NULL where a matrix is not int8), else a GGUF type id (its blocks read in place);
+ * `types` NULL: every matrix int8 where `scales` is given, else bfloat16. final_norm bfloat16
+ * [hidden]. qk_rows_interleaved: q and k rows in llama.cpp's interleaved rotary layout (a GGUF
+ * llama file), mapped to rotate-half after the matmul. The memory stays the caller's and must
+ * outlive the handle. Returns NULL on failure. */
 ZL_EXPORT void* zl_decode_forward_create(int64_t num_layers, const void* const* layers,
-                                         const float* const* scales,
+                                         const float* const* scales, const int32_t* types,
                                          const uint16_t* final_norm, int64_t hidden,
                                          int64_t intermediate, int64_t num_heads,
                                          int64_t num_kv_heads, int64_t head_dim,
-                                         int64_t group_size, double eps, double scale);
+                                         int64_t group_size, double eps, double scale,
+                                         int32_t qk_rows_interleaved);
 ZL_EXPORT void zl_decode_forward_destroy(void* handle);
 /* One step of m sequences: h [m, hidden] bfloat16; per layer k_caches[l], v_caches[l] bfloat16
  * [num_blocks, block_size, Hkv, D] contiguous (written at the slots); slot_mapping [m],

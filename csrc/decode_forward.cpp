@@ -24,9 +24,16 @@
 // than torch's (the GEMVs, as skinny_linear; the norms, as elementwise.cpp; attention, as
 // paged_attention.cpp) and expf is not torch's, so values can differ by a bfloat16 rounding.
 //
-// Models with biases, q/k norms, another activation or norm, sliding windows, logit soft-capping,
-// fused projections or int8 weights take the Python forward (zerolayer/scheduler/model/
-// decode_forward.py decides).
+// Each matrix is bfloat16 (skinny_linear's row kernels), int8 (zerolayer quantize, int8_gemv.h)
+// or of a GGUF type (gguf_kernels.h: bfloat16 x quantized once per projection input for the
+// domains that phase's matrices need, Q8_0 and/or Q8_K; the float types against x widened), each
+// matrix of its own type (a Q4_K_M file mixes Q4_K and Q6_K). A GGUF llama file's q and k rows
+// are in llama.cpp's interleaved rotary layout (qk_rows_interleaved): their outputs are mapped
+// back to the rotate-half layout before RoPE, as the Python forward does.
+//
+// Models with biases, q/k norms, another activation or norm, sliding windows, logit soft-capping
+// or fused projections take the Python forward (zerolayer/scheduler/model/decode_forward.py
+// decides).
 
 #include <linux/futex.h>
 #include <omp.h>
@@ -40,12 +47,15 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <initializer_list>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "api.h"
 #include "elementwise.h"
 #include "gemv.h"
+#include "gguf_kernels.h"
 #include "int8_gemv.h"
 #include "kernels.h"
 #include "simd.h"
@@ -184,11 +194,55 @@ ZL_MULTIVERSION void add_scaled(float* acc, float w, const uint16_t* v, int64_t 
   for (int64_t j = 0; j < d; ++j) acc[j] += w * widen(v[j]);
 }
 
-// One matrix of a layer: bfloat16 [n, k], or int8 with float32 scales [n, k / G].
+// How a matrix is stored (Matrix::type): bfloat16, int8 with scales, else a GGUF type id.
+constexpr int32_t kDenseBf16 = -1;
+constexpr int32_t kInt8 = -2;
+
+// One matrix of a layer: bfloat16 [n, k], int8 with float32 scales [n, k / G], or the blocks of
+// a GGUF type.
 struct Matrix {
   const void* w;
   const float* scales;  // int8 only
+  int32_t type;
 };
+
+// What a projection phase's input needs before its matrices read it.
+struct Needs {
+  bool dense = false, int8 = false, q8_0 = false, q8_k = false, gguf = false;
+
+  Needs(std::initializer_list<const Matrix*> ws) {
+    for (const Matrix* w : ws) add(*w);
+  }
+
+  void add(const Matrix& w) {
+    dense |= w.type == kDenseBf16;
+    int8 |= w.type == kInt8;
+    if (w.type >= 0) {
+      const gguf::Domain domain = gguf::type_info(w.type)->domain;
+      gguf = true;
+      q8_0 |= domain == gguf::Domain::kQ8_0;
+      q8_k |= domain == gguf::Domain::kQ8_K;
+    }
+  }
+};
+
+// The bytes of one row of k values of w (int8: with its float32 scales).
+int64_t row_bytes_of(const Matrix& w, int64_t k, int64_t group_size) {
+  if (w.type == kDenseBf16) return 2 * k;
+  if (w.type == kInt8) return k + k / group_size * 4;
+  return gguf::row_bytes(*gguf::type_info(w.type), k);
+}
+
+// A head's dimensions from llama.cpp's interleaved rotary layout (pairs (2i, 2i + 1)) to the
+// rotate-half one (pairs (i, i + D/2)), in place, for `heads` heads of d values.
+void rotate_half_layout(uint16_t* x, int64_t heads, int64_t d) {
+  uint16_t tmp[1024];
+  for (int64_t h = 0; h < heads; ++h) {
+    uint16_t* row = x + h * d;
+    for (int64_t i = 0; i < d / 2; ++i) tmp[i] = row[2 * i], tmp[d / 2 + i] = row[2 * i + 1];
+    std::memcpy(row, tmp, d * sizeof(uint16_t));
+  }
+}
 
 // The weights of one layer (the caller's memory, read in place).
 struct Layer {
@@ -202,7 +256,7 @@ class DecodeForward {
  public:
   DecodeForward(std::vector<Layer> layers, const uint16_t* final_norm, int64_t hidden,
                 int64_t intermediate, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                int64_t group_size, float eps, float scale)
+                int64_t group_size, float eps, float scale, bool qk_rows_interleaved)
       : layers_(std::move(layers)),
         final_norm_(final_norm),
         hidden_(hidden),
@@ -212,7 +266,8 @@ class DecodeForward {
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         eps_(eps),
-        scale_(scale) {
+        scale_(scale),
+        qk_rows_interleaved_(qk_rows_interleaved) {
     ZL_CHECK(!layers_.empty(), "DecodeForward: no layers");
     ZL_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
              "DecodeForward: num_heads must be a multiple of num_kv_heads");
@@ -222,6 +277,14 @@ class DecodeForward {
                  (num_heads * head_dim) % simd::kLanes == 0,
              "DecodeForward: projection inputs must be multiples of 16");
     if (group_size_ > 0) Int8Gemv check(group_size_);  // refuses a group size no kernel takes, here
+    for (const Layer& l : layers_) {
+      const int64_t q_dim = num_heads * head_dim;
+      for (const auto& [w, k] : {std::pair<const Matrix*, int64_t>{&l.q, hidden}, {&l.k, hidden},
+                                 {&l.v, hidden}, {&l.o, q_dim}, {&l.gate, hidden},
+                                 {&l.up, hidden}, {&l.down, intermediate}}) {
+        check_matrix(*w, k);
+      }
+    }
   }
 
   // One decode step of m sequences (api.h: zl_decode_forward_run) on `threads` threads.
@@ -237,6 +300,22 @@ class DecodeForward {
   int64_t group_size_;  // int8 group size; 0 for bfloat16 matrices
   int64_t num_heads_, num_kv_heads_, head_dim_;
   float eps_, scale_;
+  bool qk_rows_interleaved_;
+  const gguf::IsaKernels* gguf_ = nullptr;  // the GGUF kernels, where a matrix is of a GGUF type
+
+  // Refuses a matrix of k columns this step cannot multiply.
+  void check_matrix(const Matrix& w, int64_t k) {
+    ZL_CHECK(w.w != nullptr, "DecodeForward: a matrix is missing");
+    if (w.type == kInt8) {
+      ZL_CHECK(group_size_ > 0 && w.scales != nullptr, "DecodeForward: int8 without scales");
+    } else if (w.type != kDenseBf16) {
+      const gguf::TypeInfo* info = gguf::type_info(w.type);
+      ZL_CHECK(info != nullptr, "DecodeForward: unknown GGUF type id ", w.type);
+      ZL_CHECK(k % info->block_size == 0, "DecodeForward: ", info->name, " rows of ", k,
+               " values are not whole blocks");
+      if (gguf_ == nullptr) gguf_ = &gguf::isa_kernels(nullptr);
+    }
+  }
 };
 
 // Checks every index of the step before the region: nothing inside it may throw.
@@ -304,15 +383,17 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
     }
   };
 
-  // Projections: bfloat16 (the GEMV row kernel, x as it is or widened) or int8 (x quantized
-  // once per phase by thread 0). prepare runs on thread 0 between barriers.
+  // Projections, each matrix by its type: bfloat16 (the GEMV row kernel, x as it is or
+  // widened), int8 or GGUF (x quantized once per phase). prepare runs on thread 0 between
+  // barriers, for what the phase's matrices need.
   std::unique_ptr<Int8Gemv> int8;
   if (group_size_ > 0) int8.reset(new Int8Gemv(group_size_));
-  const bool prepares = int8 != nullptr || !rows.bf16_x;
-  auto prepare = [&](const uint16_t* src, int64_t cols) {
-    if (int8 != nullptr) {
-      int8->quantize(src, m, cols);
-    } else if (!rows.bf16_x) {  // float32 [M, cols] for the widening kernel
+  gguf::QuantizedActs acts;
+  const bool prepares = int8 != nullptr || gguf_ != nullptr || !rows.bf16_x;
+  auto prepare = [&](const uint16_t* src, int64_t cols, const Needs& needs) {
+    if (needs.int8) int8->quantize(src, m, cols);
+    if (needs.gguf) acts.quantize(src, true, m, cols, needs.q8_0, needs.q8_k, 1);
+    if (needs.dense && !rows.bf16_x) {  // float32 [M, cols] for the widening kernel
       for (int64_t i = 0; i < m * cols; ++i) x32p[i] = widen(src[i]);
     }
   };
@@ -320,31 +401,39 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
   auto project = [&](const uint16_t* x16, const Matrix& w, uint16_t* y, int64_t n, int64_t k,
                      int64_t lo, int64_t hi) {
     if (lo >= hi) return;
-    if (int8 != nullptr) {
+    if (w.type == kInt8) {
       int8->rows(static_cast<const int8_t*>(w.w), w.scales, y, n, lo, hi);
-    } else {
+    } else if (w.type == kDenseBf16) {
       rows.fn(rows.bf16_x ? static_cast<const void*>(x16) : x32p,
               static_cast<const uint16_t*>(w.w), y, k, n, lo, hi);
+    } else {
+      const gguf::TypeInfo& info = *gguf::type_info(w.type);
+      const gguf::WeightRows rows_of_w{w.type, static_cast<const uint8_t*>(w.w),
+                                       gguf::row_bytes(info, k), n, y, true};
+      if (info.domain == gguf::Domain::kFloat) {
+        gguf_->float_rows(acts.widened(), k, 0, m, rows_of_w, lo, hi);
+      } else {
+        gguf_->int_rows(acts.view(), 0, m, rows_of_w, lo, hi);
+      }
     }
   };
 
   SpinBarrier barrier;
   RowQueue queue(threads);
-  // bytes of one weight row with k columns (int8: and its float32 scales)
-  auto chunk_for = [&](int64_t k) {
-    return chunk_rows(group_size_ > 0 ? k + k / group_size_ * 4 : k * 2);
+  // rows of a work-stealing chunk of w, k columns
+  auto chunk_for = [&](const Matrix& w, int64_t k) {
+    return chunk_rows(row_bytes_of(w, k, group_size_));
   };
-  const int64_t hidden_chunk = chunk_for(hidden), q_chunk = chunk_for(q_dim);
-  const int64_t inter_chunk = chunk_for(inter);
   // A phase that ends with y [M, hidden] = src [M, k] @ w^T, called by every thread after its
   // share of the previous phase: arms the queue (before the barrier that ends that phase),
   // quantizes or widens src on thread 0 where the kernel needs it, then shares the rows out.
   auto project_to_hidden = [&](int tid, int nt, const uint16_t* src, int64_t k, const Matrix& w,
-                               uint16_t* y, int64_t chunk) {
+                               uint16_t* y) {
+    const int64_t chunk = chunk_for(w, k);
     queue.arm(tid, nt, hidden);
     barrier.wait();
     if (prepares) {
-      if (tid == 0) prepare(src, k);
+      if (tid == 0) prepare(src, k, Needs{&w});
       barrier.wait();
     }
     int64_t lo, hi;
@@ -364,8 +453,9 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
       // one (see RowQueue::arm).
       if (tid == 0) {
         add_norm(l > 0 ? dp : nullptr, w.input_norm, xp);
-        prepare(xp, hidden);
+        prepare(xp, hidden, Needs{&w.q, &w.k, &w.v});
       }
+      const int64_t hidden_chunk = chunk_for(w.q, hidden);
       queue.arm(tid, nt, q_dim + 2 * kv_dim);
       barrier.wait();
       // 2. q, k, v
@@ -382,11 +472,16 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
         }
       }
       barrier.wait();
-      // 3. RoPE of q and k, k and v into their cache slots (thread 0)
+      // 3. RoPE of q and k (rows of llama.cpp's layout mapped to rotate-half first), k and v
+      // into their cache slots (thread 0)
       if (tid == 0) {
         uint16_t* kc = static_cast<uint16_t*>(k_caches[l]);
         uint16_t* vc = static_cast<uint16_t*>(v_caches[l]);
         for (int64_t s = 0; s < m; ++s) {
+          if (qk_rows_interleaved_) {
+            rotate_half_layout(qp + s * q_dim, heads, dim);
+            rotate_half_layout(kp + s * kv_dim, kv_heads, dim);
+          }
           rotary_rows(qp + s * q_dim, cos_p + s * dim, sin_p + s * dim, qp + s * q_dim, heads, dim);
           rotary_rows(kp + s * kv_dim, cos_p + s * dim, sin_p + s * dim, kp + s * kv_dim, kv_heads,
                       dim);
@@ -438,16 +533,17 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
         }
       }
       // 5. the output projection
-      project_to_hidden(tid, nt, ap, q_dim, w.o, orow, q_chunk);
+      project_to_hidden(tid, nt, ap, q_dim, w.o, orow);
       // 6. the residual add and the post-attention norm (thread 0)
       if (tid == 0) {
         add_norm(orow, w.post_norm, xp);
-        prepare(xp, hidden);
+        prepare(xp, hidden, Needs{&w.gate, &w.up});
       }
+      const int64_t gate_chunk = chunk_for(w.gate, hidden);
       queue.arm(tid, nt, 2 * inter);
       barrier.wait();
       // 7. gate and up
-      while (queue.claim(tid, nt, hidden_chunk, &lo, &hi)) {
+      while (queue.claim(tid, nt, gate_chunk, &lo, &hi)) {
         project(xp, w.gate, gp, inter, hidden, lo, std::min(hi, inter));
         project(xp, w.up, up_p, inter, hidden, std::max(lo, inter) - inter, hi - inter);
       }
@@ -459,7 +555,7 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
         actp[i] = to_bf16(round_bf16(g / (1.f + std::exp(-g))) * widen(up_p[i]));
       }
       // 9. the down projection
-      project_to_hidden(tid, nt, actp, inter, w.down, dp, inter_chunk);
+      project_to_hidden(tid, nt, actp, inter, w.down, dp);
     }
     if (tid == 0) add_norm(dp, final_norm_, op);
   }
@@ -469,10 +565,11 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
 }  // namespace zerolayer
 
 void* zl_decode_forward_create(int64_t num_layers, const void* const* layers,
-                               const float* const* scales, const uint16_t* final_norm,
-                               int64_t hidden, int64_t intermediate, int64_t num_heads,
-                               int64_t num_kv_heads, int64_t head_dim, int64_t group_size,
-                               double eps, double scale) {
+                               const float* const* scales, const int32_t* types,
+                               const uint16_t* final_norm, int64_t hidden, int64_t intermediate,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                               int64_t group_size, double eps, double scale,
+                               int32_t qk_rows_interleaved) {
   using namespace zerolayer;
   DecodeForward* made = nullptr;
   guarded([&] {
@@ -483,7 +580,10 @@ void* zl_decode_forward_create(int64_t num_layers, const void* const* layers,
       const void* const* l = layers + 9 * i;
       const float* const* s = scales != nullptr ? scales + 7 * i : nullptr;
       auto matrix = [&](int index, int scale_index) {
-        return Matrix{l[index], s != nullptr ? s[scale_index] : nullptr};
+        const int32_t type = types != nullptr ? types[7 * i + scale_index]
+                             : s != nullptr   ? kInt8
+                                              : kDenseBf16;
+        return Matrix{l[index], type == kInt8 && s != nullptr ? s[scale_index] : nullptr, type};
       };
       stack.push_back({static_cast<const uint16_t*>(l[0]), static_cast<const uint16_t*>(l[5]),
                        matrix(1, 0), matrix(2, 1), matrix(3, 2), matrix(4, 3), matrix(6, 4),
@@ -491,7 +591,7 @@ void* zl_decode_forward_create(int64_t num_layers, const void* const* layers,
     }
     made = new DecodeForward(std::move(stack), final_norm, hidden, intermediate, num_heads,
                              num_kv_heads, head_dim, group_size, static_cast<float>(eps),
-                             static_cast<float>(scale));
+                             static_cast<float>(scale), qk_rows_interleaved != 0);
   });
   return made;
 }

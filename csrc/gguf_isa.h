@@ -108,16 +108,22 @@ struct XRows {
   }
 };
 
-// A row's running sums for one row of x: 8 float32 lanes and 4 more (mins, offsets).
+// A row's running sums for one row of x: 8 float32 lanes in two chains (v2: the odd blocks of
+// the 32-element types, where few rows of x leave the FMA latency exposed) and 4 more (mins,
+// offsets).
 struct Acc {
-  __m256 v;
+  __m256 v, v2;
   __m128 e;
 };
+
+// Independent accumulator chains per row of x: two where registers allow (M <= 2).
+template <int M>
+constexpr bool kTwoChains = M <= 2;
 
 // The 32-element types: the weight block's unsigned codes u (or Q8_0's signed values), then per
 // row of x the exact int32 sum of u * q plus the offset's -o * sum(q) in the integer lanes,
 // scaled by d_w * d_x; Q4_1 and Q5_1 add their min m_w * d_x * sum(q).
-template <int32_t T, int M>
+template <int32_t T, int M, bool kOdd>
 ZL_GG_INLINE void block32(const uint8_t* p, const XRows& x, int64_t b, Acc* acc) {
   const float dw = half(p);
   __m256i u = _mm256_setzero_si256();
@@ -146,7 +152,8 @@ ZL_GG_INLINE void block32(const uint8_t* p, const XRows& x, int64_t b, Acc* acc)
       s = dot_u8s8(lane0(-offset * sum), u, q);
     }
     const float dx = x.d[i][b];
-    acc[i].v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * dx), acc[i].v);
+    __m256& chain = kOdd && kTwoChains<M> ? acc[i].v2 : acc[i].v;
+    chain = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * dx), chain);
     if constexpr (has_min) {
       acc[i].e = _mm_add_ss(acc[i].e, _mm_set_ss(mw * (dx * static_cast<float>(sum))));
     }
@@ -165,8 +172,9 @@ ZL_GG_INLINE void block_q45_k(const uint8_t* p, const XRows& x, int64_t b, Acc* 
   const __m256i low = _mm256_set1_epi8(0x0F);
   __m256i high_bits = _mm256_setzero_si256();
   if constexpr (T == kQ5_K) high_bits = load32(p + 16);
-  __m256i isum[M];
+  __m256i isum[M], isum2[kTwoChains<M> ? M : 1];  // the high nibbles' chain where M <= 2
   for (int i = 0; i < M; ++i) isum[i] = _mm256_setzero_si256();
+  for (int i = 0; i < (kTwoChains<M> ? M : 1); ++i) isum2[i] = _mm256_setzero_si256();
   for (int c = 0; c < 4; ++c) {
     const __m256i raw = load32(qs + 32 * c);
     __m256i lo = _mm256_and_si256(raw, low);
@@ -187,8 +195,12 @@ ZL_GG_INLINE void block_q45_k(const uint8_t* p, const XRows& x, int64_t b, Acc* 
     for (int i = 0; i < M; ++i) {
       const int8_t* q = x.q[i] + b * kQKK + 64 * c;
       isum[i] = dot_u8s8_scaled(isum[i], lo, load32(q), s_lo);
-      isum[i] = dot_u8s8_scaled(isum[i], hi, load32(q + 32), s_hi);
+      __m256i& chain = kTwoChains<M> ? isum2[kTwoChains<M> ? i : 0] : isum[i];
+      chain = dot_u8s8_scaled(chain, hi, load32(q + 32), s_hi);
     }
+  }
+  if constexpr (kTwoChains<M>) {
+    for (int i = 0; i < M; ++i) isum[i] = _mm256_add_epi32(isum[i], isum2[i]);
   }
   const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins)));
   for (int i = 0; i < M; ++i) {
@@ -207,8 +219,9 @@ ZL_GG_INLINE void block_q6_k(const uint8_t* p, const XRows& x, int64_t b, Acc* a
   const float d = half(p + 208);
   const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
   const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
-  __m256i isum[M];
+  __m256i isum[M], isum2[kTwoChains<M> ? M : 1];  // the odd quarters' chain where M <= 2
   for (int i = 0; i < M; ++i) isum[i] = _mm256_setzero_si256();
+  for (int i = 0; i < (kTwoChains<M> ? M : 1); ++i) isum2[i] = _mm256_setzero_si256();
   for (int h = 0; h < 2; ++h) {
     const __m256i qa = load32(p + 64 * h), qb = load32(p + 64 * h + 32);
     const __m256i qh = load32(p + 128 + 32 * h);
@@ -222,9 +235,13 @@ ZL_GG_INLINE void block_q6_k(const uint8_t* p, const XRows& x, int64_t b, Acc* a
       const int s = 8 * h + 2 * t;
       const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
       for (int i = 0; i < M; ++i) {
-        isum[i] = dot_u8s8_scaled(isum[i], u[t], load32(x.q[i] + b * kQKK + 128 * h + 32 * t), scales);
+        __m256i& chain = kTwoChains<M> && t % 2 ? isum2[kTwoChains<M> ? i : 0] : isum[i];
+        chain = dot_u8s8_scaled(chain, u[t], load32(x.q[i] + b * kQKK + 128 * h + 32 * t), scales);
       }
     }
+  }
+  if constexpr (kTwoChains<M>) {
+    for (int i = 0; i < M; ++i) isum[i] = _mm256_add_epi32(isum[i], isum2[i]);
   }
   const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
   for (int i = 0; i < M; ++i) {
@@ -234,14 +251,14 @@ ZL_GG_INLINE void block_q6_k(const uint8_t* p, const XRows& x, int64_t b, Acc* a
   }
 }
 
-template <int32_t T, int M>
+template <int32_t T, int M, bool kOdd>
 ZL_GG_INLINE void block_any(const uint8_t* p, const XRows& x, int64_t b, Acc* acc) {
   if constexpr (T == kQ4_K || T == kQ5_K) {
     block_q45_k<T, M>(p, x, b, acc);
   } else if constexpr (T == kQ6_K) {
     block_q6_k<M>(p, x, b, acc);
   } else {
-    block32<T, M>(p, x, b, acc);
+    block32<T, M, kOdd>(p, x, b, acc);
   }
 }
 
@@ -267,9 +284,16 @@ void int_rows_t(const QuantizedX& x, int64_t m0, const WeightRows& w, int64_t n0
     const uint8_t* row = w.w + r * w.row_bytes;
     if (r + kPrefetchRows < w.n) prefetch_row(row + kPrefetchRows * w.row_bytes, w.row_bytes);
     Acc acc[M];
-    for (int i = 0; i < M; ++i) acc[i] = Acc{_mm256_setzero_ps(), _mm_setzero_ps()};
-    for (int64_t b = 0; b < blocks; ++b) block_any<T, M>(row + b * info.type_size, rows, b, acc);
-    for (int i = 0; i < M; ++i) put(w, (m0 + i) * w.n + r, hsum(acc[i].v, acc[i].e));
+    for (int i = 0; i < M; ++i) acc[i] = Acc{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm_setzero_ps()};
+    int64_t b = 0;
+    for (; b + 2 <= blocks; b += 2) {
+      block_any<T, M, false>(row + b * info.type_size, rows, b, acc);
+      block_any<T, M, true>(row + (b + 1) * info.type_size, rows, b + 1, acc);
+    }
+    if (b < blocks) block_any<T, M, false>(row + b * info.type_size, rows, b, acc);
+    for (int i = 0; i < M; ++i) {
+      put(w, (m0 + i) * w.n + r, hsum(_mm256_add_ps(acc[i].v, acc[i].v2), acc[i].e));
+    }
   }
 }
 

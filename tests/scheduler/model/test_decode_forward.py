@@ -95,12 +95,22 @@ def test_fused_decode_steps_match_the_layer_by_layer_forward(
 ) -> None:
     local = LocalModel.load(model_dirs[weights])
     fused_model, plain_model = LlamaModel(local.config, local.weights), layer_by_layer(local)
+    assert_fused_steps_match(native, fused_model, plain_model, num_seqs)
+
+
+def assert_fused_steps_match(
+    native: KernelLoader, fused_model: LlamaModel, plain_model: LlamaModel, num_seqs: int
+) -> None:
+    """Six decode steps of num_seqs sequences (prefilled layer by layer, shuffled block tables)
+    through the fused model and the layer-by-layer one, each fed the reference's greedy token:
+    the first layer's K/V equal bit for bit, the hidden states within bfloat16 roundings, 90%
+    of the argmaxes equal."""
     gen = torch.Generator().manual_seed(num_seqs)
     order = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
     lengths = [5 + 7 * s for s in range(num_seqs)]
     tables = [order[16 * s : 16 * (s + 1)] for s in range(num_seqs)]
     prompts = [torch.randint(3, 259, (n,), generator=gen).tolist() for n in lengths]
-    fused_caches = prefilled(fused_model, native, prompts, tables)
+    fused_caches = prefilled(plain_model, native, prompts, tables)
     plain_caches = [(k.clone(), v.clone()) for k, v in fused_caches]
     tokens = [p[-1] for p in prompts]
     agree = 0
@@ -111,8 +121,8 @@ def test_fused_decode_steps_match_the_layer_by_layer_forward(
             ids, pos = torch.tensor(tokens), torch.tensor(positions)
             fused = fused_model.forward(ids, pos, fused_caches, meta, native)
             plain = plain_model.forward(ids, pos, plain_caches, meta, native)
-            # the first layer's K/V come from the same GEMV (int8: the same quantized x) and
-            # norm: equal bit for bit
+            # the first layer's K/V come from the same GEMV (int8, GGUF: the same quantized x)
+            # and norm: equal bit for bit
             assert torch.equal(fused_caches[0][0], plain_caches[0][0])
             assert torch.equal(fused_caches[0][1], plain_caches[0][1])
             # after that, attention's float32 sums run in another order: bfloat16 roundings
@@ -170,7 +180,7 @@ def test_only_the_standard_bfloat16_llama_on_the_cpu_is_fused(local: LocalModel)
             o_proj=Int8Weight(layers[0].o_proj.to(torch.int8), torch.ones(PRESET.hidden_size, 4)),
         )
     ]
-    assert reason(layers=mixed) == "weights neither all bfloat16 nor all int8"
+    assert reason(layers=mixed) == "weights neither all bfloat16 or GGUF nor all int8"
     biased = [dataclasses.replace(layers[0], o_bias=torch.zeros(PRESET.hidden_size))]
     assert reason(layers=biased) == "biases or extra norms"
     fused_qkv = [dataclasses.replace(layers[0], qkv=(layers[0].qkv[0],))]

@@ -5,7 +5,8 @@ adds about twenty calls per layer and a parallel region (with a thread wake-up, 
 scheduler keeps libgomp's spin short) per GEMV. The native step runs all layers in one region
 with a spinning barrier between phases. It covers the standard Llama layer in bfloat16 on the CPU
 (no biases, no q/k norms, SiLU, RMSNorm, no sliding window or soft-capping, separate q/k/v and
-gate/up projections; bfloat16 weights, or the int8 ones of ``zerolayer quantize``):
+gate/up projections; bfloat16 weights, the int8 ones of ``zerolayer quantize``, or a GGUF file's,
+each matrix of its own type, q/k rows in llama.cpp's layout mapped back in the step):
 :func:`unsupported_reason` says why another model keeps the Python forward, and
 :meth:`FusedDecode.applies` which steps take it (decode only: one new token per sequence, at most
 ``max_skinny_rows`` sequences).
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.scheduler.model.attention import AttentionMetadata
+from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
 from zerolayer.scheduler.model.int8_linear import Int8Weight
 from zerolayer.scheduler.model.layer_ops import rms_norm
 from zerolayer.scheduler.model.native.library import NativeKernels
@@ -74,10 +76,17 @@ def unsupported_reason(
                 return "int8 weights of several group sizes"
             weights = [w.qweight for w in matrices]
             tensors = [t for w in matrices for t in w.tensors()]
-        elif all(isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 for w in matrices):
-            weights = tensors = list(matrices)
+        elif all(
+            isinstance(w, QuantWeight)
+            or (isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16)
+            for w in matrices
+        ):
+            weights = [w for w in matrices if isinstance(w, torch.Tensor)]
+            tensors = [
+                t for w in matrices for t in ([w] if isinstance(w, torch.Tensor) else w.tensors())
+            ]
         else:
-            return "weights neither all bfloat16 nor all int8"
+            return "weights neither all bfloat16 or GGUF nor all int8"
         if not all(t.is_contiguous() for t in tensors):
             return "non-contiguous weights"
         if any(w.shape[1] % 16 for w in weights):
@@ -135,12 +144,15 @@ class FusedDecode:
         layers: list,
         final_norm: torch.Tensor,
         scale: float,
+        qk_rows_interleaved: bool | None = None,
     ) -> None:
         """
         Args:
             native: the loaded kernels (``KernelLoader.load()``).
             config, layers, final_norm: the model's, checked by :func:`unsupported_reason`.
             scale: the attention's score scale.
+            qk_rows_interleaved: q/k rows in llama.cpp's layout; None: the config's
+                ``qk_rows_interleaved``.
 
         Raises:
             RuntimeError: a weight of an unexpected shape or dtype (the kernel's check).
@@ -150,6 +162,10 @@ class FusedDecode:
         """The thread choice per number of sequences in a step."""
         matrices = [(*x.qkv, x.o_proj, *x.gate_up, x.down_proj) for x in layers]
         int8 = isinstance(matrices[0][0], Int8Weight)
+        if qk_rows_interleaved is None:
+            # NOTE: ModelConfig.qk_rows_interleaved comes with the GGUF reader (branch
+            # i32-gguf-format); a config without it has HF's rotate-half layout.
+            qk_rows_interleaved = bool(getattr(config, "qk_rows_interleaved", False))
         self._step = native.decode_forward(
             [
                 [
@@ -168,6 +184,7 @@ class FusedDecode:
             config.head_dim,
             config.rms_norm_eps,
             scale,
+            qk_rows_interleaved,
         )
 
     def applies(self, num_tokens: int, meta: AttentionMetadata, caches: list) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """``ZL_ABI_VERSION`` of the header these signatures follow."""
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 """``ZL_FLOAT32``, ``ZL_BFLOAT16``."""
@@ -50,9 +50,9 @@ SIGNATURES: dict[str, tuple[type | None, tuple[type, ...]]] = {
     "zl_add_rms_norm": (_I32, (_P, _P, _P, _I32, _P, _P, _I64, _I64, _F64, _I32)),
     # x, cos, sin, y, t, heads, dim, threads
     "zl_rotary": (_I32, (_P, _P, _P, _P, _I64, _I64, _I64, _I32)),
-    # layers, layer pointers, scale pointers, final norm, hidden, intermediate, heads, kv heads,
-    # head dim, group size, eps, scale
-    "zl_decode_forward_create": (_P, (_I64, _P, _P, _P) + (_I64,) * 6 + (_F64, _F64)),
+    # layers, layer pointers, scale pointers, matrix types, final norm, hidden, intermediate,
+    # heads, kv heads, head dim, group size, eps, scale, q/k rows interleaved
+    "zl_decode_forward_create": (_P, (_I64, _P, _P, _P, _P) + (_I64,) * 6 + (_F64, _F64, _I32)),
     "zl_decode_forward_destroy": (None, (_P,)),
     # handle, h, m, k caches, v caches, num_blocks, block_size, slot_mapping, block_tables,
     # table width, seq_lens, cos, sin, out, threads, max threads

@@ -9,9 +9,12 @@ from collections.abc import Sequence
 
 import torch
 
+from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
 from zerolayer.scheduler.model.native.abi import check_call, pointers, refuse
 
 BFLOAT16 = torch.bfloat16
+DENSE_BF16, INT8 = -1, -2
+"""The matrix type codes of ``zl_decode_forward_create`` besides the GGUF type ids."""
 
 
 class DecodeForward:
@@ -21,7 +24,7 @@ class DecodeForward:
         self,
         lib: ctypes.CDLL,
         max_rows: int,
-        layers: Sequence[Sequence[torch.Tensor]],
+        layers: Sequence[Sequence[torch.Tensor | QuantWeight]],
         scales: Sequence[Sequence[torch.Tensor]],
         final_norm: torch.Tensor,
         num_heads: int,
@@ -29,6 +32,7 @@ class DecodeForward:
         head_dim: int,
         eps: float,
         scale: float,
+        qk_rows_interleaved: bool = False,
     ) -> None:
         """
         Args:
@@ -36,12 +40,15 @@ class DecodeForward:
             max_rows: most sequences of a step (``max_skinny_rows``).
             layers: per layer [input_norm [H], q [Hq*D, H], k [Hkv*D, H], v [Hkv*D, H],
                 o [H, Hq*D], post_attention_norm [H], gate [I, H], up [I, H], down [H, I]]:
-                matrices contiguous bfloat16 or int8 (read in place, held here), norms bfloat16
-                or float32 (rounded to bfloat16 copies).
-            scales: empty for bfloat16 matrices; for int8 ones (``zerolayer quantize``), per
+                matrices contiguous bfloat16 or int8 tensors, or GGUF weights of any types
+                (read in place, held here), norms bfloat16 or float32 (rounded to bfloat16
+                copies).
+            scales: empty unless the matrices are int8 (``zerolayer quantize``): then per
                 layer the float32 [N, K / G] scales of q, k, v, o, gate, up, down (one G).
             final_norm: [H], bfloat16 or float32.
             num_heads, num_kv_heads, head_dim, eps, scale: the attention's and norms'.
+            qk_rows_interleaved: q and k rows in llama.cpp's interleaved rotary layout (a GGUF
+                llama file); their outputs are mapped to rotate-half before RoPE.
 
         Raises:
             RuntimeError: a weight of an unexpected shape or dtype.
@@ -62,13 +69,16 @@ class DecodeForward:
         weight_dtype = torch.int8 if scales else BFLOAT16
         self._held: list[torch.Tensor] = []
         """Every tensor the library points into."""
+        types: list[int] = []
         if scales and any(len(s) != 7 for s in scales):
             refuse("DecodeForward: 7 scale tensors per layer expected")
         group_sizes = set()
         for i, layer in enumerate(layers):
             for j, t in enumerate(layer):
                 if j in shapes:
-                    self._held.append(self._matrix(t, shapes[j], weight_dtype))
+                    held, code = self._matrix(t, shapes[j], weight_dtype)
+                    self._held.append(held)
+                    types.append(code)
                 else:
                     self._held.append(self._norm(t))
             if scales:
@@ -84,6 +94,7 @@ class DecodeForward:
             len(layers),
             pointers(self._held),
             pointers(self._scales_held) if scales else None,
+            (ctypes.c_int32 * len(types))(*types),
             self._final_norm.data_ptr(),
             self.hidden,
             self.intermediate,
@@ -93,13 +104,30 @@ class DecodeForward:
             group_sizes.pop() if scales else 0,
             eps,
             scale,
+            qk_rows_interleaved,
         )
         if not handle:
             raise RuntimeError(lib.zl_last_error().decode(errors="replace"))
         self._handle = handle
         weakref.finalize(self, lib.zl_decode_forward_destroy, handle)
 
-    def _matrix(self, t: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    def _matrix(
+        self, t: torch.Tensor | QuantWeight, shape: tuple[int, int], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, int]:
+        """The tensor the library reads for one matrix, and its type code."""
+        if isinstance(t, QuantWeight):
+            if not (
+                t.shape == shape
+                and t.data.dtype == torch.uint8
+                and t.data.is_cpu
+                and t.data.is_contiguous()
+                and shape[1] % t.qtype.block_size == 0
+            ):
+                refuse(
+                    f"DecodeForward: a contiguous {t.qtype.name} {list(shape)} matrix expected, "
+                    f"got {list(t.shape)}"
+                )
+            return t.data, t.qtype.type_id
         if not (
             t.dtype == dtype
             and t.dim() == 2
@@ -113,7 +141,7 @@ class DecodeForward:
                 f"DecodeForward: a contiguous {kind} [{shape[0]}, {shape[1]}] matrix (columns a "
                 f"multiple of 16) expected, got {list(t.shape)}"
             )
-        return t
+        return t, INT8 if dtype == torch.int8 else DENSE_BF16
 
     def _norm(self, t: torch.Tensor) -> torch.Tensor:
         if t.dim() != 1 or t.shape[0] != self.hidden or not t.is_cpu:

@@ -1,0 +1,220 @@
+"""Micro-benchmark of the GGUF kernels (csrc/gguf_*.cpp): GB/s of weights read per decode step,
+per type and instruction set, and the prefill choice between the native kernel and dequantize +
+torch's matmul.
+
+Decode: the matrices of every layer of the ``small`` preset (12 layers of q, k, v, o [768, 768 /
+256], gate, up [2048, 768], down [768, 2048]; 85M weights, more than the caches hold) in the
+calls a decode step makes (q, k and v in one call, gate and up in one, then o and down), M rows
+of x (bfloat16), each call's bytes of weights over its time; the bfloat16 GEMV
+(csrc/skinny_linear.cpp) and the int8 one (csrc/int8_linear.cpp) beside them. The instruction
+sets and types alternate within each round; the best and the median of the rounds are printed.
+
+Prefill: one [2048, 768] matrix against M rows of x, the native kernel (tiles of 16 weight rows
+against every group of 4 rows of x) against the chunked path (a block of rows dequantized, then
+torch's matmul), ms per call.
+
+Run: ``python -m benchmarks.kernels.gguf [--threads N] [--rounds R] [--types Q4_K Q8_0 ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from zerolayer.checkpoints.int8_format import quantize_weight
+from zerolayer.scheduler.model.gguf.linear import quant_linear_chunked
+from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
+from zerolayer.scheduler.model.gguf.types import GGUF_TYPES
+from zerolayer.scheduler.model.kernels import KernelLoader
+
+HIDDEN, INTERMEDIATE, KV, LAYERS = 768, 2048, 256, 12
+ISAS = ("avx512vnni", "avx2", "portable")
+DEFAULT_TYPES = ("Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q4_0")
+
+
+def cpu_description() -> str:
+    """The CPU's model name and the vector extensions the kernels use (/proc/cpuinfo)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in info.splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    flags = next(
+        (line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")),
+        [],
+    )
+    wanted = (
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_vnni",
+        "avx_vnni",
+        "avx512_bf16",
+    )
+    return f"{model} ({' '.join(f for f in wanted if f in flags)})"
+
+
+def random_blocks(name: str, n: int, k: int, gen: torch.Generator) -> QuantWeight:
+    """Random blocks of ``name`` with small finite float16 scales (the speed does not depend on
+    the values)."""
+    qtype = GGUF_TYPES[name]
+    data = torch.randint(0, 256, (n, qtype.row_bytes(k)), generator=gen, dtype=torch.uint8)
+    blocks = data.view(-1, qtype.type_size)
+    scale = torch.full((blocks.shape[0], 1), 0.01, dtype=torch.float16).view(torch.uint8)
+    for offset in {
+        "Q6_K": (208,),
+        "Q4_1": (0, 2),
+        "Q5_1": (0, 2),
+        "Q4_K": (0, 2),
+        "Q5_K": (0, 2),
+    }.get(name, (0,)):
+        blocks[:, offset : offset + 2] = scale
+    return QuantWeight(data, qtype, (n, k))
+
+
+def layer_shapes() -> list[list[tuple[int, int]]]:
+    """One layer's calls: [q, k, v], [o], [gate, up], [down] as (N, K)."""
+    return [
+        [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN)],
+        [(HIDDEN, HIDDEN)],
+        [(INTERMEDIATE, HIDDEN)] * 2,
+        [(HIDDEN, INTERMEDIATE)],
+    ]
+
+
+def decode_step(
+    kind: str, isa: str | None, m: int, kernels: KernelLoader, gen: torch.Generator
+) -> tuple[Callable[[], None], int]:
+    """A decode step's projections over all layers, and their bytes of weights."""
+    module = kernels.load()
+    assert module is not None
+    calls: list[Callable[[], object]] = []
+    total = 0
+    for _ in range(LAYERS):
+        for shapes in layer_shapes():
+            k = shapes[0][1]
+            x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+            if kind == "bf16":
+                ws = [torch.randn(n, k, generator=gen).to(torch.bfloat16) for n, _ in shapes]
+                total += sum(w.numel() * 2 for w in ws)
+                calls.append(lambda x=x, ws=ws: module.skinny_linear_multi(x, ws))
+            elif kind == "int8":
+                ws8 = [quantize_weight(torch.randn(n, k, generator=gen), 32) for n, _ in shapes]
+                total += sum(q.numel() + s.numel() * 4 for q, s in ws8)
+                calls.append(lambda x=x, ws8=ws8: module.int8_linear_multi(x, ws8))
+            else:
+                wq = [random_blocks(kind, n, k, gen) for n, _ in shapes]
+                total += sum(w.data.numel() for w in wq)
+                if len(wq) == 1:
+                    calls.append(lambda x=x, w=wq[0]: module.gguf_linear(x, w, isa=isa))
+                elif isa is None:
+                    calls.append(lambda x=x, wq=wq: module.gguf_linear_multi(x, wq))
+                else:  # the named ISA one weight at a time (multi takes the best ISA)
+                    calls.append(lambda x=x, wq=wq: [module.gguf_linear(x, w, isa=isa) for w in wq])
+    return (lambda: [c() for c in calls]), total
+
+
+def timed(f: Callable[[], object], repeats: int) -> float:
+    f()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        f()
+    return (time.perf_counter() - start) / repeats
+
+
+def decode_table(args: argparse.Namespace, kernels: KernelLoader) -> None:
+    gen = torch.Generator().manual_seed(0)
+    module = kernels.load()
+    assert module is not None
+    cases: list[tuple[str, str | None, int]] = []
+    for m in args.rows:
+        cases += [("bf16", None, m), ("int8", None, m)]
+        for name in args.types:
+            cases += [(name, None, m)] + [(name, isa, m) for isa in args.isas]
+    steps = {case: decode_step(*case, kernels, gen) for case in cases}
+    rates: dict[tuple[str, str | None, int], list[float]] = {case: [] for case in cases}
+    for _ in range(args.rounds):
+        for case, (step, nbytes) in steps.items():
+            rates[case].append(nbytes / timed(step, args.repeats) / 1e9)
+    print(
+        f"decode, all 12 layers of the small preset, GB/s of weights (best, median of "
+        f"{args.rounds} rounds), {torch.get_num_threads()} threads, best ISA: "
+        f"{module.gguf_isa}"
+    )
+    print("| weights | path | M | best GB/s | median GB/s | ms per step |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for (name, isa, m), values in rates.items():
+        path = {"bf16": "skinny_linear", "int8": "int8_linear"}.get(name, isa or "multi (best)")
+        ms = steps[(name, isa, m)][1] / statistics.median(values) / 1e6
+        print(
+            f"| {name} | {path} | {m} | {max(values):.1f} | {statistics.median(values):.1f} "
+            f"| {ms:.2f} |"
+        )
+
+
+def prefill_table(args: argparse.Namespace, kernels: KernelLoader) -> None:
+    gen = torch.Generator().manual_seed(1)
+    module = kernels.load()
+    assert module is not None
+    print(
+        f"\nprefill, [{INTERMEDIATE}, {HIDDEN}] against M rows of x, ms per call (median of "
+        f"{args.rounds} rounds), {torch.get_num_threads()} threads"
+    )
+    print("| weights | x | M | native | dequantize + matmul |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in args.types:
+        w = random_blocks(name, INTERMEDIATE, HIDDEN, gen)
+        for dtype in (torch.bfloat16, torch.float32):
+            for m in (8, 16, 32, 64, 512):
+                x = torch.randn(m, HIDDEN, generator=gen).to(dtype)
+                native, chunked = [], []
+                for _ in range(args.rounds):
+                    native.append(timed(lambda x=x, w=w: module.gguf_linear(x, w), args.repeats))
+                    chunked.append(
+                        timed(
+                            lambda x=x, w=w: quant_linear_chunked(x, w, module.gguf_dequantize),
+                            args.repeats,
+                        )
+                    )
+                print(
+                    f"| {name} | {str(dtype)[6:]} | {m} | "
+                    f"{statistics.median(native) * 1e3:.2f} | "
+                    f"{statistics.median(chunked) * 1e3:.2f} |"
+                )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--types", nargs="+", default=list(DEFAULT_TYPES))
+    parser.add_argument("--isas", nargs="+", default=["avx512vnni", "avx2"])
+    parser.add_argument("--no-prefill", action="store_true")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    kernels = KernelLoader()
+    if kernels.load() is None:
+        raise SystemExit(f"native kernels unavailable: {kernels.unavailable_reason}")
+    print(f"CPU: {cpu_description()}")
+    decode_table(args, kernels)
+    if not args.no_prefill:
+        prefill_table(args, kernels)
+
+
+if __name__ == "__main__":
+    main()
