@@ -99,12 +99,12 @@ static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24, "ggml block si
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_K) == 144, "ggml block sizes");
 static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210, "ggml block sizes");
 
-// A block at p (any alignment) as its struct.
-template <typename Block>
-inline Block load_block(const uint8_t* p) {
-  Block b;
-  std::memcpy(&b, p, sizeof(Block));
-  return b;
+// The float16 field at p (any alignment) as float32.
+inline float fp16_to_fp32(uint16_t h);
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof(h));
+  return fp16_to_fp32(h);
 }
 
 // IEEE binary16 bits to float32, exactly (subnormals, infinities and NaN payloads included).

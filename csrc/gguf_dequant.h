@@ -6,64 +6,75 @@
 // No include guard, on purpose; gguf_blocks.h is included before.
 
 // One block at p into y[0 .. block_size).
-inline void dequant_q4_0(const uint8_t* p, float* y) {
-  const auto b = load_block<BlockQ4_0>(p);
-  const float d = fp16_to_fp32(b.d);
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * static_cast<float>((b.qs[j] & 0xF) - 8);
-    y[j + 16] = d * static_cast<float>((b.qs[j] >> 4) - 8);
+// NOTE: the blocks are read in place (their float16 fields with half_at): a copy of an 18- or
+// 210-byte struct read back byte by byte stalls on store forwarding.
+
+// The unsigned codes of a 32-value block: 16 bytes of nibbles (value j < 16 in the low nibble of
+// byte j, j >= 16 in the high one of byte j - 16), with the fifth bits of qh (Q5) as 16.
+// NOTE: in 64-bit words (SWAR): a byte loop is vectorized into byte inserts under -mavx2.
+inline void codes32(const uint8_t* qs, const uint8_t* qh, uint8_t* u) {
+  constexpr uint64_t kLow = 0x0F0F0F0F0F0F0F0FULL;
+  uint64_t q[2], out[4];
+  std::memcpy(q, qs, sizeof(q));
+  out[0] = q[0] & kLow, out[1] = q[1] & kLow;
+  out[2] = (q[0] >> 4) & kLow, out[3] = (q[1] >> 4) & kLow;
+  if (qh != nullptr) {
+    for (int i = 0; i < 4; ++i) {
+      // qh byte i's 8 bits spread over 8 bytes: 0x10 where set
+      const uint64_t spread = (qh[i] * 0x0101010101010101ULL) & 0x8040201008040201ULL;
+      out[i] |= ((spread + 0x7F7F7F7F7F7F7F7FULL) & 0x8080808080808080ULL) >> 3;
+    }
   }
+  std::memcpy(u, out, sizeof(out));
+}
+
+// A 32-element block's values from its nibbles qs and fifth bits qh (nullptr: none): Q4_0 and
+// Q5_0 d * (u - offset); Q4_1 and Q5_1 (kMin) d * u + m. An includer may define
+// ZL_GGUF_BLOCK32(qs, qh, d, offset, m, has_min, y) with vector instructions instead.
+template <bool kMin>
+inline void dequant32(const uint8_t* qs, const uint8_t* qh, float d, int offset, float m,
+                      float* y) {
+#ifdef ZL_GGUF_BLOCK32
+  ZL_GGUF_BLOCK32(qs, qh, d, offset, m, kMin, y);
+#else
+  uint8_t u[32];
+  codes32(qs, qh, u);
+  for (int j = 0; j < 32; ++j) {
+    if (kMin) {
+      y[j] = d * static_cast<float>(u[j]) + m;
+    } else {
+      y[j] = d * static_cast<float>(static_cast<int>(u[j]) - offset);
+    }
+  }
+#endif
+}
+
+inline void dequant_q4_0(const uint8_t* p, float* y) {
+  dequant32<false>(p + 2, nullptr, half_at(p), 8, 0.f, y);
 }
 
 inline void dequant_q4_1(const uint8_t* p, float* y) {
-  const auto b = load_block<BlockQ4_1>(p);
-  const float d = fp16_to_fp32(b.d), m = fp16_to_fp32(b.m);
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * static_cast<float>(b.qs[j] & 0xF) + m;
-    y[j + 16] = d * static_cast<float>(b.qs[j] >> 4) + m;
-  }
-}
-
-// The fifth bits of a Q5 block's 32 values, as 0 or 16.
-inline void high_bits_q5(const uint8_t* qh_bytes, int* high) {
-  uint32_t qh;
-  std::memcpy(&qh, qh_bytes, sizeof(qh));
-  for (int j = 0; j < 32; ++j) high[j] = static_cast<int>((qh >> j) & 1u) << 4;
+  dequant32<true>(p + 4, nullptr, half_at(p), 0, half_at(p + 2), y);
 }
 
 inline void dequant_q5_0(const uint8_t* p, float* y) {
-  const auto b = load_block<BlockQ5_0>(p);
-  const float d = fp16_to_fp32(b.d);
-  int high[32];
-  high_bits_q5(b.qh, high);
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * static_cast<float>(((b.qs[j] & 0xF) | high[j]) - 16);
-    y[j + 16] = d * static_cast<float>(((b.qs[j] >> 4) | high[j + 16]) - 16);
-  }
+  dequant32<false>(p + 6, p + 2, half_at(p), 16, 0.f, y);
 }
 
 inline void dequant_q5_1(const uint8_t* p, float* y) {
-  const auto b = load_block<BlockQ5_1>(p);
-  const float d = fp16_to_fp32(b.d), m = fp16_to_fp32(b.m);
-  int high[32];
-  high_bits_q5(b.qh, high);
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * static_cast<float>((b.qs[j] & 0xF) | high[j]) + m;
-    y[j + 16] = d * static_cast<float>((b.qs[j] >> 4) | high[j + 16]) + m;
-  }
+  dequant32<true>(p + 8, p + 4, half_at(p), 0, half_at(p + 2), y);
 }
 
 inline void dequant_q8_0(const uint8_t* p, float* y) {
-  const auto b = load_block<BlockQ8_0>(p);
-  const float d = fp16_to_fp32(b.d);
-  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(b.qs[j]) * d;
+  const float d = half_at(p);
+  const int8_t* qs = reinterpret_cast<const int8_t*>(p + 2);
+  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
 }
 
 // Q4_K and Q5_K (kFive): value l of sub-block j is (d * scale_j) * q - (dmin * min_j).
 template <bool kFive>
 inline void dequant_q45_k(const uint8_t* p, float* y) {
-  const float d = fp16_to_fp32(load_block<uint16_t>(p));
-  const float dmin = fp16_to_fp32(load_block<uint16_t>(p + 2));
+  const float d = half_at(p), dmin = half_at(p + 2);
   uint8_t scales[8], mins[8];
   scales_and_mins(p + 4, scales, mins);
   const uint8_t* qh = p + 16;  // Q5_K only
@@ -87,26 +98,32 @@ inline void dequant_q45_k(const uint8_t* p, float* y) {
 }
 
 // Q6_K: value i is (d * scale_{i / 16}) * (q - 32), q = 4 low bits from ql, 2 high from qh.
+// The codes first (byte operations), then one scale per 16 values.
 inline void dequant_q6_k(const uint8_t* p, float* y) {
-  const auto b = load_block<BlockQ6_K>(p);
-  const float d = fp16_to_fp32(b.d);
+  const float d = half_at(p + 208);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+  int8_t q[256];
   for (int half = 0; half < 2; ++half) {
-    const uint8_t* ql = b.ql + 64 * half;
-    const uint8_t* qh = b.qh + 32 * half;
-    float* out = y + 128 * half;
-    const int8_t* sc = b.scales + 8 * half;
+    const uint8_t* ql = p + 64 * half;
+    const uint8_t* qh = p + 128 + 32 * half;
+    int8_t* out = q + 128 * half;
     for (int l = 0; l < 32; ++l) {
-      const int q0 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
-      const int q1 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-      const int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-      const int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-      const int s = l / 16;
-      out[l] = (d * static_cast<float>(sc[s])) * static_cast<float>(q0);
-      out[l + 32] = (d * static_cast<float>(sc[s + 2])) * static_cast<float>(q1);
-      out[l + 64] = (d * static_cast<float>(sc[s + 4])) * static_cast<float>(q2);
-      out[l + 96] = (d * static_cast<float>(sc[s + 6])) * static_cast<float>(q3);
+      out[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
+      out[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+      out[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+      out[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
     }
   }
+  for (int s = 0; s < 16; ++s) {
+    const float ds = d * static_cast<float>(sc[s]);
+    for (int j = 0; j < 16; ++j) y[16 * s + j] = ds * static_cast<float>(q[16 * s + j]);
+  }
+}
+
+// Blocks [first, first + count) of a row, each Block() (inlined) into its values of y.
+template <void (*Block)(const uint8_t*, float*), int64_t kBytes, int64_t kValues>
+inline void blocks_of(const uint8_t* row, int64_t first, int64_t count, float* y) {
+  for (int64_t i = 0; i < count; ++i) Block(row + (first + i) * kBytes, y + i * kValues);
 }
 
 // Blocks [first, first + count) of a row of `type` into y (float types: a block is one value).
@@ -142,20 +159,19 @@ inline void dequantize_blocks(int32_t type, const uint8_t* row, int64_t first, i
     default:
       break;
   }
-  void (*block)(const uint8_t*, float*) = nullptr;
-  int64_t size = 0, values = kQK;
   switch (type) {
-    case kQ4_0: block = dequant_q4_0, size = sizeof(BlockQ4_0); break;
-    case kQ4_1: block = dequant_q4_1, size = sizeof(BlockQ4_1); break;
-    case kQ5_0: block = dequant_q5_0, size = sizeof(BlockQ5_0); break;
-    case kQ5_1: block = dequant_q5_1, size = sizeof(BlockQ5_1); break;
-    case kQ8_0: block = dequant_q8_0, size = sizeof(BlockQ8_0); break;
-    case kQ4_K: block = dequant_q45_k<false>, size = sizeof(BlockQ4_K), values = kQKK; break;
-    case kQ5_K: block = dequant_q45_k<true>, size = sizeof(BlockQ5_K), values = kQKK; break;
-    case kQ6_K: block = dequant_q6_k, size = sizeof(BlockQ6_K), values = kQKK; break;
+    case kQ4_0: return blocks_of<dequant_q4_0, sizeof(BlockQ4_0), kQK>(row, first, count, y);
+    case kQ4_1: return blocks_of<dequant_q4_1, sizeof(BlockQ4_1), kQK>(row, first, count, y);
+    case kQ5_0: return blocks_of<dequant_q5_0, sizeof(BlockQ5_0), kQK>(row, first, count, y);
+    case kQ5_1: return blocks_of<dequant_q5_1, sizeof(BlockQ5_1), kQK>(row, first, count, y);
+    case kQ8_0: return blocks_of<dequant_q8_0, sizeof(BlockQ8_0), kQK>(row, first, count, y);
+    case kQ4_K:
+      return blocks_of<dequant_q45_k<false>, sizeof(BlockQ4_K), kQKK>(row, first, count, y);
+    case kQ5_K:
+      return blocks_of<dequant_q45_k<true>, sizeof(BlockQ5_K), kQKK>(row, first, count, y);
+    case kQ6_K: return blocks_of<dequant_q6_k, sizeof(BlockQ6_K), kQKK>(row, first, count, y);
     default: return;  // the callers check the type first
   }
-  for (int64_t i = 0; i < count; ++i) block(row + (first + i) * size, y + i * values);
 }
 
 // Row `row` (k values) of `type` into out32, or rounded to bfloat16 into out16.

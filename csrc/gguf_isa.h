@@ -20,8 +20,16 @@ inline void f16_to_f32(const uint8_t* src, int64_t count, float* y) {
   }
 }
 
+// gguf_dequant.h's dequant32 in registers (a byte array written and read back stalls on store
+// forwarding): the codes (nibbles, fifth_bits below), 8 at a time widened to float32, then the
+// same roundings (d * (u - o), or d * u, then + m).
+inline void block32_values(const uint8_t* qs, const uint8_t* qh, float d, int offset, float m,
+                           bool has_min, float* y);
+
 #define ZL_GGUF_F16_TO_F32 f16_to_f32
+#define ZL_GGUF_BLOCK32 block32_values
 #include "gguf_dequant.h"
+#undef ZL_GGUF_BLOCK32
 #undef ZL_GGUF_F16_TO_F32
 
 // Weight rows prefetched ahead into L2, as int8_linear.cpp (a Q4_K row of 4096 values is 2.3 KiB).
@@ -83,6 +91,21 @@ ZL_GG_INLINE __m256i fifth_bits(const uint8_t* qh_bytes) {
   const __m256i bits = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
   const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread), bits);
   return _mm256_and_si256(_mm256_cmpeq_epi8(v, bits), _mm256_set1_epi8(0x10));
+}
+
+inline void block32_values(const uint8_t* qs, const uint8_t* qh, float d, int offset, float m,
+                           bool has_min, float* y) {
+  __m256i u = nibbles(qs);
+  if (qh != nullptr) u = _mm256_or_si256(u, fifth_bits(qh));
+  const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+  const __m256i off = _mm256_set1_epi32(offset);
+  const __m128i halves[2] = {_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)};
+  for (int i = 0; i < 4; ++i) {
+    const __m128i eight = i % 2 ? _mm_srli_si128(halves[i / 2], 8) : halves[i / 2];
+    const __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(eight), off);
+    const __m256 scaled = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(v));
+    _mm256_storeu_ps(y + 8 * i, has_min ? _mm256_add_ps(scaled, mv) : scaled);
+  }
 }
 
 // The rows m0 .. m0 + M of quantized x one kernel reads.

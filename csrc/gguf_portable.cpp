@@ -27,23 +27,20 @@ struct Codes32 {
   int32_t offset;
 };
 
-Codes32 codes32(int32_t type, const uint8_t* p) {
+Codes32 block_codes(int32_t type, const uint8_t* p) {
   Codes32 c{};
-  c.d = fp16_to_fp32(load_block<uint16_t>(p));
+  c.d = half_at(p);
   const bool has_min = type == kQ4_1 || type == kQ5_1;
-  if (has_min) c.min = fp16_to_fp32(load_block<uint16_t>(p + 2));
+  if (has_min) c.min = half_at(p + 2);
   if (type == kQ8_0) {
     for (int j = 0; j < 32; ++j) c.u[j] = static_cast<int8_t>(p[2 + j]);
     return c;
   }
   const bool five = type == kQ5_0 || type == kQ5_1;
-  const uint8_t* qs = p + 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
-  int high[32] = {};
-  if (five) high_bits_q5(p + 2 + (has_min ? 2 : 0), high);
-  for (int j = 0; j < 16; ++j) {
-    c.u[j] = (qs[j] & 0xF) | high[j];
-    c.u[j + 16] = (qs[j] >> 4) | high[j + 16];
-  }
+  const uint8_t* qh = five ? p + 2 + (has_min ? 2 : 0) : nullptr;
+  uint8_t u[32];
+  codes32(p + 2 + (has_min ? 2 : 0) + (five ? 4 : 0), qh, u);
+  for (int j = 0; j < 32; ++j) c.u[j] = u[j];
   c.offset = type == kQ4_0 ? 8 : type == kQ5_0 ? 16 : 0;
   return c;
 }
@@ -52,7 +49,7 @@ Codes32 codes32(int32_t type, const uint8_t* p) {
 // min's m_w d_x sum q into *extra.
 float dot32(int32_t type, const uint8_t* p, const QuantizedX& x, int64_t i, int64_t b,
             float* extra) {
-  const Codes32 c = codes32(type, p);
+  const Codes32 c = block_codes(type, p);
   const int8_t* q = x.q32 + i * x.k + b * kQK;
   const int64_t at = i * (x.k / kQK) + b;
   int32_t isum = 0;
@@ -67,8 +64,8 @@ float dot32(int32_t type, const uint8_t* p, const QuantizedX& x, int64_t i, int6
 // sum_j min_j sum(q over j) into *extra.
 float dot_q45_k(int32_t type, const uint8_t* p, const QuantizedX& x, int64_t i, int64_t b,
                 float* extra) {
-  const float d = fp16_to_fp32(load_block<uint16_t>(p));
-  const float dmin = fp16_to_fp32(load_block<uint16_t>(p + 2));
+  const float d = half_at(p);
+  const float dmin = half_at(p + 2);
   uint8_t scales[8], mins[8];
   scales_and_mins(p + 4, scales, mins);
   const uint8_t* qh = p + 16;
@@ -93,7 +90,7 @@ float dot_q45_k(int32_t type, const uint8_t* p, const QuantizedX& x, int64_t i, 
 
 // Row i of x against super-block b of Q6_K: d d_x sum_s scale_s (sum(u q) - 32 sum(q)).
 float dot_q6_k(const uint8_t* p, const QuantizedX& x, int64_t i, int64_t b) {
-  const float d = fp16_to_fp32(load_block<uint16_t>(p + 208));
+  const float d = half_at(p + 208);
   const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
   const int8_t* q = x.q256 + i * x.k + b * kQKK;
   const int16_t* sums = x.sum16 + i * (x.k / 16) + 16 * b;

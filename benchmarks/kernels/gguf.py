@@ -169,7 +169,7 @@ def prefill_table(args: argparse.Namespace, kernels: KernelLoader) -> None:
     module = kernels.load()
     assert module is not None
     print(
-        f"\nprefill, [{INTERMEDIATE}, {HIDDEN}] against M rows of x, ms per call (median of "
+        f"\nprefill, [{INTERMEDIATE}, {HIDDEN}] against M rows of x, ms per call (best of "
         f"{args.rounds} rounds), {torch.get_num_threads()} threads"
     )
     print("| weights | x | M | native | dequantize + matmul |")
@@ -177,11 +177,16 @@ def prefill_table(args: argparse.Namespace, kernels: KernelLoader) -> None:
     for name in args.types:
         w = random_blocks(name, INTERMEDIATE, HIDDEN, gen)
         for dtype in (torch.bfloat16, torch.float32):
-            for m in (8, 16, 32, 64, 512):
+            for m in args.prefill_rows:
                 x = torch.randn(m, HIDDEN, generator=gen).to(dtype)
                 native, chunked = [], []
                 for _ in range(args.rounds):
-                    native.append(timed(lambda x=x, w=w: module.gguf_linear(x, w), args.repeats))
+                    native.append(
+                        timed(
+                            lambda x=x, w=w: module.gguf_linear(x, w, isa=args.prefill_isa),
+                            args.repeats,
+                        )
+                    )
                     chunked.append(
                         timed(
                             lambda x=x, w=w: quant_linear_chunked(x, w, module.gguf_dequantize),
@@ -203,6 +208,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--types", nargs="+", default=list(DEFAULT_TYPES))
     parser.add_argument("--isas", nargs="+", default=["avx512vnni", "avx2"])
+    parser.add_argument("--prefill-rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 512])
+    parser.add_argument(
+        "--prefill-isa",
+        default=None,
+        help="the native kernels' instruction set in the prefill table (avx2: "
+        "with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 for torch's)",
+    )
     parser.add_argument("--no-prefill", action="store_true")
     args = parser.parse_args()
     if args.threads:

@@ -24,7 +24,7 @@ from zerolayer.scheduler.model.gguf.linear import quant_linear_chunked
 from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
 from zerolayer.scheduler.model.gguf.reference import quant_linear_reference, quantized_x
 from zerolayer.scheduler.model.gguf.types import GGUF_TYPES
-from zerolayer.scheduler.model.kernels import GGUF_KERNEL_MAX_ROWS, KernelLoader
+from zerolayer.scheduler.model.kernels import KernelLoader
 
 ISAS = ("avx512vnni", "avx2", "portable")
 QUANTIZED = [name for name, t in GGUF_TYPES.items() if not t.is_float]
@@ -184,13 +184,14 @@ class Calls:
         return self.f(*args, **kwargs)  # type: ignore[operator]
 
 
-def test_kernel_loader_routes_by_the_number_of_rows(
-    native: KernelLoader, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_kernel_loader_routes_by_the_number_of_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    native = KernelLoader()
     module = native.load()
+    assert module is not None
     weight = make_gguf_weight("Q4_K", 40, 512, seed=9)
-    decode = make_x(GGUF_KERNEL_MAX_ROWS, 512, torch.bfloat16, seed=1)
-    prefill = make_x(GGUF_KERNEL_MAX_ROWS + 1, 512, torch.bfloat16, seed=2)
+    native.gguf_max_rows[torch.bfloat16] = 32  # as where torch's bfloat16 matmul is fast
+    decode = make_x(32, 512, torch.bfloat16, seed=1)
+    prefill = make_x(33, 512, torch.bfloat16, seed=2)
     assert torch.equal(native.linear(decode, weight), module.gguf_linear(decode, weight))
     # more rows: native dequantization to bfloat16 blocks, then torch's matmul
     chunked = quant_linear_chunked(prefill, weight, module.gguf_dequantize)
@@ -230,7 +231,8 @@ def test_batch_invariant_rows_do_not_depend_on_the_batch() -> None:
     invariant = KernelLoader(batch_invariant=True)
     weight = make_gguf_weight("Q4_K", 40, 512, seed=10)
     for dtype in (torch.bfloat16, torch.float32):
-        x = make_x(2 * GGUF_KERNEL_MAX_ROWS + 3, 512, dtype, seed=11)
+        rows = invariant.gguf_max_rows[dtype] = 4  # the switch to the chunks within the batch
+        x = make_x(2 * rows + 3, 512, dtype, seed=11)
         whole = invariant.linear(x, weight)
-        for m in (1, 2, 4, 5, GGUF_KERNEL_MAX_ROWS + 1):
+        for m in (1, 2, 4, 5, rows + 1):
             assert torch.equal(invariant.linear(x[:m], weight), whole[:m])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,9 +33,22 @@ log = logging.getLogger(__name__)
 CSRC_DIR = build.CSRC_DIR
 NATIVE_DTYPES = frozenset({torch.float32, torch.bfloat16})
 """Dtypes of q and the caches the native kernel handles."""
-GGUF_KERNEL_MAX_ROWS = 16
-"""Most rows of x a GGUF weight's product takes the native kernel for; more rows dequantize
-blocks of weight rows and call torch's matmul (measured: docs/benchmarks.md, "GGUF kernels")."""
+GGUF_KERNEL_MAX_ROWS = {torch.bfloat16: 32, torch.float32: 4}
+"""Most rows of x, by x's dtype, a GGUF weight's product takes the native kernel for; more rows
+dequantize blocks of weight rows and call torch's matmul (measured: docs/benchmarks.md, "GGUF
+kernels": bfloat16's integer kernel wins up to 32 rows, float32's dequantizing one only for
+decode). Where torch has no fast bfloat16 matmul (:func:`torch_bf16_matmul_is_fast`), bfloat16
+x takes the native kernel at any M."""
+
+
+def torch_bf16_matmul_is_fast() -> bool:
+    """Whether torch's CPU bfloat16 matmul runs oneDNN's bfloat16 kernels (AVX-512, AMX) rather
+    than a float32 emulation: with torch held to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2``) it took 4x
+    the native GGUF kernel's time at 512 rows (docs/benchmarks.md, "GGUF kernels")."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a private op of torch's: absent, not supported
+        return False
 
 
 class KernelLoader:
@@ -69,6 +83,10 @@ class KernelLoader:
         self.batch_invariant = batch_invariant
         """Whether :meth:`linear` is batch invariant (when the kernels load)."""
         self._which = which
+        self.gguf_max_rows = dict(GGUF_KERNEL_MAX_ROWS)
+        """Most rows of x per dtype the GGUF weights' products take the native kernel for."""
+        if not torch_bf16_matmul_is_fast():
+            self.gguf_max_rows[torch.bfloat16] = sys.maxsize
         self._lock = threading.Lock()
         self._loaded = False
         self._module: NativeKernels | None = None
@@ -179,10 +197,10 @@ class KernelLoader:
     def quant_linear(self, x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
         """``x`` [M, K] times a GGUF weight's transpose (``csrc/gguf_linear.cpp``).
 
-        CPU bfloat16 or float32 ``x`` with M at most :data:`GGUF_KERNEL_MAX_ROWS` takes the
-        native kernel (bfloat16 x quantized per block with integer block sums, as llama.cpp;
-        float32 x against the exactly dequantized weight); more rows dequantize a block of
-        weight rows at a time natively and call torch's matmul
+        CPU bfloat16 or float32 ``x`` with M at most :attr:`gguf_max_rows` of its dtype takes
+        the native kernel (bfloat16 x quantized per block with integer block sums, as
+        llama.cpp; float32 x against the exactly dequantized weight); more rows dequantize a
+        block of weight rows at a time natively and call torch's matmul
         (:func:`~zerolayer.scheduler.model.gguf.linear.quant_linear_chunked`), and so does
         everything without the native module, with the torch dequantization. With
         :attr:`batch_invariant` every CPU call takes the native kernel, whose rows do not
@@ -195,7 +213,7 @@ class KernelLoader:
         if not self._gguf_native(module, x, [weight]):
             return quant_linear_chunked(x, weight)
         assert module is not None
-        if self.batch_invariant or x.shape[0] <= GGUF_KERNEL_MAX_ROWS:
+        if self.batch_invariant or x.shape[0] <= self.gguf_max_rows[x.dtype]:
             return module.gguf_linear(x, weight)
         return quant_linear_chunked(x, weight, module.gguf_dequantize)
 
@@ -231,7 +249,7 @@ class KernelLoader:
         if (
             len(weights) > 1
             and self._gguf_native(module, x, weights)
-            and (self.batch_invariant or x.shape[0] <= GGUF_KERNEL_MAX_ROWS)
+            and (self.batch_invariant or x.shape[0] <= self.gguf_max_rows[x.dtype])
         ):
             assert module is not None
             return module.gguf_linear_multi(x, weights)  # type: ignore[arg-type]
