@@ -32,8 +32,15 @@ inline void block32_values(const uint8_t* qs, const uint8_t* qh, float d, int of
 #undef ZL_GGUF_BLOCK32
 #undef ZL_GGUF_F16_TO_F32
 
-// Weight rows prefetched ahead into L2, as int8_linear.cpp (a Q4_K row of 4096 values is 2.3 KiB).
-constexpr int64_t kPrefetchRows = 4;
+// Weight rows are prefetched into L2 about this many bytes ahead, as skinny_linear and
+// int8_linear do (4 bfloat16 rows of 768, 8 int8 ones): a Q4_K row of 768 values is 432 bytes,
+// and 4 rows ahead were too few to keep a core's reads going from memory.
+constexpr int64_t kPrefetchBytes = 6 << 10;
+
+// The rows ahead that cover kPrefetchBytes for rows of row_bytes (at least one).
+ZL_GG_INLINE int64_t prefetch_rows(int64_t row_bytes) {
+  return row_bytes >= kPrefetchBytes ? 1 : kPrefetchBytes / row_bytes;
+}
 
 ZL_GG_INLINE __m256i load32(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
@@ -297,27 +304,48 @@ ZL_GG_INLINE void prefetch_row(const uint8_t* row, int64_t bytes) {
   for (int64_t j = 0; j < bytes; j += 64) __builtin_prefetch(row + j, 0, 1);
 }
 
+// R weight rows from r against the M rows of x, interleaved: R independent chains of
+// dependent multiply-adds (one row alone leaves the multipliers half idle at M = 1).
+template <int32_t T, int M, int R>
+ZL_GG_INLINE void row_group(const XRows& x, int64_t m0, const WeightRows& w, int64_t r,
+                            int64_t blocks, int64_t type_size) {
+  const uint8_t* row[R];
+  const int64_t ahead = prefetch_rows(w.row_bytes);
+  for (int j = 0; j < R; ++j) {
+    row[j] = w.w + (r + j) * w.row_bytes;
+    if (r + j + ahead < w.n) prefetch_row(row[j] + ahead * w.row_bytes, w.row_bytes);
+  }
+  Acc acc[R][M];
+  for (int j = 0; j < R; ++j) {
+    for (int i = 0; i < M; ++i) acc[j][i] = Acc{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm_setzero_ps()};
+  }
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    for (int j = 0; j < R; ++j) {
+      block_any<T, M, false>(row[j] + b * type_size, x, b, acc[j]);
+      block_any<T, M, true>(row[j] + (b + 1) * type_size, x, b + 1, acc[j]);
+    }
+  }
+  if (b < blocks) {
+    for (int j = 0; j < R; ++j) block_any<T, M, false>(row[j] + b * type_size, x, b, acc[j]);
+  }
+  for (int j = 0; j < R; ++j) {
+    for (int i = 0; i < M; ++i) {
+      put(w, (m0 + i) * w.n + r + j, hsum(_mm256_add_ps(acc[j][i].v, acc[j][i].v2), acc[j][i].e));
+    }
+  }
+}
+
 template <int32_t T, int M>
 void int_rows_t(const QuantizedX& x, int64_t m0, const WeightRows& w, int64_t n0, int64_t n1) {
   constexpr bool k_quant = T == kQ4_K || T == kQ5_K || T == kQ6_K;
+  constexpr int R = M == 1 ? 2 : 1;
   const TypeInfo& info = *type_info(T);
   const int64_t blocks = x.k / info.block_size;
   const XRows rows(x, m0, M, k_quant);
-  for (int64_t r = n0; r < n1; ++r) {
-    const uint8_t* row = w.w + r * w.row_bytes;
-    if (r + kPrefetchRows < w.n) prefetch_row(row + kPrefetchRows * w.row_bytes, w.row_bytes);
-    Acc acc[M];
-    for (int i = 0; i < M; ++i) acc[i] = Acc{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm_setzero_ps()};
-    int64_t b = 0;
-    for (; b + 2 <= blocks; b += 2) {
-      block_any<T, M, false>(row + b * info.type_size, rows, b, acc);
-      block_any<T, M, true>(row + (b + 1) * info.type_size, rows, b + 1, acc);
-    }
-    if (b < blocks) block_any<T, M, false>(row + b * info.type_size, rows, b, acc);
-    for (int i = 0; i < M; ++i) {
-      put(w, (m0 + i) * w.n + r, hsum(_mm256_add_ps(acc[i].v, acc[i].v2), acc[i].e));
-    }
-  }
+  int64_t r = n0;
+  for (; r + R <= n1; r += R) row_group<T, M, R>(rows, m0, w, r, blocks, info.type_size);
+  for (; r < n1; ++r) row_group<T, M, 1>(rows, m0, w, r, blocks, info.type_size);
 }
 
 template <int32_t T>
@@ -358,7 +386,8 @@ void float_rows_t(const float* x, int64_t k, int64_t m0, const WeightRows& w, in
   alignas(64) float buf[kChunk];
   for (int64_t r = n0; r < n1; ++r) {
     const uint8_t* row = w.w + r * w.row_bytes;
-    if (r + kPrefetchRows < w.n) prefetch_row(row + kPrefetchRows * w.row_bytes, w.row_bytes);
+    const int64_t ahead = prefetch_rows(w.row_bytes);
+    if (r + ahead < w.n) prefetch_row(row + ahead * w.row_bytes, w.row_bytes);
     __m256 a0[M], a1[M];
     float tail[M];
     for (int i = 0; i < M; ++i) a0[i] = a1[i] = _mm256_setzero_ps(), tail[i] = 0.f;

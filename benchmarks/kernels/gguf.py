@@ -13,6 +13,11 @@ Prefill: one [2048, 768] matrix against M rows of x, the native kernel (tiles of
 against every group of 4 rows of x) against the chunked path (a block of rows dequantized, then
 torch's matmul), ms per call.
 
+Fused decode step (``--fused``): one token at position 127 through the whole ``small`` preset
+(the fused native step, then the LM head), ms per step, the schemes alternating: its bfloat16
+weights, and random blocks of Q8_0 and of Q4_K_M's mix (Q4_K, with Q6_K for v, down and the LM
+head; the embedding Q4_K).
+
 Run: ``python -m benchmarks.kernels.gguf [--threads N] [--rounds R] [--types Q4_K Q8_0 ...]``.
 """
 
@@ -20,17 +25,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from zerolayer.bench.inprocess import LocalModel
+from zerolayer.bench.logit_agreement import BLOCK_SIZE, span_metadata
+from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
 from zerolayer.checkpoints.int8_format import quantize_weight
 from zerolayer.scheduler.model.gguf.linear import quant_linear_chunked
 from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
 from zerolayer.scheduler.model.gguf.types import GGUF_TYPES
 from zerolayer.scheduler.model.kernels import KernelLoader
+from zerolayer.scheduler.model.llama import LlamaModel
 
 HIDDEN, INTERMEDIATE, KV, LAYERS = 768, 2048, 256, 12
 ISAS = ("avx512vnni", "avx2", "portable")
@@ -200,6 +210,56 @@ def prefill_table(args: argparse.Namespace, kernels: KernelLoader) -> None:
                 )
 
 
+def scheme_type(name: str, scheme: str) -> str | None:
+    """The GGUF type of tensor ``name`` in a file of ``scheme`` (None: kept as it is)."""
+    if scheme == "BF16" or not name.endswith(".weight") or "norm" in name:
+        return None
+    if scheme == "Q8_0":
+        return "Q8_0"
+    return "Q6_K" if any(part in name for part in ("v_proj", "down_proj", "lm_head")) else "Q4_K"
+
+
+def fused_step(local: LocalModel, scheme: str, kernels: KernelLoader) -> Callable[[], object]:
+    """One batch-1 decode step (fused when it applies) and its logits, as a callable."""
+    gen = torch.Generator().manual_seed(2)
+    weights, quant_types = dict(local.weights), {}
+    for name, tensor in local.weights.items():
+        qtype = scheme_type(name, scheme)
+        if qtype is not None:
+            weights[name] = random_blocks(qtype, *tensor.shape, gen).data
+            quant_types[name] = qtype
+    model = LlamaModel(local.config, weights, quant_types)
+    cfg, context = local.config, 127
+    num_blocks = -(-(context + 1) // BLOCK_SIZE)
+    shape = (num_blocks, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim)
+    caches = [(torch.zeros(shape, dtype=model.dtype),) * 2 for _ in model.layers]
+    meta = span_metadata(context, context + 1, torch.arange(num_blocks), BLOCK_SIZE)
+    ids, positions = torch.tensor([3]), torch.tensor([context])
+    return lambda: model.compute_logits(
+        model.forward(ids, positions, caches, meta, kernels), kernels
+    )
+
+
+def fused_table(args: argparse.Namespace, kernels: KernelLoader, tmp: Path) -> None:
+    local = LocalModel.load(write_dummy_model(tmp / "small", PRESETS["small"], seed=0))
+    steps = {s: fused_step(local, s, kernels) for s in ("BF16", "Q8_0", "Q4_K_M")}
+    times: dict[str, list[float]] = {s: [] for s in steps}
+    for _ in range(args.rounds):
+        for scheme, step in steps.items():
+            times[scheme].append(timed(step, args.repeats))
+    print(
+        f"\nfused decode step of the small preset (batch 1, position 127, with the LM head), "
+        f"ms (best, median of {args.rounds} rounds), {torch.get_num_threads()} threads"
+    )
+    print("| weights | best ms | median ms | tok/s at best |")
+    print("| --- | --- | --- | --- |")
+    for scheme, values in times.items():
+        print(
+            f"| {scheme} | {min(values) * 1e3:.2f} | {statistics.median(values) * 1e3:.2f} | "
+            f"{1 / min(values):.1f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
@@ -216,6 +276,8 @@ def main() -> None:
         "with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 for torch's)",
     )
     parser.add_argument("--no-prefill", action="store_true")
+    parser.add_argument("--no-decode", action="store_true")
+    parser.add_argument("--fused", action="store_true", help="also time the fused decode step")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -223,9 +285,13 @@ def main() -> None:
     if kernels.load() is None:
         raise SystemExit(f"native kernels unavailable: {kernels.unavailable_reason}")
     print(f"CPU: {cpu_description()}")
-    decode_table(args, kernels)
+    if not args.no_decode:
+        decode_table(args, kernels)
     if not args.no_prefill:
         prefill_table(args, kernels)
+    if args.fused:
+        with tempfile.TemporaryDirectory() as tmp:
+            fused_table(args, kernels, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
 
 def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
     """[B, 4] bytes (a little-endian uint32) -> [B, 32] bits: bit j is value j's fifth bit."""
-    bits = (qh.long().unsqueeze(-1) >> torch.arange(8)) & 1
+    bits = (qh.long().unsqueeze(-1) >> torch.arange(8, device=qh.device)) & 1
     return bits.reshape(qh.shape[0], 32)
 
 
@@ -65,20 +65,18 @@ def _q45_k(b: torch.Tensor, five: bool) -> torch.Tensor:
     q = torch.stack([qs.reshape(-1, 4, 32) & 0x0F, qs.reshape(-1, 4, 32) >> 4], dim=2)
     q = q.reshape(-1, 8, 32).long()
     if five:
-        q = q | (((b[:, 16:48].long().unsqueeze(1) >> torch.arange(8).view(1, 8, 1)) & 1) << 4)
+        shifts = torch.arange(8, device=b.device).view(1, 8, 1)
+        q = q | (((b[:, 16:48].long().unsqueeze(1) >> shifts) & 1) << 4)
     return (d * q.float() - dm).reshape(-1, 256)
 
 
 def _q6_k(b: torch.Tensor) -> torch.Tensor:
     scales = b[:, 192:208].contiguous().view(torch.int8).float()
     d = (_half(b, 208) * scales).reshape(-1, 16, 1)
-    ql = b[:, :128].reshape(-1, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).view(
-        1, 1, 2, 1
-    )
+    shifts = torch.tensor([0, 4, 0, 2, 4, 6], dtype=torch.uint8, device=b.device)
+    ql = b[:, :128].reshape(-1, 2, 1, 64) >> shifts[:2].view(1, 1, 2, 1)
     ql = (ql & 0x0F).reshape(-1, 8, 32)
-    qh = b[:, 128:192].reshape(-1, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(
-        1, 1, 4, 1
-    )
+    qh = b[:, 128:192].reshape(-1, 2, 1, 32) >> shifts[2:].view(1, 1, 4, 1)
     qh = (qh & 0x03).reshape(-1, 8, 32)
     q = ((ql | (qh << 4)).to(torch.int8) - 32).reshape(-1, 16, 16).float()
     return (d * q).reshape(-1, 256)
