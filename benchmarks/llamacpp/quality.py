@@ -103,5 +103,5 @@ def greedy_agreement(ids: Sequence[int], reference: Sequence[int]) -> dict:
 
 
 def relative_difference(value: float, reference: float) -> float:
-    """``|value - reference| / |reference|`` (the issue's "within 0.5%" of a mean log-likelihood)."""
+    """``|value - reference| / |reference|`` (issue 32: "within 0.5%")."""
     return abs(value - reference) / abs(reference)
