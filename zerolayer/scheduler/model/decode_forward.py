@@ -45,6 +45,8 @@ def unsupported_reason(
     """
     if device.type != "cpu" or dtype != torch.bfloat16:
         return "not a bfloat16 model on the CPU"
+    if config.qk_rows_interleaved:
+        return "q/k rows in llama.cpp's interleaved rotary layout (a GGUF llama file)"
     if act is not F.silu or norm is not rms_norm:
         return "not SiLU and RMSNorm"
     if config.window_layers or config.attn_logit_softcapping is not None:
