@@ -8,12 +8,14 @@ on."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
@@ -378,6 +380,23 @@ def sentencepiece_like_tokenizer_json(words: list[str]) -> str:
     )
     tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
     return tokenizer.to_str()
+
+
+def in_process(capfd: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``zerolayer ARGS`` run by the console script's ``main`` in this process: its exit code
+    and what it wrote to stderr (file descriptor 2: the layers' too, had any started). The
+    SIGINT/SIGTERM handlers ``up`` installs are put back afterwards."""
+    from zerolayer.cli.main import main
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = main(list(args))
+    except SystemExit as exit:  # argparse's usage errors
+        code = exit.code
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return code, capfd.readouterr().err
 
 
 GGUF_SCALE_OFFSETS = {

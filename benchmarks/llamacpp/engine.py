@@ -127,6 +127,23 @@ class LlamaCppModel:
         pointer = self._ll.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(pointer, shape=(num_out, self.vocab_size))
 
+    def prompt_logits(self, prompt: Sequence[int]) -> np.ndarray:
+        """float32 ``[len(prompt), vocab]``: the logits at every position of ``prompt`` (row i
+        predicts token i + 1), from an empty KV cache, in batches of ``max_batch_tokens``.
+
+        Raises:
+            ValueError: a prompt longer than ``max_seq_tokens``.
+            RuntimeError: see :meth:`_decode`.
+        """
+        if len(prompt) > self.config.max_seq_tokens:
+            raise ValueError("a longer prompt than the context was made for")
+        self._ll.llama_memory_clear(self._ll.llama_get_memory(self._ctx), True)
+        entries = [(t, pos, 0, True) for pos, t in enumerate(prompt)]
+        step = self.config.max_batch_tokens
+        return np.concatenate(
+            [self._decode(entries[i : i + step]).copy() for i in range(0, len(entries), step)]
+        )
+
     def greedy(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, keep_logits: bool = False
     ) -> GreedyRun:

@@ -35,14 +35,24 @@ def test_rope_permute_interleaves_each_heads_halves() -> None:
     assert rope_permute(weight, 2).shape == (8, 3)
 
 
-def test_only_plain_llama_configs_are_exported() -> None:
+def test_only_configs_gguf_metadata_can_say_are_exported() -> None:
     config = json.loads((ensure_dummy_model("tiny") / "config.json").read_text())
     check_exportable(ModelConfig.from_json(json.dumps(config)))
-    scaled = {**config, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
-    with pytest.raises(ValueError, match="RoPE scaling"):
+    check_exportable(ModelConfig.from_json(json.dumps({**config, "mlp_bias": True})))
+    scaled = {**config, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
+    with pytest.raises(ValueError, match="rope scaling type 'dynamic' is not supported"):
         check_exportable(ModelConfig.from_json(json.dumps(scaled)))
-    with pytest.raises(ValueError, match="mlp_bias"):
-        check_exportable(ModelConfig.from_json(json.dumps({**config, "mlp_bias": True})))
+    with pytest.raises(ValueError, match="hidden_act 'gelu': GGUF llama has no other"):
+        check_exportable(ModelConfig.from_json(json.dumps({**config, "hidden_act": "gelu"})))
+    windowed = {
+        **config,
+        "architectures": ["Qwen2ForCausalLM"],
+        "use_sliding_window": True,
+        "sliding_window": 64,
+        "max_window_layers": 0,
+    }
+    with pytest.raises(ValueError, match="sliding_window 64: GGUF qwen2 has none"):
+        check_exportable(ModelConfig.from_json(json.dumps(windowed)))
 
 
 @needs_gguf

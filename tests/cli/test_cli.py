@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from e2e.stack import free_port
+from factories import in_process
 
 from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
 
@@ -37,23 +38,6 @@ def zerolayer(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess
 
 def isolated_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-
-
-def in_process(capfd: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    """``zerolayer ARGS`` run by the console script's ``main`` in this process: its exit code
-    and what it wrote to stderr (file descriptor 2: the layers' too, had any started). The
-    SIGINT/SIGTERM handlers ``up`` installs are put back afterwards."""
-    from zerolayer.cli.main import main
-
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = main(list(args))
-    except SystemExit as exit:  # argparse's usage errors
-        code = exit.code
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    return code, capfd.readouterr().err
 
 
 def leftovers(run_dir: str) -> list[str]:

@@ -30,6 +30,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "private_address": ("unix:/run/zl/frontend.sock", "unix:/run/zl/frontend.sock"),
     "model_dir": ("/models/llama", "/models/llama"),
     "model_name": ("llama-test", "llama-test"),
+    "dtype": ("float32", "float32"),
     "prefetch": (None, False),
     "device": ("cuda:1", "cuda:1"),
     "kv_cache_bytes": ("1048576", 1048576),

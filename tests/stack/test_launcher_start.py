@@ -18,7 +18,7 @@ from zerolayer.stack.launcher import Stack, StackConfig, StackError, StartupInte
 def test_an_interrupt_while_the_processes_spawn_starts_no_further_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(launcher, "read_checkpoint", lambda path: None)
+    monkeypatch.setattr(launcher, "read_checkpoint", lambda path, **kw: None)
     stack = Stack(StackConfig(model_dir="/models/llama", run_dir=str(tmp_path), schedulers=3))
     started: list[str] = []
     stopped: list[str] = []
@@ -83,7 +83,7 @@ def test_a_new_log_dir_is_made_private(tmp_path: Path, monkeypatch: pytest.Monke
 def test_the_kernels_are_built_before_any_layer_starts_and_the_deadline_counts_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(launcher, "read_checkpoint", lambda path: None)
+    monkeypatch.setattr(launcher, "read_checkpoint", lambda path, **kw: None)
     stack = Stack(StackConfig(model_dir="/m", run_dir=str(tmp_path), startup_timeout_s=5.0))
     events: list[tuple[str, float]] = []
 

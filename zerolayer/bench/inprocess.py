@@ -58,10 +58,11 @@ class LocalModel:
         manifest = read_checkpoint(model_dir)
         config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
         # NOTE: each mapped tensor keeps its file mapping alive, so MappedWeights may go.
-        weights = MappedWeights(manifest).tensors
+        mapped = MappedWeights(manifest)
+        weights = mapped.tensors
         if device.is_cuda:
             weights = {name: t.to(str(device)) for name, t in weights.items()}
-        return cls(manifest, config, weights, device)
+        return cls(manifest, config, weights, device, mapped.model_quant_types)
 
     def arena_layout(self, block_size: int, kv_cache_bytes: int) -> ArenaLayout:
         """The arena the kvstore would make for this model: whole blocks of ``block_size`` tokens

@@ -18,6 +18,7 @@ import xxhash
 
 from zerolayer.checkpoints.dtypes import itemsize
 from zerolayer.checkpoints.errors import CheckpointError
+from zerolayer.checkpoints.gguf.splits import is_gguf_path
 from zerolayer.checkpoints.model_hints import model_dir_hint
 from zerolayer.checkpoints.shard_index import check_shards, read_weight_map
 from zerolayer.sharing.file_identity import FileIdentity
@@ -129,12 +130,18 @@ def _read_optional(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
-    """Builds the manifest of a Hugging Face model directory without reading tensor data.
+def read_checkpoint(model_dir: Path, model_name: str = "", dtype: str = "auto") -> WeightManifest:
+    """Builds the manifest of a Hugging Face model directory, or of a GGUF checkpoint, without
+    reading tensor data.
 
     Args:
-        model_dir: directory with config.json, tokenizer.json and safetensors file(s).
-        model_name: name to serve the model under; default the directory's base name.
+        model_dir: directory with config.json, tokenizer.json and safetensors file(s); or a GGUF
+            file, or a directory with one (or with the parts of a split one) and no config.json
+            (:func:`zerolayer.checkpoints.gguf.checkpoint.read_gguf_checkpoint`).
+        model_name: name to serve the model under; default the directory's base name (a GGUF
+            file's name without ``.gguf``).
+        dtype: ``--dtype`` ("auto", "bfloat16", "float32"): a GGUF checkpoint's compute dtype;
+            a safetensors one computes in its stored dtype (``check_weights`` refuses another).
 
     Raises:
         CheckpointError: not a directory or a required file is missing (with a hint for a
@@ -142,6 +149,11 @@ def read_checkpoint(model_dir: Path, model_name: str = "") -> WeightManifest:
             safetensors header is invalid, two files hold the same tensor, or the shards disagree
             with the index (see :func:`check_shards`).
     """
+    if is_gguf_path(Path(model_dir)):
+        # NOTE: imported here: it imports gguf and numpy, which a safetensors start never needs
+        from zerolayer.checkpoints.gguf.checkpoint import read_gguf_checkpoint
+
+        return read_gguf_checkpoint(Path(model_dir), model_name, dtype)
     given, model_dir = model_dir, model_dir.resolve()
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory{model_dir_hint(given)}")

@@ -91,6 +91,10 @@ COMMON_FIELDS: dict[str, FieldRule] = {
     "rope_scaling": _impl("as rope_parameters (transformers 4 spelling)"),
     "rope_theta": _impl("as rope_parameters (transformers 4 spelling)"),
     "attention_dropout": _no_effect(),
+    "zerolayer": _impl(
+        "zerolayer's own: a GGUF file's qk_rows_interleaved, gemma_norm_offset_stored and "
+        "rope_freq_factors (docs/models.md, GGUF)"
+    ),
 }
 """Fields every served family has (PretrainedConfig's and the decoder basics)."""
 

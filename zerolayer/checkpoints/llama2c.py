@@ -23,6 +23,7 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
 
 from zerolayer.checkpoints.model_files import make_model_dir, share_model_files
+from zerolayer.checkpoints.score_merges import merges_by_score
 
 HEADER_FORMAT = "<7i"
 HEADER_BYTES = struct.calcsize(HEADER_FORMAT)
@@ -259,18 +260,11 @@ def derive_merges(pieces: list[str], scores: list[float]) -> list[tuple[str, str
 
     run.c repeatedly merges the adjacent pair whose concatenated string is a vocab piece with the
     highest score. So every split of a non-special piece into two non-special pieces is a merge,
-    ranked by the piece's score (ties: lower piece id, then shorter left part). Byte pieces take
-    part under their ``<0xHH>`` spelling, exactly as run.c concatenates them.
+    ranked by the piece's score (:func:`~zerolayer.checkpoints.score_merges.merges_by_score`);
+    pieces scored at or below run.c's starting best score never merge. Byte pieces take part
+    under their ``<0xHH>`` spelling, exactly as run.c concatenates them.
     """
-    ids = {piece: i for i, piece in enumerate(pieces) if i >= BYTE_PIECE_OFFSET}
-    ranked = []
-    for target, piece in enumerate(pieces):
-        if target < BYTE_PIECE_OFFSET or scores[target] <= MIN_MERGE_SCORE:
-            continue
-        for cut in range(1, len(piece)):
-            if piece[:cut] in ids and piece[cut:] in ids:
-                ranked.append((-scores[target], target, cut, (piece[:cut], piece[cut:])))
-    return [merge for *_, merge in sorted(ranked)]
+    return merges_by_score(pieces, scores, lambda i: i >= BYTE_PIECE_OFFSET, MIN_MERGE_SCORE)
 
 
 def build_tokenizer(pieces: list[str], scores: list[float]) -> Tokenizer:

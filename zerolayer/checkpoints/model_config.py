@@ -15,6 +15,8 @@ from zerolayer.checkpoints.config_fields import (
 from zerolayer.checkpoints.int8_format import BITS, QUANT_METHOD
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+ZEROLAYER_KEY = "zerolayer"
+"""config.json's key of what the stored weights' layout adds to the transformers fields."""
 """config.json dtypes the forward computes in."""
 
 GEMMA_ARCHITECTURES = ("GemmaForCausalLM", "Gemma2ForCausalLM")
@@ -39,6 +41,9 @@ class RopeConfig:
     """llama3 only."""
     original_max_position_embeddings: int = 8192
     """llama3 only: the context length the model was pre-trained with."""
+    freq_factors: tuple[float, ...] = ()
+    """Per frequency, a divisor applied after the scaling (llama.cpp's ``rope_freqs.weight``,
+    how a GGUF file carries llama 3's scaling); empty: none."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,13 @@ class ModelConfig:
     int8_group_size: int | None = None
     """Weights per scale of an int8 checkpoint (``zerolayer quantize``, format in
     :mod:`zerolayer.checkpoints.int8_format`); None: the matrices are stored in ``dtype``."""
+    qk_rows_interleaved: bool = False
+    """The q and k projection rows are in llama.cpp's interleaved rotary layout (a GGUF
+    ``llama`` file: each head's dimension pairs adjacent); the forward maps their outputs back to
+    the rotate-half layout."""
+    gemma_norm_offset_stored: bool = False
+    """Gemma's norm weights are stored as 1 + w (a GGUF file): the norm multiplies by the
+    stored weight."""
 
     @classmethod
     def from_json(cls, config_json: str, generation_config_json: str = "") -> ModelConfig:
@@ -146,6 +158,7 @@ class ModelConfig:
                 **_gemma_options(cfg, arch),
                 **_tokens(cfg, gen),
                 int8_group_size=_int8_group_size(cfg.get("quantization_config")),
+                **_stored_layout(cfg),
             )
         except KeyError as exc:
             raise ValueError(f"config.json: missing field {exc.args[0]!r}") from None
@@ -349,6 +362,28 @@ def _int8_group_size(quantization: object) -> int | None:
     return group_size
 
 
+def _zerolayer_facts(cfg: dict) -> dict:
+    """The ``zerolayer`` key: facts of the stored weights that no transformers field says (a
+    GGUF file's config, :mod:`zerolayer.checkpoints.gguf.config_json`); {} when absent.
+
+    Raises:
+        ValueError: it is not a JSON object.
+    """
+    facts = cfg.get(ZEROLAYER_KEY) or {}
+    if not isinstance(facts, dict):
+        raise ValueError(refusal(ZEROLAYER_KEY, facts, "an object"))
+    return facts
+
+
+def _stored_layout(cfg: dict) -> dict:
+    """The q/k row layout and Gemma's stored norm offset (:func:`_zerolayer_facts`)."""
+    facts = _zerolayer_facts(cfg)
+    return {
+        "qk_rows_interleaved": bool(facts.get("qk_rows_interleaved", False)),
+        "gemma_norm_offset_stored": bool(facts.get("gemma_norm_offset_stored", False)),
+    }
+
+
 def _tokens(cfg: dict, gen: dict) -> dict:
     return {
         "bos_token_id": _first_id(gen.get("bos_token_id", cfg.get("bos_token_id"))),
@@ -391,4 +426,5 @@ def _parse_rope(cfg: dict) -> RopeConfig:
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+        freq_factors=tuple(float(f) for f in _zerolayer_facts(cfg).get("rope_freq_factors", ())),
     )

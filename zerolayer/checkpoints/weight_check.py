@@ -6,10 +6,14 @@ pre-flight, so that a checkpoint the forward cannot run is refused before any la
 
 from __future__ import annotations
 
+import json
+
 from zerolayer.checkpoints.checkpoint import CheckpointError
 from zerolayer.checkpoints.dtypes import itemsize, torch_name
+from zerolayer.checkpoints.gguf.tensor_names import gguf_name
+from zerolayer.checkpoints.gguf.tensor_types import SERVED_TYPES, is_quantized, tensor_nbytes
 from zerolayer.checkpoints.int8_format import is_quantized_name, scale_name
-from zerolayer.checkpoints.model_config import FLOAT_DTYPES, ModelConfig
+from zerolayer.checkpoints.model_config import FLOAT_DTYPES, ZEROLAYER_KEY, ModelConfig
 from zerolayer.sharing.manifest import TensorSpec, WeightManifest
 
 EMBED = "model.embed_tokens.weight"
@@ -79,8 +83,9 @@ def compute_dtype(manifest: WeightManifest, config: ModelConfig) -> str:
     raise CheckpointError(f"checkpoint: missing tensor {EMBED!r}")
 
 
-def check_weights(manifest: WeightManifest, config: ModelConfig) -> None:
-    """Refuses a checkpoint whose tensors the forward cannot use as they are stored.
+def check_weights(manifest: WeightManifest, config: ModelConfig, dtype: str = "auto") -> None:
+    """Refuses a checkpoint whose tensors the forward cannot use as they are stored, or the
+    compute dtype ``dtype`` asked for (``--dtype``) where it is not the checkpoint's.
 
     Tensors the forward does not read are ignored (transformers ignores unexpected keys too). An
     ``lm_head.weight`` is read even with ``tie_word_embeddings`` (see ``LlamaModel``), so it is
@@ -89,29 +94,91 @@ def check_weights(manifest: WeightManifest, config: ModelConfig) -> None:
     vectors (norms, biases) may be stored in another float dtype and are cast per use, which
     equals transformers casting them once at load. In an int8 checkpoint
     (``config.int8_group_size``) the projections and the LM head are int8 with float32 scales
-    (:mod:`zerolayer.checkpoints.int8_format`).
+    (:mod:`zerolayer.checkpoints.int8_format`). In a GGUF file (:func:`gguf_architecture`) a
+    matrix is F32, F16, BF16 or of a quantized GGUF type (the forward converts per use), with
+    the bytes its type and shape take; a vector is F32, F16 or BF16; messages name the tensor
+    by its GGUF name too.
 
     Raises:
         CheckpointError: one line naming the first tensor that is missing, has another shape than
             the config implies, a dtype other than float32/float16/bfloat16, a matrix dtype other
             than the compute dtype, or data not aligned to its element size (torch views need it);
             in an int8 checkpoint, a quantized weight that is not int8 or whose scales are
-            missing or not float32 [N, K / group_size].
+            missing or not float32 [N, K / group_size]; a ``dtype`` other than "auto" and the
+            compute dtype.
     """
-    dtype = compute_dtype(manifest, config)
+    computes_in = compute_dtype(manifest, config)
+    gguf_arch = gguf_architecture(manifest)
+    if dtype not in ("auto", computes_in):
+        kind = "GGUF file read for another --dtype" if gguf_arch else "safetensors checkpoint"
+        raise CheckpointError(
+            f"--dtype {dtype}: this {kind} computes in {computes_in} (a safetensors checkpoint "
+            "is served in its stored dtype: --dtype auto)"
+        )
     by_name = {t.name: t for t in manifest.tensors}
-    for name, shape in expected_tensors(config).items():
-        tensor = by_name.get(name)
-        if tensor is None:
-            raise CheckpointError(f"checkpoint: missing tensor {name!r}{_tie_hint(name)}")
-        if config.int8_group_size is not None and is_quantized_name(name):
-            _check_int8(by_name, tensor, shape, config.int8_group_size)
-        else:
-            _check_tensor(tensor, shape, dtype)
-    head = by_name.get("lm_head.weight")
-    if config.tie_word_embeddings and head is not None and config.int8_group_size is None:
+    expected = expected_tensors(config)
+    if config.tie_word_embeddings and "lm_head.weight" in by_name:
         # NOTE: read in place of the embedding (see LlamaModel), as transformers does.
-        _check_tensor(head, (config.vocab_size, config.hidden_size), dtype)
+        expected.setdefault("lm_head.weight", (config.vocab_size, config.hidden_size))
+    for name, shape in expected.items():
+        tensor = by_name.get(name)
+        where = _gguf_where(name, gguf_arch)
+        try:
+            if tensor is None:
+                raise CheckpointError(f"checkpoint: missing tensor {name!r}{_tie_hint(name)}")
+            if config.int8_group_size is not None and is_quantized_name(name):
+                _check_int8(by_name, tensor, shape, config.int8_group_size)
+            elif gguf_arch:
+                _check_gguf_tensor(tensor, shape)
+            else:
+                _check_tensor(tensor, shape, computes_in)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}{where}") from None
+
+
+def gguf_architecture(manifest: WeightManifest) -> str:
+    """The GGUF architecture of a manifest read from a GGUF file ("llama" ...; its config's
+    ``zerolayer`` key says it), else ""."""
+    config = json.loads(manifest.config_json) if manifest.config_json.strip() else {}
+    facts = config.get(ZEROLAYER_KEY) if isinstance(config, dict) else None
+    return str(facts.get("gguf_architecture", "")) if isinstance(facts, dict) else ""
+
+
+def _gguf_where(name: str, gguf_arch: str) -> str:
+    """ " (GGUF 'blk.0.attn_q.weight')" for a tensor of a GGUF file; "" otherwise."""
+    if not gguf_arch:
+        return ""
+    try:
+        return f" (GGUF {gguf_name(name, gguf_arch)!r})"
+    except KeyError:
+        return ""
+
+
+def _check_gguf_tensor(tensor: TensorSpec, shape: tuple[int, ...]) -> None:
+    """A GGUF tensor: its shape, a served type (quantized for matrices only) and its bytes."""
+    name = tensor.name
+    if tuple(tensor.shape) != shape:
+        raise CheckpointError(
+            f"checkpoint: tensor {name!r} has shape {list(tensor.shape)}, the metadata implies "
+            f"{list(shape)}"
+        )
+    if tensor.dtype not in SERVED_TYPES or (is_quantized(tensor.dtype) and len(shape) < 2):
+        served = "F32, F16, BF16" if len(shape) < 2 else ", ".join(SERVED_TYPES)
+        raise CheckpointError(
+            f"checkpoint: tensor {name!r} has type {tensor.dtype} (served: {served})"
+        )
+    served = SERVED_TYPES[tensor.dtype]
+    if shape[-1] % served.block_size or tensor.nbytes != tensor_nbytes(tensor.dtype, shape):
+        raise CheckpointError(
+            f"checkpoint: tensor {name!r} holds {tensor.nbytes} bytes; {tensor.dtype} "
+            f"{list(shape)} takes whole blocks of {served.block_size} weights, "
+            f"{served.type_size} bytes each"
+        )
+    if tensor.offset_bytes % served.type_size and not served.quantized:
+        raise CheckpointError(
+            f"checkpoint: tensor {name!r} data at byte {tensor.offset_bytes} is not aligned to "
+            f"its {served.type_size}-byte elements"
+        )
 
 
 def _check_int8(

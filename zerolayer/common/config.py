@@ -137,6 +137,7 @@ class ModelSettings:
 
     model_dir: str = setting_field(settings.MODEL_DIR)
     model_name: str = setting_field(settings.MODEL_NAME)
+    dtype: str = setting_field(settings.DTYPE)
     prefetch: bool = setting_field(settings.PREFETCH)
 
 

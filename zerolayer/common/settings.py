@@ -171,7 +171,8 @@ PRIVATE_ADDRESS = Setting(
 MODEL_DIR = Setting(
     "model_dir",
     "--model",
-    "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)",
+    "Hugging Face model directory (config.json, *.safetensors, tokenizer.json), or a GGUF "
+    "file (or a directory with one, or with the parts NAME-0000i-of-0000N.gguf of a split one)",
     metavar="DIR",
     default_note="stories260K, llama2.c's tiny story model shipped with zerolayer",
     layers=(LOADER,),
@@ -190,6 +191,14 @@ MODEL_NAME = Setting(
     aliases=("--model-name",),
     layers=(LOADER,),
     up=True,
+)
+DTYPE = choice(
+    "--dtype",
+    "what the activations and the KV cache are in: auto (a safetensors checkpoint's stored "
+    "dtype; for a GGUF file float32 when every matrix is F32, else bfloat16), bfloat16 or "
+    "float32 (a safetensors checkpoint takes only its stored dtype)",
+    ("auto", "bfloat16", "float32"),
+    LOADER,
 )
 PREFETCH = Setting(
     "prefetch",

@@ -1,4 +1,5 @@
-"""``python -m zerolayer.loader --address unix:PATH --model DIR``: run the loader alone."""
+"""``python -m zerolayer.loader --address unix:PATH --model DIR``: run the loader alone
+(``--model`` may also be a GGUF file)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from zerolayer.v1 import loader_pb2, loader_pb2_grpc
 
 async def serve(config: LoaderConfig, tracing: Tracing) -> None:
     """Maps the checkpoint, then serves until SIGTERM."""
-    store = WeightStore(Path(config.model_dir), config.model_name)
+    store = WeightStore(Path(config.model_dir), config.model_name, config.dtype)
     if config.prefetch:
         store.prefetch()
     device = resolve_device(config.device)

@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 
 class WeightStore:
-    """Maps a checkpoint's safetensors files with mmap and serves their manifest.
+    """Maps a checkpoint's weight files (safetensors or GGUF) with mmap and serves their
+    manifest.
 
     The loader keeps its own mapping so that it can report and drive page residency; importers map
     the same files, so the page cache holds one copy however many processes use the weights.
@@ -31,12 +32,13 @@ class WeightStore:
 
     offered_handle_kinds: tuple[HandleKind, ...] = (HandleKind.MMAP_FILE,)
 
-    def __init__(self, model_dir: Path, model_name: str = "") -> None:
-        self.manifest = read_checkpoint(model_dir, model_name)
+    def __init__(self, model_dir: Path, model_name: str = "", dtype: str = "auto") -> None:
+        """``dtype``: ``--dtype`` (see :func:`read_checkpoint`)."""
+        self.manifest = read_checkpoint(model_dir, model_name, dtype)
         self.model_config = ModelConfig.from_json(
             self.manifest.config_json, self.manifest.generation_config_json
         )
-        check_weights(self.manifest, self.model_config)
+        check_weights(self.manifest, self.model_config, dtype)
         if self.model_config.max_model_len < self.model_config.max_position_embeddings:
             log.info(
                 "serving at most %d tokens per sequence (sliding_window): the window never "

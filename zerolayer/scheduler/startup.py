@@ -49,7 +49,9 @@ def build_serving_engine(
     if device.is_cuda:
         torch.cuda.set_device(device.index)
     with tracing.tracer.start_as_current_span("start-up"):
-        model_config, weights, manifest = load_weights(config.loader_address, device, tracing)
+        model_config, weights, quant_types, manifest = load_weights(
+            config.loader_address, device, tracing
+        )
         register_model_info(registry, manifest.model, manifest.fingerprint)
         with tracing.tracer.start_as_current_span("map kv arena"):
             kv_client = KVStoreClient(
@@ -68,17 +70,19 @@ def build_serving_engine(
                 kv_client.layout,
                 device,
                 manifest.tokenizer_json,
+                quant_types,
             )
             return assemble_engine(parts, EngineConfig.of(config), registry), kv_client
 
 
 def load_weights(
     loader_address: str, device: Device, tracing: Tracing
-) -> tuple[ModelConfig, dict[str, torch.Tensor], WeightManifest]:
+) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, str] | None, WeightManifest]:
     """The loader's model: its config, its weight tensors on ``device`` (views of the files
     the loader mapped, or of the device memory it exports; never a copy unless the loader offers
-    only files to a GPU) and its manifest (served name, fingerprint, tokenizer.json text), in a
-    "load weights" span.
+    only files to a GPU), a GGUF file's tensor types (``MappedWeights.model_quant_types``; None
+    for other checkpoints and on a GPU) and its manifest (served name, fingerprint,
+    tokenizer.json text), in a "load weights" span.
 
     Raises:
         grpc.RpcError: the loader did not answer.
@@ -110,4 +114,5 @@ def load_weights(
         span.set_attribute("zerolayer.weight_bytes", sum(manifest.file_sizes))
         span.set_attribute("zerolayer.num_tensors", len(manifest.tensors))
     # NOTE: each tensor keeps its file mapping (or its device allocation) alive.
-    return model_config, weights.tensors, manifest
+    quant_types = weights.model_quant_types if isinstance(weights, MappedWeights) else None
+    return model_config, weights.tensors, quant_types, manifest

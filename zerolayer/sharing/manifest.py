@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
 
+from zerolayer.checkpoints.dtypes import TORCH_NAMES
 from zerolayer.sharing.file_identity import FileIdentity
+
+SAFETENSORS_NAMES = {torch: safetensors for safetensors, torch in TORCH_NAMES.items()}
+"""torch dtype names (config.json's ``dtype``) -> safetensors names."""
 
 
 class HandleKind(enum.IntEnum):
@@ -94,7 +99,14 @@ class Residency:
 
 
 def model_dtype_name(manifest: WeightManifest) -> str:
-    """The dtype the model computes and caches KV in: that of its embedding matrix."""
+    """The dtype the model computes and caches KV in, as a safetensors name ("BF16"):
+    config.json's ``dtype`` (or ``torch_dtype``; a GGUF manifest's config always says it: the
+    ``--dtype`` rule), else that of its embedding matrix (the checkpoint checks keep the two
+    equal where both are given)."""
+    config = json.loads(manifest.config_json) if manifest.config_json.strip() else {}
+    name = config.get("dtype") or config.get("torch_dtype") if isinstance(config, dict) else None
+    if name in SAFETENSORS_NAMES:
+        return SAFETENSORS_NAMES[name]
     for tensor in manifest.tensors:
         if tensor.name.endswith("embed_tokens.weight"):
             return tensor.dtype

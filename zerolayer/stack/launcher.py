@@ -208,7 +208,8 @@ class Stack:
             StartupInterrupted: :meth:`interrupt` was called (before the next process starts,
                 or while they start up); every started process is stopped.
         """
-        read_checkpoint(Path(self.config.model_dir))  # a bad --model fails here, not in a child
+        # NOTE: a bad --model fails here, not in a child
+        read_checkpoint(Path(self.config.model_dir), dtype=self.config.dtype)
         try:
             if self.device != "cpu" and self._fd_keeper is None:
                 # Holds the VMM descriptors of the weights and the KV arena, so that a restarted

@@ -86,9 +86,9 @@ def _arena_layout(config: StackConfig) -> tuple[ArenaLayout, int]:
     """The kvstore's arena layout for the model, read as the loader reads it, and the model's
     context length."""
     try:
-        manifest = read_checkpoint(Path(config.model_dir))
+        manifest = read_checkpoint(Path(config.model_dir), dtype=config.dtype)
         model = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
-        check_weights(manifest, model)
+        check_weights(manifest, model, config.dtype)
         check_tokenizer_files(manifest.tokenizer_json, manifest.tokenizer_config_json)
         layout = model_arena_layout(manifest, config.block_size, config.kv_cache_bytes)
         return layout, model.max_model_len

@@ -163,9 +163,7 @@ class FusedDecode:
         matrices = [(*x.qkv, x.o_proj, *x.gate_up, x.down_proj) for x in layers]
         int8 = isinstance(matrices[0][0], Int8Weight)
         if qk_rows_interleaved is None:
-            # NOTE: ModelConfig.qk_rows_interleaved comes with the GGUF reader (branch
-            # i32-gguf-format); a config without it has HF's rotate-half layout.
-            qk_rows_interleaved = bool(getattr(config, "qk_rows_interleaved", False))
+            qk_rows_interleaved = config.qk_rows_interleaved
         self._step = native.decode_forward(
             [
                 [

@@ -21,6 +21,15 @@ def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     return (x32 * (1.0 + weight.float())).to(x.dtype)
 
 
+def gemma_rms_norm_offset_stored(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`gemma_rms_norm` of a weight stored as ``1 + w`` (a GGUF Gemma file, llama.cpp's
+    converter adds the 1): normalized in float32, times ``weight`` in float32, cast back; with
+    ``weight`` = float32(1 + w) this is :func:`gemma_rms_norm`'s value exactly."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (x32 * weight.float()).to(x.dtype)
+
+
 def scale_embeddings(h: torch.Tensor, hidden_size: int) -> torch.Tensor:
     """Embedded tokens ``h`` [T, H] times sqrt(hidden_size) rounded to ``h``'s dtype (transformers
     rounds the normalizer to the model dtype: sqrt(3072) becomes 55.5 in bfloat16)."""

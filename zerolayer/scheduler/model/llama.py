@@ -22,7 +22,12 @@ from zerolayer.checkpoints.int8_format import scale_name
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.scheduler.model.attention import AttentionMetadata, paged_attention, write_kv
 from zerolayer.scheduler.model.decode_forward import FusedDecode, unsupported_reason
-from zerolayer.scheduler.model.gemma import gemma_rms_norm, scale_embeddings, soft_cap
+from zerolayer.scheduler.model.gemma import (
+    gemma_rms_norm,
+    gemma_rms_norm_offset_stored,
+    scale_embeddings,
+    soft_cap,
+)
 from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.layer_ops import LayerOps, rms_norm
@@ -131,6 +136,16 @@ def grouped_linear(linear: Callable, kernels: KernelLoader | None) -> Callable:
     return call
 
 
+def rotate_half_layout(x: torch.Tensor) -> torch.Tensor:
+    """q or k ``x`` [T, heads, D] projected by rows in llama.cpp's interleaved rotary layout
+    (a GGUF ``llama`` file's: dimension pairs (2i, 2i + 1) adjacent, convert_hf_to_gguf's
+    ``LlamaModel.permute``) in the rotate-half layout instead (pairs (i, i + D/2)), so that RoPE,
+    the KV cache and attention are as for a Hugging Face checkpoint. A copy of the output; the
+    weights are used in place."""
+    num_tokens, heads, head_dim = x.shape
+    return x.view(num_tokens, heads, head_dim // 2, 2).transpose(-1, -2).reshape(x.shape)
+
+
 def _optional(
     weights: dict[str, torch.Tensor], names: list[str]
 ) -> tuple[torch.Tensor, ...] | None:
@@ -188,7 +203,10 @@ class LlamaModel:
             config.rope, config.head_dim, config.max_position_embeddings, self.device
         )
         self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
-        self.norm_fn = gemma_rms_norm if config.gemma_norms else rms_norm
+        self.norm_fn = rms_norm
+        if config.gemma_norms:
+            stored = config.gemma_norm_offset_stored
+            self.norm_fn = gemma_rms_norm_offset_stored if stored else gemma_rms_norm
         self._fused_decode: FusedDecode | None = None
         self._fused_decode_checked = False
         if config.sandwich_norms and any(x.post_feedforward_norm is None for x in self.layers):
@@ -363,6 +381,8 @@ class LlamaModel:
         num_tokens = x.shape[0]
         q = outs[0].view(num_tokens, cfg.num_attention_heads, cfg.head_dim)
         k = outs[1].view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
+        if cfg.qk_rows_interleaved:
+            q, k = rotate_half_layout(q), rotate_half_layout(k)
         v = outs[2].view(num_tokens, cfg.num_key_value_heads, cfg.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:
             q = ops.rms_norm(q, layer.q_norm, cfg.rms_norm_eps)

@@ -14,7 +14,16 @@ from zerolayer.checkpoints.model_config import RopeConfig
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """float32 [head_dim / 2] angular frequencies, with linear or llama3 scaling applied."""
+    """float32 [head_dim / 2] angular frequencies, with linear or llama3 scaling applied, each
+    then divided by its ``rope.freq_factors`` entry when there are any (llama.cpp's
+    ``rope_freqs``: ``ggml_rope_ext``'s freq_factors divide theta)."""
+    inv_freq = _scaled_inverse_frequencies(rope, head_dim)
+    if rope.freq_factors:
+        return inv_freq / torch.tensor(rope.freq_factors, dtype=torch.float32)
+    return inv_freq
+
+
+def _scaled_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     inv_freq = 1.0 / (
         rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
     )

@@ -1,0 +1,92 @@
+"""GGUF files served by ``zerolayer up`` (real processes): every family's F32 file gives
+transformers' float32 greedy tokens on the same weights exactly; stories260K as a GGUF file with
+its SentencePiece vocabulary tokenizes and generates as its safetensors conversion does; a split
+file is served as one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from e2e.stack import running_stack, text_stub
+from gguf_files import GGUF_FAMILIES, family_gguf, stories_gguf
+from scheduler.model.family_checkpoints import hf_greedy
+
+from zerolayer.v1 import generation_pb2 as pb
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = [[1, 17, 300, 4000, 29, 7], [1, 31999, 2, 250], [1] + list(range(100, 113))]
+"""Token-id prompts (the family models have 32000 ids)."""
+NEW_TOKENS = 12
+
+
+def greedy(stub: object, prompt: list[int], num_tokens: int) -> list[int]:
+    request = pb.GenerateRequest(
+        prompt_token_ids=pb.TokenIds(ids=prompt),
+        max_new_tokens=num_tokens,
+        temperature=0.0,
+        ignore_eos=True,
+    )
+    return list(stub.Generate(request, timeout=60).token_ids)
+
+
+@pytest.mark.parametrize("family", GGUF_FAMILIES)
+def test_a_families_f32_file_gives_transformers_float32_greedy_tokens(
+    family: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    model_dir, path = family_gguf(tmp_path_factory.mktemp(family), family)
+    expected = hf_greedy(model_dir, PROMPTS, NEW_TOKENS).token_ids
+    with running_stack(path, tmp_path_factory.mktemp("logs")) as stack:
+        stub = text_stub(stack)
+        info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+        assert (info.model, info.dtype) == (path.stem, "float32")
+        assert [greedy(stub, p, NEW_TOKENS) for p in PROMPTS] == expected
+
+
+@pytest.fixture(scope="module")
+def stories(stories_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return stories_gguf(stories_dir, tmp_path_factory.mktemp("stories"))
+
+
+def test_stories260k_as_gguf_tokenizes_and_generates_as_its_conversion(
+    stories: tuple[Path, Path], stories_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    _, path = stories
+    expected_ids = json.loads((stories_dir / "expected_greedy_200_ids.json").read_text())
+    expected_text = (stories_dir / "expected_greedy_200.txt").read_text()
+    with running_stack(path, tmp_path_factory.mktemp("logs")) as stack:
+        stub = text_stub(stack)
+        tokens = stub.Tokenize(pb.TokenizeRequest(text="Once upon a time", add_special_tokens=True))
+        assert list(tokens.token_ids) == [1, 403, 407, 261, 378]
+        response = stub.Generate(
+            pb.GenerateRequest(
+                prompt_token_ids=pb.TokenIds(ids=[1]), max_new_tokens=200, temperature=0.0
+            )
+        )
+        assert list(response.token_ids) == expected_ids
+        assert response.text == expected_text
+        text = stub.Generate(pb.GenerateRequest(prompt="Once upon a time", max_new_tokens=20))
+        assert text.usage.prompt_tokens == 5
+        assert list(text.token_ids) == expected_ids[4:24]
+
+
+def test_a_split_file_is_served_as_one(
+    stories: tuple[Path, Path], stories_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from benchmarks.llamacpp.gguf_export import export_gguf
+    from benchmarks.llamacpp.gguf_vocab import llama2c_vocab
+    from zerolayer.checkpoints.llama2c import read_tokenizer
+
+    converted, whole = stories
+    vocab = llama2c_vocab(*read_tokenizer(stories_dir / "tok512.bin", 512))
+    folder = tmp_path_factory.mktemp("split")
+    export_gguf(converted, folder / "s.gguf", "f32", vocab=vocab, split_max_tensors=20)
+    assert len(list(folder.glob("s-0000?-of-00003.gguf"))) == 3
+    with running_stack(folder, tmp_path_factory.mktemp("logs")) as stack:
+        stub = text_stub(stack)
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).model == folder.name
+        ids = greedy(stub, [1, 403, 407, 261, 378], 30)
+    with running_stack(whole, tmp_path_factory.mktemp("logs")) as stack:
+        assert greedy(text_stub(stack), [1, 403, 407, 261, 378], 30) == ids
