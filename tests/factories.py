@@ -20,6 +20,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from zerolayer.bench.inprocess import LocalModel, build_local_engine
+from zerolayer.checkpoints.gguf.tensor_types import SERVED_TYPES
 from zerolayer.common.generation import (
     EngineRequest,
     GenerateParams,
@@ -37,7 +38,6 @@ from zerolayer.scheduler.core.request import Request
 from zerolayer.scheduler.core.scheduler import Scheduler, SchedulingPolicy
 from zerolayer.scheduler.engine_factory import EngineConfig
 from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
-from zerolayer.scheduler.model.gguf.types import GGUF_TYPES
 from zerolayer.scheduler.model.sampler import Sampler
 from zerolayer.v1 import generation_pb2 as pb
 
@@ -418,9 +418,9 @@ def make_gguf_weight(
     """A weight [n, k] of random blocks of a GGUF type: random bytes with finite float16 scales
     (normal * ``scale``); Q8_0's values in [-127, 127], as every quantizer writes them; the float
     types normal * ``scale``."""
-    qtype = GGUF_TYPES[type_name]
+    qtype = SERVED_TYPES[type_name]
     gen = torch.Generator().manual_seed(seed)
-    if qtype.is_float:
+    if not qtype.quantized:
         dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[type_name]
         values = (torch.randn(n, k, generator=gen) * scale).to(dtype)
         return QuantWeight.of(values, type_name)

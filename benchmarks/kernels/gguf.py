@@ -35,10 +35,10 @@ import torch
 from zerolayer.bench.inprocess import LocalModel
 from zerolayer.bench.logit_agreement import BLOCK_SIZE, span_metadata
 from zerolayer.checkpoints.dummy import PRESETS, write_dummy_model
+from zerolayer.checkpoints.gguf.tensor_types import SERVED_TYPES, byte_shape
 from zerolayer.checkpoints.int8_format import quantize_weight
 from zerolayer.scheduler.model.gguf.linear import quant_linear_chunked
 from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
-from zerolayer.scheduler.model.gguf.types import GGUF_TYPES
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.llama import LlamaModel
 
@@ -79,8 +79,8 @@ def cpu_description() -> str:
 def random_blocks(name: str, n: int, k: int, gen: torch.Generator) -> QuantWeight:
     """Random blocks of ``name`` with small finite float16 scales (the speed does not depend on
     the values)."""
-    qtype = GGUF_TYPES[name]
-    data = torch.randint(0, 256, (n, qtype.row_bytes(k)), generator=gen, dtype=torch.uint8)
+    qtype = SERVED_TYPES[name]
+    data = torch.randint(0, 256, byte_shape(name, (n, k)), generator=gen, dtype=torch.uint8)
     blocks = data.view(-1, qtype.type_size)
     scale = torch.full((blocks.shape[0], 1), 0.01, dtype=torch.float16).view(torch.uint8)
     for offset in {

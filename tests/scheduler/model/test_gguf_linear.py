@@ -18,16 +18,16 @@ import torch
 import torch.nn.functional as F
 from factories import make_gguf_weight
 
+from zerolayer.checkpoints.gguf.tensor_types import SERVED_TYPES
 from zerolayer.scheduler.model.gguf import linear as gguf_linear_module
 from zerolayer.scheduler.model.gguf.dequantize import dequantize_reference
 from zerolayer.scheduler.model.gguf.linear import quant_linear_chunked
 from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
 from zerolayer.scheduler.model.gguf.reference import quant_linear_reference, quantized_x
-from zerolayer.scheduler.model.gguf.types import GGUF_TYPES
 from zerolayer.scheduler.model.kernels import KernelLoader
 
 ISAS = ("avx512vnni", "avx2", "portable")
-QUANTIZED = [name for name, t in GGUF_TYPES.items() if not t.is_float]
+QUANTIZED = [name for name, t in SERVED_TYPES.items() if t.quantized]
 
 
 def make_x(m: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -63,7 +63,7 @@ def check_against_float(y: torch.Tensor, x: torch.Tensor, weight: QuantWeight) -
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
-@pytest.mark.parametrize("name", list(GGUF_TYPES))
+@pytest.mark.parametrize("name", list(SERVED_TYPES))
 def test_every_type_and_isa_matches_the_float_product(
     native: KernelLoader, name: str, m: int, dtype: torch.dtype, isa: str
 ) -> None:
@@ -159,7 +159,7 @@ def test_bad_inputs_are_refused_with_their_reason(native: KernelLoader) -> None:
     short = QuantWeight(weight.data[:, :-2], weight.qtype, weight.shape)
     with pytest.raises(RuntimeError, match=r"Q4_K \[8, 512\] is uint8 \[8, 288\], got"):
         module.gguf_linear(x, short)
-    odd = QuantWeight(torch.zeros(8, 54, dtype=torch.uint8), GGUF_TYPES["Q4_0"], (8, 96))
+    odd = QuantWeight(torch.zeros(8, 54, dtype=torch.uint8), SERVED_TYPES["Q4_0"], (8, 96))
     with pytest.raises(RuntimeError, match="K = 100 is not a multiple of Q4_0's block size"):
         module.gguf_linear(
             make_x(1, 100, torch.float32, 1), QuantWeight(odd.data, odd.qtype, (8, 100))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zerolayer.scheduler.model.gguf.types import GgufType, gguf_type
+from zerolayer.checkpoints.gguf.tensor_types import SERVED_TYPES, GGUFType
 
 FLOAT_TYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 """The GGUF type of a float tensor's dtype."""
@@ -20,7 +20,7 @@ class QuantWeight:
 
     data: torch.Tensor
     """uint8 [N, K / block_size * type_size], contiguous."""
-    qtype: GgufType
+    qtype: GGUFType
     """The blocks' type."""
     shape: tuple[int, int]
     """The logical shape (N, K)."""
@@ -34,10 +34,15 @@ class QuantWeight:
             ValueError: the tensor is not 2-D and contiguous, its dtype does not match
                 ``type_name``, or its rows are not whole blocks (the message names ``name``).
         """
-        qtype = gguf_type(type_name)
+        qtype = SERVED_TYPES.get(type_name)
+        if qtype is None:
+            raise ValueError(
+                f"{name}: GGUF type {type_name!r} is not supported "
+                f"(supported: {', '.join(SERVED_TYPES)})"
+            )
         if tensor.dim() != 2 or not tensor.is_contiguous():
             raise ValueError(f"{name}: a contiguous 2-D tensor expected, got {list(tensor.shape)}")
-        if qtype.is_float:
+        if not qtype.quantized:
             if FLOAT_TYPES.get(tensor.dtype) != qtype.name:
                 raise ValueError(f"{name}: {qtype.name} expected, got {tensor.dtype}")
             n, k = tensor.shape

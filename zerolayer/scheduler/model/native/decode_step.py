@@ -127,7 +127,7 @@ class DecodeForward:
                     f"DecodeForward: a contiguous {t.qtype.name} {list(shape)} matrix expected, "
                     f"got {list(t.shape)}"
                 )
-            return t.data, t.qtype.type_id
+            return t.data, t.qtype.ggml_type
         if not (
             t.dtype == dtype
             and t.dim() == 2

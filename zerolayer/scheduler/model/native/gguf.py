@@ -69,7 +69,7 @@ class GgufKernels:
             index = ids.to(torch.int64).contiguous()
         out = torch.empty(n if index is None else index.shape[0], k, dtype=dtype)
         rc = self._lib.zl_gguf_dequantize(
-            weight.qtype.type_id,
+            weight.qtype.ggml_type,
             weight.data.data_ptr(),
             n,
             k,
@@ -102,7 +102,7 @@ class GgufKernels:
             m,
             x.shape[1],
             count,
-            (ctypes.c_int32 * count)(*[w.qtype.type_id for w in weights]),
+            (ctypes.c_int32 * count)(*[w.qtype.ggml_type for w in weights]),
             pointers([w.data for w in weights]),
             (ctypes.c_int64 * count)(*[w.shape[0] for w in weights]),
             pointers(ys),
