@@ -40,6 +40,36 @@ def family_gguf(
     return model_dir, path
 
 
+def dequantized_checkpoint(model_dir: Path, gguf_type: str, out_dir: Path) -> Path:
+    """``model_dir`` (a float32 transformers checkpoint) with every tensor its GGUF file of
+    ``gguf_type`` holds replaced by those values dequantized (``gguf.quants.dequantize``):
+    transformers on it computes what zerolayer computes on the file. In transformers' layout:
+    each row is quantized on its own, so llama's permutation of the q/k rows commutes with it.
+    Returns ``out_dir``."""
+    import shutil
+
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from benchmarks.llamacpp.gguf_export import quantized
+    from benchmarks.llamacpp.gguf_metadata import gguf_architecture_of
+    from zerolayer.checkpoints.gguf.tensor_names import gguf_name
+    from zerolayer.checkpoints.model_config import ModelConfig
+    from zerolayer.checkpoints.weight_check import expected_tensors
+
+    config = ModelConfig.from_json((model_dir / "config.json").read_text())
+    arch = gguf_architecture_of(config)
+    shutil.copytree(model_dir, out_dir)
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    for name in expected_tensors(config):
+        data, qtype = quantized(gguf_name(name, arch), tensors[name].float(), gguf_type)
+        values = gguf.quants.dequantize(data, qtype).astype(np.float32)
+        tensors[name] = torch.from_numpy(values.reshape(tensors[name].shape))
+    save_file(tensors, str(out_dir / "model.safetensors"))
+    return out_dir
+
+
 def stories_gguf(stories_dir: Path, root: Path) -> tuple[Path, Path]:
     """(llama2.c's stories260K converted to safetensors, the same as a GGUF file with its
     SentencePiece vocabulary: tokens, scores and types, ``tokenizer.ggml.model`` "llama")."""

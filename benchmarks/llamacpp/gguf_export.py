@@ -35,8 +35,24 @@ from zerolayer.checkpoints.gguf.tensor_names import gguf_name, layer_names
 from zerolayer.checkpoints.model_config import ModelConfig
 from zerolayer.checkpoints.weight_check import expected_tensors
 
-GGUF_TYPES = ("f32", "bf16", "f16", "q8_0", "q4_0")
-"""The weight types :func:`export_gguf` writes (llama.cpp's ``--outtype`` names)."""
+GGUF_TYPES = (
+    "f32",
+    "bf16",
+    "f16",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "q4_k",
+    "q5_k",
+    "q6_k",
+    "q4_k_m",
+)
+"""The weight types :func:`export_gguf` writes (llama.cpp's ``--outtype`` and ``llama-quantize``
+names): gguf-py's quantizers, and the K-quants of :mod:`benchmarks.llamacpp.gguf_kquants`;
+q4_k_m is llama.cpp's Q4_K_M mix as a simple rule (Q6_K for every attn_v, ffn_down and the
+output, Q4_K elsewhere; llama.cpp gives Q6_K to some attn_v and ffn_down only)."""
 LLAMA_LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm")
 GGUF_TENSOR_NAMES = {
     hf: gguf
@@ -44,9 +60,9 @@ GGUF_TENSOR_NAMES = {
     if gguf in LLAMA_LAYER_TENSORS or gguf.startswith("ffn_")
 }
 """Per-layer Hugging Face module name -> GGUF tensor name of a Llama (``blk.N.<name>.weight``)."""
-NO_QUANTIZER = ("q4_k", "q5_k", "q6_k")
-"""K-quants: gguf-py 0.19 dequantizes them but has no quantizer. NOTE: a K-quant writer would
-plug in :func:`quantized`'s table (or quantize with llama.cpp's ``llama-quantize``)."""
+K_QUANT_FALLBACKS = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+"""llama.cpp's type for a K-quant tensor whose rows are not whole super-blocks of 256
+(llama-quant.cpp: ``tensor_type_fallback``; F16 where the rows are not whole blocks of 32)."""
 
 
 def rope_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -118,28 +134,55 @@ def gguf_tensors(
         yield "rope_freqs.weight", rope_freqs(config)
 
 
-def quantized(name: str, tensor: torch.Tensor, gguf_type: str) -> tuple[np.ndarray, object]:
-    """The tensor's data as ``gguf.quants.quantize`` encodes it and its ggml type: F32 for norms
-    and 1-D tensors, else ``gguf_type`` (F32 when a quantized type cannot split the rows into
-    its blocks of 32).
+def tensor_type(name: str, shape: tuple[int, ...], gguf_type: str) -> str:
+    """The ggml type name a tensor ``name`` (its GGUF name) of ``shape`` is written in: F32 for
+    norms and 1-D tensors; a K-quant's rows that are not whole super-blocks fall back as
+    llama.cpp's (:data:`K_QUANT_FALLBACKS`), to F16 if not whole blocks of 32; gguf-py's other
+    quantized types to F32 where the rows are not whole blocks.
 
     Raises:
-        ValueError: a K-quant (:data:`NO_QUANTIZER`) or an unknown type.
+        ValueError: an unknown ``gguf_type``.
+    """
+    if gguf_type not in GGUF_TYPES:
+        raise ValueError(f"gguf_type {gguf_type!r}: one of {', '.join(GGUF_TYPES)}")
+    if len(shape) <= 1 or name.endswith("_norm.weight"):
+        return "F32"
+    qtype = gguf_type.upper()
+    if gguf_type == "q4_k_m":
+        sixes = (".attn_v.", ".ffn_down.", "output.weight")
+        qtype = (
+            "Q6_K"
+            if any(part in name for part in sixes) and name != "token_embd.weight"
+            else "Q4_K"
+        )
+    if qtype in K_QUANT_FALLBACKS and shape[-1] % 256:
+        qtype = K_QUANT_FALLBACKS[qtype] if shape[-1] % 32 == 0 else "F16"
+    if qtype.startswith("Q") and shape[-1] % 32:
+        return "F32"
+    return qtype
+
+
+def quantized(name: str, tensor: torch.Tensor, gguf_type: str) -> tuple[np.ndarray, object]:
+    """The tensor's data as the GGUF file holds it (``gguf.quants.quantize``, or
+    :func:`~benchmarks.llamacpp.gguf_kquants.quantize` for the K-quants) and its ggml type
+    (:func:`tensor_type`).
+
+    Raises:
+        ValueError: an unknown ``gguf_type``.
     """
     import gguf
 
-    if gguf_type in NO_QUANTIZER:
-        raise ValueError(f"{gguf_type}: gguf-py has no quantizer for it (see NO_QUANTIZER)")
-    if gguf_type not in GGUF_TYPES:
-        raise ValueError(f"gguf_type {gguf_type!r}: one of {', '.join(GGUF_TYPES)}")
+    from benchmarks.llamacpp.gguf_kquants import quantize
+
     data = tensor.numpy()
-    qtype = gguf.GGMLQuantizationType[gguf_type.upper()]
-    if data.ndim <= 1 or name.endswith("_norm.weight"):
-        qtype = gguf.GGMLQuantizationType.F32
-    try:
-        return gguf.quants.quantize(data, qtype), qtype
-    except gguf.QuantError:
+    qtype = tensor_type(name, tuple(data.shape), gguf_type)
+    if qtype == "F32":
         return data, gguf.GGMLQuantizationType.F32
+    if qtype in ("F16", "BF16"):
+        return gguf.quants.quantize(
+            data, gguf.GGMLQuantizationType[qtype]
+        ), gguf.GGMLQuantizationType[qtype]
+    return quantize(data, qtype), gguf.GGMLQuantizationType[qtype]
 
 
 def export_gguf(

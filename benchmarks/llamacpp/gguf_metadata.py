@@ -16,8 +16,22 @@ GGUF_ARCHITECTURES = {
     "MistralForCausalLM": "llama",
 }
 """transformers architecture -> ``general.architecture`` (Mistral is ``llama`` in GGUF)."""
-FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
-"""llama.cpp's ``llama_ftype`` of each exported weight type (``general.file_type``)."""
+FILE_TYPES = {
+    "f32": 0,
+    "f16": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q8_0": 7,
+    "q5_0": 8,
+    "q5_1": 9,
+    "q4_k": 14,
+    "q4_k_m": 15,
+    "q5_k": 16,
+    "q6_k": 18,
+    "bf16": 32,
+}
+"""llama.cpp's ``llama_ftype`` of each exported weight type (``general.file_type``; q4_k and q5_k
+as Q4_K_S and Q5_K_S, the files of mostly that type)."""
 
 
 def gguf_architecture_of(config: ModelConfig) -> str:

@@ -49,13 +49,14 @@ class LocalModel:
     """A GGUF checkpoint's tensor types by name; None for other checkpoints."""
 
     @classmethod
-    def load(cls, model_dir: Path, device: Device = CPU) -> LocalModel:
-        """Reads the checkpoint in ``model_dir`` (safetensors; never a pickle).
+    def load(cls, model_dir: Path, device: Device = CPU, dtype: str = "auto") -> LocalModel:
+        """Reads the checkpoint in ``model_dir`` (safetensors or GGUF; never a pickle);
+        ``dtype``: ``--dtype``, a GGUF file's compute dtype.
 
         Raises:
             ValueError / OSError: the directory is not a readable checkpoint.
         """
-        manifest = read_checkpoint(model_dir)
+        manifest = read_checkpoint(model_dir, dtype=dtype)
         config = ModelConfig.from_json(manifest.config_json, manifest.generation_config_json)
         # NOTE: each mapped tensor keeps its file mapping alive, so MappedWeights may go.
         mapped = MappedWeights(manifest)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from factories import generate, hf_generate, make_engine, make_prompt
-from gguf_kquants import quantize
 from safetensors.torch import save_file
 
+from benchmarks.llamacpp.gguf_kquants import quantize
 from zerolayer.bench.inprocess import LocalModel
 from zerolayer.bench.logit_agreement import agreement, model_logits
 from zerolayer.checkpoints.dummy import DummyPreset, write_dummy_model

@@ -6,7 +6,8 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from gguf_kquants import quantize, quantize_k
+
+from benchmarks.llamacpp.gguf_kquants import quantize, quantize_k
 
 QK = gguf.GGMLQuantizationType
 

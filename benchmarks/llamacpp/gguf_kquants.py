@@ -1,10 +1,12 @@
-"""A simple quantizer to GGUF's K-quants (Q4_K, Q5_K, Q6_K) for the tests' GGUF files: gguf-py
-quantizes Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 but no K-quant (``gguf.quants.quantize`` raises).
+"""A simple quantizer to GGUF's K-quants (Q4_K, Q5_K, Q6_K) for the GGUF files the tests and the
+benchmarks write (:mod:`benchmarks.llamacpp.gguf_export`): gguf-py quantizes Q8_0, Q4_0, Q4_1,
+Q5_0 and Q5_1 but no K-quant (``gguf.quants.quantize`` raises).
 
 Not llama.cpp's quantizer (``make_qkx2_quants`` searches scales and mins that minimise the
 error): here each sub-block's range is covered with scales and mins rounded up to the format's
 steps, so every value lies within half a quantization step of its code. The block layouts are
-ggml's (ggml-common.h); ``gguf.quants.dequantize`` reads them back (tests/test_gguf_kquants.py).
+ggml's (ggml-common.h); ``gguf.quants.dequantize`` reads them back
+(tests/benchmarks/test_gguf_kquants.py). Not in the wheel: the product only reads GGUF files.
 """
 
 from __future__ import annotations
@@ -41,7 +43,14 @@ def _scales_mins_k(values: np.ndarray, levels: int) -> tuple[np.ndarray, ...]:
     return d, dmin, scales.astype(np.uint8), mins.astype(np.uint8)
 
 
-def _codes_k(values: np.ndarray, d, dmin, scales, mins, levels: int) -> np.ndarray:
+def _codes_k(
+    values: np.ndarray,
+    d: np.ndarray,
+    dmin: np.ndarray,
+    scales: np.ndarray,
+    mins: np.ndarray,
+    levels: int,
+) -> np.ndarray:
     step = d.astype(np.float32)[:, None] * scales
     offset = dmin.astype(np.float32)[:, None] * mins
     q = np.rint(_divide(values + offset[..., None], step[..., None]))
