@@ -23,6 +23,14 @@ GGUF_FAMILY_CHANGES: dict[str, dict] = {
 }
 """Per family, the config changes that make its tiny checkpoint one GGUF metadata can say."""
 GGUF_FAMILIES = sorted(FAMILIES)
+SUPER_BLOCK_SHAPES = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "head_dim": 64,
+    "vocab_size": 512,
+}
+"""The changes that make a family's tiny checkpoint a llama (mistral's GGUF architecture, q/k rows
+interleaved) whose rows are whole K-quant super-blocks of 256."""
 
 
 def family_gguf(

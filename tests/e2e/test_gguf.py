@@ -90,3 +90,42 @@ def test_a_split_file_is_served_as_one(
         ids = greedy(stub, [1, 403, 407, 261, 378], 30)
     with running_stack(whole, tmp_path_factory.mktemp("logs")) as stack:
         assert greedy(text_stub(stack), [1, 403, 407, 261, 378], 30) == ids
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+
+
+def test_a_q4_k_m_file_in_float32_gives_transformers_tokens_and_bfloat16_agrees(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A Q4_K_M file (Q4_K and Q6_K: the native integer kernels, the fused decode step in
+    bfloat16, llama's interleaved q/k rows) served by ``zerolayer up``: with ``--dtype float32``
+    transformers' float32 greedy tokens on the values the file holds (its weights dequantized);
+    in the bfloat16 default, x quantized per block as llama.cpp does: the same first token for
+    every prompt and a third of the tokens before the first difference (measured: 12, 2 and 7 of
+    12 on an AVX-512 host)."""
+    from factories import make_prompt
+    from gguf_files import SUPER_BLOCK_SHAPES, dequantized_checkpoint
+    from scheduler.model.family_checkpoints import write_family_checkpoint
+
+    from benchmarks.llamacpp.gguf_export import export_gguf
+
+    root = tmp_path_factory.mktemp("q4_k_m")
+    model_dir = write_family_checkpoint(
+        root / "mistral", "mistral", "float32", 11, **SUPER_BLOCK_SHAPES
+    )
+    path = export_gguf(model_dir, root / "mistral-q4_k_m.gguf", "q4_k_m")
+    prompts = [make_prompt(n, seed=n, vocab_size=512) for n in (3, 17, 40)]
+    reference = dequantized_checkpoint(model_dir, "q4_k_m", root / "dequantized")
+    expected = hf_greedy(reference, prompts, NEW_TOKENS).token_ids
+    with running_stack(path, tmp_path_factory.mktemp("logs"), dtype="float32") as stack:
+        stub = text_stub(stack)
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).dtype == "float32"
+        assert [greedy(stub, p, NEW_TOKENS) for p in prompts] == expected
+    with running_stack(path, tmp_path_factory.mktemp("logs")) as stack:
+        stub = text_stub(stack)
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).dtype == "bfloat16"
+        got = [greedy(stub, p, NEW_TOKENS) for p in prompts]
+    prefixes = [common_prefix(g, e) for g, e in zip(got, expected, strict=True)]
+    assert min(prefixes) >= 1 and sum(prefixes) >= len(prompts) * NEW_TOKENS / 3, prefixes

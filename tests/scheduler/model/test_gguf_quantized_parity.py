@@ -13,7 +13,7 @@ import pytest
 import torch
 from factories import generate, make_prompt
 from family_checkpoints import hf_greedy, write_family_checkpoint
-from gguf_files import GGUF_FAMILIES, dequantized_checkpoint, family_gguf
+from gguf_files import GGUF_FAMILIES, SUPER_BLOCK_SHAPES, dequantized_checkpoint, family_gguf
 from test_family_parity import BLOCK_SIZE, FAMILY_NEW_TOKENS
 from test_llama_parity import make_prompts
 
@@ -21,13 +21,6 @@ from benchmarks.llamacpp.gguf_export import export_gguf, tensor_type
 from zerolayer.bench.inprocess import LocalModel, build_local_engine
 from zerolayer.scheduler.engine_factory import EngineConfig
 
-SUPER_BLOCK_SHAPES = {
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "head_dim": 64,
-    "vocab_size": 512,
-}
-"""A llama (mistral's GGUF architecture, q/k rows interleaved) whose rows are whole Q4_K blocks."""
 FALLBACK_FAMILIES = ("llama-bias", "gemma2")
 """Q4_K_M's fallbacks on two families (llama-bias's o_proj rows are 96 values: Q5_0; gemma2's
 soft-caps and windows); every family in Q8_0."""
