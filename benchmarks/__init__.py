@@ -8,7 +8,10 @@ scenarios; nothing in ``zerolayer/`` imports it. The GPU device check
 the kernel micro-benchmarks run with ``python -m`` from the checkout's root.
 """
 
-SCENARIOS = {"llamacpp": "benchmarks.llamacpp.scenario"}
+SCENARIOS = {
+    "llamacpp": "benchmarks.llamacpp.scenario",
+    "gguf": "benchmarks.llamacpp.gguf_scenario",
+}
 """Scenarios of ``zerolayer bench`` that exist only to compare zerolayer with another system: the
 module of each, with ``HELP``, ``REQUIREMENTS``, ``SMOKE``, ``add_arguments(p)`` and
 ``main(args) -> dict`` as the wheel's scenarios have."""

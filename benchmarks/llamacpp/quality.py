@@ -105,3 +105,22 @@ def greedy_agreement(ids: Sequence[int], reference: Sequence[int]) -> dict:
 def relative_difference(value: float, reference: float) -> float:
     """``|value - reference| / |reference|`` (issue 32: "within 0.5%")."""
     return abs(value - reference) / abs(reference)
+
+
+def zerolayer_tokenize(address: str, text: str) -> list[int]:
+    """``text``'s ids by the served model's own tokenizer (the GGUF file's, converted), with
+    its special tokens (BOS) as a text prompt gets them."""
+    request = pb.TokenizeRequest(text=text, add_special_tokens=True)
+    return list(stub_for(address).Tokenize(request, timeout=60).token_ids)
+
+
+QUALITY_TEXT = (
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+    "park with her friends. One day, she saw a big red ball under a tree. She wanted to play "
+    "with it, but it was too high. Lily asked her mom for help. Her mom smiled and said, "
+    '"Let\'s get it together." They found a long stick and pushed the ball down. Lily was so '
+    "happy. She said thank you to her mom and played with the ball all day. When the sun went "
+    "down, they walked home and had a warm dinner. Lily went to bed and dreamed of the park."
+)
+"""The fixed text whose mean log-likelihood is measured (a children's story, the register of
+the trained stories260K; for the random-weight presets its ids only fix the positions)."""

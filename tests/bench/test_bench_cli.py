@@ -15,10 +15,11 @@ from zerolayer.cli.main import main
 
 
 def test_a_checkout_adds_the_comparisons_and_the_packages_they_need(monkeypatch) -> None:
-    """From this checkout: the llama.cpp scenario, and transformers for the wheel scenarios'
+    """From this checkout: the llama.cpp scenarios, and transformers for the wheel scenarios'
     baselines (looked up: a missing one is named)."""
-    assert list(scenario_modules())[-1:] == ["llamacpp"]
+    assert list(scenario_modules())[-2:] == ["llamacpp", "gguf"]
     assert scenario_modules()["llamacpp"] == "benchmarks.llamacpp.scenario"
+    assert scenario_modules()["gguf"] == "benchmarks.llamacpp.gguf_scenario"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
     assert missing_requirements("chat") == ["matplotlib", "transformers"]
     assert missing_requirements("split") == ["matplotlib"]  # no baseline: nothing else to run

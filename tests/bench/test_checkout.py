@@ -19,7 +19,10 @@ def test_this_checkout_gives_the_scenarios_their_baselines() -> None:
     assert baseline_for("throughput").__name__ == "benchmarks.hf.throughput"
     assert baseline_for("split") is None  # compares zerolayer with itself
     assert baseline_for("agent").__name__ == "benchmarks.llamacpp.agent"  # llama-server
-    assert checkout.checkout_scenarios() == {"llamacpp": "benchmarks.llamacpp.scenario"}
+    assert checkout.checkout_scenarios() == {
+        "llamacpp": "benchmarks.llamacpp.scenario",
+        "gguf": "benchmarks.llamacpp.gguf_scenario",
+    }
 
 
 def test_without_a_checkout_nothing_is_added(tmp_path: Path, monkeypatch) -> None:
