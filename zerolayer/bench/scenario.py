@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from zerolayer.bench.streams import generate_request, num_cores, random_prompts, run_streams
+from zerolayer.checkpoints.checkpoint import read_checkpoint
 from zerolayer.checkpoints.dummy import ensure_dummy_model
 from zerolayer.cli.arg_types import at_least, comma_separated
 from zerolayer.common.config import default_num_threads
@@ -62,8 +63,11 @@ def model_dir_for(args: argparse.Namespace) -> Path:
 
 
 def vocab_size_of(model_dir: Path) -> int:
-    """``vocab_size`` from the checkpoint's config.json."""
-    return json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    """``vocab_size`` from the checkpoint's config.json (a GGUF file's: from its metadata)."""
+    config = model_dir / "config.json"
+    if config.is_file():
+        return json.loads(config.read_text())["vocab_size"]
+    return json.loads(read_checkpoint(model_dir).config_json)["vocab_size"]
 
 
 def stack_config(args: argparse.Namespace, model_dir: Path, **overrides: object) -> StackConfig:
