@@ -308,12 +308,12 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
   // once per phase by thread 0). prepare runs on thread 0 between barriers.
   std::unique_ptr<Int8Gemv> int8;
   if (group_size_ > 0) int8.reset(new Int8Gemv(group_size_));
-  const bool prepares = int8 != nullptr || !rows.bf16_x;
+  const bool prepares = int8 != nullptr || rows.x != GemvX::kBf16;
   auto prepare = [&](const uint16_t* src, int64_t cols) {
     if (int8 != nullptr) {
       int8->quantize(src, m, cols);
-    } else if (!rows.bf16_x) {  // float32 [M, cols] for the widening kernel
-      for (int64_t i = 0; i < m * cols; ++i) x32p[i] = widen(src[i]);
+    } else {  // float32 [M, cols] for the widening kernels
+      gemv_prepare_x(rows, src, m * cols, x32p);
     }
   };
   // rows [lo, hi) of y [M, n] = x [M, k] @ w^T (its scales for int8)
@@ -323,7 +323,7 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
     if (int8 != nullptr) {
       int8->rows(static_cast<const int8_t*>(w.w), w.scales, y, n, lo, hi);
     } else {
-      rows.fn(rows.bf16_x ? static_cast<const void*>(x16) : x32p,
+      rows.fn(rows.x == GemvX::kBf16 ? static_cast<const void*>(x16) : x32p,
               static_cast<const uint16_t*>(w.w), y, k, n, lo, hi);
     }
   };

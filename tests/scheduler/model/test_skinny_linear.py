@@ -89,6 +89,9 @@ def test_loader_linear_uses_the_kernel_only_where_it_applies(native: KernelLoade
                 calls.append(tuple(x.shape))
             return y
 
+        def try_bf16_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+            return module.try_bf16_gemm(x, weight)
+
     native._module = Spy()  # type: ignore[assignment]
     try:
         for rows in (1, module.max_skinny_rows, module.max_skinny_rows + 1):
@@ -151,6 +154,7 @@ def test_loader_linears_uses_one_call_only_where_it_applies(native: KernelLoader
 
     class Spy:
         try_skinny_linear = module.try_skinny_linear
+        try_bf16_gemm = module.try_bf16_gemm
 
         def try_skinny_linear_multi(self, x: torch.Tensor, weights: list) -> list | None:
             ys = module.try_skinny_linear_multi(x, weights)
