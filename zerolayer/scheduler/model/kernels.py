@@ -280,7 +280,7 @@ class KernelLoader:
         Raises:
             build.BuildError: the build failed.
         """
-        variant = self._isa or build.isa_variant(os.environ)
+        variant = build.isa_variant({build.ISA_ENV: self._isa} if self._isa else os.environ)
         digest = build.source_digest(CSRC_DIR, variant) if CSRC_DIR.is_dir() else None
         if self._build_dir is None and (digest is not None or variant == build.DEFAULT_ISA):
             library = build.built_library(build.PREBUILT_DIR, digest)

@@ -81,7 +81,7 @@ ISA_VARIANTS: dict[str, tuple[str, ...]] = {
 """Each variant's flags beside :data:`CXXFLAGS`: ``native`` (the default) chooses each kernel's
 ISA at load time; ``avx2`` and ``portable`` cap it (``csrc/cpu_features.h``)."""
 DEFAULT_ISA = "native"
-EXIT_FAILED, EXIT_NO_COMPILER = 1, 2
+EXIT_FAILED, EXIT_NO_COMPILER, EXIT_BAD_SETTING = 1, 2, 3
 
 
 class BuildError(RuntimeError):
@@ -320,8 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     variant ``--isa`` or ``$ZEROLAYER_CPU_ISA`` names (``native`` by default).
 
     Prints the library's path on stdout and exits 0; or prints why not and exits 1 (the build
-    failed: the compiler's output is on stderr too; or an unknown variant) or 2 (no compiler, or
-    no sources).
+    failed: the compiler's output is on stderr too), 2 (no compiler, or no sources) or 3 (an
+    unknown ``$ZEROLAYER_CPU_ISA``).
     """
     parser = argparse.ArgumentParser(prog="zerolayer.scheduler.model.native.build")
     parser.add_argument(
@@ -339,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     cxx = compiler(os.environ)
     try:
         variant = args.isa or isa_variant(os.environ)
+    except BuildError as exc:
+        print(exc)
+        return EXIT_BAD_SETTING
+    try:
         if args.prebuilt and variant != DEFAULT_ISA:
             raise BuildError(f"--prebuilt builds the native variant only, not {variant}")
         digest = source_digest(args.csrc, variant)
