@@ -5,17 +5,22 @@
 // acts it out), and torch falls back to its own loops: measured here (AMD EPYC, Zen 4, 2 threads,
 // ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2) 7-21 GFLOP/s for the `small` preset's
 // projections at 64-512 rows, against 25-45 GFLOP/s for the same product in float32. This kernel
-// multiplies the bfloat16 weights in place, widened in registers: the AVX2 row-block kernel of the
-// decode GEMV (gemv_avx2.h) over tiles of kTileM rows of x times kTileR weight rows (their
-// float32 accumulators in registers; each loaded weight vector serves kTileM rows of x, each x
-// vector kTileR weight rows). x is widened to float32 once per call (the even/odd order the
-// kernel reads); rows of x are taken kBlockM at a time so that a block stays in L2 while a
-// thread's weight rows pass over it, and the kTileR weight rows of a tile stay in L1 across the
-// block's tiles. Threads split the weight rows (parallel.h).
+// multiplies the bfloat16 weights in place, widened in registers, two ways:
+// - fewer than kPackedRows rows of x (batched decode): the AVX2 row-block kernel of the decode
+//   GEMV (gemv_avx2.h) over tiles of kTileM rows of x times kTileR weight rows, x widened once per
+//   call into the even/odd order it reads, rows of x taken kBlockM at a time (a block stays in L2
+//   while a thread's weight rows pass over it);
+// - more rows (prefill): 16 weight rows at a time widened and transposed once into a float32
+//   panel, then micro-tiles of 6 rows of x times the panel, outer products with 12 accumulators
+//   in registers (gemm_packed_avx2.h): about 100 GFLOP/s on one core against 54-76 for the
+//   row-block kernel, whose x vectors then stream from L2 at every step.
+// Threads split the weight rows (parallel.h), so the thread count does not change a result.
 //
-// Numerics: the products of bfloat16 values are exact in float32 and summed in float32 (FMA, 8
-// lanes, a fixed lane tree), then rounded once to bfloat16 (to nearest even): what torch's kernel
-// computes, in another order of the float32 additions.
+// Numerics: the products of bfloat16 values are exact in float32 and summed in float32 (FMA),
+// then rounded once to bfloat16 (to nearest even): what torch's kernel computes, in another
+// order of the float32 additions (row blocks: 8 lanes of even and odd columns, then a fixed lane
+// tree, as the GEMV, so a tile of 4 rows is the GEMV's answer bit for bit; packed: one chain of
+// FMAs over K in order per output).
 //
 // Python reference this is tested against: torch.nn.functional.linear (float64 for the bound).
 
@@ -27,6 +32,7 @@
 #include "api.h"
 #include "cpu_features.h"
 #include "gemv.h"
+#include "gemm_packed_avx2.h"
 #include "gemv_avx2.h"
 #include "kernels.h"
 #include "parallel.h"
@@ -38,6 +44,10 @@ namespace {
 constexpr int kTileM = 4;
 constexpr int kTileR = 2;
 constexpr int64_t kBlockM = 64;
+// Rows of x from which the packed kernel takes over (measured, one thread of an AMD EPYC, Zen 4,
+// AVX2 forced, GFLOP/s at N = 2048, K = 768, this kernel / packed: 8 rows 76 / 60, 12 76 / 80,
+// 16 75 / 85 (N = 768, K = 2048: 80 / 69), 24 75 / 93, 64 76 / 104, 256 54 / 103).
+constexpr int64_t kPackedRows = 24;
 
 #if ZL_X86
 // A tile of tm <= kTileM rows of x (x32 at its first row) and R weight rows from r.
@@ -71,6 +81,12 @@ void rows_range(const float* x32, int64_t m, const uint16_t* w, uint16_t* y, int
     }
   }
 }
+
+ZL_TARGET_AVX2 void panels_range(const float* x32, int64_t m, const uint16_t* w, uint16_t* y,
+                                 int64_t k, int64_t n, int64_t p0, int64_t p1) {
+  std::vector<float> panel(k * avx2::kPanel);
+  avx2::packed_panels(x32, m, w, y, k, n, p0, p1, panel.data());
+}
 #endif  // ZL_X86
 
 void gemm(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t m, int64_t k, int64_t n,
@@ -79,6 +95,16 @@ void gemm(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t m, int64_t 
   ZL_CHECK(m >= 1 && k >= 1 && n >= 1, "bf16_gemm: empty operands");
   ZL_CHECK(k % simd::kLanes == 0, "bf16_gemm: K must be a multiple of ", simd::kLanes);
 #if ZL_X86
+  if (m >= kPackedRows) {
+    const GemvRows order{nullptr, GemvX::kFloat32, "avx2"};
+    std::vector<float> x32(m * k);
+    gemv_prepare_x(order, x, m * k, x32.data());
+    const int64_t panels = (n + avx2::kPanel - 1) / avx2::kPanel;
+    parallel_for(0, panels, 1, num_threads, [&](int64_t p0, int64_t p1) {
+      panels_range(x32.data(), m, w, y, k, n, p0, p1);
+    });
+    return;
+  }
   // NOTE: the even/odd order is per 16 columns, so one call for all rows (K % 16 == 0)
   const GemvRows order{nullptr, GemvX::kFloat32EvenOdd, "avx2"};
   std::vector<float> x32(m * k);

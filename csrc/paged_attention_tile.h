@@ -129,8 +129,9 @@ ZL_INLINE VecF exp_nonpositive(VecF x) {
 // The vector path (head_dim % kGroup == 0) reads K and V rows straight from the cache kGroup
 // elements at a time as two float vectors (load_group). For bfloat16 those are the kLanes
 // even-indexed then the kLanes odd-indexed elements of the group: a 32-bit lane holding two bf16
-// widens to both with one shift and one mask. q rows and the accumulators use the same permuted "kernel layout", so dot
-// products and sums are unchanged, and the output is permuted back (layout_index).
+// widens to both with one shift and one mask. q rows and the accumulators use the same permuted
+// "kernel layout", so dot products and sums are unchanged, and the output is permuted back
+// (layout_index).
 struct Float32 {
   using T = float;
   static ZL_INLINE float to_float(float x) {
@@ -337,9 +338,10 @@ ZL_INLINE void locate_keys(
   }
 }
 
-// Locates chunk c (keys [c * kLanes, (c + 1) * kLanes)) and asks for its rows: a chunk's keys sit in scattered
-// blocks, which the hardware prefetcher does not follow. The hint is "into L2" (locality 1): asking
-// for a whole chunk into L1 fills the L1 miss buffers and measured no faster than no prefetch.
+// Locates chunk c (keys [c * kLanes, (c + 1) * kLanes)) and asks for its rows: a chunk's keys
+// sit in scattered blocks, which the hardware prefetcher does not follow. The hint is "into L2"
+// (locality 1): asking for a whole chunk into L1 fills the L1 miss buffers and measured no
+// faster than no prefetch.
 template <typename T>
 ZL_INLINE void fetch_chunk(
     const Problem& p,

@@ -97,3 +97,17 @@ def test_the_scheduler_multiplies_more_rows_with_the_native_gemm(
     weight = Int8Weight(q, torch.rand(64, 8, generator=gen) / 100)
     dequantized = dequantize_weight(q, weight.scales, torch.bfloat16)
     assert torch.equal(forced.linear(x, weight), avx2.bf16_gemm(x, dequantized))
+
+
+def test_the_batch_invariant_kernel_gives_the_avx512_clone_s_bits(
+    avx2: NativeKernels, native: KernelLoader
+) -> None:
+    # The AVX2 tiles run the same fused multiply-add per lane and the same tree as the 16-float
+    # clone: equal wherever both run (K = 200: a partial last chunk; 70 rows: packed tiles).
+    gen = torch.Generator().manual_seed(3)
+    for dtype in (torch.bfloat16, torch.float32):
+        w = torch.randn(37, 200, generator=gen).to(dtype)
+        for m in (1, 3, 70):
+            x = torch.randn(m, 200, generator=gen).to(dtype)
+            want = native.load().invariant_linear(x, w)
+            assert torch.equal(avx2.invariant_linear(x, w), want)
