@@ -30,9 +30,19 @@ def forced() -> KernelLoader:
 
 
 @pytest.fixture(scope="module")
-def avx2(forced: KernelLoader, kernel_cpu_flags: frozenset[str]) -> NativeKernels:
-    if not {"avx2", "fma"} <= kernel_cpu_flags:
-        pytest.skip("this CPU (or the native build's cap) has no AVX2")
+def native(forced: KernelLoader) -> KernelLoader:
+    """The native variant, whatever ``$ZEROLAYER_CPU_ISA`` the suite runs under."""
+    loader = KernelLoader(isa="native")
+    if not loader.native_available():
+        pytest.fail(f"the native variant did not build: {loader.unavailable_reason}")
+    return loader
+
+
+@pytest.fixture(scope="module")
+def avx2(forced: KernelLoader) -> NativeKernels:
+    with open("/proc/cpuinfo") as cpuinfo:
+        if not {"avx2", "fma"} <= set(cpuinfo.read().split()):
+            pytest.skip("this CPU has no AVX2")
     module = forced.load()
     assert module is not None
     return module

@@ -185,8 +185,9 @@ def test_the_best_kernel_is_the_one_int8_linear_isa_names(native: KernelLoader) 
     )
     with pytest.raises(RuntimeError, match="unknown ISA"):
         module.int8_linear_with_isa(x, *weight.tensors(), "sse9")
-    with pytest.raises(RuntimeError, match="group size 16"):
-        module.int8_linear_with_isa(x[:, :64], *make_weight(4, 64, 16, 1)[1].tensors(), isa)
+    if isa != "portable":  # the portable loop takes any group size
+        with pytest.raises(RuntimeError, match="group size 16"):
+            module.int8_linear_with_isa(x[:, :64], *make_weight(4, 64, 16, 1)[1].tensors(), isa)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
