@@ -20,7 +20,7 @@ extern "C" {
 #define ZL_EXPORT __attribute__((visibility("default")))
 
 /* Bumped whenever a declaration below changes; the loader refuses a library of another one. */
-#define ZL_ABI_VERSION 2
+#define ZL_ABI_VERSION 3
 
 /* dtype codes */
 #define ZL_FLOAT32 0
@@ -28,17 +28,26 @@ extern "C" {
 
 ZL_EXPORT int32_t zl_abi_version(void);
 ZL_EXPORT const char* zl_last_error(void);
+/* The build's cap on the kernels' instruction sets (ZL_ISA_CAP, cpu_features.h): "native"
+ * (whatever the CPU has), "avx2" or "portable". */
+ZL_EXPORT const char* zl_isa_cap(void);
+/* The best level the kernels run on this CPU under that cap: "avx512", "avx2" or "portable". */
+ZL_EXPORT const char* zl_isa_level(void);
 /* Most rows of x the decode GEMVs (skinny and int8) take. */
 ZL_EXPORT int32_t zl_max_skinny_rows(void);
 /* Whether zl_skinny_linear uses AVX-512 BF16's vdpbf16ps on this CPU. */
 ZL_EXPORT int32_t zl_has_bf16_dot(void);
+/* The path zl_skinny_linear takes on this CPU: "avx512bf16", "avx512", "avx2" or "portable";
+ * widened: the best one without vdpbf16ps. */
+ZL_EXPORT const char* zl_skinny_linear_isa(int32_t widened);
 /* The int8 kernel this CPU runs for groups of group_size: "avx512vnni", "avxvnni", "portable". */
 ZL_EXPORT const char* zl_int8_linear_isa(int64_t group_size);
 
 /* Causal GQA over a paged cache (paged_attention.cpp): q, out [T, Hq, D] contiguous, dtype
  * ZL_FLOAT32 or ZL_BFLOAT16 for q, out and the caches; caches [num_blocks, block_size, Hkv, D]
  * with the given strides (elements; the innermost one is 1); query_start_loc [batch + 1],
- * seq_lens [batch], block_tables [batch, max_blocks] contiguous. */
+ * seq_lens [batch], block_tables [batch, max_blocks] contiguous. isa: NULL for the best path,
+ * else one of zl_paged_attention_isa's answers (fails where it does not run; for tests). */
 ZL_EXPORT int32_t zl_paged_attention(int32_t dtype, const void* q, void* out, int64_t num_tokens,
                                      int64_t num_q_heads, int64_t head_dim, const void* k_cache,
                                      const void* v_cache, int64_t num_blocks, int64_t block_size,
@@ -48,18 +57,29 @@ ZL_EXPORT int32_t zl_paged_attention(int32_t dtype, const void* q, void* out, in
                                      int64_t v_head_stride, const int64_t* query_start_loc,
                                      const int64_t* seq_lens, int64_t batch,
                                      const int64_t* block_tables, int64_t max_blocks, float scale,
-                                     int32_t num_threads);
+                                     const char* isa, int32_t num_threads);
+/* The path zl_paged_attention takes on this CPU: "avx512", "avx2" or "portable". */
+ZL_EXPORT const char* zl_paged_attention_isa(void);
 
 /* y [m, n] = x [m, k] @ w [n, k]^T in bfloat16, float32 accumulation (skinny_linear.cpp);
- * 1 <= m <= zl_max_skinny_rows(), k a multiple of 16. widened: the float32-widening loop even
- * where the CPU has vdpbf16ps (for comparisons). */
+ * 1 <= m <= zl_max_skinny_rows(), k a multiple of 16. isa: NULL for the best path, else one of
+ * zl_skinny_linear_isa's answers or "widened" (fails where it does not run; for tests and
+ * comparisons). */
 ZL_EXPORT int32_t zl_skinny_linear(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t m,
-                                   int64_t k, int64_t n, int32_t widened, int32_t num_threads);
+                                   int64_t k, int64_t n, const char* isa, int32_t num_threads);
 /* The same for `count` weights ws[i] [ns[i], k] sharing x, into ys[i] [m, ns[i]], in one
  * parallel region. */
 ZL_EXPORT int32_t zl_skinny_linear_multi(const uint16_t* x, int64_t m, int64_t k, int64_t count,
                                          const uint16_t* const* ws, const int64_t* ns,
                                          uint16_t* const* ys, int32_t num_threads);
+
+/* y [m, n] = x [m, k] @ w [n, k]^T in bfloat16 for any m, float32 accumulation (bf16_gemm.cpp);
+ * k a multiple of 16, all contiguous. Fails where zl_bf16_gemm_isa() is NULL. */
+ZL_EXPORT int32_t zl_bf16_gemm(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t m,
+                               int64_t k, int64_t n, int32_t num_threads);
+/* The path zl_bf16_gemm takes on this CPU ("avx2"), or NULL where it has none; the scheduler
+ * takes it instead of torch's matmul where skinny_linear has no vdpbf16ps either. */
+ZL_EXPORT const char* zl_bf16_gemm_isa(void);
 
 /* y [m, n] = x [m, k] @ w [n, k]^T, x, w and y all ZL_FLOAT32 or all ZL_BFLOAT16, with a fixed
  * reduction order per output (invariant_linear.cpp); any m and k. */

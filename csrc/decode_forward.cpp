@@ -389,12 +389,12 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
   std::unique_ptr<Int8Gemv> int8;
   if (group_size_ > 0) int8.reset(new Int8Gemv(group_size_));
   gguf::QuantizedActs acts;
-  const bool prepares = int8 != nullptr || gguf_ != nullptr || !rows.bf16_x;
+  const bool prepares = int8 != nullptr || gguf_ != nullptr || rows.x != GemvX::kBf16;
   auto prepare = [&](const uint16_t* src, int64_t cols, const Needs& needs) {
     if (needs.int8) int8->quantize(src, m, cols);
     if (needs.gguf) acts.quantize(src, true, m, cols, needs.q8_0, needs.q8_k, 1);
-    if (needs.dense && !rows.bf16_x) {  // float32 [M, cols] for the widening kernel
-      for (int64_t i = 0; i < m * cols; ++i) x32p[i] = widen(src[i]);
+    if (needs.dense && rows.x != GemvX::kBf16) {  // float32 [M, cols] for the widening kernels
+      gemv_prepare_x(rows, src, m * cols, x32p);
     }
   };
   // rows [lo, hi) of y [M, n] = x [M, k] @ w^T (its scales for int8)
@@ -404,7 +404,7 @@ void DecodeForward::forward(const uint16_t* h, int64_t m, void* const* k_caches,
     if (w.type == kInt8) {
       int8->rows(static_cast<const int8_t*>(w.w), w.scales, y, n, lo, hi);
     } else if (w.type == kDenseBf16) {
-      rows.fn(rows.bf16_x ? static_cast<const void*>(x16) : x32p,
+      rows.fn(rows.x == GemvX::kBf16 ? static_cast<const void*>(x16) : x32p,
               static_cast<const uint16_t*>(w.w), y, k, n, lo, hi);
     } else {
       const gguf::TypeInfo& info = *gguf::type_info(w.type);

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "api.h"
+#include "cpu_features.h"
 #include "int8_gemv.h"
 #include "kernels.h"
 #include "parallel.h"
@@ -110,6 +111,18 @@ constexpr int kPrefetchLocality = 1;
 ZL_INT8_VNNI_ROWS(rows_avx512vnni256, "avx512vnni,avx512vl,avx512bw,avx512f,avx2,fma",
                   _mm256_dpbusd_epi32)
 ZL_INT8_VNNI_ROWS(rows_avxvnni, "avxvnni,avx2,fma", _mm256_dpbusd_avx_epi32)
+
+// vpdpbusd without VNNI, as llama.cpp's AVX2 dot products do: vpmaddubsw multiplies the unsigned
+// by the signed bytes and adds adjacent pairs into int16 (|x| <= 127 and |w| <= 127, so a pair's
+// sum, at most 2 * 127 * 127 = 32258, never saturates), vpmaddwd by ones adds adjacent int16
+// pairs into int32: the same 4-product sums per lane.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256i dpbusd_avx2(
+    __m256i acc, __m256i unsigned_bytes, __m256i signed_bytes) {
+  const __m256i pairs = _mm256_maddubs_epi16(unsigned_bytes, signed_bytes);
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+ZL_INT8_VNNI_ROWS(rows_avx2, "avx2,fma", dpbusd_avx2)
 #undef ZL_INT8_VNNI_ROWS
 
 #define ZL_AVX512_TARGET "avx512vnni,avx512vl,avx512bw,avx512f,avx2,fma"
@@ -239,8 +252,7 @@ struct Isa {
 };
 
 bool avx512vnni_cpu() {
-  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bw");
+  return cpu_has(CpuFeature::kAvx512Vnni);
 }
 
 // Best first.
@@ -249,7 +261,8 @@ const Isa kIsas[] = {
     {"avx512vnni256", &rows_avx512vnni256,
      [](int64_t g) { return g % 32 == 0 && avx512vnni_cpu(); }},
     {"avxvnni", &rows_avxvnni,
-     [](int64_t g) { return g % 32 == 0 && __builtin_cpu_supports("avxvnni"); }},
+     [](int64_t g) { return g % 32 == 0 && cpu_has(CpuFeature::kAvxVnni); }},
+    {"avx2", &rows_avx2, [](int64_t g) { return g % 32 == 0 && cpu_has(CpuFeature::kAvx2Fma); }},
     {"portable", &rows_portable, [](int64_t) { return true; }},
 };
 

@@ -19,9 +19,13 @@
 // Threads split the weight rows (parallel.h), so each output is computed by exactly one thread
 // and the thread count does not change it either.
 //
-// Compiled like skinny_linear.cpp (GCC vector extensions, target_clones for x86-64-v4, -v3 and
-// baseline). The clone chosen differs between CPUs (the baseline has no FMA), so results are
-// invariant on one machine, not bitwise equal across CPU generations.
+// GCC vector extensions with target_clones for x86-64-v4 and the baseline; on a CPU with AVX2 but
+// no AVX-512 (or in a build capped at AVX2) an AVX2 tile kernel instead: a 16-lane accumulator as
+// two 8-float registers, the same fused multiply-add per lane and the same tree, so its results
+// equal the AVX-512 clone's bit for bit; it splits each tile into 2 x 2 ones (8 accumulators of
+// 16 AVX2 registers: the 4 x 4 tile of 16-float vectors compiled for x86-64-v3 lives on the
+// stack). The baseline has no FMA, so its results are invariant on one machine, not bitwise equal
+// to the others'.
 //
 // Python reference this is tested against: torch.nn.functional.linear (close, not bitwise).
 
@@ -31,9 +35,11 @@
 #include <vector>
 
 #include "api.h"
+#include "cpu_features.h"
 #include "kernels.h"
 #include "parallel.h"
 #include "simd.h"
+#include "simd_avx2.h"
 
 namespace zerolayer {
 namespace {
@@ -130,12 +136,117 @@ TileFn<W, Y> tile_for(int tm, int tn) {
   }
 }
 
-// The widened rows [r, r + tn) of w, zero-padded to kp columns, in pack [tn, kp].
+#if ZL_X86
+// kLanes weights from src (count < kLanes: zero-filled) as two 8-float halves, in order.
+ZL_AVX2_INLINE void load_halves(const uint16_t* src, int64_t count, __m256& lo, __m256& hi) {
+  uint16_t h[kLanes] = {};
+  if (count < kLanes) {
+    std::memcpy(h, src, count * sizeof(uint16_t));
+    src = h;
+  }
+  lo = avx2::widen8(src);
+  hi = avx2::widen8(src + kLanes / 2);
+}
+
+ZL_AVX2_INLINE void load_halves(const float* src, int64_t count, __m256& lo, __m256& hi) {
+  float f[kLanes] = {};
+  if (count < kLanes) {
+    std::memcpy(f, src, count * sizeof(float));
+    src = f;
+  }
+  lo = _mm256_loadu_ps(src);
+  hi = _mm256_loadu_ps(src + kLanes / 2);
+}
+
+// tree_sum of the 16 lanes (lo, hi), in its order: lane i + lane i + 8, then + 4, then
+// (0 + 2) + (1 + 3).
+ZL_AVX2_INLINE float tree_sum_halves(__m256 lo, __m256 hi) {
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  alignas(16) float v[4];
+  _mm_store_ps(v, s4);
+  return (v[0] + v[2]) + (v[1] + v[3]);
+}
+
+// One chunk of kLanes columns from j (count of them real) of tile_kernel, on halves.
+template <typename W, int TM, int TN>
+ZL_AVX2_INLINE void step_halves(const float* x32, int64_t kp, const W* w, int64_t k, int64_t m0,
+                                int64_t j, int64_t count, __m256 (&lo)[TM][TN],
+                                __m256 (&hi)[TM][TN]) {
+  __m256 wl[TN], wh[TN];
+  for (int b = 0; b < TN; ++b) load_halves(w + b * k + j, count, wl[b], wh[b]);
+  for (int a = 0; a < TM; ++a) {
+    const __m256 xl = _mm256_loadu_ps(x32 + (m0 + a) * kp + j);
+    const __m256 xh = _mm256_loadu_ps(x32 + (m0 + a) * kp + j + kLanes / 2);
+    for (int b = 0; b < TN; ++b) {
+      lo[a][b] = _mm256_fmadd_ps(wl[b], xl, lo[a][b]);
+      hi[a][b] = _mm256_fmadd_ps(wh[b], xh, hi[a][b]);
+    }
+  }
+}
+
+// tile_kernel's outputs [m0, m0 + TM) x [r0, r0 + TN) with AVX2 registers.
+template <typename W, typename Y, int TM, int TN>
+ZL_AVX2_INLINE void tile_halves(const float* x32, int64_t kp, const W* w, int64_t k, Y* y,
+                                int64_t n, int64_t m0, int64_t r0) {
+  __m256 lo[TM][TN], hi[TM][TN];
+  for (int a = 0; a < TM; ++a) {
+    for (int b = 0; b < TN; ++b) lo[a][b] = hi[a][b] = _mm256_setzero_ps();
+  }
+  const int64_t full = k - k % kLanes;
+  for (int64_t j = 0; j < full; j += kLanes) step_halves(x32, kp, w, k, m0, j, kLanes, lo, hi);
+  if (full < k) step_halves(x32, kp, w, k, m0, full, k - full, lo, hi);
+  for (int a = 0; a < TM; ++a) {
+    for (int b = 0; b < TN; ++b) {
+      store(y + (m0 + a) * n + r0 + b, tree_sum_halves(lo[a][b], hi[a][b]));
+    }
+  }
+}
+
+// A tile of tm x tn (each at most kTileM, kTileN) as 2 x 2 tiles and their remainders.
+template <typename W, typename Y>
+ZL_TARGET_AVX2 void tile_avx2(const float* x32, int64_t kp, const W* w, int64_t k, Y* y,
+                              int64_t n, int64_t m0, int64_t r0, int tm, int tn) {
+  for (int a = 0; a < tm; a += 2) {
+    for (int b = 0; b < tn; b += 2) {
+      const W* wb = w + b * k;
+      const int shape = 2 * std::min(2, tm - a) + std::min(2, tn - b);
+      switch (shape) {
+        case 3: tile_halves<W, Y, 1, 1>(x32, kp, wb, k, y, n, m0 + a, r0 + b); break;
+        case 4: tile_halves<W, Y, 1, 2>(x32, kp, wb, k, y, n, m0 + a, r0 + b); break;
+        case 5: tile_halves<W, Y, 2, 1>(x32, kp, wb, k, y, n, m0 + a, r0 + b); break;
+        default: tile_halves<W, Y, 2, 2>(x32, kp, wb, k, y, n, m0 + a, r0 + b); break;
+      }
+    }
+  }
+}
+#endif  // ZL_X86
+
+// Whether the tiles take tile_avx2: a CPU (under the build's cap) with AVX2 but no AVX-512.
+bool tiles_avx2() {
+  static const bool avx2 =
+      ZL_X86 && cpu_has(CpuFeature::kAvx2Fma) && !cpu_has(CpuFeature::kAvx512);
+  return avx2;
+}
+
+// Outputs [m0, m0 + tm) x [r0, r0 + tn), by the path this CPU takes.
+template <typename W, typename Y>
+void tile(const float* x32, int64_t kp, const W* w, int64_t k, Y* y, int64_t n, int64_t m0,
+          int64_t r0, int tm, int tn) {
+#if ZL_X86
+  if (tiles_avx2()) return tile_avx2<W, Y>(x32, kp, w, k, y, n, m0, r0, tm, tn);
+#endif
+  tile_for<W, Y>(tm, tn)(x32, kp, w, k, y, n, m0, r0);
+}
+
+// The widened rows [r, r + tn) of w, zero-padded to kp columns, in pack [tn, kp] (plain loops:
+// the compiler vectorizes them for any target).
 template <typename W>
 ZL_MULTIVERSION void pack_rows(const W* w, int64_t k, int64_t kp, int64_t r, int tn, float* pack) {
-  for (int b = 0; b < tn; ++b)
-    for (int64_t j = 0; j < kp; j += kLanes)
-      simd::store(pack + b * kp + j, load_w(w + (r + b) * k + j, std::min(kLanes, k - j)));
+  for (int b = 0; b < tn; ++b) {
+    for (int64_t j = 0; j < k; ++j) pack[b * kp + j] = widen_value(w[(r + b) * k + j]);
+    for (int64_t j = k; j < kp; ++j) pack[b * kp + j] = 0.f;
+  }
 }
 
 // Weight rows [n0, n1) against every row of x. A weight tile that meets several tiles of x is
@@ -153,9 +264,9 @@ void rows_range(
       for (int64_t i = mb; i < me; i += kTileM) {
         const int tm = static_cast<int>(std::min<int64_t>(kTileM, me - i));
         if (me - mb > kTileM) {
-          tile_for<float, Y>(tm, tn)(x32, kp, pack.data(), kp, y, n, i, r);
+          tile<float, Y>(x32, kp, pack.data(), kp, y, n, i, r, tm, tn);
         } else {
-          tile_for<W, Y>(tm, tn)(x32, kp, w + r * k, k, y, n, i, r);
+          tile<W, Y>(x32, kp, w + r * k, k, y, n, i, r, tm, tn);
         }
       }
     }

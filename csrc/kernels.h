@@ -52,6 +52,17 @@ int guarded(F&& body) noexcept {
 // Whether skinny_linear uses AVX-512 BF16's dot product (vdpbf16ps) on this CPU.
 bool has_bf16_dot();
 
+// The path skinny_linear takes on this CPU ("avx512bf16", "avx512", "avx2", "portable"); widened:
+// the best one without vdpbf16ps.
+const char* skinny_linear_isa(bool widened);
+
+// The path paged_attention takes on this CPU ("avx512", "avx2", "portable").
+const char* paged_attention_isa();
+
+// The path bf16_gemm takes on this CPU ("avx2"), or nullptr where it has none (no AVX2, or a
+// portable build).
+const char* bf16_gemm_isa();
+
 // The instruction set int8_linear uses on this CPU for group size G ("avx512vnni", "avxvnni",
 // "portable").
 const char* int8_linear_isa(int64_t group_size);

@@ -21,6 +21,17 @@
 #define ZL_MULTIVERSION
 #endif
 
+// Functions compiled for one named level, which a kernel picks itself by cpu_has
+// (cpu_features.h): unlike target_clones, each can also be called by name (the explicit-ISA
+// entry points the tests use), and ZL_ISA_CAP caps the choice.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define ZL_X86 1
+#define ZL_TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
+#define ZL_TARGET_AVX2 __attribute__((target("arch=x86-64-v3")))
+#else
+#define ZL_X86 0
+#endif
+
 namespace zerolayer {
 namespace simd {
 

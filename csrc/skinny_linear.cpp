@@ -7,11 +7,20 @@
 // float32. Output rows are split across threads in contiguous ranges of weight rows, so each thread
 // reads one contiguous slice of w and the hardware prefetcher sees a sequential stream.
 //
-// Vectors are GCC/Clang vector extensions compiled for x86-64-v4, x86-64-v3 and baseline with the
-// right one picked at load time (target_clones), like paged_attention.cpp. Where the CPU has
-// AVX-512 BF16 (Cooper Lake, Sapphire Rapids, Zen 4 and later), the dot product instruction
-// vdpbf16ps multiplies bfloat16 pairs straight from memory instead (skinny_linear_widened keeps the
-// widening loop callable for comparison).
+// One path per instruction set, picked at load time by cpu_has (cpu_features.h, so that a build
+// capped at AVX2 runs the AVX2 path on any CPU), best first:
+// - "avx512bf16": where the CPU has AVX-512 BF16 (Cooper Lake, Sapphire Rapids, Zen 4 and
+//   later), vdpbf16ps multiplies bfloat16 pairs straight from memory;
+// - "avx512": the float32-widening loop below compiled for x86-64-v4;
+// - "avx2": AVX2 + FMA intrinsics. A 32-byte load holds 16 weights; each 32-bit lane's low
+//   bfloat16 shifted up and its high one masked are the 8 even- and the 8 odd-indexed weights as
+//   float32 (2 integer operations, no shuffle), so x is widened once per call into that order
+//   (GemvX::kFloat32EvenOdd) and each 16 weights cost 2 FMAs per row of x. 4 weight rows are
+//   interleaved for M <= 2 (2 for more rows): as many independent accumulator chains and read
+//   streams;
+// - "portable": the widening loop for the build's baseline target.
+// zl_skinny_linear takes a path by name (tests and comparisons; skinny_linear_widened is the best
+// one without vdpbf16ps).
 //
 // Python reference this is tested against: torch.nn.functional.linear.
 
@@ -20,15 +29,14 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "api.h"
+#include "cpu_features.h"
 #include "gemv.h"
 #include "kernels.h"
 #include "parallel.h"
 #include "simd.h"
+#include "gemv_avx2.h"
+#include "simd_avx2.h"
 
 namespace zerolayer {
 namespace {
@@ -47,9 +55,36 @@ using simd::widen;
 constexpr int64_t kPrefetchRows = 4;
 constexpr int kPrefetchLocality = 1;
 
-// Rows [n0, n1) of w against all M rows of x32 (float32 [M, K]); K a multiple of kLanes.
+// Rows [n0, n1) of w against all M rows of x32 (float32 [M, K]); K a multiple of kLanes. For the
+// build's baseline target: plain loops over arrays of kLanes floats, which the compiler vectorizes
+// for it (a GCC vector of 16 floats wider than the target's registers would live on the stack).
 template <int M>
-ZL_MULTIVERSION void rows_kernel(
+void rows_portable(
+    const void* x, const uint16_t* w, uint16_t* y, int64_t k, int64_t n, int64_t n0, int64_t n1) {
+  const float* x32 = static_cast<const float*>(x);
+  for (int64_t r = n0; r < n1; ++r) {
+    const uint16_t* wr = w + r * k;
+    float acc[M][kLanes] = {};
+    for (int64_t j = 0; j < k; j += kLanes) {
+      __builtin_prefetch(wr + j + kPrefetchRows * k, 0, kPrefetchLocality);
+      float wv[kLanes];
+      for (int l = 0; l < kLanes; ++l) wv[l] = simd::from_bf16(wr[j + l]);
+      for (int m = 0; m < M; ++m) {
+        for (int l = 0; l < kLanes; ++l) acc[m][l] += wv[l] * x32[m * k + j + l];
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      float s = 0.f;
+      for (int l = 0; l < kLanes; ++l) s += acc[m][l];
+      y[m * n + r] = to_bf16(s);
+    }
+  }
+}
+
+#if ZL_X86
+// The same with 16-float vectors, one AVX-512 register each.
+template <int M>
+ZL_TARGET_AVX512 void rows_avx512(
     const void* x, const uint16_t* w, uint16_t* y, int64_t k, int64_t n, int64_t n0, int64_t n1) {
   const float* x32 = static_cast<const float*>(x);
   for (int64_t r = n0; r < n1; ++r) {
@@ -68,15 +103,12 @@ ZL_MULTIVERSION void rows_kernel(
     for (int m = 0; m < M; ++m) y[m * n + r] = to_bf16(hsum(acc[m]));
   }
 }
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ZL_HAVE_BF16_DOT 1
 // Rows [n0, n1) of w against all M rows of x (bfloat16 [M, K]) with AVX-512 BF16's vdpbf16ps:
 // each lane adds the products of a pair of bfloat16 values to a float32 accumulator. The products
-// are exact in float32 (8-bit significands), so this differs from rows_kernel only in the order
-// of the float32 additions (and in flushing subnormals); x needs no widening since it is bfloat16.
+// are exact in float32 (8-bit significands), so this differs from the widening loop only in the
+// order of the float32 additions (and in flushing subnormals); x needs no widening.
 template <int M>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_kernel_bf16_dot(
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_avx512bf16(
     const void* x, const uint16_t* w, uint16_t* y, int64_t k, int64_t n, int64_t n0, int64_t n1) {
   const uint16_t* x16 = static_cast<const uint16_t*>(x);
   for (int64_t r = n0; r < n1; ++r) {
@@ -106,37 +138,65 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_kernel_bf16_dot
     }
   }
 }
-#endif
 
-using Rows = GemvRows;
-
-bool has_bf16_dot_cpu() {
-#ifdef ZL_HAVE_BF16_DOT
-  return __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
+template <int M>
+ZL_TARGET_AVX2 void rows_avx2(
+    const void* x, const uint16_t* w, uint16_t* y, int64_t k, int64_t n, int64_t n0, int64_t n1) {
+  constexpr int R = M <= 2 ? 4 : 2;
+  const float* x32 = static_cast<const float*>(x);
+  int64_t r = n0;
+  for (; r + R <= n1; r += R) avx2::gemv_block<M, R>(x32, w, y, k, n, r);
+  for (; r < n1; ++r) avx2::gemv_block<M, 1>(x32, w, y, k, n, r);
 }
+#endif  // ZL_X86
 
-Rows rows_for(int64_t m, bool bf16_dot) {
-#ifdef ZL_HAVE_BF16_DOT
-  if (bf16_dot) {
-    switch (m) {
-      case 1: return {&rows_kernel_bf16_dot<1>, true};
-      case 2: return {&rows_kernel_bf16_dot<2>, true};
-      case 3: return {&rows_kernel_bf16_dot<3>, true};
-      case 4: return {&rows_kernel_bf16_dot<4>, true};
-      default: return {nullptr, false};
+// One path: its name, whether this CPU (under the build's cap) runs it, its kernels by M.
+struct Path {
+  const char* name;
+  bool (*usable)();
+  GemvX x;
+  GemvRowsFn fns[kMaxSkinnyRows];
+};
+
+#define ZL_ROWS(KERNEL) {&KERNEL<1>, &KERNEL<2>, &KERNEL<3>, &KERNEL<4>}
+static_assert(kMaxSkinnyRows == 4, "one kernel per number of rows of x");
+
+// Best first.
+const Path kPaths[] = {
+#if ZL_X86
+    {"avx512bf16", [] { return cpu_has(CpuFeature::kAvx512Bf16); }, GemvX::kBf16,
+     ZL_ROWS(rows_avx512bf16)},
+    {"avx512", [] { return cpu_has(CpuFeature::kAvx512); }, GemvX::kFloat32,
+     ZL_ROWS(rows_avx512)},
+    {"avx2", [] { return cpu_has(CpuFeature::kAvx2Fma); }, GemvX::kFloat32EvenOdd,
+     ZL_ROWS(rows_avx2)},
+#endif
+    {"portable", [] { return true; }, GemvX::kFloat32, ZL_ROWS(rows_portable)},
+};
+#undef ZL_ROWS
+
+// The path named isa (nullptr: the best; "widened": the best without vdpbf16ps).
+const Path& path_for(const char* isa) {
+  const bool widened = isa != nullptr && std::strcmp(isa, "widened") == 0;
+  for (const Path& path : kPaths) {
+    if (isa == nullptr || widened) {
+      if (path.usable() && !(widened && path.x == GemvX::kBf16)) return path;
+    } else if (std::strcmp(path.name, isa) == 0) {
+      ZL_CHECK(path.usable(), "skinny_linear: ", isa, " does not run on this CPU or build");
+      return path;
     }
   }
-#endif
-  switch (m) {
-    case 1: return {&rows_kernel<1>, false};
-    case 2: return {&rows_kernel<2>, false};
-    case 3: return {&rows_kernel<3>, false};
-    case 4: return {&rows_kernel<4>, false};
-    default: return {nullptr, false};
-  }
+  fail("skinny_linear: unknown ISA ", isa);
+}
+
+const Path& best_path() {
+  static const Path& best = path_for(nullptr);
+  return best;
+}
+
+GemvRows rows_of(const Path& path, int64_t m) {
+  if (m < 1 || m > kMaxSkinnyRows) return {nullptr, path.x, path.name};
+  return {path.fns[m - 1], path.x, path.name};
 }
 
 }  // namespace
@@ -146,26 +206,18 @@ namespace {
 // Grain: 256 KiB of weights per task at least, so small matrices stay on one thread.
 int64_t grain_rows(int64_t k) { return std::max<int64_t>(1, (256 << 10) / (2 * k)); }
 
-// x as the row kernel reads it: the bfloat16 x itself, or widened to float32 into x32.
-const void* x_for(const uint16_t* x, int64_t count, const Rows& rows, std::vector<float>& x32) {
-  if (rows.bf16_x) return x;
-  x32.resize(count);
-  for (int64_t i = 0; i < count; ++i) x32[i] = simd::from_bf16(x[i]);
-  return x32.data();
-}
-
 // y_i = x @ w_i^T for count weights w_i [n_i, k] in one parallel region over all their rows.
 // NOTE: one region for all the weights (q, k, v or gate, up): each region is a barrier and,
 // with passive OpenMP waiting, a wake-up per thread; the weights stay where the loader mapped
 // them (no concatenated copy).
 void linears(const uint16_t* x, int64_t m, int64_t k, int64_t count, const uint16_t* const* ws,
-             const int64_t* ns, uint16_t* const* ys, bool bf16_dot, int num_threads) {
+             const int64_t* ns, uint16_t* const* ys, const Path& path, int num_threads) {
   ZL_CHECK(count >= 1, "skinny_linear_multi: at least one w expected");
   ZL_CHECK(m >= 1 && m <= kMaxSkinnyRows, "skinny_linear: 1 to ", kMaxSkinnyRows, " rows of x");
   ZL_CHECK(k % kLanes == 0, "skinny_linear: K must be a multiple of ", kLanes);
-  const Rows rows = rows_for(m, bf16_dot);
-  std::vector<float> x32;
-  const void* xp = x_for(x, m * k, rows, x32);
+  const GemvRows rows = rows_of(path, m);
+  std::vector<float> x32(rows.x == GemvX::kBf16 ? 0 : m * k);
+  const void* xp = gemv_prepare_x(rows, x, m * k, x32.data());
   // weight i owns rows [starts[i], starts[i + 1]) of the concatenation
   std::vector<int64_t> starts{0};
   for (int64_t i = 0; i < count; ++i) starts.push_back(starts.back() + ns[i]);
@@ -179,26 +231,44 @@ void linears(const uint16_t* x, int64_t m, int64_t k, int64_t count, const uint1
 
 }  // namespace
 
-GemvRows gemv_rows(int64_t m) { return rows_for(m, has_bf16_dot()); }
+GemvRows gemv_rows(int64_t m) { return rows_of(best_path(), m); }
 
-bool has_bf16_dot() {
-  static const bool supported = has_bf16_dot_cpu();
-  return supported;
+const void* gemv_prepare_x(const GemvRows& rows, const uint16_t* x, int64_t count, float* x32) {
+  switch (rows.x) {
+    case GemvX::kBf16:
+      return x;
+    case GemvX::kFloat32:
+      for (int64_t i = 0; i < count; ++i) x32[i] = simd::from_bf16(x[i]);
+      return x32;
+    case GemvX::kFloat32EvenOdd:
+      for (int64_t j = 0; j < count; j += kLanes) {
+        for (int64_t i = 0; i < kLanes / 2; ++i) {
+          x32[j + i] = simd::from_bf16(x[j + 2 * i]);
+          x32[j + kLanes / 2 + i] = simd::from_bf16(x[j + 2 * i + 1]);
+        }
+      }
+      return x32;
+  }
+  return x;
+}
+
+bool has_bf16_dot() { return best_path().x == GemvX::kBf16; }
+
+const char* skinny_linear_isa(bool widened) {
+  return (widened ? path_for("widened") : best_path()).name;
 }
 
 }  // namespace zerolayer
 
 int32_t zl_skinny_linear(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t m, int64_t k,
-                         int64_t n, int32_t widened, int32_t num_threads) {
+                         int64_t n, const char* isa, int32_t num_threads) {
   using namespace zerolayer;
-  return guarded([&] {
-    linears(x, m, k, 1, &w, &n, &y, !widened && has_bf16_dot(), num_threads);
-  });
+  return guarded([&] { linears(x, m, k, 1, &w, &n, &y, path_for(isa), num_threads); });
 }
 
 int32_t zl_skinny_linear_multi(const uint16_t* x, int64_t m, int64_t k, int64_t count,
                                const uint16_t* const* ws, const int64_t* ns, uint16_t* const* ys,
                                int32_t num_threads) {
   using namespace zerolayer;
-  return guarded([&] { linears(x, m, k, count, ws, ns, ys, has_bf16_dot(), num_threads); });
+  return guarded([&] { linears(x, m, k, count, ws, ns, ys, best_path(), num_threads); });
 }

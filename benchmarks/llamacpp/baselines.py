@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -98,6 +99,18 @@ def open_llama_systems(
     return paths, systems
 
 
+def llama_system_info() -> dict[str, str]:
+    """Which llama.cpp library runs in process (``$LLAMA_CPP_LIB_PATH``, else llama-cpp-python's
+    own) and the instruction sets it was built for (``llama_print_system_info``): its figures
+    name their ISA as zerolayer's do (an AVX2-only build measures what an AVX2 host runs)."""
+    import llama_cpp
+
+    return {
+        "library": os.environ.get("LLAMA_CPP_LIB_PATH") or "llama-cpp-python's own",
+        "features": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+    }
+
+
 def exactness(
     model_dir: Path, vocab_size: int, num_threads: int, repack: bool, args: argparse.Namespace
 ) -> dict:
@@ -128,6 +141,7 @@ def start_llama(
         llama["exactness"] = skipped("llama.cpp (in process and llama-server)", reason)
         return llama, [], {}
     vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    llama["system_info"] = llama_system_info()
     repack = all(
         repacking_works(ensure_gguf(model_dir, args.out / "gguf", t), num_threads)
         for t in sorted({*gguf_types, "q8_0"})

@@ -22,6 +22,7 @@ import torch
 from e2e.stack import free_port
 
 from zerolayer.bench.common import SMOKE_VERDICT
+from zerolayer.bench.cpu_isa import cpu_line
 from zerolayer.cli.main import main
 from zerolayer.common.config import default_num_threads
 
@@ -63,7 +64,11 @@ def run_smoke(
     monkeypatch.setattr(sys, "argv", ["zerolayer", *argv])
     assert main(argv) == 0
     results = json.loads((tmp_path / f"{scenario}.json").read_text())
-    assert json.loads(capsys.readouterr().out) == results
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == results
+    # every figure names the CPU it was measured on and the ISA the run forced
+    assert f"zerolayer bench {scenario}: measured on {cpu_line(results['machine'])}" in printed.err
+    assert {"cpu", "vector_extensions", "forced_isa", "native_kernels"} <= set(results["machine"])
     assert results["scenario"] == scenario
     assert results["command"].startswith(f"zerolayer bench {scenario} --smoke")
     assert {"date", "machine"} <= set(results) and "baseline" not in results

@@ -18,6 +18,7 @@ from e2e.stack import free_port
 from zerolayer.cli.serving_line import serving_line
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.native import build
+from zerolayer.scheduler.model.native.paths import KernelPaths
 from zerolayer.stack.config import StackConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +87,30 @@ def test_the_deadline_s_error_names_the_layer_still_starting(tmp_path: Path) -> 
         r"\(pid \d+, \d+\.\d s of CPU, health: not answering yet\)",
         error,
     ), error
+
+
+@pytest.mark.e2e
+def test_up_serves_on_the_kernel_variant_zerolayer_cpu_isa_names(tmp_path: Path) -> None:
+    # The avx2 variant (tests/scheduler/model/test_forced_isa.py builds it, else up does): the
+    # scheduler says once which ISA its kernels run, and the story is the native build's.
+    env = {**isolated_env(tmp_path), "ZEROLAYER_CPU_ISA": "avx2"}
+    flags = ["--listen", f"127.0.0.1:{free_port()}", "--generate", "Once upon a time"]
+    up = zerolayer("up", *flags, env=env)
+    answer, err = up.communicate(timeout=600)
+    assert up.returncode == 0, err
+    assert answer == STORY + "\n"
+    paths = KernelPaths.of(KernelLoader(isa="avx2").load())
+    assert paths.isa_cap == "avx2"
+    assert err.count(f"native kernels: {paths.describe()}") == 1
+
+
+def test_up_refuses_an_unknown_cpu_isa_before_any_layer_starts(tmp_path: Path) -> None:
+    env = {**isolated_env(tmp_path), "ZEROLAYER_CPU_ISA": "avx3"}
+    up = zerolayer("up", "--listen", f"127.0.0.1:{free_port()}", env=env)
+    _, err = up.communicate(timeout=120)
+    assert up.returncode == 1, err
+    assert "zerolayer up: error: ZEROLAYER_CPU_ISA='avx3': expected one of native, avx2, " in err
+    assert "listening on" not in err
 
 
 def test_the_serving_line_names_every_address_that_is_on(tmp_path: Path) -> None:

@@ -12,12 +12,14 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
 
 from zerolayer.bench.checkout import baseline_for, checkout_scenarios
+from zerolayer.bench.cpu_isa import cpu_line, emulate_cpu_isa
 from zerolayer.checkpoints.errors import CheckpointError
 from zerolayer.cli.presets import PRESET_NAMES
 from zerolayer.common.setting import parse_bytes
@@ -67,7 +69,13 @@ def _help(module: ModuleType, baseline: ModuleType | None) -> str:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``bench`` and its scenarios to the zerolayer command line (imports each scenario)."""
+    """Adds ``bench`` and its scenarios to the zerolayer command line (imports each scenario).
+
+    First, before any scenario imports torch: with ``ZEROLAYER_CPU_ISA=avx2``, caps torch's,
+    oneDNN's and MKL's instruction sets at AVX2 in this process's environment, which every
+    process the run starts inherits (:func:`zerolayer.bench.cpu_isa.emulate_cpu_isa`).
+    """
+    emulate_cpu_isa(os.environ)
     p = sub.add_parser("bench", help=HELP, description=DESCRIPTION)
     scenarios = p.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
     for name, module_name in scenario_modules().items():
@@ -155,4 +163,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"zerolayer bench {args.scenario}: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(results, indent=2))
+    # NOTE: on stderr: stdout is the results document alone (scripts parse it)
+    print(
+        f"zerolayer bench {args.scenario}: measured on {cpu_line(results['machine'])}",
+        file=sys.stderr,
+    )
     return 0

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from zerolayer.bench.cpu_isa import cpu_facts
 from zerolayer.v1 import generation_pb2, generation_pb2_grpc
 
 
@@ -74,35 +75,14 @@ def stub_for(address: str) -> generation_pb2_grpc.TextGenerationStub:
     return generation_pb2_grpc.TextGenerationStub(grpc.insecure_channel(address))
 
 
-VECTOR_EXTENSIONS = (
-    "avx2",
-    "avx512f",
-    "avx512_bf16",
-    "avx512_vnni",
-    "avx_vnni",
-    "amx_bf16",
-    "amx_int8",
-)
-"""The CPU flags (``/proc/cpuinfo``'s names) the kernels of zerolayer and llama.cpp choose by."""
-
-
 def machine() -> dict:
-    """Facts about this machine for the results file: the CPU's model name and which of
-    :data:`VECTOR_EXTENSIONS` it lists (empty where ``/proc/cpuinfo`` cannot be read)."""
+    """Facts about this machine for the results file: the CPU, its vector extensions and the
+    forced ISA (:func:`zerolayer.bench.cpu_isa.cpu_facts`), cores, Python, torch and its
+    threads."""
     import torch
 
-    cpu, flags = "", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not cpu:
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
-        "vector_extensions": [name for name in VECTOR_EXTENSIONS if name in flags],
+        **cpu_facts(),
         "cores": len(os.sched_getaffinity(0)),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -27,6 +27,7 @@ from zerolayer.scheduler.metrics import SchedulerGauges, SchedulerMetrics
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.llama import LlamaModel
 from zerolayer.scheduler.model.model_runner import ModelRunner
+from zerolayer.scheduler.model.native.paths import KernelPaths
 from zerolayer.scheduler.model.sampler import Sampler
 from zerolayer.scheduler.model.step_inputs import StepBuffers
 from zerolayer.scheduler.model.structured_output import GrammarBackend
@@ -138,12 +139,18 @@ def _model_runner(model: LlamaModel, parts: EngineParts, config: EngineConfig) -
     native = config.attention_backend == "native" and not parts.device.is_cuda
     invariant = config.batch_invariant and native
     kernels = KernelLoader(enabled=native, batch_invariant=invariant)
-    if native and kernels.load() is None:
+    module = kernels.load() if native else None
+    if native and module is None:
         log.warning(
             "native kernels unavailable (%s): using the reference path%s",
             kernels.unavailable_reason,
             ", NOT batch invariant" if invariant else "",
         )
+    if module is not None:
+        paths = KernelPaths.of(module, parts.model_config.int8_group_size)
+        log.info("native kernels: %s", paths.describe())
+        for fallback in paths.fallbacks():
+            log.warning("native kernels: %s", fallback)
     if config.batch_invariant and parts.device.is_cuda:
         log.warning("--batch-invariant applies to the CPU forward only; the CUDA path is not")
     if invariant and parts.model_config.needs_reference_attention:

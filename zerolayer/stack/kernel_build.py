@@ -25,6 +25,14 @@ BUILD_MODULE = "zerolayer.scheduler.model.native.build"
 """The scheduler's kernel build program."""
 POLL_S = 0.05
 """How often an interruption is looked for while the build runs, seconds."""
+BAD_SETTING_EXIT = 3
+"""The build program's exit code for a setting it refuses (an unknown ``$ZEROLAYER_CPU_ISA``):
+``EXIT_BAD_SETTING`` of the scheduler's build module, which the stack does not import."""
+
+
+class KernelSettingError(ValueError):
+    """The environment asks for a kernel variant that does not exist; the message names the
+    variable and the choices."""
 
 
 def needs_native_kernels(config: StackConfig) -> bool:
@@ -43,6 +51,7 @@ def build_native_kernels(cwd: Path, interrupted: Callable[[], bool]) -> str | No
 
     Raises:
         InterruptedError: ``interrupted()`` became true; the build was killed.
+        KernelSettingError: ``$ZEROLAYER_CPU_ISA`` names no variant (the program's line).
     """
     process = subprocess.Popen(
         [sys.executable, "-m", BUILD_MODULE, "--parent-pid", str(os.getpid())],
@@ -66,4 +75,6 @@ def build_native_kernels(cwd: Path, interrupted: Callable[[], bool]) -> str | No
                         "interrupted while building the native kernels"
                     ) from None
         answer = process.stdout.read().strip() if process.stdout else ""
+    if process.returncode == BAD_SETTING_EXIT:
+        raise KernelSettingError(answer)
     return None if process.returncode == 0 else answer or f"exit code {process.returncode}"

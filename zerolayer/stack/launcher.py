@@ -45,7 +45,11 @@ from zerolayer.kv.arena_file import sidecar_path
 from zerolayer.sharing.fd_keeper import FdKeeper
 from zerolayer.stack.config import SHM_DIR, StackConfig
 from zerolayer.stack.health_watch import HealthTarget
-from zerolayer.stack.kernel_build import build_native_kernels, needs_native_kernels
+from zerolayer.stack.kernel_build import (
+    KernelSettingError,
+    build_native_kernels,
+    needs_native_kernels,
+)
 from zerolayer.stack.layout import frontend_instance_id
 from zerolayer.stack.probes import SERVING, health_status, status_name
 from zerolayer.stack.run_dir import RunDirError, make_run_dir, new_run_dir
@@ -236,11 +240,15 @@ class Stack:
 
     def _build_kernels(self) -> None:
         """Builds the schedulers' kernels first, so that ``startup_timeout_s`` does not count the
-        build (:mod:`zerolayer.stack.kernel_build`); a failure is logged, not fatal."""
+        build (:mod:`zerolayer.stack.kernel_build`), in the variant ``$ZEROLAYER_CPU_ISA`` names
+        (the build program and the schedulers inherit this environment); a failed build is
+        logged, not fatal; an unknown variant raises StackError (before any layer starts)."""
         try:
             reason = build_native_kernels(self.working_dir(), self._interrupted.is_set)
         except InterruptedError as exc:
             raise StartupInterrupted(str(exc)) from None
+        except KernelSettingError as exc:
+            raise StackError(str(exc)) from None
         if reason is not None:
             log.warning(
                 "zerolayer: native kernels not built (%s); the scheduler serves on the pure-torch "

@@ -22,6 +22,21 @@ def native() -> KernelLoader:
     return loader
 
 
+AVX2_FLAGS = frozenset({"avx2", "fma", "f16c"})
+"""The flags x86-64-v3 adds that the AVX2 paths use."""
+
+
+@pytest.fixture(scope="module")
+def kernel_cpu_flags(native: KernelLoader) -> frozenset[str]:
+    """The CPU's flags (``/proc/cpuinfo``) the loaded kernels may use under their build's cap:
+    all in a native build, AVX2's in one capped at avx2 (``ZEROLAYER_CPU_ISA=avx2``), none in a
+    portable one."""
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = frozenset(cpuinfo.read().split())
+    cap = native.load().isa_cap
+    return flags if cap == "native" else flags & AVX2_FLAGS if cap == "avx2" else frozenset()
+
+
 @pytest.fixture(scope="session")
 def family_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> FamilyCheckpoints:
     """Every family's tiny checkpoint in float32 and bfloat16 with transformers' greedy answers

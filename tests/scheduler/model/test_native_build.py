@@ -1,4 +1,5 @@
-"""The native kernels' build (zerolayer/scheduler/model/native/build.py): what its key depends on,
+"""The native kernels' build (zerolayer/scheduler/model/native/build.py): what its key depends on
+(the sources, the flags of each ISA variant, the compiler),
 which library is used, one build for builders that start at once, and no compiler left running
 by a build whose starter was killed. Small sources (one short .cpp) keep most builds under a
 second; the kill test compiles the real csrc/ (it needs compilers that run for a while)."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import stat
@@ -14,6 +16,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.native import build
@@ -148,3 +152,51 @@ def test_the_library_runs_on_torch_s_openmp_runtime(native: KernelLoader) -> Non
     assert str(library.resolve()) in mapped
     # its libgomp.so.1 is the one torch loaded: one OpenMP runtime, one thread pool
     assert len([path for path in mapped if "libgomp" in Path(path).name]) == 1
+
+
+def test_every_isa_variant_has_its_own_flags_and_key(tmp_path: Path) -> None:
+    csrc = tiny_csrc(tmp_path)
+    assert build.cxxflags("native") == build.CXXFLAGS
+    assert build.cxxflags("avx2")[-3:] == (
+        "-march=x86-64-v3",
+        "-DZL_NO_MULTIVERSION",
+        "-DZL_ISA_CAP=1",
+    )
+    assert build.cxxflags("portable")[-2:] == ("-DZL_NO_MULTIVERSION", "-DZL_ISA_CAP=0")
+    digests = {variant: build.source_digest(csrc, variant) for variant in build.ISA_VARIANTS}
+    assert digests["native"] == build.source_digest(csrc)
+    assert len(set(digests.values())) == 3  # three cache directories, never one another's library
+
+
+def test_the_variant_is_zerolayer_cpu_isa_and_an_unknown_one_is_refused() -> None:
+    assert build.isa_variant({}) == "native"
+    assert build.isa_variant({"ZEROLAYER_CPU_ISA": ""}) == "native"
+    assert build.isa_variant({"ZEROLAYER_CPU_ISA": " AVX2"}) == "avx2"
+    assert build.isa_variant({"ZEROLAYER_CPU_ISA": "portable"}) == "portable"
+    with pytest.raises(build.BuildError) as info:
+        build.isa_variant({"ZEROLAYER_CPU_ISA": "avx3"})
+    assert str(info.value) == "ZEROLAYER_CPU_ISA='avx3': expected one of native, avx2, portable"
+
+
+def test_the_build_program_builds_the_variant_the_environment_names(tmp_path: Path) -> None:
+    csrc, out = tiny_csrc(tmp_path), tmp_path / "out"
+    command = [sys.executable, str(BUILD_PROGRAM), "--csrc", str(csrc), "--out", str(out)]
+    env = {**os.environ, "ZEROLAYER_CPU_ISA": "portable"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "with -DZL_NO_MULTIVERSION -DZL_ISA_CAP=0" in done.stderr
+    stamp = json.loads((out / build.STAMP).read_text())
+    assert stamp["isa"] == "portable"
+    assert stamp["sources"] == build.source_digest(csrc, "portable")
+    refused = subprocess.run(
+        command, capture_output=True, text=True, env={**env, "ZEROLAYER_CPU_ISA": "sse9"}
+    )
+    assert refused.returncode == build.EXIT_BAD_SETTING
+    assert refused.stdout == "ZEROLAYER_CPU_ISA='sse9': expected one of native, avx2, portable\n"
+
+
+def test_a_forced_variant_never_loads_the_install_time_library(tmp_path: Path) -> None:
+    # The prebuilt library is the native one; the avx2 variant of the same sources has another
+    # digest, so the loader builds (here: would build) its own.
+    digest = build.source_digest(build.CSRC_DIR, "avx2")
+    assert build.built_library(build.PREBUILT_DIR, digest) is None

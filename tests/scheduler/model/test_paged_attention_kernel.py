@@ -211,6 +211,52 @@ def test_bfloat16_rounds_as_torch_attention(
     torch.testing.assert_close(out.float(), float32_reference(step), **bfloat16_tol(step))
 
 
+ISAS = ("avx512", "avx2", "portable")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("step_name", ["mixed", "long"])
+def test_every_path_matches_the_reference(
+    native: KernelLoader, isa: str, dtype: torch.dtype, head_dim: int, step_name: str
+) -> None:
+    # The AVX-512 path works on 16-float vectors and 16-key chunks, the AVX2 and portable ones
+    # on 8 (head dim 8: the scalar loops of either width).
+    step = make_step(STEPS[step_name], 12, 4, head_dim, dtype=dtype, seed=6)
+    meta = step.meta
+    try:
+        out = native.load().paged_attention(
+            step.q, step.k_cache, step.v_cache, meta.query_start_loc, meta.seq_lens,
+            meta.block_tables, step.scale, isa=isa,
+        )  # fmt: skip
+    except RuntimeError as error:
+        assert "does not run on this CPU" in str(error)
+        pytest.skip(f"{isa}: not on this CPU or build")
+    tol = FLOAT32_TOL if dtype == torch.float32 else bfloat16_tol(step)
+    torch.testing.assert_close(out.float(), float32_reference(step), **tol)
+
+
+def test_the_best_path_is_the_one_paged_attention_isa_names(
+    native: KernelLoader, kernel_cpu_flags: frozenset[str]
+) -> None:
+    module = native.load()
+    if {"avx512f", "avx512bw", "avx512vl"} <= kernel_cpu_flags:
+        assert module.paged_attention_isa == "avx512"
+    elif {"avx2", "fma"} <= kernel_cpu_flags:
+        assert module.paged_attention_isa == "avx2"
+    else:
+        assert module.paged_attention_isa == "portable"
+    step = make_step(STEPS["mixed"], 4, 2, 64, seed=7)
+    meta = step.meta
+    args = (step.q, step.k_cache, step.v_cache, meta.query_start_loc, meta.seq_lens)
+    best = module.paged_attention(*args, meta.block_tables, step.scale)
+    named = module.paged_attention(*args, meta.block_tables, step.scale, module.paged_attention_isa)
+    assert torch.equal(best, named)
+    with pytest.raises(RuntimeError, match="unknown ISA sse9"):
+        module.paged_attention(*args, meta.block_tables, step.scale, "sse9")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [1, 4, 16, 32])
 def test_block_sizes(native: KernelLoader, block_size: int, dtype: torch.dtype) -> None:

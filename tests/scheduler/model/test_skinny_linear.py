@@ -3,14 +3,13 @@ for when KernelLoader.linear takes it."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from zerolayer.scheduler.model.kernels import KernelLoader
 from zerolayer.scheduler.model.llama import biased_linear, grouped_linear
+from zerolayer.scheduler.model.native.library import NativeKernels
 
 
 def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -40,9 +39,59 @@ def test_matches_a_float64_reference_within_bfloat16_rounding(
     assert (y.double() - want).abs().max() <= torch_err + want.abs().max() * 2.0**-7
 
 
-def test_uses_the_bfloat16_dot_product_where_the_cpu_has_it(native: KernelLoader) -> None:
-    flags = open("/proc/cpuinfo").read().split() if sys.platform == "linux" else []
-    assert native.load().has_bf16_dot == ("avx512_bf16" in flags)
+def test_the_path_is_the_best_the_cpu_and_the_build_allow(
+    native: KernelLoader, kernel_cpu_flags: frozenset[str]
+) -> None:
+    module = native.load()
+    assert module.has_bf16_dot == ("avx512_bf16" in kernel_cpu_flags)
+    if "avx512_bf16" in kernel_cpu_flags:
+        assert module.skinny_linear_isa == "avx512bf16"
+    elif {"avx512f", "avx512bw", "avx512vl"} <= kernel_cpu_flags:
+        assert module.skinny_linear_isa == "avx512"
+    elif {"avx2", "fma"} <= kernel_cpu_flags:
+        assert module.skinny_linear_isa == "avx2"
+    else:
+        assert module.skinny_linear_isa == "portable"
+
+
+ISAS = ("avx512bf16", "avx512", "avx2", "portable")
+
+
+def with_isa(module: NativeKernels, x: torch.Tensor, w: torch.Tensor, isa: str) -> torch.Tensor:
+    """The path isa's result, or the test skipped where this CPU or build does not run it."""
+    try:
+        return module.skinny_linear_with_isa(x, w, isa)
+    except RuntimeError as error:
+        assert "does not run on this CPU" in str(error)
+        pytest.skip(f"{isa}: not on this CPU or build")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize(("n", "k"), [(1, 16), (7, 48), (70, 768), (9, 2048)])
+def test_every_path_matches_a_float64_reference(
+    native: KernelLoader, isa: str, m: int, n: int, k: int
+) -> None:
+    # K = 16 and 48: the AVX2 path's lone 16-column step; 70 rows: blocks of 4 (or 2) weight rows
+    # and a remainder.
+    gen = torch.Generator().manual_seed(m * 100 + n + k)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    y = with_isa(native.load(), x, w, isa)
+    want = reference(x, w)
+    assert ((y.double() - want).abs() <= want.abs() * 2.0**-8 + 1e-4 * k**0.5).all()
+
+
+def test_the_best_path_is_the_one_skinny_linear_isa_names(native: KernelLoader) -> None:
+    module = native.load()
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 64, generator=gen).to(torch.bfloat16)
+    w = torch.randn(40, 64, generator=gen).to(torch.bfloat16)
+    assert torch.equal(
+        module.skinny_linear(x, w), module.skinny_linear_with_isa(x, w, module.skinny_linear_isa)
+    )
+    with pytest.raises(RuntimeError, match="unknown ISA sse9"):
+        module.skinny_linear_with_isa(x, w, "sse9")
 
 
 @pytest.mark.parametrize("kernel", ["skinny_linear", "skinny_linear_widened"])
@@ -88,6 +137,9 @@ def test_loader_linear_uses_the_kernel_only_where_it_applies(native: KernelLoade
             if y is not None:
                 calls.append(tuple(x.shape))
             return y
+
+        def try_bf16_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+            return module.try_bf16_gemm(x, weight)
 
     native._module = Spy()  # type: ignore[assignment]
     try:
@@ -151,6 +203,7 @@ def test_loader_linears_uses_one_call_only_where_it_applies(native: KernelLoader
 
     class Spy:
         try_skinny_linear = module.try_skinny_linear
+        try_bf16_gemm = module.try_bf16_gemm
 
         def try_skinny_linear_multi(self, x: torch.Tensor, weights: list) -> list | None:
             ys = module.try_skinny_linear_multi(x, weights)

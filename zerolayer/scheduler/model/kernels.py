@@ -8,6 +8,11 @@ else it builds that one first (seconds; :mod:`zerolayer.scheduler.model.native.b
 ``zerolayer up`` runs before it starts the layers). When there is no compiler or the build fails
 it logs why, once, and answers None, so callers use the reference in
 :mod:`zerolayer.scheduler.model.attention` and ``F.linear``.
+
+``$ZEROLAYER_CPU_ISA`` (``native``, ``avx2``, ``portable``; read when the kernels are loaded,
+never at import) picks the library's variant: ``avx2`` and ``portable`` are built with flags that
+cap every kernel at that level whatever the CPU (``build.ISA_VARIANTS``), so an AVX-512 machine
+measures and tests the paths an AVX2-only one runs.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from zerolayer.scheduler.model.gguf.linear import quant_linear_chunked
 from zerolayer.scheduler.model.gguf.quant_weight import QuantWeight
 from zerolayer.scheduler.model.int8_linear import Int8Weight, int8_linear_chunked
 from zerolayer.scheduler.model.native import build
 from zerolayer.scheduler.model.native.library import NativeKernels
+from zerolayer.scheduler.model.native.paths import KernelPaths
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,7 @@ class KernelLoader:
         *,
         enabled: bool = True,
         batch_invariant: bool = False,
+        isa: str | None = None,
         which: Callable[[str], str | None] = shutil.which,
     ) -> None:
         """
@@ -75,6 +83,8 @@ class KernelLoader:
             enabled: False: never build, always answer None (the reference path).
             batch_invariant: :meth:`linear` runs every CPU bfloat16/float32 product through
                 the batch-invariant kernel (``csrc/invariant_linear.cpp``), whatever the rows.
+            isa: the library's variant (``native``, ``avx2``, ``portable``); None:
+                ``$ZEROLAYER_CPU_ISA``'s, read by :meth:`load` (``native`` when unset).
             which: looks a program up on PATH (``shutil.which``); tests pass one that finds
                 nothing to act out a machine without a toolchain.
         """
@@ -87,6 +97,7 @@ class KernelLoader:
         """Most rows of x per dtype the GGUF weights' products take the native kernel for."""
         if not torch_bf16_matmul_is_fast():
             self.gguf_max_rows[torch.bfloat16] = sys.maxsize
+        self._isa = isa
         self._lock = threading.Lock()
         self._loaded = False
         self._module: NativeKernels | None = None
@@ -141,8 +152,10 @@ class KernelLoader:
         Otherwise the bfloat16 GEMV (``csrc/skinny_linear.cpp``) takes bfloat16 ``x`` with M at
         most the module's ``max_skinny_rows`` (batch-1 and small-batch decode, where a step is
         bound by reading the weights), K a multiple of 16 and a contiguous ``weight``; it
-        accumulates in float32 like torch's kernel. Anything else, or no native module, goes to
-        ``F.linear``.
+        accumulates in float32 like torch's kernel. More rows of bfloat16 go to
+        ``csrc/bf16_gemm.cpp`` where the CPU lacks AVX-512 BF16 (the module's ``bf16_gemm_isa``:
+        torch's bfloat16 matmul then runs a slow fallback), with the same conditions on K and the
+        weight. Anything else, or no native module, goes to ``F.linear``.
 
         Returns:
             [M, N] in the dtype of ``x``.
@@ -162,7 +175,10 @@ class KernelLoader:
             and x.dtype in NATIVE_DTYPES
         ):
             return module.invariant_linear(x, weight)
-        if module is not None and (y := module.try_skinny_linear(x, weight)) is not None:
+        if module is not None and (
+            (y := module.try_skinny_linear(x, weight)) is not None
+            or (y := module.try_bf16_gemm(x, weight)) is not None
+        ):
             return y
         return torch.nn.functional.linear(x, weight)
 
@@ -171,9 +187,10 @@ class KernelLoader:
 
         CPU bfloat16 or float32 ``x`` with M at most ``max_skinny_rows`` (decode) goes to
         ``csrc/int8_linear.cpp`` (x quantized per group to int8, VNNI int32 group sums where the
-        CPU has them); anything else, or no native module, to
+        CPU has them, else AVX2's vpmaddubsw); anything else, or no native module, to
         :func:`~zerolayer.scheduler.model.int8_linear.int8_linear_chunked` (a block of weight
-        rows dequantized at a time, then matmul). With :attr:`batch_invariant`, every CPU call
+        rows dequantized at a time, then multiplied as :meth:`linear` multiplies a dense
+        weight). With :attr:`batch_invariant`, every CPU call
         takes the chunks with the batch-invariant kernel for the matmul (any M: a row's result
         then does not depend on M, which the decode kernel's switch at M = 4 would break).
 
@@ -192,7 +209,7 @@ class KernelLoader:
             and x.shape[0] <= module.max_skinny_rows
         ):
             return module.int8_linear(x, weight.qweight, weight.scales)
-        return int8_linear_chunked(x, weight)
+        return int8_linear_chunked(x, weight, self.linear if module is not None else F.linear)
 
     def quant_linear(self, x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
         """``x`` [M, K] times a GGUF weight's transpose (``csrc/gguf_linear.cpp``).
@@ -336,14 +353,17 @@ class KernelLoader:
         Raises:
             build.BuildError: the build failed.
         """
-        digest = build.source_digest(CSRC_DIR) if CSRC_DIR.is_dir() else None
-        if self._build_dir is None:
+        variant = build.isa_variant({build.ISA_ENV: self._isa} if self._isa else os.environ)
+        digest = build.source_digest(CSRC_DIR, variant) if CSRC_DIR.is_dir() else None
+        if self._build_dir is None and (digest is not None or variant == build.DEFAULT_ISA):
             library = build.built_library(build.PREBUILT_DIR, digest)
             if library is not None:
                 log.info("loading the native kernels from %s", library)
                 return library
         if digest is None:
             self._missing_reason = f"{CSRC_DIR} not found"
+            if variant != build.DEFAULT_ISA:  # NOTE: the installed library is the native one
+                self._missing_reason += f" (the {variant} variant is built from it)"
             return None
         compiler = build.compiler(os.environ)
         if self._which(compiler) is None:
@@ -356,13 +376,14 @@ class KernelLoader:
         if library is not None:
             log.info("loading the native kernels from %s", library)
             return library
-        log.info("building the native kernels in %s (seconds, once)", out_dir)
-        return build.run_build(out_dir)
+        log.info("building the native kernels (%s) in %s (seconds, once)", variant, out_dir)
+        return build.run_build(out_dir, variant=variant)
 
 
 def main() -> None:
     """``python -m zerolayer.scheduler.model.kernels``: loads the kernels as the scheduler does,
-    building them first if needed, and says from where (CI, images).
+    building them first if needed (``$ZEROLAYER_CPU_ISA``'s variant), and says from where and
+    which instruction set each kernel runs (CI, images).
 
     Exits 1, with the reason, when they are unavailable.
     """
@@ -370,7 +391,11 @@ def main() -> None:
     module = KernelLoader().load()
     if module is None:
         raise SystemExit("native kernels unavailable: see above")
+    paths = KernelPaths.of(module)
     print(f"native kernels ready: {module.path}")
+    print(f"native kernels: {paths.describe()}")
+    for fallback in paths.fallbacks():
+        print(f"native kernels: {fallback}")
 
 
 if __name__ == "__main__":

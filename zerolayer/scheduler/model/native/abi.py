@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """``ZL_ABI_VERSION`` of the header these signatures follow."""
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 """``ZL_FLOAT32``, ``ZL_BFLOAT16``."""
@@ -20,21 +20,28 @@ _F32, _F64, _STR = ctypes.c_float, ctypes.c_double, ctypes.c_char_p
 SIGNATURES: dict[str, tuple[type | None, tuple[type, ...]]] = {
     "zl_abi_version": (_I32, ()),
     "zl_last_error": (_STR, ()),
+    "zl_isa_cap": (_STR, ()),
+    "zl_isa_level": (_STR, ()),
     "zl_max_skinny_rows": (_I32, ()),
     "zl_has_bf16_dot": (_I32, ()),
+    "zl_skinny_linear_isa": (_STR, (_I32,)),
     "zl_int8_linear_isa": (_STR, (_I64,)),
     # dtype, q, out, T, Hq, D, k_cache, v_cache, num_blocks, block_size, Hkv, k strides (3),
-    # v strides (3), query_start_loc, seq_lens, B, block_tables, max_blocks, scale, threads
+    # v strides (3), query_start_loc, seq_lens, B, block_tables, max_blocks, scale, isa, threads
     "zl_paged_attention": (
         _I32,
         (_I32, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64)
         + (_I64,) * 6
-        + (_P, _P, _I64, _P, _I64, _F32, _I32),
+        + (_P, _P, _I64, _P, _I64, _F32, _STR, _I32),
     ),
-    # x, w, y, m, k, n, widened, threads
-    "zl_skinny_linear": (_I32, (_P, _P, _P, _I64, _I64, _I64, _I32, _I32)),
+    "zl_paged_attention_isa": (_STR, ()),
+    # x, w, y, m, k, n, isa, threads
+    "zl_skinny_linear": (_I32, (_P, _P, _P, _I64, _I64, _I64, _STR, _I32)),
     # x, m, k, count, ws, ns, ys, threads
     "zl_skinny_linear_multi": (_I32, (_P, _I64, _I64, _I64, _P, _P, _P, _I32)),
+    # x, w, y, m, k, n, threads
+    "zl_bf16_gemm": (_I32, (_P, _P, _P, _I64, _I64, _I64, _I32)),
+    "zl_bf16_gemm_isa": (_STR, ()),
     # dtype, x, w, y, m, k, n, threads
     "zl_invariant_linear": (_I32, (_I32, _P, _P, _P, _I64, _I64, _I64, _I32)),
     # x dtype, x, m, k, group size, count, wqs, wss, ns, ys, isa, threads

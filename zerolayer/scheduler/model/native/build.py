@@ -10,6 +10,12 @@ The library includes no torch header and links neither torch nor Python (its C A
   ``$ZEROLAYER_KERNEL_CACHE`` or ``~/.cache/zerolayer/kernels``, then ``<build_key>/``: by
   ``zerolayer up`` before it starts the layers, or by the first ``KernelLoader.load()``.
 
+``$ZEROLAYER_CPU_ISA`` (:data:`ISA_ENV`) picks the library's variant (:data:`ISA_VARIANTS`):
+``native`` (the default: each hot function chooses its ISA at load time), or ``avx2`` and
+``portable``, built with flags of their own that cap what the kernels use (``csrc/cpu_features.h``)
+whatever the CPU, to measure and test those paths on a CPU that has more. The flags are part of
+the digest, so every variant has its own cache directory; only ``native`` is built at install time.
+
 A build runs as a program of its own, the leader of a new process group (:func:`run_build`):
 it compiles the translation units in parallel with a progress line on stderr, holding an flock
 on its output directory, so that a build another process started is waited for, not repeated.
@@ -48,8 +54,9 @@ PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
 LIBRARY = "libzerolayer_kernels.so"
 STAMP = "build.json"
 """Written beside the library once it is complete: ``{"sources": digest, "compiler": ...}``."""
-# NOTE: no -march: the sources multiversion their hot functions (target_clones), so a library
-# built here also runs on another CPU. -ffp-contract=fast lets vector a * b + c be an FMA.
+# NOTE: no -march (in the native variant): the sources multiversion their hot functions
+# (target_clones) and pick their intrinsics by cpu_has at load time, so a library built here also
+# runs on another CPU. -ffp-contract=fast lets vector a * b + c be an FMA.
 # -fopenmp: the library's libgomp.so.1 resolves to the one torch has loaded (one runtime).
 # -Wno-psabi: the 64-byte vectors only live in always-inline helpers (csrc/simd.h).
 CXXFLAGS = (
@@ -62,7 +69,19 @@ CXXFLAGS = (
     "-Wno-psabi",
 )
 LDFLAGS = ("-shared", "-fopenmp")
-EXIT_FAILED, EXIT_NO_COMPILER = 1, 2
+ISA_ENV = "ZEROLAYER_CPU_ISA"
+"""The environment variable naming the variant to build and load (read by :func:`isa_variant`)."""
+ISA_VARIANTS: dict[str, tuple[str, ...]] = {
+    "native": (),
+    # NOTE: -march=x86-64-v3 lets the compiler use AVX2, FMA and F16C everywhere; ZL_ISA_CAP=1
+    # makes every runtime choice (cpu_has) stop at AVX2 even on an AVX-512 CPU.
+    "avx2": ("-march=x86-64-v3", "-DZL_NO_MULTIVERSION", "-DZL_ISA_CAP=1"),
+    "portable": ("-DZL_NO_MULTIVERSION", "-DZL_ISA_CAP=0"),
+}
+"""Each variant's flags beside :data:`CXXFLAGS`: ``native`` (the default) chooses each kernel's
+ISA at load time; ``avx2`` and ``portable`` cap it (``csrc/cpu_features.h``)."""
+DEFAULT_ISA = "native"
+EXIT_FAILED, EXIT_NO_COMPILER, EXIT_BAD_SETTING = 1, 2, 3
 
 
 class BuildError(RuntimeError):
@@ -74,17 +93,37 @@ def compiler(environ: Mapping[str, str]) -> str:
     return environ.get("CXX", "c++")
 
 
-def source_digest(csrc_dir: Path = CSRC_DIR) -> str:
-    """SHA-256 (hex) of the flags and of every ``*.cpp`` and ``*.h`` of ``csrc_dir`` (names and
-    contents), whatever the directory's path.
+def isa_variant(environ: Mapping[str, str]) -> str:
+    """The variant ``$ZEROLAYER_CPU_ISA`` names (:data:`ISA_VARIANTS`); ``native`` when unset or
+    empty.
+
+    Raises:
+        BuildError: another value (the message names the variable and the choices).
+    """
+    value = environ.get(ISA_ENV, "").strip().lower() or DEFAULT_ISA
+    if value not in ISA_VARIANTS:
+        choices = ", ".join(ISA_VARIANTS)
+        raise BuildError(f"{ISA_ENV}={environ[ISA_ENV]!r}: expected one of {choices}")
+    return value
+
+
+def cxxflags(variant: str = DEFAULT_ISA) -> tuple[str, ...]:
+    """The compiler's flags for ``variant``: :data:`CXXFLAGS` and the variant's own."""
+    return (*CXXFLAGS, *ISA_VARIANTS[variant])
+
+
+def source_digest(csrc_dir: Path = CSRC_DIR, variant: str = DEFAULT_ISA) -> str:
+    """SHA-256 (hex) of ``variant``'s flags and of every ``*.cpp`` and ``*.h`` of ``csrc_dir``
+    (names and contents), whatever the directory's path.
 
     Raises:
         FileNotFoundError: ``csrc_dir`` holds no source.
+        KeyError: ``variant`` is none of :data:`ISA_VARIANTS`.
     """
     sources = sorted([*csrc_dir.glob("*.cpp"), *csrc_dir.glob("*.h")])
     if not sources:
         raise FileNotFoundError(f"{csrc_dir}: no C++ sources")
-    digest = hashlib.sha256("\0".join((*CXXFLAGS, *LDFLAGS)).encode())
+    digest = hashlib.sha256("\0".join((*cxxflags(variant), *LDFLAGS)).encode())
     for path in sources:
         digest.update(b"\0" + path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
@@ -133,9 +172,10 @@ def built_library(out_dir: Path, digest: str | None) -> Path | None:
     return library
 
 
-def build(out_dir: Path, cxx: str, csrc_dir: Path = CSRC_DIR) -> Path:
-    """Builds the library into ``out_dir`` unless a build of these sources is there; another
-    process building into the same directory is waited for (an flock), not repeated.
+def build(out_dir: Path, cxx: str, csrc_dir: Path = CSRC_DIR, variant: str = DEFAULT_ISA) -> Path:
+    """Builds the library (``variant`` of :data:`ISA_VARIANTS`) into ``out_dir`` unless a build
+    of these sources and flags is there; another process building into the same directory is
+    waited for (an flock), not repeated.
 
     Returns:
         The library's path.
@@ -143,7 +183,7 @@ def build(out_dir: Path, cxx: str, csrc_dir: Path = CSRC_DIR) -> Path:
     Raises:
         BuildError: a compiler or the linker failed (its output is in the message).
     """
-    digest = source_digest(csrc_dir)
+    digest = source_digest(csrc_dir, variant)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _locked(out_dir):
         if (library := built_library(out_dir, digest)) is not None:
@@ -153,11 +193,17 @@ def build(out_dir: Path, cxx: str, csrc_dir: Path = CSRC_DIR) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix="build-", dir=out_dir))
         try:
-            _compile_and_link(cxx, sorted(csrc_dir.glob("*.cpp")), work, out_dir)
+            flags = cxxflags(variant)
+            _compile_and_link(cxx, flags, sorted(csrc_dir.glob("*.cpp")), work, out_dir)
             # NOTE: a new inode, never written in place: a process that has the old library
             # mapped keeps it.
             os.replace(work / LIBRARY, out_dir / LIBRARY)
-            stamp = {"sources": digest, "compiler": version, "cxxflags": list(CXXFLAGS)}
+            stamp = {
+                "sources": digest,
+                "compiler": version,
+                "cxxflags": list(flags),
+                "isa": variant,
+            }
             (work / STAMP).write_text(json.dumps(stamp))
             os.replace(work / STAMP, out_dir / STAMP)
         finally:
@@ -177,18 +223,22 @@ def _locked(out_dir: Path) -> Iterator[None]:
         yield
 
 
-def _compile_and_link(cxx: str, sources: list[Path], work: Path, out_dir: Path) -> None:
-    """Compiles ``sources`` in parallel (one per CPU this process may use) into ``work`` and
-    links ``work/LIBRARY``, with a progress line on stderr."""
+def _compile_and_link(
+    cxx: str, flags: tuple[str, ...], sources: list[Path], work: Path, out_dir: Path
+) -> None:
+    """Compiles ``sources`` with ``flags`` in parallel (one per CPU this process may use) into
+    ``work`` and links ``work/LIBRARY``, with a progress line on stderr."""
     jobs = max(1, min(len(sources), len(os.sched_getaffinity(0))))
     start = time.monotonic()
     progress = f"zerolayer: building the native kernels ({len(sources)} files, {jobs} at a time)"
+    if variant_flags := [f for f in flags if f not in CXXFLAGS]:
+        progress += f" with {' '.join(variant_flags)}"
     _say(f"{progress} in {out_dir}")
     objects = [work / f"{source.stem}.o" for source in sources]
     include = f"-I{sources[0].parent}"
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         runs = [
-            pool.submit(_run, [cxx, *CXXFLAGS, include, "-c", str(src), "-o", str(obj)], src.name)
+            pool.submit(_run, [cxx, *flags, include, "-c", str(src), "-o", str(obj)], src.name)
             for src, obj in zip(sources, objects, strict=True)
         ]
         for done, run in enumerate(concurrent.futures.as_completed(runs), 1):
@@ -211,13 +261,16 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def run_build(out_dir: Path | None = None, *, prebuilt: bool = False) -> Path:
+def run_build(
+    out_dir: Path | None = None, *, prebuilt: bool = False, variant: str = DEFAULT_ISA
+) -> Path:
     """Runs this file as a build program (:func:`main`) and waits for it: the leader of a new
     process group that dies, compilers and all, with the calling thread (or when this call is
     interrupted). Its progress goes to this process's stderr.
 
     Args:
         out_dir: where to build; None: :data:`PREBUILT_DIR` with ``prebuilt``, else the cache.
+        variant: which of :data:`ISA_VARIANTS` (``prebuilt``: ``native`` only).
 
     Returns:
         The library's path.
@@ -226,6 +279,7 @@ def run_build(out_dir: Path | None = None, *, prebuilt: bool = False) -> Path:
         BuildError: the build failed, or no compiler (the program's one-line reason).
     """
     command = [sys.executable, str(Path(__file__).resolve()), "--parent-pid", str(os.getpid())]
+    command += ["--isa", variant]
     if out_dir is not None:
         command += ["--out", str(out_dir)]
     elif prebuilt:
@@ -262,10 +316,12 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m zerolayer.scheduler.model.native.build``: makes sure the library of the
-    current sources is built (the install-time one, else the cache's, else a new build).
+    current sources is built (the install-time one, else the cache's, else a new build), in the
+    variant ``--isa`` or ``$ZEROLAYER_CPU_ISA`` names (``native`` by default).
 
     Prints the library's path on stdout and exits 0; or prints why not and exits 1 (the build
-    failed: the compiler's output is on stderr too) or 2 (no compiler, or no sources).
+    failed: the compiler's output is on stderr too), 2 (no compiler, or no sources) or 3 (an
+    unknown ``$ZEROLAYER_CPU_ISA``).
     """
     parser = argparse.ArgumentParser(prog="zerolayer.scheduler.model.native.build")
     parser.add_argument(
@@ -273,20 +329,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, help="build into this directory")
     parser.add_argument("--prebuilt", action="store_true", help=f"build into {PREBUILT_DIR}")
+    parser.add_argument(
+        "--isa", choices=ISA_VARIANTS, help=f"the variant to build (default: ${ISA_ENV} or native)"
+    )
     parser.add_argument("--parent-pid", type=int, help="die, compilers and all, with this parent")
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         _die_with_parent(args.parent_pid)
     cxx = compiler(os.environ)
     try:
-        digest = source_digest(args.csrc)
+        variant = args.isa or isa_variant(os.environ)
+    except BuildError as exc:
+        print(exc)
+        return EXIT_BAD_SETTING
+    try:
+        if args.prebuilt and variant != DEFAULT_ISA:
+            raise BuildError(f"--prebuilt builds the native variant only, not {variant}")
+        digest = source_digest(args.csrc, variant)
         out_dir = args.out or (PREBUILT_DIR if args.prebuilt else None)
         if out_dir is None:
             if (library := built_library(PREBUILT_DIR, digest)) is not None:
                 print(library)
                 return 0
             out_dir = cache_dir(digest, compiler_version(cxx), os.environ)
-        print(build(out_dir, cxx, args.csrc))
+        print(build(out_dir, cxx, args.csrc, variant))
         return 0
     except FileNotFoundError as exc:
         print(f"no sources: {exc}")

@@ -13,7 +13,6 @@ OpenMP runtime, one thread pool, and each call runs on ``torch.get_num_threads()
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ from zerolayer.scheduler.model.native.abi import (
     declare,
     refuse,
 )
+from zerolayer.scheduler.model.native.bf16_linear import Bf16Linears
 from zerolayer.scheduler.model.native.decode_step import DecodeForward
 from zerolayer.scheduler.model.native.elementwise import ElementwiseKernels
 from zerolayer.scheduler.model.native.gguf import GgufKernels
@@ -57,10 +57,29 @@ class NativeKernels:
         held = declare(ctypes.PyDLL(str(path)))  # the same library; calls keep the GIL
         if (version := self._lib.zl_abi_version()) != ABI_VERSION:
             raise OSError(f"{path}: ABI version {version}, this module's is {ABI_VERSION}")
+        self.isa_cap: str = self._lib.zl_isa_cap().decode()
+        """The build's cap on the kernels' instruction sets: ``native`` (whatever the CPU has),
+        ``avx2`` or ``portable`` (``$ZEROLAYER_CPU_ISA`` when it was built)."""
+        self.isa_level: str = self._lib.zl_isa_level().decode()
+        """The best level the kernels run on this CPU under :attr:`isa_cap`: ``avx512``,
+        ``avx2`` or ``portable``."""
+        self.paged_attention_isa: str = self._lib.zl_paged_attention_isa().decode()
+        """The path :meth:`paged_attention` takes on this CPU: ``avx512``, ``avx2`` or
+        ``portable``."""
         self.max_skinny_rows: int = self._lib.zl_max_skinny_rows()
         """Most rows of x the decode GEMVs take."""
-        self.has_bf16_dot = bool(self._lib.zl_has_bf16_dot())
-        """Whether :meth:`skinny_linear` multiplies with AVX-512 BF16's ``vdpbf16ps``."""
+        linear = Bf16Linears(self._lib, self.max_skinny_rows)
+        self.has_bf16_dot = linear.has_bf16_dot
+        self.skinny_linear_isa = linear.skinny_linear_isa
+        self.bf16_gemm_isa = linear.bf16_gemm_isa
+        self.skinny_linear = linear.skinny_linear
+        self.skinny_linear_widened = linear.skinny_linear_widened
+        self.skinny_linear_with_isa = linear.skinny_linear_with_isa
+        self.try_skinny_linear = linear.try_skinny_linear
+        self.skinny_linear_multi = linear.skinny_linear_multi
+        self.try_skinny_linear_multi = linear.try_skinny_linear_multi
+        self.bf16_gemm = linear.bf16_gemm
+        self.try_bf16_gemm = linear.try_bf16_gemm
         elementwise = ElementwiseKernels(held)
         self.rms_norm = elementwise.rms_norm
         self.add_rms_norm = elementwise.add_rms_norm
@@ -85,9 +104,11 @@ class NativeKernels:
         seq_lens: torch.Tensor,
         block_tables: torch.Tensor,
         scale: float,
+        isa: str | None = None,
     ) -> torch.Tensor:
         """Causal GQA over the paged cache (``csrc/paged_attention.cpp``); the arguments and the
-        result as :meth:`KernelLoader.paged_attention_native` documents them."""
+        result as :meth:`KernelLoader.paged_attention_native` documents them. ``isa``: the path
+        (``avx512``, ``avx2``, ``portable``; tests), None for :attr:`paged_attention_isa`."""
         if q.dim() != 3:
             refuse("q must be [T, Hq, D]")
         if k_cache.dim() != 4:
@@ -143,130 +164,11 @@ class NativeKernels:
                 tables.data_ptr(),
                 tables.shape[1],
                 scale,
+                None if isa is None else isa.encode(),
                 torch.get_num_threads(),
             ),
         )
         return out
-
-    def skinny_linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x [M, K] @ w [N, K]^T in bfloat16 for M <= :attr:`max_skinny_rows` (decode GEMV),
-        float32 accumulation -> [M, N]; K a multiple of 16, w contiguous."""
-        if not (self._x_applies(x) and self._w_applies(x, w)):
-            self._check_skinny(x, w, "skinny_linear")
-        return self._skinny(x, w, widened=False)
-
-    def skinny_linear_widened(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """:meth:`skinny_linear` through its float32-widening loop, also where AVX-512 BF16 is
-        available (for comparisons)."""
-        if not (self._x_applies(x) and self._w_applies(x, w)):
-            self._check_skinny(x, w, "skinny_linear")
-        return self._skinny(x, w, widened=True)
-
-    def try_skinny_linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
-        """:meth:`skinny_linear` where it applies (bfloat16 CPU tensors, x [M, K] with 1 <= M <=
-        :attr:`max_skinny_rows` and K a multiple of 16, w [N, K] contiguous); None elsewhere.
-        The routing of :meth:`KernelLoader.linear`: its conditions are the checks."""
-        if self._x_applies(x) and self._w_applies(x, w):
-            return self._skinny(x, w, widened=False)
-        return None
-
-    def skinny_linear_multi(
-        self, x: torch.Tensor, ws: Sequence[torch.Tensor]
-    ) -> list[torch.Tensor]:
-        """``[skinny_linear(x, w) for w in ws]`` (the same values) in one parallel region over
-        all their rows, each w read in place."""
-        if not ws:
-            refuse("skinny_linear_multi: at least one w expected")
-        if not (self._x_applies(x) and all(self._w_applies(x, w) for w in ws)):
-            for w in ws:
-                self._check_skinny(x, w, "skinny_linear_multi")
-        return self._skinny_multi(x, ws)
-
-    def try_skinny_linear_multi(
-        self, x: torch.Tensor, ws: Sequence[torch.Tensor]
-    ) -> list[torch.Tensor] | None:
-        """:meth:`skinny_linear_multi` where :meth:`try_skinny_linear` applies to every w;
-        None elsewhere."""
-        return self._skinny_multi(x, ws, checked=False) if ws and self._x_applies(x) else None
-
-    # NOTE: the conditions are one expression each (a decode step makes about a hundred of these
-    # calls); a refusal is worded only when they fail.
-    def _x_applies(self, x: torch.Tensor) -> bool:
-        return (
-            x.dtype == BFLOAT16
-            and x.dim() == 2
-            and x.is_cpu
-            and 1 <= x.shape[0] <= self.max_skinny_rows
-            and x.shape[1] % 16 == 0
-        )
-
-    @staticmethod
-    def _w_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
-        return (
-            w.dtype == BFLOAT16
-            and w.dim() == 2
-            and w.shape[1] == x.shape[1]
-            and w.is_cpu
-            and w.is_contiguous()
-        )
-
-    def _skinny(self, x: torch.Tensor, w: torch.Tensor, widened: bool) -> torch.Tensor:
-        x = x.contiguous()
-        m, k = x.shape
-        y = torch.empty(m, w.shape[0], dtype=BFLOAT16)
-        check_call(
-            self._lib,
-            self._lib.zl_skinny_linear(
-                x.data_ptr(),
-                w.data_ptr(),
-                y.data_ptr(),
-                m,
-                k,
-                w.shape[0],
-                widened,
-                torch.get_num_threads(),
-            ),
-        )
-        return y
-
-    def _skinny_multi(
-        self, x: torch.Tensor, ws: Sequence[torch.Tensor], checked: bool = True
-    ) -> list[torch.Tensor] | None:
-        """The multi GEMV of checked x and ws; with ``checked`` False, ws are checked here, in
-        the same pass that fills the call's arrays (None when one does not apply)."""
-        x = x.contiguous()
-        m, k = x.shape
-        count = len(ws)
-        weights, outputs = (ctypes.c_void_p * count)(), (ctypes.c_void_p * count)()
-        rows = (ctypes.c_int64 * count)()
-        ys = []
-        for i, w in enumerate(ws):
-            if not (checked or self._w_applies(x, w)):
-                return None
-            y = torch.empty(m, w.shape[0], dtype=BFLOAT16)
-            ys.append(y)
-            weights[i], outputs[i], rows[i] = w.data_ptr(), y.data_ptr(), w.shape[0]
-        rc = self._lib.zl_skinny_linear_multi(
-            x.data_ptr(), m, k, count, weights, rows, outputs, torch.get_num_threads()
-        )
-        check_call(self._lib, rc)
-        return ys
-
-    def _check_skinny(self, x: torch.Tensor, w: torch.Tensor, who: str) -> None:
-        if x.dim() != 2 or w.dim() != 2:
-            refuse(f"{who}: x [M, K] and w [N, K] expected")
-        if x.dtype != BFLOAT16 or w.dtype != BFLOAT16:
-            refuse(f"{who}: bfloat16 x and w expected")
-        if not (x.is_cpu and w.is_cpu):
-            refuse(f"{who}: CPU tensors expected")
-        if x.shape[1] != w.shape[1]:
-            refuse(f"{who}: x has {x.shape[1]} columns, w {w.shape[1]}")
-        if not 1 <= x.shape[0] <= self.max_skinny_rows:
-            refuse(f"{who}: 1 to {self.max_skinny_rows} rows of x")
-        if x.shape[1] % 16:
-            refuse(f"{who}: K must be a multiple of 16")
-        if not w.is_contiguous():
-            refuse(f"{who}: w must be contiguous")
 
     def invariant_linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x [M, K] @ w [N, K]^T in bfloat16 or float32 (both the same) with a fixed reduction
