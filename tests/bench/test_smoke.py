@@ -1,7 +1,7 @@
 """Benchmarks are not tests: CI only proves a scenario of each family runs and writes valid
 results. The families: requests through the stack (chat; also throughput, latency, multiturn,
 agent), the engine on this machine (split; also roofline, threads, int8), start-up and failure
-(failover; also coldstart) and other systems (llamacpp). The others are marked
+(failover; also coldstart) and other systems (llamacpp; also gguf). The others are marked
 ``every_scenario`` and run with ``--every-scenario`` (they share the same harness:
 zerolayer.bench.scenario and common).
 
@@ -339,3 +339,29 @@ def test_llamacpp_smoke_measures_zerolayer_with_or_without_llama_cpp(
             "zerolayer / llama.cpp BF16",
             "zerolayer / llama.cpp Q8_0",
         }
+
+
+@pytest.mark.every_scenario
+def test_gguf_smoke_serves_the_files_it_can_make(
+    tmp_path: Path, cache_dir, monkeypatch, capsys
+) -> None:
+    results = run_smoke(tmp_path, "gguf", cache_dir, monkeypatch, capsys)
+    files = results["files"]
+    assert set(files) == {"bf16", "q8_0", "q4_k_m"}
+    for file_type in ("bf16", "q8_0"):
+        result = files[file_type]
+        assert len(result["rounds"]) == 1
+        ours = result["median"]["zerolayer"]
+        assert ours["decode_tok_s"] > 0 and ours["batch_output_tok_s"] > 0
+        loglik = result["mean_loglik"]
+        assert loglik["num_tokens"] >= 2 and loglik["zerolayer"] < 0
+        assert abs(loglik["zerolayer"] - loglik["float_model"]) < 0.05 * abs(loglik["float_model"])
+        memory = result["memory"]["zerolayer"]
+        assert set(memory["processes"]) == {"loader", "kvstore", "scheduler", "frontend"}
+        assert memory["processes"]["scheduler"]["weights_mapped_bytes"] > 0
+    if "skipped" in results["llama_cpp"]:  # CI: llama-cpp-python is not installed
+        assert "llama-cpp-python" in results["llama_cpp"]["skipped"]
+        assert "llama.cpp's quantizer" in files["q4_k_m"]["skipped"]
+    else:
+        assert files["q4_k_m"]["memory"]["llama_cpp"]["rss_bytes"] > 0
+        assert files["q4_k_m"]["greedy"]["num_prompts"] == 2
