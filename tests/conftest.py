@@ -10,6 +10,8 @@ or cuda-bindings does not import, no NVML) is a failure, not a pass.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -68,6 +70,15 @@ def openai_spec() -> OpenAISpec:
     if spec is None:
         pytest.skip(f"shared API specification missing: {SPEC_PATH}")
     return spec
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """An empty folder with a short path in /tmp, removed afterwards (a unix socket's path has at
+    most 107 bytes; pytest's tmp_path can be longer, e.g. under pytest-xdist)."""
+    path = Path(tempfile.mkdtemp(prefix="zl-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -81,7 +81,7 @@ def test_a_run_out_of_budget_stops_before_the_stack_and_keeps_its_figures(
     report_path = tmp_path / "report.json"
     doc = device_check.main(
         ["--device", "cpu", "--preset", "tiny", "--copy-bytes", "4096", "--budget-s", "0.001"]
-        + ["--report", str(report_path), "--skip-hf"]
+        + ["--report", str(report_path), "--skip-hf", "--log-dir", str(tmp_path / "logs")]
     )
     assert doc["error"] == "the budget ran out in phase serving"
     assert (doc["phases_done"], doc["ok"]) == (["model", "bandwidth"], False)
@@ -101,7 +101,8 @@ def test_sigterm_ends_the_run_with_what_it_measured(tmp_path: Path) -> None:
             "--preset",
             "tiny",
         ]
-        + ["--copy-bytes", str(512 << 20), "--report", str(report_path)],
+        + ["--copy-bytes", str(512 << 20), "--report", str(report_path)]
+        + ["--log-dir", str(tmp_path / "logs")],
         cwd=REPO_ROOT,
         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
         stdout=subprocess.PIPE,
