@@ -1,5 +1,6 @@
 """Shared test helpers: how this process's OpenMP threads wait, where the shared test data lives,
-the one stack a test session shares (``shared_stack``), and how ``gpu``-marked tests run.
+a folder with a short path (``short_dir``), the one stack a test session shares
+(``shared_stack``), the two workers the whole suite runs on, and how ``gpu``-marked tests run.
 
 Without a CUDA device ``gpu``-marked tests are deselected. ``--gpu-strict`` (what
 ``scripts/device_check.sh`` passes) runs every one of them wherever it is, and fails each that
@@ -106,6 +107,35 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+SUITE_WORKERS = 2
+"""Processes the whole suite runs on (pytest-xdist; docs/development.md "Writing tests")."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns -n into its workers
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The whole suite (``pytest`` naming no paths: README's command, .ci/run) runs on
+    :data:`SUITE_WORKERS` workers, each file's tests on one of them (``-n 2 --dist loadfile``).
+
+    Everything else runs in this one process as before: paths or node ids named (a test's own
+    pytest, the device check's, a developer's few files: two workers only add their start-up),
+    ``-n``, ``--dist`` or ``--tx`` given (``-n 0``: serial), ``-p no:xdist``, ``--pdb``, and the
+    workers themselves.
+    """
+    option = config.option
+    if (
+        config.args_source is not pytest.Config.ArgsSource.TESTPATHS
+        or not config.pluginmanager.hasplugin("xdist")
+        or hasattr(config, "workerinput")
+        or option.numprocesses is not None
+        or option.dist != "no"
+        or option.tx
+        or option.usepdb
+    ):
+        return
+    option.numprocesses = SUITE_WORKERS
+    option.dist = "loadfile"
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--gpu-strict",
@@ -128,7 +158,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     The shared stack's tests run one after another at the end (otherwise in their order): the
     stack starts for the first of them and stops with the session right after the last, instead
-    of idling beside the other tests (its four processes take about 2 s of CPU a minute).
+    of idling beside the other tests (its four processes take about 2 s of CPU a minute). On two
+    workers each has its own stack, and a file's tests go to one worker together, where the file
+    comes in the order of its first test.
 
     gpu-marked tests are not skipped (a skip reads like a run): the summary line counts them as
     deselected and the terminal says why. ``scripts/device_check.sh`` runs them with ``-m gpu``
