@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from suite_workers import run_on_workers
 
 from zerolayer.scheduler.openmp_waiting import SPIN_COUNT_ENV, default_openmp_waiting
 
@@ -107,33 +108,10 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-SUITE_WORKERS = 2
-"""Processes the whole suite runs on (pytest-xdist; docs/development.md "Writing tests")."""
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns -n into its workers
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """The whole suite (``pytest`` naming no paths: README's command, .ci/run) runs on
-    :data:`SUITE_WORKERS` workers, each file's tests on one of them (``-n 2 --dist loadfile``).
-
-    Everything else runs in this one process as before: paths or node ids named (a test's own
-    pytest, the device check's, a developer's few files: two workers only add their start-up),
-    ``-n``, ``--dist`` or ``--tx`` given (``-n 0``: serial), ``-p no:xdist``, ``--pdb``, and the
-    workers themselves.
-    """
-    option = config.option
-    if (
-        config.args_source is not pytest.Config.ArgsSource.TESTPATHS
-        or not config.pluginmanager.hasplugin("xdist")
-        or hasattr(config, "workerinput")
-        or option.numprocesses is not None
-        or option.dist != "no"
-        or option.tx
-        or option.usepdb
-    ):
-        return
-    option.numprocesses = SUITE_WORKERS
-    option.dist = "loadfile"
+    """The whole suite runs on two workers: :func:`suite_workers.run_on_workers`."""
+    run_on_workers(config)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -1,5 +1,6 @@
-"""README's test command runs the whole suite on two workers (tests/conftest.py's
-``pytest_cmdline_main``), a file to each; a pytest that names files runs in one process."""
+"""README's test command runs the whole suite on two workers, a file to each
+(tests/suite_workers.py, set by tests/conftest.py before xdist reads the options); any other
+pytest runs in one process."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from suite_workers import run_on_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,28 +29,54 @@ def pytest_configure(config):
 anything is collected or started."""
 
 
-def test_the_whole_suite_runs_on_two_workers_and_named_files_in_one_process(
-    tmp_path: Path,
-) -> None:
+def test_readmes_command_runs_on_two_workers(tmp_path: Path) -> None:
     (tmp_path / "xdist_probe.py").write_text(PROBE)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    runs = {
-        args: subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-p", "xdist_probe", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for args in [(), ("tests/test_ci.py",)]
-    }
-    printed = {}
-    for args, run in runs.items():
-        out, _ = run.communicate(timeout=120)
-        assert run.returncode == 0, out
-        printed[args] = [line for line in out.splitlines() if line.startswith("workers:")]
-    assert printed == {
-        (): ["workers: 2 loadfile ['popen', 'popen']"],
-        ("tests/test_ci.py",): ["workers: None no []"],
-    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "xdist_probe"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = [line for line in done.stdout.splitlines() if line.startswith("workers:")]
+    assert printed == ["workers: 2 loadfile ['popen', 'popen']"]
+
+
+def config(
+    source: str = "TESTPATHS", xdist: bool = True, worker: bool = False, **options: object
+) -> SimpleNamespace:
+    """What :func:`run_on_workers` reads of a ``pytest.Config``: by default README's command."""
+    found = SimpleNamespace(
+        args_source=pytest.Config.ArgsSource[source],
+        pluginmanager=SimpleNamespace(hasplugin=lambda name: xdist and name == "xdist"),
+        option=SimpleNamespace(
+            **{"numprocesses": None, "dist": "no", "tx": [], "usepdb": False, **options}
+        ),
+    )
+    if worker:
+        found.workerinput = {"workerid": "gw0"}
+    return found
+
+
+@pytest.mark.parametrize(
+    ("given", "workers", "dist"),
+    [
+        (config(), 2, "loadfile"),
+        (config("ARGS"), None, "no"),  # files or node ids named
+        (config("INVOCATION_DIR"), None, "no"),
+        (config(numprocesses=0), 0, "no"),
+        (config(numprocesses=4, dist="load"), 4, "load"),
+        (config(dist="worksteal"), None, "worksteal"),
+        (config(tx=["popen"]), None, "no"),
+        (config(usepdb=True), None, "no"),
+        (config(xdist=False), None, "no"),  # -p no:xdist
+        (config(worker=True), None, "no"),
+    ],
+)
+def test_only_the_whole_suite_goes_to_workers(
+    given: SimpleNamespace, workers: int | None, dist: str
+) -> None:
+    run_on_workers(given)  # type: ignore[arg-type]
+    assert (given.option.numprocesses, given.option.dist) == (workers, dist)
