@@ -169,6 +169,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _DESELECTED_GPU = pytest.StashKey[int]()
 _DESELECTED_INTERPRETER = pytest.StashKey[int]()
 _DESELECTED_SCENARIOS = pytest.StashKey[int]()
+_DESELECTED = {
+    "gpu": _DESELECTED_GPU,
+    "interpreter": _DESELECTED_INTERPRETER,
+    "scenarios": _DESELECTED_SCENARIOS,
+}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On a worker, hands the deselections it counted to the controller, whose summary says them
+    (every worker collects the same tests; the controller collects none)."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["deselected"] = {n: session.config.stash.get(k, 0) for n, k in _DESELECTED.items()}
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent under -p no:xdist
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001
+    """On the controller: a worker's deselections (see pytest_collection_finish)."""
+    for name, count in node.workeroutput.get("deselected", {}).items():
+        node.config.stash[_DESELECTED[name]] = count
 
 
 # NOTE: old-style hook wrappers: the GPU machine's pytest is not ours (any pytest >= 7 works).
