@@ -23,7 +23,8 @@
 # brings back at most 8): summary.json (versions, each step's exit code, seconds and bound, the
 # attention path and CUDA graphs of the served stack, test counts, every figure the bench measured
 # so far, problems; benchmarks/device/summary.py) and logs.tar.gz (every log, each cut to its last
-# 256 KiB). Its output is one line per step and then the summary, at most 8000 characters, so it
+# 256 KiB); its work folders (logs, junit, the installed wheels: in $TMPDIR, else /tmp) are removed
+# when it ends. Its output is one line per step and then the summary, at most 8000 characters, so it
 # is within the last 12,000 the tool returns. Exit code 0 only when every step passed, no gpu
 # test failed or skipped, and the bench served on Triton with decode CUDA graphs.
 #
@@ -53,7 +54,9 @@ DRY_RUN=""
 if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; fi
 PY=${PYTHON:-python3}
 OUT_DIR=${OUT:-/tmp/zerolayer-device-check}
-WORK=$(mktemp -d /tmp/zerolayer-device-check-work.XXXXXX)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/zerolayer-device-check-work.XXXXXX")
+SITE=$(mktemp -d "${TMPDIR:-/tmp}/zerolayer-site.XXXXXX")
+trap 'rm -rf "$WORK" "$SITE"' EXIT
 DEVICE=${DEVICE:-cuda:0}
 PRESET=${PRESET:-1b}
 if [[ -n $DRY_RUN ]]; then DEVICE=cpu PRESET=tiny; fi
@@ -114,9 +117,8 @@ pytest_step() {
 
 summary start --budget-s "$BUDGET_S" --steps "$(IFS=,; echo "${STEPS[*]}")" ${DRY_RUN:+--dry-run} \
   || { echo "device check: cannot write the summary in $OUT_DIR"; exit 1; }
-echo "device check: work folder $WORK, summary in $OUT_DIR (budget ${BUDGET_S} s)"
+echo "device check: work folder $WORK (removed at the end), summary in $OUT_DIR (budget ${BUDGET_S} s)"
 
-SITE=$(mktemp -d /tmp/zerolayer-site.XXXXXX)
 run_step setup "$(step_bound setup)" -- bash -c '
   test -f zerolayer/v1/generation_pb2.py \
     || { echo "zerolayer/v1 (generated protobuf code) missing: carry zerolayer/v1 and zerolayer/kserve" >&2; exit 3; }

@@ -1,5 +1,6 @@
 """Shared test helpers: how this process's OpenMP threads wait, where the shared test data lives,
-the one stack a test session shares (``shared_stack``), and how ``gpu``-marked tests run.
+a folder with a short path (``short_dir``), the one stack a test session shares
+(``shared_stack``), the two workers the whole suite runs on, and how ``gpu``-marked tests run.
 
 Without a CUDA device ``gpu``-marked tests are deselected. ``--gpu-strict`` (what
 ``scripts/device_check.sh`` passes) runs every one of them wherever it is, and fails each that
@@ -10,11 +11,14 @@ or cuda-bindings does not import, no NVML) is a failure, not a pass.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from suite_workers import run_on_workers
 
 from zerolayer.scheduler.openmp_waiting import SPIN_COUNT_ENV, default_openmp_waiting
 
@@ -70,6 +74,15 @@ def openai_spec() -> OpenAISpec:
     return spec
 
 
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """An empty folder with a short path in /tmp, removed afterwards (a unix socket's path has at
+    most 107 bytes; pytest's tmp_path can be longer, e.g. under pytest-xdist)."""
+    path = Path(tempfile.mkdtemp(prefix="zl-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def dummy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny dummy model (``zerolayer make-dummy``'s default preset), written once for the
@@ -95,6 +108,12 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns -n into its workers
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The whole suite runs on two workers: :func:`suite_workers.run_on_workers`."""
+    run_on_workers(config)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--gpu-strict",
@@ -117,7 +136,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     The shared stack's tests run one after another at the end (otherwise in their order): the
     stack starts for the first of them and stops with the session right after the last, instead
-    of idling beside the other tests (its four processes take about 2 s of CPU a minute).
+    of idling beside the other tests (its four processes take about 2 s of CPU a minute). On two
+    workers each has its own stack, and a file's tests go to one worker together, where the file
+    comes in the order of its first test.
 
     gpu-marked tests are not skipped (a skip reads like a run): the summary line counts them as
     deselected and the terminal says why. ``scripts/device_check.sh`` runs them with ``-m gpu``
@@ -148,6 +169,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _DESELECTED_GPU = pytest.StashKey[int]()
 _DESELECTED_INTERPRETER = pytest.StashKey[int]()
 _DESELECTED_SCENARIOS = pytest.StashKey[int]()
+_DESELECTED = {
+    "gpu": _DESELECTED_GPU,
+    "interpreter": _DESELECTED_INTERPRETER,
+    "scenarios": _DESELECTED_SCENARIOS,
+}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On a worker, hands the deselections it counted to the controller, whose summary says them
+    (every worker collects the same tests; the controller collects none)."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["deselected"] = {n: session.config.stash.get(k, 0) for n, k in _DESELECTED.items()}
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent under -p no:xdist
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001
+    """On the controller: a worker's deselections (see pytest_collection_finish)."""
+    for name, count in node.workeroutput.get("deselected", {}).items():
+        node.config.stash[_DESELECTED[name]] = count
 
 
 # NOTE: old-style hook wrappers: the GPU machine's pytest is not ours (any pytest >= 7 works).

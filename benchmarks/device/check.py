@@ -48,7 +48,7 @@ from benchmarks.device.measure import (
     process_memory,
     serving,
 )
-from benchmarks.device.report import Budget, BudgetExhausted, Interrupted, Report
+from benchmarks.device.report import Budget, BudgetExhausted, Interrupted, Report, sigterm_held
 from benchmarks.hf.generate import hf_generate_batch, load_hf
 from zerolayer.bench.roofline import weight_traffic
 from zerolayer.bench.streams import (
@@ -145,10 +145,15 @@ def run_phases(args: argparse.Namespace, budget: Budget, report: Report) -> None
     vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     prompts = random_prompts(args.requests, args.prompt_tokens, vocab_size, seed=3)
     started = time.perf_counter()
-    with Stack(config) as stack:
+    stack = Stack(config)
+    stack.start()
+    try:
         report.phase("serving", serving(stack, device, time.perf_counter() - started))
         check_serving(report, device)
         run_stack_phases(args, stack, prompts, bound, budget, report)
+    finally:
+        with sigterm_held():
+            stack.stop()
     if not args.skip_hf:
         report.phase_now = "hf"
         model = load_hf(model_dir, args.device)

@@ -8,9 +8,12 @@ document: it holds every phase that finished.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import time
+from collections.abc import Iterator
 
 
 class BudgetExhausted(Exception):
@@ -19,6 +22,24 @@ class BudgetExhausted(Exception):
 
 class Interrupted(Exception):
     """SIGTERM arrived."""
+
+
+@contextlib.contextmanager
+def sigterm_held() -> Iterator[None]:
+    """Holds SIGTERM back inside the block, then hands one that arrived to the handler it had
+    replaced (the bench's raises :class:`Interrupted`), unless the block raised.
+
+    The stack stops inside one: the step's ``timeout`` signals the run's whole process group, and
+    an :class:`Interrupted` raised inside the stop cut it short (its run directory was left).
+    """
+    arrived: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if arrived and callable(previous):
+        previous(signal.SIGTERM, None)
 
 
 class Budget:

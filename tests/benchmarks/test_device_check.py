@@ -1,7 +1,8 @@
 """The device check's bench (benchmarks/device/check.py) on the CPU: its report is on disk
 after every phase, a run out of budget or stopped by SIGTERM ends with what it measured and ``ok``
-false, and figures off the Triton path or without CUDA graphs on a GPU are flagged. (The whole bench
-runs in the script's dry run: tests/benchmarks/test_device_check_script.py.)"""
+false (a SIGTERM while its stack stops waits for the stop), and figures off the Triton path or
+without CUDA graphs on a GPU are flagged. (The whole bench runs in the script's dry run:
+tests/benchmarks/test_device_check_script.py.)"""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from benchmarks.device import check as device_check
-from benchmarks.device.report import Budget, BudgetExhausted, Report
+from benchmarks.device.report import Budget, BudgetExhausted, Interrupted, Report, sigterm_held
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PHASES = ["model", "bandwidth", "serving", "batch1", "throughput", "loader_kill", "hf"]
@@ -81,7 +82,7 @@ def test_a_run_out_of_budget_stops_before_the_stack_and_keeps_its_figures(
     report_path = tmp_path / "report.json"
     doc = device_check.main(
         ["--device", "cpu", "--preset", "tiny", "--copy-bytes", "4096", "--budget-s", "0.001"]
-        + ["--report", str(report_path), "--skip-hf"]
+        + ["--report", str(report_path), "--skip-hf", "--log-dir", str(tmp_path / "logs")]
     )
     assert doc["error"] == "the budget ran out in phase serving"
     assert (doc["phases_done"], doc["ok"]) == (["model", "bandwidth"], False)
@@ -101,7 +102,8 @@ def test_sigterm_ends_the_run_with_what_it_measured(tmp_path: Path) -> None:
             "--preset",
             "tiny",
         ]
-        + ["--copy-bytes", str(512 << 20), "--report", str(report_path)],
+        + ["--copy-bytes", str(512 << 20), "--report", str(report_path)]
+        + ["--log-dir", str(tmp_path / "logs")],
         cwd=REPO_ROOT,
         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
         stdout=subprocess.PIPE,
@@ -123,3 +125,27 @@ def test_sigterm_ends_the_run_with_what_it_measured(tmp_path: Path) -> None:
     done = len(doc["phases_done"])
     assert doc["phases_done"] == PHASES[:done] and done >= 1
     assert (doc["interrupted"], doc["ok"]) == (f"SIGTERM during phase {PHASES[done]}", False)
+
+
+def test_a_sigterm_while_the_stack_stops_waits_until_it_stopped() -> None:
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        steps = []
+        with pytest.raises(Interrupted, match="SIGTERM"):
+            with sigterm_held():
+                os.kill(os.getpid(), signal.SIGTERM)  # handled here at once, without the hold
+                steps.append("stopped")
+        assert steps == ["stopped"]
+        assert signal.getsignal(signal.SIGTERM) is interrupt
+        with pytest.raises(BudgetExhausted, match="in phase loader_kill"):  # the block's wins
+            with sigterm_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                raise BudgetExhausted("the budget ran out in phase loader_kill")
+        with sigterm_held():  # none arrived: nothing raised
+            steps.append("quiet")
+        assert steps == ["stopped", "quiet"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)

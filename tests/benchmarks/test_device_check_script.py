@@ -1,7 +1,8 @@
 """scripts/device_check.sh under ``--dry-run`` on the CPU: every step runs its plumbing (the
 pytest steps collect the gpu tests, the bench runs the real four-process stack on the tiny model)
-within its bound and the 420 s budget, and leaves exactly summary.json and logs.tar.gz in $OUT;
-a step past its bound is stopped and the summary still says what happened."""
+within its bound and the 420 s budget, and leaves exactly summary.json and logs.tar.gz in $OUT
+and nothing in $TMPDIR; a step past its bound is stopped and the summary still says what
+happened."""
 
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ GRACE_S = 5
 """Seconds ``timeout`` waits after SIGTERM before SIGKILL."""
 
 
-def run_script(out: Path, tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, dict]:
+def run_script(
+    out: Path, tmp_path: Path, temp_dir: Path, **env: str
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """Runs the dry run with ``temp_dir`` (empty) as its $TMPDIR, and checks that it left nothing
+    there: its work folders, the stack's run directory and the bench's logs are all gone."""
     done = subprocess.run(
         ["bash", str(SCRIPT), "--dry-run"],
         cwd=REPO_ROOT,
@@ -33,12 +38,16 @@ def run_script(out: Path, tmp_path: Path, **env: str) -> tuple[subprocess.Comple
             "PYTHON": sys.executable,
             "OUT": str(out),
             "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            # torch's compile cache, in $TMPDIR by default: a cache, not something left behind
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torchinductor"),
+            "TMPDIR": str(temp_dir),
             **env,
         },
         capture_output=True,
         text=True,
         timeout=420,
     )
+    assert sorted(p.name for p in temp_dir.iterdir()) == [], done.stdout[-2000:]
     return done, json.loads((out / "summary.json").read_text())
 
 
@@ -58,9 +67,11 @@ def test_the_bounds_leave_the_summary_its_reserve_in_the_budget() -> None:
     assert sum(bounds.values()) + reserve <= budget
 
 
-def test_the_dry_run_runs_every_step_and_writes_the_summary(tmp_path: Path) -> None:
+def test_the_dry_run_runs_every_step_and_writes_the_summary(
+    tmp_path: Path, short_dir: Path
+) -> None:
     out = tmp_path / "out"
-    done, summary = run_script(out, tmp_path)
+    done, summary = run_script(out, tmp_path, short_dir)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "summary.json"]
     assert (summary["dry_run"], summary["ok"], summary["problems"]) == (True, True, [])
@@ -105,10 +116,12 @@ def test_the_dry_run_runs_every_step_and_writes_the_summary(tmp_path: Path) -> N
         assert f"device check: {name} " in done.stdout
 
 
-def test_a_step_past_its_bound_is_stopped_and_the_summary_says_so(tmp_path: Path) -> None:
+def test_a_step_past_its_bound_is_stopped_and_the_summary_says_so(
+    tmp_path: Path, short_dir: Path
+) -> None:
     out = tmp_path / "out"
     done, summary = run_script(
-        out, tmp_path, DEVICE_CHECK_STEPS="bench", DEVICE_CHECK_BOUNDS="bench=5"
+        out, tmp_path, short_dir, DEVICE_CHECK_STEPS="bench", DEVICE_CHECK_BOUNDS="bench=5"
     )
     assert done.returncode == 1
     assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "summary.json"]

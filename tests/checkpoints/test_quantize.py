@@ -246,10 +246,10 @@ def test_sigterm_during_quantize_leaves_nothing_behind(source: Path, tmp_path: P
             break
         time.sleep(0.005)
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]  # once 0 in a parallel run
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big"]
-    assert "Traceback" not in proc.stderr.read()
+    assert "Traceback" not in err
 
 
 def test_the_quantize_command_gives_the_callers_sigterm_handler_back(tmp_path: Path) -> None:

@@ -308,8 +308,11 @@ def test_up_generate_with_an_empty_prompt_is_a_one_line_error(tmp_path: Path) ->
     assert "Traceback" not in err and "_InactiveRpcError" not in err
 
 
-def test_killing_up_takes_its_layers_down(tmp_path: Path) -> None:
-    proc = zerolayer("up", "--listen", f"127.0.0.1:{free_port()}", env=isolated_env(tmp_path))
+def test_killing_up_takes_its_layers_down(tmp_path: Path, short_dir: Path) -> None:
+    # NOTE: its run directory in a $TMPDIR of its own: an up starting meanwhile (a test on the
+    # other worker) removes the run directories of dead ups it finds in its $TMPDIR
+    env = {**isolated_env(tmp_path), "TMPDIR": str(short_dir)}
+    proc = zerolayer("up", "--listen", f"127.0.0.1:{free_port()}", env=env)
     run_dir = serving_run_dir(proc)
     proc.kill()
     proc.wait()
@@ -324,7 +327,7 @@ def test_killing_up_takes_its_layers_down(tmp_path: Path) -> None:
     # run directory that up would have removed goes with the next up.
     assert not os.path.exists(f"/dev/shm/{Path(run_dir).name}.kv")
     assert os.listdir(run_dir) == []
-    proc = zerolayer("up", "--print-commands", env=isolated_env(tmp_path))
+    proc = zerolayer("up", "--print-commands", env=env)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert not os.path.exists(run_dir)

@@ -367,6 +367,7 @@ def test_model_stream_infer_calls_get_a_server_span_that_roots_their_trace(stack
     request.inputs.add(
         name="max_tokens", datatype="INT32", shape=[1], contents={"int_contents": [3]}
     )
+    started_ns = time.time_ns()  # the shared stack served other ModelStreamInfer calls before
     with grpc.insecure_channel(stack.config.listen) as channel:
         kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
         (response,) = kserve.ModelStreamInfer(iter([request]), timeout=30)
@@ -375,7 +376,13 @@ def test_model_stream_infer_calls_get_a_server_span_that_roots_their_trace(stack
     deadline, roots, calls = time.monotonic() + 20, [], []
     while time.monotonic() < deadline and not (roots and calls):
         spans = rcv.snapshot()
-        roots = [s for svc, s in spans if s.name == name and svc == "zerolayer-frontend"]
+        roots = [
+            s
+            for svc, s in spans
+            if s.name == name
+            and svc == "zerolayer-frontend"
+            and s.start_time_unix_nano >= started_ns
+        ]
         calls = [
             s
             for svc, s in spans

@@ -113,15 +113,6 @@ def test_scheduler_killed_mid_stream_is_restarted_and_the_stream_continues_on_it
 ) -> None:
     others = {name: stack.processes[name].pid for name in ("loader", "kvstore", "frontend")}
     old_pid = stack.processes["scheduler"].pid
-    request = make_generate_request(prompt="doomed", max_new_tokens=200, ignore_eos=True)
-    call = stub.GenerateStream(request, timeout=120)
-    first = next(call)
-    # n = 3: each sample goes on as a request of its own (seed + i, its tokens so far).
-    samples = make_generate_request(
-        prompt="doomed", max_new_tokens=64, temperature=1.0, seed=5, n=3
-    )
-    samples_call = stub.GenerateStream(samples, timeout=120)
-    samples_first = [next(samples_call) for _ in range(3)]
     # A pin the dying scheduler makes belongs to the kvstore: it outlives its maker (issue 31).
     pinning = make_generate_request(
         ids=list(range(3, 3 + 5 * 16 + 2)),
@@ -131,6 +122,17 @@ def test_scheduler_killed_mid_stream_is_restarted_and_the_stream_continues_on_it
     )
     assert stub.Generate(pinning, timeout=60).usage.pinned_prompt_tokens == 5 * 16
     assert kv_stats(stack).num_blocks_used > 0
+    # NOTE: the streams start last and the kill follows their first tokens at once: on a quiet
+    # machine they finished during the pinning call (and the kill found nothing in flight).
+    request = make_generate_request(prompt="doomed", max_new_tokens=200, ignore_eos=True)
+    call = stub.GenerateStream(request, timeout=120)
+    first = next(call)
+    # n = 3: each sample goes on as a request of its own (seed + i, its tokens so far).
+    samples = make_generate_request(
+        prompt="doomed", max_new_tokens=64, temperature=1.0, seed=5, n=3
+    )
+    samples_call = stub.GenerateStream(samples, timeout=120)
+    samples_first = [next(samples_call) for _ in range(3)]
     stack.processes["scheduler"].kill()  # SIGKILL: no chance to free anything
     # The frontend waits for the supervisor's restart and resubmits prompt + generated there.
     responses = [first, *call]

@@ -121,9 +121,10 @@ def test_the_warm_up_is_not_traffic(model: LocalModel) -> None:
     run_until_idle(engine)
     assert value(registry, "generated_tokens_total") == 2
     assert value(registry, "e2e_seconds_count") == 1
-    # One gap between the two steps of the request, in seconds (not microseconds).
+    # One gap between the two steps of the request, in seconds (not microseconds: any gap above
+    # 1 us would read 1 or more). Under 1 s, not tighter: the other worker's tests run beside.
     assert value(registry, "step_gap_seconds_count") == 1
-    assert 0 < value(registry, "step_gap_seconds_sum") < 0.05
+    assert 0 < value(registry, "step_gap_seconds_sum") < 1.0
 
 
 def test_a_scrape_changes_nothing_another_reads(model: LocalModel) -> None:

@@ -4,15 +4,10 @@ named after its ``up``, and those of an ``up`` that is gone are removed by the n
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from zerolayer.stack.run_dir import OWNED_RUN_DIR, new_run_dir, remove_stale_run_dirs
 
@@ -38,15 +33,6 @@ def test_a_new_run_dir_names_its_up_and_is_private(tmp_path: Path) -> None:
     path = new_run_dir(tmp_path)
     assert OWNED_RUN_DIR.fullmatch(path.name)[1] == str(os.getpid())
     assert path.stat().st_mode & 0o777 == 0o700
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A folder with a short path (a unix socket's path has at most 107 bytes; pytest's tmp_path
-    can be longer, e.g. under pytest-xdist)."""
-    path = Path(tempfile.mkdtemp(prefix="zl-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_only_the_run_dirs_of_an_up_that_is_gone_are_removed(short_dir: Path) -> None:

@@ -154,6 +154,7 @@ def test_interpreter_cases_in_their_own_process() -> None:
     pytest.importorskip("triton", reason="triton wheels exist for Linux only")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "triton_interpreter"]
+        + ["-p", "no:xdist"]  # in this one process, never on workers
         + [str(Path(__file__))],
         cwd=Path(__file__).resolve().parents[3],
         env=dict(os.environ, TRITON_INTERPRET="1"),
