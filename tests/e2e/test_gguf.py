@@ -129,3 +129,32 @@ def test_a_q4_k_m_file_in_float32_gives_transformers_tokens_and_bfloat16_agrees(
         got = [greedy(stub, p, NEW_TOKENS) for p in prompts]
     prefixes = [common_prefix(g, e) for g, e in zip(got, expected, strict=True)]
     assert min(prefixes) >= 1 and sum(prefixes) >= len(prompts) * NEW_TOKENS / 3, prefixes
+
+
+def test_llama_cpp_gives_the_same_greedy_tokens_on_the_same_files(
+    stories: tuple[Path, Path], stories_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Where llama-cpp-python loads (the bench extra; CI has none, so this test is skipped
+    there): stories260K's F32 file and the Q8_0 file llama.cpp's own quantizer makes of it,
+    served by ``zerolayer up`` in float32, give llama.cpp's greedy tokens on the same file, for
+    prompts of the model's own text (llama.cpp keeps its KV cache in float16: on a prompt of
+    arbitrary ids the two parted after 10 tokens)."""
+    from benchmarks.llamacpp.gguf_scenario import llama_cpp_available
+
+    reason = llama_cpp_available()
+    if reason is not None:
+        pytest.skip(reason)
+    from benchmarks.llamacpp.engine import LlamaCppConfig, LlamaCppModel
+    from benchmarks.llamacpp.llama_quantize import quantize_gguf
+
+    _, f32 = stories
+    q8_0 = quantize_gguf(f32, tmp_path_factory.mktemp("q8_0") / "stories260K-q8_0.gguf", "q8_0")
+    story = json.loads((stories_dir / "expected_greedy_200_ids.json").read_text())
+    prompts = [[1], [1, 403, 407, 261, 378], [1, *story[40:70]]]
+    num_tokens = 40
+    for path in (f32, q8_0):
+        with LlamaCppModel(path, LlamaCppConfig(1, 1, 128)) as llama:
+            expected = [llama.greedy([p], num_tokens).token_ids[0] for p in prompts]
+        with running_stack(path, tmp_path_factory.mktemp("logs"), dtype="float32") as stack:
+            stub = text_stub(stack)
+            assert [greedy(stub, p, num_tokens) for p in prompts] == expected, path.name
