@@ -161,8 +161,11 @@ def test_a_large_grammar_compiles_without_holding_up_another_stream(wide_stack) 
     )
     # NOTE: on the step loop the stream waited for the whole compile (gap 1.25 s of 1.56 s);
     # off it the gap is scheduling noise: 55-73 ms quiet, 170-190 ms beside a busy process on 2
-    # cores, for a ~600 ms compile. Half the compile tells the two apart on a busy machine too.
-    assert longest_gap_s < compile_s / 2
+    # cores, for a ~600 ms compile, but 374 ms in a full suite beside a busy process (the compile
+    # here 699 ms, in the stack the request took 2667 ms). The constrained request's own time
+    # includes the stack's compile under the same load, so half of it (or of the compile here,
+    # whichever is longer) tells the two apart on a loaded machine too.
+    assert longest_gap_s < max(compile_s, answered - sent) / 2
 
 
 def logs_since(stack, sizes: dict[str, int]) -> dict[str, str]:
